@@ -1,0 +1,9 @@
+//! Longhaul's inference engine.
+//!
+//! It runs Mixture-of-Experts language models exactly as their reference
+//! implementations do, with routed experts behind a narrow interface
+//! ([`model::ExpertProvider`]) so that they can live in RAM or be streamed
+//! from drives without the model code knowing. No UI, SQL or HTTP here.
+
+pub mod model;
+pub mod weights;

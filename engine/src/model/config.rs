@@ -1,0 +1,313 @@
+//! Reading `config.json` into typed specs.
+//!
+//! Hugging Face configs come in two generations: the released one
+//! (`rope_theta` + `rope_scaling`, Qwen's `num_experts`) and the one recent
+//! transformers versions write (`rope_parameters`, `num_local_experts`).
+//! [`RawConfig`] answers for both, and every missing or malformed field is an
+//! error that names the field and the file.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use super::layers::rope::{RopeKind, RopeParams};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not valid JSON: {reason}")]
+    Json { path: PathBuf, reason: String },
+    #[error("{path}: model_type `{found}` is not supported; supported: {}", supported.join(", "))]
+    UnknownModelType {
+        path: PathBuf,
+        found: String,
+        supported: Vec<&'static str>,
+    },
+    #[error("{path}: missing field `{field}`")]
+    Missing { path: PathBuf, field: String },
+    #[error("{path}: field `{field}`: {reason}")]
+    Invalid {
+        path: PathBuf,
+        field: String,
+        reason: String,
+    },
+    #[error("{path}: `{field}` = {value} is not supported; supported: {supported}")]
+    Unsupported {
+        path: PathBuf,
+        field: String,
+        value: String,
+        supported: String,
+    },
+}
+
+/// A parsed `config.json` with typed, error-reporting accessors.
+pub struct RawConfig {
+    path: PathBuf,
+    map: Map<String, Value>,
+}
+
+impl RawConfig {
+    pub fn read(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        let value: Value = serde_json::from_str(text).map_err(|e| ConfigError::Json {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        Self::from_value(path, value)
+    }
+
+    fn from_value(path: &Path, value: Value) -> Result<Self, ConfigError> {
+        match value {
+            Value::Object(map) => Ok(Self {
+                path: path.to_path_buf(),
+                map,
+            }),
+            _ => Err(ConfigError::Json {
+                path: path.to_path_buf(),
+                reason: "the top level is not an object".to_string(),
+            }),
+        }
+    }
+
+    /// A nested object (e.g. a multimodal config's `text_config`) as its own config.
+    pub fn sub_config(&self, field: &str) -> Result<RawConfig, ConfigError> {
+        match self.map.get(field) {
+            Some(v @ Value::Object(_)) => Self::from_value(&self.path, v.clone()),
+            Some(_) => Err(self.invalid(field, "expected an object")),
+            None => Err(self.missing(field)),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn missing(&self, field: &str) -> ConfigError {
+        ConfigError::Missing {
+            path: self.path.clone(),
+            field: field.to_string(),
+        }
+    }
+
+    pub fn invalid(&self, field: &str, reason: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            path: self.path.clone(),
+            field: field.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    pub fn unsupported(
+        &self,
+        field: &str,
+        value: impl std::fmt::Display,
+        supported: &str,
+    ) -> ConfigError {
+        ConfigError::Unsupported {
+            path: self.path.clone(),
+            field: field.to_string(),
+            value: value.to_string(),
+            supported: supported.to_string(),
+        }
+    }
+
+    /// The first of `names` that is present and not null.
+    fn lookup<'a>(&'a self, names: &[&'a str]) -> Option<(&'a str, &'a Value)> {
+        names
+            .iter()
+            .find_map(|n| self.map.get(*n).filter(|v| !v.is_null()).map(|v| (*n, v)))
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Value> {
+        self.map.get(name).filter(|v| !v.is_null())
+    }
+
+    pub fn str_opt(&self, name: &str) -> Result<Option<&str>, ConfigError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(_) => Err(self.invalid(name, "expected a string")),
+        }
+    }
+
+    pub fn usize_any(&self, names: &[&str]) -> Result<Option<usize>, ConfigError> {
+        match self.lookup(names) {
+            None => Ok(None),
+            Some((n, v)) => v
+                .as_u64()
+                .and_then(|v| usize::try_from(v).ok())
+                .map(Some)
+                .ok_or_else(|| self.invalid(n, "expected a non-negative integer")),
+        }
+    }
+
+    pub fn usize_req(&self, name: &str) -> Result<usize, ConfigError> {
+        self.usize_any(&[name])?.ok_or_else(|| self.missing(name))
+    }
+
+    /// A required positive integer, under any of its names.
+    pub fn positive_any(&self, names: &[&str]) -> Result<usize, ConfigError> {
+        let v = self
+            .usize_any(names)?
+            .ok_or_else(|| self.missing(names[0]))?;
+        if v == 0 {
+            return Err(self.invalid(names[0], "must be positive"));
+        }
+        Ok(v)
+    }
+
+    pub fn positive(&self, name: &str) -> Result<usize, ConfigError> {
+        self.positive_any(&[name])
+    }
+
+    pub fn f64_opt(&self, name: &str) -> Result<Option<f64>, ConfigError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| self.invalid(name, "expected a number")),
+        }
+    }
+
+    pub fn f64_or(&self, name: &str, default: f64) -> Result<f64, ConfigError> {
+        Ok(self.f64_opt(name)?.unwrap_or(default))
+    }
+
+    pub fn bool_or(&self, name: &str, default: bool) -> Result<bool, ConfigError> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(_) => Err(self.invalid(name, "expected true or false")),
+        }
+    }
+
+    pub fn usize_list(&self, name: &str) -> Result<Vec<usize>, ConfigError> {
+        match self.get(name) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| v.as_u64().and_then(|v| usize::try_from(v).ok()))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| self.invalid(name, "expected a list of non-negative integers")),
+            Some(_) => Err(self.invalid(name, "expected a list")),
+        }
+    }
+
+    /// Checks that the activation is SiLU, the only one these families use.
+    pub fn require_silu(&self) -> Result<(), ConfigError> {
+        for field in ["hidden_act", "hidden_activation"] {
+            if let Some(act) = self.str_opt(field)?
+                && act != "silu"
+                && act != "swish"
+            {
+                return Err(self.unsupported(field, act, "silu"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the rotary-embedding settings in either config generation.
+    pub fn rope(&self, default_theta: f64) -> Result<RopeParams, ConfigError> {
+        let (field, params) = match self.lookup(&["rope_parameters", "rope_scaling"]) {
+            None => ("rope_parameters", Map::new()),
+            Some((field, Value::Object(m))) => (field, m.clone()),
+            Some((field, _)) => return Err(self.invalid(field, "expected an object")),
+        };
+        let nested = params.values().any(Value::is_object);
+        if nested {
+            return Err(self.unsupported(
+                field,
+                "per-layer-type rope parameters",
+                "one rope setting for all layers",
+            ));
+        }
+        let sub = RawConfig {
+            path: self.path.clone(),
+            map: params,
+        };
+        let theta = match sub.f64_opt("rope_theta")? {
+            Some(t) => t,
+            None => self.f64_or("rope_theta", default_theta)?,
+        };
+        if !(theta.is_finite() && theta > 0.0) {
+            return Err(self.invalid("rope_theta", "must be a positive number"));
+        }
+        let partial_rotary_factor = match sub.f64_opt("partial_rotary_factor")? {
+            Some(f) => f,
+            None => self.f64_or("partial_rotary_factor", 1.0)?,
+        };
+        let rope_type = match sub.str_opt("rope_type")? {
+            Some(t) => t.to_string(),
+            None => sub.str_opt("type")?.unwrap_or("default").to_string(),
+        };
+        let max_pos = self.usize_any(&["max_position_embeddings"])?;
+        let kind = match rope_type.as_str() {
+            "default" => RopeKind::Default,
+            "linear" => RopeKind::Linear {
+                factor: sub
+                    .f64_opt("factor")?
+                    .ok_or_else(|| sub.missing(&format!("{field}.factor")))?,
+            },
+            "yarn" => {
+                let original = match sub.usize_any(&["original_max_position_embeddings"])? {
+                    Some(o) => o,
+                    None => self
+                        .usize_any(&["original_max_position_embeddings"])?
+                        .or(max_pos)
+                        .ok_or_else(|| self.missing("max_position_embeddings"))?,
+                };
+                let factor = match sub.f64_opt("factor")? {
+                    Some(f) => f,
+                    None => {
+                        let max_pos =
+                            max_pos.ok_or_else(|| self.missing("max_position_embeddings"))?;
+                        max_pos as f64 / original as f64
+                    }
+                };
+                RopeKind::Yarn {
+                    factor,
+                    attention_factor: sub.f64_opt("attention_factor")?,
+                    mscale: sub.f64_opt("mscale")?,
+                    mscale_all_dim: sub.f64_opt("mscale_all_dim")?,
+                    beta_fast: truthy_or(sub.f64_opt("beta_fast")?, 32.0),
+                    beta_slow: truthy_or(sub.f64_opt("beta_slow")?, 1.0),
+                    original_max_position_embeddings: original,
+                    truncate: sub.bool_or("truncate", true)?,
+                }
+            }
+            other => {
+                return Err(self.unsupported(
+                    &format!("{field}.rope_type"),
+                    other,
+                    "default, linear, yarn",
+                ));
+            }
+        };
+        Ok(RopeParams {
+            theta,
+            partial_rotary_factor,
+            kind,
+        })
+    }
+}
+
+/// Python's `x or default` for an optional number: zero counts as absent.
+fn truthy_or(value: Option<f64>, default: f64) -> f64 {
+    match value {
+        Some(v) if v != 0.0 => v,
+        _ => default,
+    }
+}

@@ -1,0 +1,120 @@
+//! The decoder stack every supported architecture shares: embed, then per
+//! layer `x += attn(norm(x)); x += ffn(norm(x))`, then norm and LM head.
+
+use std::sync::Arc;
+
+use candle_core::{Device, Tensor};
+
+use super::attention::GroupedQueryAttention;
+use super::experts::ExpertProvider;
+use super::mla::LatentAttention;
+use super::moe::MoeBlock;
+use super::rope::Rope;
+use super::{Linear, Mlp, RmsNorm};
+use crate::model::{ModelError, kv_cache::KvCache};
+use crate::weights::Weights;
+
+pub enum Attention {
+    Grouped(GroupedQueryAttention),
+    Latent(LatentAttention),
+}
+
+pub enum FeedForward {
+    Dense(Mlp),
+    Sparse(MoeBlock),
+}
+
+pub struct DecoderLayer {
+    pub input_norm: RmsNorm,
+    pub attention: Attention,
+    pub post_attention_norm: RmsNorm,
+    pub ffn: FeedForward,
+}
+
+impl DecoderLayer {
+    /// Adds the two norms every layer has (`input_layernorm`,
+    /// `post_attention_layernorm` under `w`) to its attention and FFN.
+    pub fn load(
+        w: &Weights,
+        hidden: usize,
+        eps: f64,
+        attention: Attention,
+        ffn: FeedForward,
+    ) -> Result<Self, ModelError> {
+        Ok(Self {
+            input_norm: RmsNorm::load(w, "input_layernorm", hidden, eps)?,
+            attention,
+            post_attention_norm: RmsNorm::load(w, "post_attention_layernorm", hidden, eps)?,
+            ffn,
+        })
+    }
+}
+
+/// Which positions to compute logits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitsFor {
+    /// Only the last position (generation).
+    Last,
+    /// Every position (scoring, `longhaul logits`).
+    All,
+}
+
+pub struct Decoder {
+    pub embed: Tensor,
+    pub layers: Vec<DecoderLayer>,
+    pub norm: RmsNorm,
+    pub lm_head: Linear,
+    /// Rotary tables are computed once per forward pass and shared by all layers.
+    pub rope: Rope,
+    pub experts: Arc<dyn ExpertProvider>,
+    pub vocab_size: usize,
+}
+
+impl Decoder {
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(self.layers.len())
+    }
+
+    /// Runs `ids` after whatever `cache` holds and returns logits `[n, vocab]`.
+    pub fn forward(
+        &self,
+        ids: &[u32],
+        cache: &mut KvCache,
+        which: LogitsFor,
+    ) -> Result<Tensor, ModelError> {
+        if ids.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.vocab_size) {
+            return Err(ModelError::TokenOutOfRange {
+                id: bad,
+                vocab_size: self.vocab_size,
+            });
+        }
+        let seq = ids.len();
+        let tables = self.rope.tables(cache.len(), seq)?;
+        let mut x = self
+            .embed
+            .index_select(&Tensor::from_slice(ids, seq, &Device::Cpu)?, 0)?;
+        for (index, layer) in self.layers.iter().enumerate() {
+            let h = layer.input_norm.forward(&x)?;
+            let h = match &layer.attention {
+                Attention::Grouped(a) => a.forward(&h, index, cache, &tables)?,
+                Attention::Latent(a) => a.forward(&h, index, cache, &tables)?,
+            };
+            x = (x + h)?;
+            let h = layer.post_attention_norm.forward(&x)?;
+            let h = match &layer.ffn {
+                FeedForward::Dense(m) => m.forward(&h)?,
+                FeedForward::Sparse(m) => m.forward(&h, self.experts.as_ref())?,
+            };
+            x = (x + h)?;
+        }
+        cache.advance(seq);
+        let x = match which {
+            LogitsFor::Last => x.narrow(0, seq - 1, 1)?,
+            LogitsFor::All => x,
+        };
+        self.lm_head.forward(&self.norm.forward(&x)?)
+    }
+}

@@ -1,0 +1,161 @@
+//! Routed experts and the narrow interface through which model code gets them.
+//!
+//! Model code asks an [`ExpertProvider`] for "the experts (layer, ids)" and
+//! gets back shared handles; it never learns whether they were held in RAM or
+//! read from a drive. The in-memory provider here loads every expert up front;
+//! a streaming provider implements the same trait.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use candle_core::Tensor;
+
+use crate::model::ModelError;
+use crate::weights::Weights;
+
+/// One routed expert's SwiGLU weights, with gate and up fused for one matmul.
+#[derive(Debug)]
+pub struct Expert {
+    /// `[2 × intermediate, hidden]`: gate rows first, then up rows.
+    gate_up: Tensor,
+    /// `[hidden, intermediate]`.
+    down: Tensor,
+    intermediate: usize,
+}
+
+impl Expert {
+    pub fn new(gate_up: Tensor, down: Tensor) -> Result<Self, ModelError> {
+        let (two_i, _) = gate_up.dims2()?;
+        let intermediate = two_i / 2;
+        Ok(Self {
+            gate_up,
+            down,
+            intermediate,
+        })
+    }
+
+    pub fn gate_up(&self) -> &Tensor {
+        &self.gate_up
+    }
+
+    pub fn down(&self) -> &Tensor {
+        &self.down
+    }
+
+    /// `down(silu(gate(x)) * up(x))` for `x` of shape `[tokens, hidden]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
+        let h = x.matmul(&self.gate_up.t()?)?;
+        let gate = h.narrow(1, 0, self.intermediate)?;
+        let up = h.narrow(1, self.intermediate, self.intermediate)?;
+        let act = (candle_nn::ops::silu(&gate)? * up)?;
+        Ok(act.matmul(&self.down.t()?)?)
+    }
+}
+
+/// Errors from fetching experts, kept apart so a streaming provider can name
+/// the drive, file and offset that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExpertError {
+    #[error("layer {layer} has no routed experts")]
+    NoSuchLayer { layer: usize },
+    #[error("layer {layer} has {count} experts; expert {id} does not exist")]
+    NoSuchExpert {
+        layer: usize,
+        id: usize,
+        count: usize,
+    },
+    #[error("{0}")]
+    Source(String),
+}
+
+/// Hands out routed experts by (layer, ids).
+pub trait ExpertProvider: Send + Sync {
+    /// Returns the experts `ids` of `layer`, in the order asked.
+    fn experts(&self, layer: usize, ids: &[usize]) -> Result<Vec<Arc<Expert>>, ExpertError>;
+}
+
+/// Every routed expert held in RAM.
+#[derive(Debug, Default)]
+pub struct ResidentExperts {
+    layers: BTreeMap<usize, Vec<Arc<Expert>>>,
+}
+
+impl ResidentExperts {
+    pub fn insert_layer(&mut self, layer: usize, experts: Vec<Arc<Expert>>) {
+        self.layers.insert(layer, experts);
+    }
+}
+
+impl ExpertProvider for ResidentExperts {
+    fn experts(&self, layer: usize, ids: &[usize]) -> Result<Vec<Arc<Expert>>, ExpertError> {
+        let all = self
+            .layers
+            .get(&layer)
+            .ok_or(ExpertError::NoSuchLayer { layer })?;
+        ids.iter()
+            .map(|&id| {
+                all.get(id).cloned().ok_or(ExpertError::NoSuchExpert {
+                    layer,
+                    id,
+                    count: all.len(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// How a checkpoint names one layer's routed experts, relative to the MoE block.
+#[derive(Debug, Clone, Copy)]
+pub struct ExpertNames {
+    /// Folder of the experts under the MoE block (`experts`).
+    pub folder: &'static str,
+    pub gate: &'static str,
+    pub up: &'static str,
+    pub down: &'static str,
+}
+
+/// Names used by Qwen3-MoE and DeepSeek-V3 releases.
+pub const PROJ_NAMES: ExpertNames = ExpertNames {
+    folder: "experts",
+    gate: "gate_proj",
+    up: "up_proj",
+    down: "down_proj",
+};
+
+/// Names used by Mixtral releases.
+pub const MIXTRAL_NAMES: ExpertNames = ExpertNames {
+    folder: "experts",
+    gate: "w1",
+    up: "w3",
+    down: "w2",
+};
+
+/// Loads one layer's experts from `w` (the MoE block), accepting either
+/// per-expert tensors (`experts.E.gate_proj.weight`, …) or the fused 3-D
+/// tensors recent transformers versions write (`experts.gate_up_proj`
+/// `[E, 2I, H]`, `experts.down_proj` `[E, H, I]`).
+pub fn load_layer_experts(
+    w: &Weights,
+    names: ExpertNames,
+    count: usize,
+    hidden: usize,
+    intermediate: usize,
+) -> Result<Vec<Arc<Expert>>, ModelError> {
+    let experts = w.pp(names.folder);
+    if experts.has("gate_up_proj") {
+        let gate_up = experts.get("gate_up_proj", &[count, 2 * intermediate, hidden])?;
+        let down = experts.get("down_proj", &[count, hidden, intermediate])?;
+        return (0..count)
+            .map(|e| Ok(Arc::new(Expert::new(gate_up.get(e)?, down.get(e)?)?)))
+            .collect();
+    }
+    (0..count)
+        .map(|e| {
+            let one = experts.pp(e);
+            let gate = one.get(&format!("{}.weight", names.gate), &[intermediate, hidden])?;
+            let up = one.get(&format!("{}.weight", names.up), &[intermediate, hidden])?;
+            let down = one.get(&format!("{}.weight", names.down), &[hidden, intermediate])?;
+            Ok(Arc::new(Expert::new(Tensor::cat(&[&gate, &up], 0)?, down)?))
+        })
+        .collect()
+}

@@ -1,0 +1,237 @@
+//! Rotary position embeddings, shared by every architecture.
+//!
+//! The inverse frequencies follow transformers' `modeling_rope_utils`
+//! (default, linear and YaRN), computed in f32 like the reference so that
+//! positions far into a long context rotate by the same angles.
+
+use candle_core::{Device, Tensor};
+
+use crate::model::ModelError;
+
+/// Which frequency schedule a model was trained with.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeKind {
+    Default,
+    Linear {
+        factor: f64,
+    },
+    Yarn {
+        factor: f64,
+        attention_factor: Option<f64>,
+        mscale: Option<f64>,
+        mscale_all_dim: Option<f64>,
+        beta_fast: f64,
+        beta_slow: f64,
+        original_max_position_embeddings: usize,
+        truncate: bool,
+    },
+}
+
+/// Rope settings as read from a config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RopeParams {
+    pub theta: f64,
+    pub partial_rotary_factor: f64,
+    pub kind: RopeKind,
+}
+
+/// YaRN's attention-magnitude correction for a context stretched by `scale`.
+pub fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
+    if scale <= 1.0 {
+        1.0
+    } else {
+        0.1 * mscale * scale.ln() + 1.0
+    }
+}
+
+impl RopeParams {
+    /// DeepSeek's MLA multiplies the softmax scale by `mscale(factor, mscale_all_dim)²`
+    /// whenever a scaled rope is configured.
+    pub fn mla_softmax_scale(&self, base: f64) -> f64 {
+        match &self.kind {
+            RopeKind::Default => base,
+            RopeKind::Linear { .. } => base,
+            RopeKind::Yarn {
+                factor,
+                mscale_all_dim,
+                ..
+            } => match mscale_all_dim {
+                Some(m) if *m != 0.0 => {
+                    let s = yarn_mscale(*factor, *m);
+                    base * s * s
+                }
+                _ => base,
+            },
+        }
+    }
+
+    /// Inverse frequencies for a head of `head_dim` and the factor applied to cos/sin.
+    pub fn frequencies(&self, head_dim: usize) -> (Vec<f32>, f32) {
+        let dim = (head_dim as f64 * self.partial_rotary_factor) as usize;
+        let half = dim / 2;
+        // base^(2i/dim), in f32 like the reference.
+        let pos_freqs: Vec<f32> = (0..half)
+            .map(|i| {
+                let exponent = (2 * i) as f32 / dim as f32;
+                (self.theta.powf(exponent as f64)) as f32
+            })
+            .collect();
+        let base: Vec<f32> = pos_freqs.iter().map(|p| 1.0 / p).collect();
+        match &self.kind {
+            RopeKind::Default => (base, 1.0),
+            RopeKind::Linear { factor } => (base.iter().map(|f| f / *factor as f32).collect(), 1.0),
+            RopeKind::Yarn {
+                factor,
+                attention_factor,
+                mscale,
+                mscale_all_dim,
+                beta_fast,
+                beta_slow,
+                original_max_position_embeddings,
+                truncate,
+            } => {
+                let attention =
+                    attention_factor.unwrap_or_else(|| match (mscale, mscale_all_dim) {
+                        (Some(m), Some(a)) if *m != 0.0 && *a != 0.0 => {
+                            yarn_mscale(*factor, *m) / yarn_mscale(*factor, *a)
+                        }
+                        _ => yarn_mscale(*factor, 1.0),
+                    });
+                let correction_dim = |rotations: f64| {
+                    (dim as f64
+                        * (*original_max_position_embeddings as f64
+                            / (rotations * 2.0 * std::f64::consts::PI))
+                            .ln())
+                        / (2.0 * self.theta.ln())
+                };
+                let (mut low, mut high) = (correction_dim(*beta_fast), correction_dim(*beta_slow));
+                if *truncate {
+                    low = low.floor();
+                    high = high.ceil();
+                }
+                let low = low.max(0.0);
+                let high = high.min(dim as f64 - 1.0);
+                let high = if low == high { high + 0.001 } else { high };
+                let (low, high) = (low as f32, high as f32);
+                let factor = *factor as f32;
+                let inv: Vec<f32> = pos_freqs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| {
+                        let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+                        let extrapolation_weight = 1.0 - ramp;
+                        let interpolation = 1.0 / (factor * p);
+                        let extrapolation = 1.0 / p;
+                        interpolation * (1.0 - extrapolation_weight)
+                            + extrapolation * extrapolation_weight
+                    })
+                    .collect();
+                (inv, attention as f32)
+            }
+        }
+    }
+}
+
+/// Precomputed frequencies for one head size, applied to `[heads, seq, dim]` tensors.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    inv_freq: Vec<f32>,
+    scale: f32,
+    /// DeepSeek stores rotary pairs interleaved `(x0, x1), (x2, x3)…`.
+    interleaved: bool,
+}
+
+impl Rope {
+    pub fn new(params: &RopeParams, head_dim: usize, interleaved: bool) -> Self {
+        let (inv_freq, scale) = params.frequencies(head_dim);
+        Self {
+            inv_freq,
+            scale,
+            interleaved,
+        }
+    }
+
+    /// The rotated width (may be less than the head size with partial rotary).
+    pub fn dim(&self) -> usize {
+        self.inv_freq.len() * 2
+    }
+
+    /// cos and sin tables `[seq, dim/2]` for positions `start..start+seq`.
+    pub fn tables(&self, start: usize, seq: usize) -> Result<(Tensor, Tensor), ModelError> {
+        let half = self.inv_freq.len();
+        let mut cos = Vec::with_capacity(seq * half);
+        let mut sin = Vec::with_capacity(seq * half);
+        for pos in start..start + seq {
+            for f in &self.inv_freq {
+                let angle = pos as f32 * f;
+                cos.push(angle.cos() * self.scale);
+                sin.push(angle.sin() * self.scale);
+            }
+        }
+        Ok((
+            Tensor::from_vec(cos, (seq, half), &Device::Cpu)?,
+            Tensor::from_vec(sin, (seq, half), &Device::Cpu)?,
+        ))
+    }
+
+    /// Rotates `x` of shape `[heads, seq, dim]` (dim == [`Rope::dim`]).
+    pub fn apply(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, ModelError> {
+        let (heads, seq, dim) = x.dims3()?;
+        let x = if self.interleaved {
+            // Gather even then odd lanes, as the reference does, so the
+            // rotation below is the plain half-split one.
+            x.reshape((heads, seq, dim / 2, 2))?
+                .transpose(2, 3)?
+                .reshape((heads, seq, dim))?
+        } else {
+            x.contiguous()?
+        };
+        let out = candle_nn::rotary_emb::rope(&x.unsqueeze(0)?, cos, sin)?;
+        Ok(out.squeeze(0)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_frequencies_match_the_closed_form() {
+        let p = RopeParams {
+            theta: 10000.0,
+            partial_rotary_factor: 1.0,
+            kind: RopeKind::Default,
+        };
+        let (f, s) = p.frequencies(8);
+        assert_eq!(s, 1.0);
+        assert_eq!(f.len(), 4);
+        assert!((f[1] - 0.1).abs() < 1e-7);
+    }
+
+    #[test]
+    fn yarn_keeps_high_frequencies_and_stretches_low_ones() {
+        let p = RopeParams {
+            theta: 10000.0,
+            partial_rotary_factor: 1.0,
+            kind: RopeKind::Yarn {
+                factor: 40.0,
+                attention_factor: None,
+                mscale: Some(1.0),
+                mscale_all_dim: Some(1.0),
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                original_max_position_embeddings: 4096,
+                truncate: true,
+            },
+        };
+        let (base, _) = RopeParams {
+            kind: RopeKind::Default,
+            ..p.clone()
+        }
+        .frequencies(64);
+        let (f, s) = p.frequencies(64);
+        assert_eq!(s, 1.0, "mscale == mscale_all_dim cancels");
+        assert_eq!(f[0], base[0]);
+        assert!((f[31] - base[31] / 40.0).abs() < 1e-12);
+    }
+}

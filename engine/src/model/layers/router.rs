@@ -1,0 +1,171 @@
+//! Choosing experts. Routing runs on plain f32 vectors: it is tiny next to the
+//! expert matmuls, and exact control over top-k and tie order is what keeps
+//! the chosen experts identical to the reference.
+
+use candle_core::Tensor;
+
+use super::Linear;
+use crate::model::ModelError;
+
+/// How router logits become expert weights.
+#[derive(Debug, Clone)]
+pub enum Scoring {
+    /// Softmax over all experts, then top-k (Qwen3-MoE, Mixtral); optionally
+    /// renormalised so the chosen weights sum to one.
+    Softmax { renormalize: bool },
+    /// DeepSeek-V3 / Kimi K2: sigmoid scores; a per-expert bias steers the
+    /// choice only; experts are chosen within the best `topk_group` of
+    /// `n_group` groups; weights are optionally renormalised, then scaled.
+    SigmoidGrouped {
+        correction_bias: Vec<f32>,
+        n_group: usize,
+        topk_group: usize,
+        renormalize: bool,
+        scaling: f32,
+    },
+}
+
+/// One token's chosen experts and their weights, in selection order.
+pub type Route = Vec<(usize, f32)>;
+
+#[derive(Debug, Clone)]
+pub struct Router {
+    gate: Linear,
+    experts: usize,
+    top_k: usize,
+    scoring: Scoring,
+}
+
+/// Added to the renormalisation denominator, as in the reference.
+const SIGMOID_NORM_EPS: f32 = 1e-20;
+
+impl Router {
+    pub fn new(gate: Linear, experts: usize, top_k: usize, scoring: Scoring) -> Self {
+        Self {
+            gate,
+            experts,
+            top_k,
+            scoring,
+        }
+    }
+
+    /// Routes every row of `x` `[tokens, hidden]`.
+    pub fn route(&self, x: &Tensor) -> Result<Vec<Route>, ModelError> {
+        let logits: Vec<Vec<f32>> = self.gate.forward(x)?.to_vec2()?;
+        Ok(logits.iter().map(|row| self.route_one(row)).collect())
+    }
+
+    fn route_one(&self, logits: &[f32]) -> Route {
+        match &self.scoring {
+            Scoring::Softmax { renormalize } => {
+                let probs = softmax(logits);
+                let chosen = top_k(&probs, self.top_k);
+                let mut route: Route = chosen.into_iter().map(|e| (e, probs[e])).collect();
+                if *renormalize {
+                    let sum: f32 = route.iter().map(|(_, w)| w).sum();
+                    route.iter_mut().for_each(|(_, w)| *w /= sum);
+                }
+                route
+            }
+            Scoring::SigmoidGrouped {
+                correction_bias,
+                n_group,
+                topk_group,
+                renormalize,
+                scaling,
+            } => {
+                let scores: Vec<f32> = logits.iter().map(|&l| sigmoid(l)).collect();
+                let mut choice: Vec<f32> = scores
+                    .iter()
+                    .zip(correction_bias)
+                    .map(|(s, b)| s + b)
+                    .collect();
+                let per_group = self.experts / n_group;
+                // A group's score is the sum of its two best experts.
+                let group_scores: Vec<f32> = choice
+                    .chunks(per_group)
+                    .map(|g| top_k(g, 2.min(g.len())).iter().map(|&i| g[i]).sum())
+                    .collect();
+                let kept = top_k(&group_scores, *topk_group);
+                for (g, chunk) in choice.chunks_mut(per_group).enumerate() {
+                    if !kept.contains(&g) {
+                        chunk.fill(f32::NEG_INFINITY);
+                    }
+                }
+                let chosen = top_k(&choice, self.top_k);
+                let mut route: Route = chosen.into_iter().map(|e| (e, scores[e])).collect();
+                if *renormalize {
+                    let sum: f32 = route.iter().map(|(_, w)| w).sum::<f32>() + SIGMOID_NORM_EPS;
+                    route.iter_mut().for_each(|(_, w)| *w /= sum);
+                }
+                route.iter_mut().for_each(|(_, w)| *w *= scaling);
+                route
+            }
+        }
+    }
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+fn softmax(x: &[f32]) -> Vec<f32> {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let exps: Vec<f32> = x.iter().map(|v| (v - max).exp()).collect();
+    let sum: f32 = exps.iter().sum();
+    exps.iter().map(|e| e / sum).collect()
+}
+
+/// Indices of the `k` largest values, largest first; ties go to the lower index.
+pub fn top_k(values: &[f32], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..values.len()).collect();
+    idx.sort_by(|&a, &b| values[b].total_cmp(&values[a]).then(a.cmp(&b)));
+    idx.truncate(k);
+    idx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn router(scoring: Scoring, experts: usize, top_k: usize) -> Router {
+        let gate = Linear::from_weight(
+            Tensor::eye(experts, candle_core::DType::F32, &Device::Cpu).unwrap(),
+        );
+        Router::new(gate, experts, top_k, scoring)
+    }
+
+    #[test]
+    fn top_k_orders_by_value_then_index() {
+        assert_eq!(top_k(&[0.1, 0.5, 0.5, 0.2], 3), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn softmax_routing_renormalises_chosen_weights() {
+        let r = router(Scoring::Softmax { renormalize: true }, 4, 2);
+        let route = r.route_one(&[1.0, 3.0, 2.0, 0.0]);
+        assert_eq!(route.iter().map(|r| r.0).collect::<Vec<_>>(), vec![1, 2]);
+        let sum: f32 = route.iter().map(|r| r.1).sum();
+        assert!((sum - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn grouped_routing_only_picks_from_kept_groups_and_bias_steers_choice_only() {
+        let scoring = Scoring::SigmoidGrouped {
+            correction_bias: vec![0.0, 0.0, 0.0, 5.0],
+            n_group: 2,
+            topk_group: 1,
+            renormalize: false,
+            scaling: 1.0,
+        };
+        let r = router(scoring, 4, 2);
+        // Group 1 (experts 2, 3) wins thanks to expert 3's bias.
+        let route = r.route_one(&[4.0, 4.0, -1.0, -2.0]);
+        assert_eq!(route.iter().map(|r| r.0).collect::<Vec<_>>(), vec![3, 2]);
+        assert!(
+            (route[0].1 - sigmoid(-2.0)).abs() < 1e-7,
+            "weights come from unbiased scores"
+        );
+    }
+}

@@ -1,0 +1,120 @@
+//! Mixtral: grouped-query attention (optionally with a sliding window) and a
+//! softmax top-k router whose chosen weights always sum to one.
+
+use std::sync::Arc;
+
+use super::config::{ConfigError, RawConfig};
+use super::layers::Linear;
+use super::layers::attention::{GqaShape, GroupedQueryAttention};
+use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
+use super::layers::experts::{ExpertProvider, MIXTRAL_NAMES, ResidentExperts, load_layer_experts};
+use super::layers::moe::MoeBlock;
+use super::layers::rope::{Rope, RopeParams};
+use super::layers::router::{Router, Scoring};
+use super::qwen3_moe::check_heads;
+use super::{CommonConfig, ModelError, assemble};
+use crate::weights::Weights;
+
+const DEFAULT_ROPE_THETA: f64 = 1_000_000.0;
+const DEFAULT_RMS_EPS: f64 = 1e-5;
+
+/// Released checkpoints name the MoE block `block_sparse_moe`; recent
+/// transformers versions write `mlp`.
+const MOE_BLOCK_NAMES: [&str; 2] = ["block_sparse_moe", "mlp"];
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub common: CommonConfig,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub intermediate_size: usize,
+    pub num_experts: usize,
+    pub top_k: usize,
+    pub sliding_window: Option<usize>,
+    pub rope: RopeParams,
+}
+
+impl Config {
+    pub fn parse(raw: &RawConfig) -> Result<Self, ConfigError> {
+        let common = CommonConfig::parse(raw, DEFAULT_RMS_EPS)?;
+        let heads = raw.positive("num_attention_heads")?;
+        let kv_heads = raw.usize_any(&["num_key_value_heads"])?.unwrap_or(heads);
+        check_heads(raw, heads, kv_heads)?;
+        let num_experts = raw.positive_any(&["num_local_experts", "num_experts"])?;
+        let top_k = raw.positive("num_experts_per_tok")?;
+        if top_k > num_experts {
+            return Err(raw.invalid(
+                "num_experts_per_tok",
+                format!("{top_k} exceeds num_local_experts {num_experts}"),
+            ));
+        }
+        Ok(Self {
+            heads,
+            kv_heads,
+            head_dim: raw
+                .usize_any(&["head_dim"])?
+                .unwrap_or(common.hidden_size / heads),
+            intermediate_size: raw.positive("intermediate_size")?,
+            num_experts,
+            top_k,
+            sliding_window: raw.usize_any(&["sliding_window"])?,
+            rope: raw.rope(DEFAULT_ROPE_THETA)?,
+            common,
+        })
+    }
+}
+
+pub fn build(
+    c: &Config,
+    w: &Weights,
+    experts: Option<Arc<dyn ExpertProvider>>,
+) -> Result<Decoder, ModelError> {
+    let h = c.common.hidden_size;
+    let eps = c.common.rms_norm_eps;
+    let rope = Rope::new(&c.rope, c.head_dim, false);
+    let mut resident = ResidentExperts::default();
+    let mut layers = Vec::with_capacity(c.common.num_layers);
+    for i in 0..c.common.num_layers {
+        let lw = w.pp(format_args!("model.layers.{i}"));
+        let shape = GqaShape {
+            hidden: h,
+            heads: c.heads,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+            bias: false,
+            qk_norm_eps: None,
+            window: c.sliding_window,
+        };
+        let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape, &rope)?;
+        let block = MOE_BLOCK_NAMES
+            .iter()
+            .find(|b| lw.pp(b).has("gate.weight"))
+            .copied()
+            .unwrap_or(MOE_BLOCK_NAMES[0]);
+        let mw = lw.pp(block);
+        if experts.is_none() {
+            let loaded =
+                load_layer_experts(&mw, MIXTRAL_NAMES, c.num_experts, h, c.intermediate_size)?;
+            resident.insert_layer(i, loaded);
+        }
+        let moe = MoeBlock {
+            layer: i,
+            router: Router::new(
+                Linear::load(&mw, "gate", h, c.num_experts, false)?,
+                c.num_experts,
+                c.top_k,
+                Scoring::Softmax { renormalize: true },
+            ),
+            shared: None,
+        };
+        layers.push(DecoderLayer::load(
+            &lw,
+            h,
+            eps,
+            Attention::Grouped(attention),
+            FeedForward::Sparse(moe),
+        )?);
+    }
+    assemble(&c.common, w, layers, rope, experts, resident)
+}

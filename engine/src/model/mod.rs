@@ -1,0 +1,197 @@
+//! Model definitions: config parsing into typed specs, shared layers, and one
+//! file per architecture. Adding an architecture means one file here plus one
+//! line in [`ModelSpec::parse`]'s registry.
+
+pub mod config;
+pub mod deepseek_v3;
+pub mod kv_cache;
+pub mod layers;
+pub mod mixtral;
+pub mod qwen3_moe;
+
+use std::path::Path;
+use std::sync::Arc;
+
+pub use config::{ConfigError, RawConfig};
+pub use kv_cache::KvCache;
+pub use layers::decoder::{Decoder, LogitsFor};
+pub use layers::experts::{Expert, ExpertError, ExpertProvider};
+
+use crate::weights::{TensorSource, Weights, WeightsError};
+use layers::{Linear, RmsNorm};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
+    #[error(transparent)]
+    Experts(#[from] ExpertError),
+    #[error("tensor computation failed: {0}")]
+    Compute(#[from] candle_core::Error),
+    #[error("token id {id} is outside the vocabulary of {vocab_size}")]
+    TokenOutOfRange { id: u32, vocab_size: usize },
+    #[error("no input tokens")]
+    EmptyInput,
+    #[error("internal error: {0}")]
+    Internal(&'static str),
+}
+
+/// `model_type` values Longhaul can run.
+pub const SUPPORTED_MODEL_TYPES: &[&str] =
+    &["qwen3_moe", "mixtral", "deepseek_v3", "kimi_k2", "kimi_k25"];
+
+/// Settings every architecture has.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CommonConfig {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub rms_norm_eps: f64,
+    pub tie_word_embeddings: bool,
+    /// End-of-sequence ids named by config.json (generation_config.json may add more).
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl CommonConfig {
+    pub fn parse(raw: &RawConfig, default_eps: f64) -> Result<Self, ConfigError> {
+        raw.require_silu()?;
+        let eos_token_ids = match raw.get("eos_token_id") {
+            None => Vec::new(),
+            Some(v) => parse_token_ids(v)
+                .ok_or_else(|| raw.invalid("eos_token_id", "expected an id or a list of ids"))?,
+        };
+        Ok(Self {
+            vocab_size: raw.positive("vocab_size")?,
+            hidden_size: raw.positive("hidden_size")?,
+            num_layers: raw.positive("num_hidden_layers")?,
+            rms_norm_eps: raw.f64_or("rms_norm_eps", default_eps)?,
+            tie_word_embeddings: raw.bool_or("tie_word_embeddings", false)?,
+            eos_token_ids,
+        })
+    }
+}
+
+/// An id or a list of ids, as `eos_token_id` fields hold them.
+pub fn parse_token_ids(v: &serde_json::Value) -> Option<Vec<u32>> {
+    let one = |v: &serde_json::Value| v.as_u64().and_then(|id| u32::try_from(id).ok());
+    match v {
+        serde_json::Value::Array(items) => items.iter().map(one).collect(),
+        other => one(other).map(|id| vec![id]),
+    }
+}
+
+/// An architecture and its typed settings.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Architecture {
+    Qwen3Moe(qwen3_moe::Config),
+    Mixtral(mixtral::Config),
+    DeepseekV3(deepseek_v3::Config),
+}
+
+/// A parsed config.json: what to build and where its weights are named.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelSpec {
+    pub model_type: String,
+    pub architecture: Architecture,
+    /// Prefix of the language model's tensors (multimodal checkpoints nest it).
+    pub weight_prefix: String,
+}
+
+impl ModelSpec {
+    pub fn read(path: &Path) -> Result<Self, ConfigError> {
+        Self::parse(&RawConfig::read(path)?)
+    }
+
+    pub fn parse(raw: &RawConfig) -> Result<Self, ConfigError> {
+        let model_type = raw
+            .str_opt("model_type")?
+            .ok_or_else(|| raw.missing("model_type"))?
+            .to_string();
+        let (architecture, weight_prefix) = match model_type.as_str() {
+            "qwen3_moe" => (Architecture::Qwen3Moe(qwen3_moe::Config::parse(raw)?), ""),
+            "mixtral" => (Architecture::Mixtral(mixtral::Config::parse(raw)?), ""),
+            "deepseek_v3" | "kimi_k2" => (
+                Architecture::DeepseekV3(deepseek_v3::Config::parse(raw)?),
+                "",
+            ),
+            // Kimi K2.5 wraps a Kimi K2 text model; the vision tower is not used.
+            "kimi_k25" => {
+                let text = raw.sub_config("text_config")?;
+                (
+                    Architecture::DeepseekV3(deepseek_v3::Config::parse(&text)?),
+                    "language_model.",
+                )
+            }
+            other => {
+                return Err(ConfigError::UnknownModelType {
+                    path: raw.path().to_path_buf(),
+                    found: other.to_string(),
+                    supported: SUPPORTED_MODEL_TYPES.to_vec(),
+                });
+            }
+        };
+        Ok(Self {
+            model_type,
+            architecture,
+            weight_prefix: weight_prefix.to_string(),
+        })
+    }
+
+    pub fn common(&self) -> &CommonConfig {
+        match &self.architecture {
+            Architecture::Qwen3Moe(c) => &c.common,
+            Architecture::Mixtral(c) => &c.common,
+            Architecture::DeepseekV3(c) => &c.common,
+        }
+    }
+
+    /// Builds the model from `source`. With `experts` set, routed experts come
+    /// from that provider; otherwise they are loaded from `source` into RAM.
+    pub fn build(
+        &self,
+        source: &dyn TensorSource,
+        experts: Option<Arc<dyn ExpertProvider>>,
+    ) -> Result<Decoder, ModelError> {
+        let root = Weights::root(source);
+        let w = if self.weight_prefix.is_empty() {
+            root
+        } else {
+            root.pp(self.weight_prefix.trim_end_matches('.'))
+        };
+        match &self.architecture {
+            Architecture::Qwen3Moe(c) => qwen3_moe::build(c, &w, experts),
+            Architecture::Mixtral(c) => mixtral::build(c, &w, experts),
+            Architecture::DeepseekV3(c) => deepseek_v3::build(c, &w, experts),
+        }
+    }
+}
+
+/// Completes a decoder from its layers: loads the embedding, final norm and
+/// LM head (named the same way by all three families) and picks the expert
+/// provider — the one given, or the experts loaded into RAM while building.
+pub(crate) fn assemble(
+    c: &CommonConfig,
+    w: &Weights,
+    layers: Vec<layers::decoder::DecoderLayer>,
+    rope: layers::rope::Rope,
+    experts: Option<Arc<dyn ExpertProvider>>,
+    resident: layers::experts::ResidentExperts,
+) -> Result<Decoder, ModelError> {
+    let embed = w.get("model.embed_tokens.weight", &[c.vocab_size, c.hidden_size])?;
+    let lm_head = if c.tie_word_embeddings && !w.has("lm_head.weight") {
+        Linear::from_weight(embed.clone())
+    } else {
+        Linear::load(w, "lm_head", c.hidden_size, c.vocab_size, false)?
+    };
+    Ok(Decoder {
+        norm: RmsNorm::load(&w.pp("model"), "norm", c.hidden_size, c.rms_norm_eps)?,
+        embed,
+        lm_head,
+        layers,
+        rope,
+        experts: experts.unwrap_or_else(|| Arc::new(resident)),
+        vocab_size: c.vocab_size,
+    })
+}

@@ -1,0 +1,155 @@
+//! Qwen3-MoE: grouped-query attention with per-head q/k RMSNorm, softmax
+//! routing, optional dense layers (`mlp_only_layers`, `decoder_sparse_step`).
+
+use std::sync::Arc;
+
+use super::config::{ConfigError, RawConfig};
+use super::layers::attention::{GqaShape, GroupedQueryAttention};
+use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
+use super::layers::experts::{ExpertProvider, PROJ_NAMES, ResidentExperts, load_layer_experts};
+use super::layers::moe::MoeBlock;
+use super::layers::rope::{Rope, RopeParams};
+use super::layers::router::{Router, Scoring};
+use super::layers::{Linear, Mlp};
+use super::{CommonConfig, ModelError, assemble};
+use crate::weights::Weights;
+
+const DEFAULT_ROPE_THETA: f64 = 10_000.0;
+const DEFAULT_RMS_EPS: f64 = 1e-6;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub common: CommonConfig,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub attention_bias: bool,
+    pub intermediate_size: usize,
+    pub moe_intermediate_size: usize,
+    pub num_experts: usize,
+    pub top_k: usize,
+    pub norm_topk_prob: bool,
+    pub decoder_sparse_step: usize,
+    pub mlp_only_layers: Vec<usize>,
+    pub sliding_window: Option<usize>,
+    pub rope: RopeParams,
+}
+
+impl Config {
+    pub fn parse(raw: &RawConfig) -> Result<Self, ConfigError> {
+        let common = CommonConfig::parse(raw, DEFAULT_RMS_EPS)?;
+        let heads = raw.positive("num_attention_heads")?;
+        let kv_heads = raw.usize_any(&["num_key_value_heads"])?.unwrap_or(heads);
+        check_heads(raw, heads, kv_heads)?;
+        let head_dim = raw
+            .usize_any(&["head_dim"])?
+            .unwrap_or(common.hidden_size / heads);
+        let num_experts = raw
+            .usize_any(&["num_experts", "num_local_experts"])?
+            .unwrap_or(0);
+        let top_k = raw.positive("num_experts_per_tok")?;
+        if num_experts > 0 && top_k > num_experts {
+            return Err(raw.invalid(
+                "num_experts_per_tok",
+                format!("{top_k} exceeds num_experts {num_experts}"),
+            ));
+        }
+        let sliding_window = if raw.bool_or("use_sliding_window", false)? {
+            Some(raw.positive("sliding_window")?)
+        } else {
+            None
+        };
+        Ok(Self {
+            heads,
+            kv_heads,
+            head_dim,
+            attention_bias: raw.bool_or("attention_bias", false)?,
+            intermediate_size: raw.positive("intermediate_size")?,
+            moe_intermediate_size: raw.positive("moe_intermediate_size")?,
+            num_experts,
+            top_k,
+            norm_topk_prob: raw.bool_or("norm_topk_prob", false)?,
+            decoder_sparse_step: raw.usize_any(&["decoder_sparse_step"])?.unwrap_or(1).max(1),
+            mlp_only_layers: raw.usize_list("mlp_only_layers")?,
+            sliding_window,
+            rope: raw.rope(DEFAULT_ROPE_THETA)?,
+            common,
+        })
+    }
+
+    /// Whether decoder layer `layer` has routed experts.
+    pub fn is_sparse(&self, layer: usize) -> bool {
+        !self.mlp_only_layers.contains(&layer)
+            && self.num_experts > 0
+            && (layer + 1) % self.decoder_sparse_step == 0
+    }
+}
+
+pub(crate) fn check_heads(
+    raw: &RawConfig,
+    heads: usize,
+    kv_heads: usize,
+) -> Result<(), ConfigError> {
+    if kv_heads == 0 || heads % kv_heads != 0 {
+        return Err(raw.invalid(
+            "num_key_value_heads",
+            format!("{kv_heads} does not divide num_attention_heads {heads}"),
+        ));
+    }
+    Ok(())
+}
+
+pub fn build(
+    c: &Config,
+    w: &Weights,
+    experts: Option<Arc<dyn ExpertProvider>>,
+) -> Result<Decoder, ModelError> {
+    let h = c.common.hidden_size;
+    let eps = c.common.rms_norm_eps;
+    let rope = Rope::new(&c.rope, c.head_dim, false);
+    let mut resident = ResidentExperts::default();
+    let mut layers = Vec::with_capacity(c.common.num_layers);
+    for i in 0..c.common.num_layers {
+        let lw = w.pp(format_args!("model.layers.{i}"));
+        let shape = GqaShape {
+            hidden: h,
+            heads: c.heads,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+            bias: c.attention_bias,
+            qk_norm_eps: Some(eps),
+            window: c.sliding_window,
+        };
+        let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape, &rope)?;
+        let mw = lw.pp("mlp");
+        let ffn = if c.is_sparse(i) {
+            if experts.is_none() {
+                let loaded =
+                    load_layer_experts(&mw, PROJ_NAMES, c.num_experts, h, c.moe_intermediate_size)?;
+                resident.insert_layer(i, loaded);
+            }
+            FeedForward::Sparse(MoeBlock {
+                layer: i,
+                router: Router::new(
+                    Linear::load(&mw, "gate", h, c.num_experts, false)?,
+                    c.num_experts,
+                    c.top_k,
+                    Scoring::Softmax {
+                        renormalize: c.norm_topk_prob,
+                    },
+                ),
+                shared: None,
+            })
+        } else {
+            FeedForward::Dense(Mlp::load(&mw, h, c.intermediate_size)?)
+        };
+        layers.push(DecoderLayer::load(
+            &lw,
+            h,
+            eps,
+            Attention::Grouped(attention),
+            ffn,
+        )?);
+    }
+    assemble(&c.common, w, layers, rope, experts, resident)
+}

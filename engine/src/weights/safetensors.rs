@@ -1,0 +1,290 @@
+//! A strict reader for the safetensors format.
+//!
+//! The header is parsed and validated in full before any tensor is read: a
+//! truncated download, an overlapping or out-of-range offset, or a byte size
+//! that does not match dtype × shape is reported against the file by name
+//! instead of surfacing later as garbage logits or a panic. Tensor bytes are
+//! read with explicit positional reads, never through mmap, so a file that
+//! disappears becomes an error rather than a SIGBUS.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::WeightsError;
+
+/// Headers larger than this are refused: real checkpoints stay far below it,
+/// and a corrupt length field must not make us allocate gigabytes.
+pub const MAX_HEADER_BYTES: u64 = 100 * 1024 * 1024;
+
+/// Size of the little-endian header-length prefix.
+const HEADER_LEN_PREFIX: u64 = 8;
+
+/// Element types a checkpoint may store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dtype {
+    F32,
+    F16,
+    BF16,
+    /// A dtype the format allows but Longhaul cannot compute with; kept so the
+    /// error can name it when (and only when) such a tensor is asked for.
+    Unsupported(UnsupportedDtype),
+}
+
+/// Dtypes that are valid safetensors but not model weights Longhaul reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnsupportedDtype {
+    F64,
+    I64,
+    I32,
+    I16,
+    I8,
+    U8,
+    U16,
+    U32,
+    U64,
+    Bool,
+    F8E4M3,
+    F8E5M2,
+}
+
+impl Dtype {
+    fn parse(name: &str) -> Option<Self> {
+        use UnsupportedDtype as U;
+        Some(match name {
+            "F32" => Dtype::F32,
+            "F16" => Dtype::F16,
+            "BF16" => Dtype::BF16,
+            "F64" => Dtype::Unsupported(U::F64),
+            "I64" => Dtype::Unsupported(U::I64),
+            "I32" => Dtype::Unsupported(U::I32),
+            "I16" => Dtype::Unsupported(U::I16),
+            "I8" => Dtype::Unsupported(U::I8),
+            "U8" => Dtype::Unsupported(U::U8),
+            "U16" => Dtype::Unsupported(U::U16),
+            "U32" => Dtype::Unsupported(U::U32),
+            "U64" => Dtype::Unsupported(U::U64),
+            "BOOL" => Dtype::Unsupported(U::Bool),
+            "F8_E4M3" => Dtype::Unsupported(U::F8E4M3),
+            "F8_E5M2" => Dtype::Unsupported(U::F8E5M2),
+            _ => return None,
+        })
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> u64 {
+        use UnsupportedDtype as U;
+        match self {
+            Dtype::F32 => 4,
+            Dtype::F16 | Dtype::BF16 => 2,
+            Dtype::Unsupported(u) => match u {
+                U::F64 | U::I64 | U::U64 => 8,
+                U::I32 | U::U32 => 4,
+                U::I16 | U::U16 => 2,
+                U::I8 | U::U8 | U::Bool | U::F8E4M3 | U::F8E5M2 => 1,
+            },
+        }
+    }
+}
+
+/// Where one tensor lives inside a safetensors file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    /// Absolute byte offset of the first element in the file.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// An opened, validated safetensors file.
+#[derive(Debug)]
+pub struct SafetensorsFile {
+    path: PathBuf,
+    file: File,
+    tensors: BTreeMap<String, TensorInfo>,
+}
+
+impl SafetensorsFile {
+    /// Opens `path` and validates its header against the file's size.
+    pub fn open(path: &Path) -> Result<Self, WeightsError> {
+        let file = File::open(path).map_err(|source| WeightsError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let file_len = file
+            .metadata()
+            .map_err(|source| WeightsError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?
+            .len();
+        let invalid = |reason: String| WeightsError::InvalidFile {
+            path: path.to_path_buf(),
+            reason,
+        };
+        if file_len < HEADER_LEN_PREFIX {
+            return Err(invalid(format!(
+                "file is {file_len} bytes, too short for the 8-byte header length"
+            )));
+        }
+        let mut prefix = [0u8; HEADER_LEN_PREFIX as usize];
+        read_exact_at(&file, path, &mut prefix, 0)?;
+        let header_len = u64::from_le_bytes(prefix);
+        if header_len > MAX_HEADER_BYTES {
+            return Err(invalid(format!(
+                "header length {header_len} bytes exceeds the {MAX_HEADER_BYTES}-byte limit"
+            )));
+        }
+        let data_start = HEADER_LEN_PREFIX + header_len;
+        if data_start > file_len {
+            return Err(invalid(format!(
+                "header length {header_len} bytes runs past the end of the {file_len}-byte file (truncated?)"
+            )));
+        }
+        let mut header = vec![0u8; header_len as usize];
+        read_exact_at(&file, path, &mut header, HEADER_LEN_PREFIX)?;
+        let tensors = parse_header(&header, file_len - data_start)
+            .map_err(invalid)?
+            .into_iter()
+            .map(|(name, mut info)| {
+                info.offset += data_start;
+                (name, info)
+            })
+            .collect();
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+            tensors,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn tensors(&self) -> &BTreeMap<String, TensorInfo> {
+        &self.tensors
+    }
+
+    /// Reads the raw bytes of one tensor.
+    pub fn read_bytes(&self, info: &TensorInfo) -> Result<Vec<u8>, WeightsError> {
+        let len = usize::try_from(info.len).map_err(|_| WeightsError::InvalidFile {
+            path: self.path.clone(),
+            reason: format!("tensor of {} bytes does not fit in memory", info.len),
+        })?;
+        let mut buf = vec![0u8; len];
+        read_exact_at(&self.file, &self.path, &mut buf, info.offset)?;
+        Ok(buf)
+    }
+}
+
+fn read_exact_at(
+    file: &File,
+    path: &Path,
+    buf: &mut [u8],
+    offset: u64,
+) -> Result<(), WeightsError> {
+    file.read_exact_at(buf, offset)
+        .map_err(|source| WeightsError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// Parses and validates a header; offsets in the result are relative to the
+/// start of the data section, whose length is `data_len`.
+pub fn parse_header(header: &[u8], data_len: u64) -> Result<BTreeMap<String, TensorInfo>, String> {
+    let value: Value =
+        serde_json::from_slice(header).map_err(|e| format!("header is not valid JSON: {e}"))?;
+    let Value::Object(entries) = value else {
+        return Err("header is not a JSON object".to_string());
+    };
+    let mut tensors = BTreeMap::new();
+    for (name, entry) in entries {
+        if name == "__metadata__" {
+            continue;
+        }
+        let info = parse_entry(&entry, data_len).map_err(|e| format!("tensor `{name}`: {e}"))?;
+        tensors.insert(name, info);
+    }
+    check_overlaps(&tensors)?;
+    Ok(tensors)
+}
+
+fn parse_entry(entry: &Value, data_len: u64) -> Result<TensorInfo, String> {
+    let dtype_name = entry
+        .get("dtype")
+        .and_then(Value::as_str)
+        .ok_or("missing string field `dtype`")?;
+    let dtype = Dtype::parse(dtype_name).ok_or_else(|| format!("unknown dtype `{dtype_name}`"))?;
+    let shape = entry
+        .get("shape")
+        .and_then(Value::as_array)
+        .ok_or("missing array field `shape`")?
+        .iter()
+        .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
+        .collect::<Option<Vec<usize>>>()
+        .ok_or("`shape` must hold non-negative integers")?;
+    let offsets = entry
+        .get("data_offsets")
+        .and_then(Value::as_array)
+        .ok_or("missing array field `data_offsets`")?;
+    let [start, end] = offsets.as_slice() else {
+        return Err(format!(
+            "`data_offsets` must hold 2 numbers, found {}",
+            offsets.len()
+        ));
+    };
+    let (Some(start), Some(end)) = (start.as_u64(), end.as_u64()) else {
+        return Err("`data_offsets` must hold non-negative integers".to_string());
+    };
+    if start > end {
+        return Err(format!("data_offsets [{start}, {end}] run backwards"));
+    }
+    if end > data_len {
+        return Err(format!(
+            "data_offsets [{start}, {end}] run past the end of the {data_len}-byte data section (truncated?)"
+        ));
+    }
+    let elements = shape
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
+        .ok_or("shape overflows")?;
+    let expected = elements
+        .checked_mul(dtype.size())
+        .ok_or("shape overflows")?;
+    if expected != end - start {
+        return Err(format!(
+            "holds {} bytes but dtype {dtype_name} × shape {shape:?} needs {expected}",
+            end - start
+        ));
+    }
+    Ok(TensorInfo {
+        dtype,
+        shape,
+        offset: start,
+        len: end - start,
+    })
+}
+
+fn check_overlaps(tensors: &BTreeMap<String, TensorInfo>) -> Result<(), String> {
+    let mut spans: Vec<(&str, u64, u64)> = tensors
+        .iter()
+        .filter(|(_, t)| t.len > 0)
+        .map(|(n, t)| (n.as_str(), t.offset, t.offset + t.len))
+        .collect();
+    spans.sort_by_key(|&(_, start, _)| start);
+    for pair in spans.windows(2) {
+        let (a, _, a_end) = pair[0];
+        let (b, b_start, _) = pair[1];
+        if b_start < a_end {
+            return Err(format!("tensors `{a}` and `{b}` overlap"));
+        }
+    }
+    Ok(())
+}
