@@ -195,3 +195,11 @@ pub(crate) fn assemble(
         vocab_size: c.vocab_size,
     })
 }
+
+/// Opens a Hugging Face checkpoint folder and builds its model in RAM.
+pub fn load_checkpoint(dir: &Path) -> Result<(ModelSpec, Decoder), ModelError> {
+    let spec = ModelSpec::read(&dir.join("config.json"))?;
+    let source = crate::weights::SafetensorsCheckpoint::open(dir)?;
+    let decoder = spec.build(&source, None)?;
+    Ok((spec, decoder))
+}

@@ -1,0 +1,60 @@
+//! Helpers shared by the engine's integration tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Largest allowed |Δlogit| against transformers, in f32.
+pub const LOGIT_TOLERANCE: f32 = 1e-4;
+
+/// What `tools/reference/make_fixtures.py` recorded from transformers.
+#[derive(Debug, Deserialize)]
+pub struct Expected {
+    pub ids: Vec<u32>,
+    pub logits: Vec<Vec<f32>>,
+    pub prompt: String,
+    pub prompt_ids: Vec<u32>,
+    pub greedy_tokens: Vec<u32>,
+    pub greedy_text: String,
+}
+
+pub fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// Every fixture folder, sorted by name.
+pub fn fixtures() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(fixtures_dir())
+        .expect("fixtures folder")
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.join("expected.json").is_file())
+        .collect();
+    dirs.sort();
+    assert!(
+        dirs.len() >= 7,
+        "expected the committed fixtures, found {dirs:?}"
+    );
+    dirs
+}
+
+pub fn expected(dir: &Path) -> Expected {
+    let text = std::fs::read_to_string(dir.join("expected.json")).expect("expected.json");
+    serde_json::from_str(&text).expect("expected.json parses")
+}
+
+pub fn name(dir: &Path) -> String {
+    dir.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+/// Max |a − b| over two equally shaped matrices.
+pub fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    assert_eq!(a.len(), b.len(), "row count");
+    a.iter()
+        .zip(b)
+        .flat_map(|(x, y)| {
+            assert_eq!(x.len(), y.len(), "row width");
+            x.iter().zip(y).map(|(p, q)| (p - q).abs())
+        })
+        .fold(0.0, f32::max)
+}

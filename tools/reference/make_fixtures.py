@@ -1,0 +1,463 @@
+#!/usr/bin/env python3
+"""Builds Longhaul's reference fixtures from Hugging Face transformers.
+
+Each fixture is a tiny random-weight checkpoint in Hugging Face format plus
+`expected.json`: transformers' teacher-forced logits for a token sequence and
+the tokens its greedy `generate` produces for a prompt. The Rust tests load
+each checkpoint with Longhaul and demand the same numbers.
+
+The weights are drawn at a scale where activations stay O(1) (std 1/sqrt(fan-in)),
+norm weights are not all ones and router biases are not zero, so that a wrong
+norm, a swapped projection or a mis-ordered rope shows up as a large error
+rather than hiding under tiny activations.
+
+Run by hand (not in CI; torch from PyPI is large):
+
+    python3 -m venv ~/.cache/longhaul/refvenv
+    ~/.cache/longhaul/refvenv/bin/pip install torch transformers safetensors numpy
+    ~/.cache/longhaul/refvenv/bin/python tools/reference/make_fixtures.py engine/tests/fixtures
+
+It rewrites every fixture folder under the output folder.
+"""
+
+import copy
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+import transformers
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoConfig, AutoModelForCausalLM
+
+VOCAB = 512
+HIDDEN = 64
+GREEDY_TOKENS = 32
+# Embeddings double as the LM head when tied; this keeps logits O(1) either way.
+EMBED_STD = 0.3
+# model_type values transformers knows under another name (Kimi K2 ships as
+# remote code around DeepSeek-V3's modeling).
+REFERENCE_TYPE = {"kimi_k2": "deepseek_v3"}
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'].strip() + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+TEACHER_TEXT = "The quick brown fox jumps over the lazy dog while Longhaul streams experts from four drives."
+PROMPT_TEXT = "Audit the storage engine and"
+
+CORPUS = """
+Longhaul runs large mixture of experts language models on one computer by streaming expert weights
+from several drives. The quick brown fox jumps over the lazy dog. A router picks a few experts for
+every token, and only those experts are read. The cache keeps the hot experts in memory, and the
+pilot predicts which experts the next layer will need. Audit the storage engine and report what you
+find. Draft an architecture for a job queue that survives a power cut. The answer is waiting in the
+morning. Every drive reads in parallel, and the throughput of each drive is shown on the dashboard.
+""" * 4
+
+
+def build_tokenizer() -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([CORPUS], trainer)
+    assert tok.get_vocab_size() <= VOCAB, tok.get_vocab_size()
+    return tok
+
+
+def rope_old_style(params: dict) -> dict:
+    """Released-config spelling: rope_theta at the top, rope_scaling beside it."""
+    params = dict(params)
+    out = {"rope_theta": params.pop("rope_theta")}
+    kind = params.pop("rope_type")
+    if kind != "default":
+        out["rope_scaling"] = {"type": kind, **params}
+    else:
+        out["rope_scaling"] = None
+    return out
+
+
+# name, model_type, config, options
+FIXTURES = [
+    (
+        "qwen3_moe_released",
+        {
+            "model_type": "qwen3_moe",
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "intermediate_size": 96,
+            "moe_intermediate_size": 32,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "norm_topk_prob": False,
+            "mlp_only_layers": [1],
+            "decoder_sparse_step": 1,
+            "rope": {"rope_type": "default", "rope_theta": 10000.0},
+            "tie_word_embeddings": False,
+        },
+        {"style": "old", "layout": "per_expert", "dtype": "float32", "shards": 1},
+    ),
+    (
+        "qwen3_moe_recent",
+        {
+            "model_type": "qwen3_moe",
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "attention_bias": True,
+            "intermediate_size": 80,
+            "moe_intermediate_size": 24,
+            "num_experts": 12,
+            "num_experts_per_tok": 3,
+            "norm_topk_prob": True,
+            "decoder_sparse_step": 2,
+            "use_sliding_window": True,
+            "sliding_window": 5,
+            "rope": {"rope_type": "linear", "rope_theta": 50000.0, "factor": 2.0},
+            "tie_word_embeddings": True,
+        },
+        {"style": "new", "layout": "fused", "dtype": "bfloat16", "shards": 2},
+    ),
+    (
+        "mixtral_released",
+        {
+            "model_type": "mixtral",
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 1,
+            "intermediate_size": 48,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "rope": {"rope_type": "default", "rope_theta": 1000000.0},
+            "tie_word_embeddings": False,
+        },
+        {"style": "old", "layout": "per_expert", "dtype": "float16", "shards": 1},
+    ),
+    (
+        "mixtral_recent",
+        {
+            "model_type": "mixtral",
+            "num_hidden_layers": 3,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "head_dim": 24,
+            "intermediate_size": 40,
+            "num_local_experts": 6,
+            "num_experts_per_tok": 3,
+            "sliding_window": 6,
+            "rope": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+                "beta_fast": 8.0,
+                "beta_slow": 2.0,
+            },
+            "max_position_embeddings": 64,
+            "tie_word_embeddings": False,
+        },
+        {"style": "new", "layout": "fused", "dtype": "float32", "shards": 1},
+    ),
+    (
+        "deepseek_v3_released",
+        {
+            "model_type": "deepseek_v3",
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "q_lora_rank": 32,
+            "kv_lora_rank": 16,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 8,
+            "v_head_dim": 12,
+            "intermediate_size": 96,
+            "moe_intermediate_size": 24,
+            "n_routed_experts": 16,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 4,
+            "n_group": 4,
+            "topk_group": 2,
+            "norm_topk_prob": True,
+            "routed_scaling_factor": 2.5,
+            "first_k_dense_replace": 1,
+            "rope_interleave": True,
+            "rope": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "mscale": 0.9,
+                "mscale_all_dim": 0.7,
+                "beta_fast": 16.0,
+                "beta_slow": 2.0,
+                "original_max_position_embeddings": 16,
+            },
+            "max_position_embeddings": 64,
+            "tie_word_embeddings": False,
+        },
+        {"style": "old", "layout": "per_expert", "dtype": "float32", "shards": 1},
+    ),
+    (
+        "kimi_k2_recent",
+        {
+            "model_type": "kimi_k2",
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "q_lora_rank": None,
+            "kv_lora_rank": 24,
+            "qk_nope_head_dim": 8,
+            "qk_rope_head_dim": 16,
+            "v_head_dim": 16,
+            "intermediate_size": 64,
+            "moe_intermediate_size": 16,
+            "n_routed_experts": 8,
+            "n_shared_experts": 2,
+            "num_experts_per_tok": 3,
+            "n_group": 1,
+            "topk_group": 1,
+            "norm_topk_prob": False,
+            "routed_scaling_factor": 1.7,
+            "first_k_dense_replace": 0,
+            "rope_interleave": False,
+            "rope": {"rope_type": "default", "rope_theta": 20000.0},
+            "tie_word_embeddings": False,
+        },
+        {"style": "new", "layout": "fused", "dtype": "bfloat16", "shards": 1},
+    ),
+    (
+        "kimi_k25_text",
+        {
+            "model_type": "kimi_k2",
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "q_lora_rank": 24,
+            "kv_lora_rank": 16,
+            "qk_nope_head_dim": 8,
+            "qk_rope_head_dim": 8,
+            "v_head_dim": 8,
+            "intermediate_size": 64,
+            "moe_intermediate_size": 16,
+            "n_routed_experts": 16,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 6,
+            "n_group": 8,
+            "topk_group": 4,
+            "norm_topk_prob": True,
+            "routed_scaling_factor": 2.827,
+            "first_k_dense_replace": 1,
+            "rope_interleave": True,
+            "rope": {
+                "rope_type": "yarn",
+                "rope_theta": 50000.0,
+                "factor": 32.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "beta_fast": 1.0,
+                "beta_slow": 1.0,
+                "original_max_position_embeddings": 4096,
+            },
+            "max_position_embeddings": 131072,
+            "tie_word_embeddings": False,
+        },
+        {"style": "old", "layout": "per_expert", "dtype": "bfloat16", "shards": 1, "wrap": "kimi_k25"},
+    ),
+]
+
+EXPERT_NAMES = {
+    "qwen3_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
+    "mixtral": ("block_sparse_moe", "w1", "w3", "w2"),
+    "deepseek_v3": ("mlp", "gate_proj", "up_proj", "down_proj"),
+}
+
+
+def config_json(spec: dict, tok: Tokenizer, style: str) -> dict:
+    spec = copy.deepcopy(spec)
+    rope = spec.pop("rope")
+    cfg = {
+        "vocab_size": VOCAB,
+        "hidden_size": HIDDEN,
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "max_position_embeddings": spec.pop("max_position_embeddings", 256),
+        "bos_token_id": None,
+        "eos_token_id": tok.token_to_id("<|endoftext|>"),
+        **spec,
+    }
+    if style == "old":
+        cfg.update(rope_old_style(rope))
+    else:
+        cfg["rope_parameters"] = rope
+        if cfg["model_type"] == "qwen3_moe":
+            cfg["num_local_experts"] = cfg.pop("num_experts")
+    return cfg
+
+
+@torch.no_grad()
+def randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
+    for name, p in model.named_parameters():
+        if p.dim() == 1:  # norm weights
+            p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+        elif name.endswith("embed_tokens.weight"):
+            p.copy_(EMBED_STD * torch.randn(p.shape, generator=gen))
+        else:
+            fan_in = p.shape[-1]
+            p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(fan_in))
+        if name.endswith("bias"):
+            p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+    for name, b in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            b.copy_(0.05 * torch.randn(b.shape, generator=gen))
+
+
+def checkpoint_tensors(model, cfg: dict, layout: str) -> dict:
+    arch = "deepseek_v3" if cfg["model_type"] in ("deepseek_v3", "kimi_k2") else cfg["model_type"]
+    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    if cfg.get("tie_word_embeddings"):
+        state.pop("lm_head.weight", None)
+    if layout == "fused":
+        return state
+    block, gate_name, up_name, down_name = EXPERT_NAMES[arch]
+    out = {}
+    for k, v in state.items():
+        if k.endswith("mlp.experts.gate_up_proj"):
+            prefix = k[: -len("mlp.experts.gate_up_proj")] + block + ".experts"
+            inter = v.shape[1] // 2
+            for e in range(v.shape[0]):
+                out[f"{prefix}.{e}.{gate_name}.weight"] = v[e, :inter].contiguous()
+                out[f"{prefix}.{e}.{up_name}.weight"] = v[e, inter:].contiguous()
+        elif k.endswith("mlp.experts.down_proj"):
+            prefix = k[: -len("mlp.experts.down_proj")] + block + ".experts"
+            for e in range(v.shape[0]):
+                out[f"{prefix}.{e}.{down_name}.weight"] = v[e].contiguous()
+        elif block != "mlp" and ".mlp.gate." in k:
+            out[k.replace(".mlp.gate.", f".{block}.gate.")] = v
+        else:
+            out[k] = v
+    return out
+
+
+def save_checkpoint(tensors: dict, out: Path, dtype: torch.dtype, shards: int, prefix: str = "") -> None:
+    tensors = {prefix + k: v.to(dtype).contiguous() for k, v in tensors.items()}
+    if shards == 1:
+        save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+        return
+    names = sorted(tensors)
+    per = math.ceil(len(names) / shards)
+    weight_map = {}
+    for i in range(shards):
+        part = names[i * per : (i + 1) * per]
+        fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        save_file({n: tensors[n] for n in part}, out / fname, metadata={"format": "pt"})
+        weight_map.update({n: fname for n in part})
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}, indent=1)
+    )
+
+
+def write_tokenizer_files(tok: Tokenizer, out: Path) -> None:
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": None,
+                "eos_token": "<|im_end|>",
+                "chat_template": CHAT_TEMPLATE,
+                "tokenizer_class": "PreTrainedTokenizerFast",
+            },
+            indent=1,
+        )
+    )
+    eos = [tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")]
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos, "do_sample": False}, indent=1))
+
+
+@torch.no_grad()
+def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, seed: int) -> None:
+    out = root / name
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    cfg = config_json(spec, tok, opts["style"])
+    cfg_path = out / "config.json"
+    reference_cfg = dict(cfg, model_type=REFERENCE_TYPE.get(cfg["model_type"], cfg["model_type"]))
+    cfg_path.write_text(json.dumps(reference_cfg, indent=1))
+    # transformers reads the file exactly as a user's checkpoint would be read.
+    config = AutoConfig.from_pretrained(out)
+    config._attn_implementation = "eager"
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(seed)
+    randomize(model, gen)
+    dtype = getattr(torch, opts["dtype"])
+    # Round to the stored precision so the reference computes on the stored values.
+    # Only what is saved: rope's inv_freq is a computed buffer and stays f32.
+    stored = dict(model.named_parameters())
+    stored.update((n, b) for n, b in model.named_buffers() if n.endswith("e_score_correction_bias"))
+    for p in stored.values():
+        p.copy_(p.to(dtype).to(torch.float32))
+    write_tokenizer_files(tok, out)
+    tensors = checkpoint_tensors(model, cfg, opts["layout"])
+    wrapped = opts.get("wrap") == "kimi_k25"
+    save_checkpoint(tensors, out, dtype, opts["shards"], "language_model." if wrapped else "")
+
+    ids = tok.encode(TEACHER_TEXT).ids
+    logits = model(torch.tensor([ids])).logits[0]
+    prompt_ids = tok.encode(PROMPT_TEXT).ids
+    eos = json.loads((out / "generation_config.json").read_text())["eos_token_id"]
+    generated = model.generate(
+        torch.tensor([prompt_ids]),
+        attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+        max_new_tokens=GREEDY_TOKENS,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=eos[0],
+    )[0, len(prompt_ids) :].tolist()
+
+    if not wrapped:
+        # The checkpoint as written must load back in transformers to the same logits.
+        reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
+        again = reloaded(torch.tensor([ids])).logits[0]
+        assert torch.equal(again, logits), f"{name}: reload changed logits by {(again - logits).abs().max()}"
+    # Now the config as the published checkpoint spells it.
+    final_cfg = {"model_type": "kimi_k25", "text_config": cfg} if wrapped else cfg
+    cfg_path.write_text(json.dumps(final_cfg, indent=1))
+
+    expected = {
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "ids": ids,
+        "logits": [[float(x) for x in row] for row in logits],
+        "prompt": PROMPT_TEXT,
+        "prompt_ids": prompt_ids,
+        "greedy_tokens": generated,
+        "greedy_text": tok.decode(generated, skip_special_tokens=True),
+    }
+    (out / "expected.json").write_text(json.dumps(expected))
+    print(f"{name}: {len(ids)} positions, greedy {len(generated)} tokens, logit range "
+          f"{logits.min():.2f}..{logits.max():.2f}")
+
+
+def main() -> None:
+    root = Path(sys.argv[1] if len(sys.argv) > 1 else "engine/tests/fixtures")
+    root.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(1)
+    tok = build_tokenizer()
+    for seed, (name, spec, opts) in enumerate(FIXTURES):
+        make_fixture(root, name, spec, opts, tok, seed + 1)
+
+
+if __name__ == "__main__":
+    main()
