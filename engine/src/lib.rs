@@ -5,5 +5,10 @@
 //! ([`model::ExpertProvider`]) so that they can live in RAM or be streamed
 //! from drives without the model code knowing. No UI, SQL or HTTP here.
 
+pub mod engine;
+pub mod generate;
 pub mod model;
+pub mod tokenizer;
 pub mod weights;
+
+pub use engine::{Engine, EngineError};

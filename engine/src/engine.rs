@@ -1,0 +1,153 @@
+//! The engine's front door: open a model folder once, then score or generate.
+//!
+//! This is the whole surface the CLI and the service use, so that what a
+//! model is made of (architecture, expert source, tokenizer files) stays
+//! behind it.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::Tensor;
+
+use crate::generate::{self, Flow, GenerateError, Generation, GenerationSettings};
+use crate::model::{Decoder, LogitsFor, ModelError, ModelSpec, parse_token_ids};
+use crate::tokenizer::{ChatMessage, TextTokenizer, TokenizerError};
+use crate::weights::SafetensorsCheckpoint;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("{path}: not a model folder (no config.json)")]
+    NotAModel { path: PathBuf },
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Generate(#[from] GenerateError),
+    #[error("{path}: {reason}")]
+    GenerationConfig { path: PathBuf, reason: String },
+}
+
+/// A loaded model with its tokenizer and end-of-sequence ids.
+pub struct Engine {
+    spec: ModelSpec,
+    decoder: Decoder,
+    tokenizer: Option<TextTokenizer>,
+    eos_token_ids: Vec<u32>,
+    path: PathBuf,
+}
+
+const CONFIG_FILE: &str = "config.json";
+const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+
+impl Engine {
+    /// Opens a Hugging Face checkpoint folder. A folder without
+    /// `tokenizer.json` still loads, for scoring token ids.
+    pub fn open(path: &Path) -> Result<Self, EngineError> {
+        let config = path.join(CONFIG_FILE);
+        if !config.is_file() {
+            return Err(EngineError::NotAModel {
+                path: path.to_path_buf(),
+            });
+        }
+        let spec = ModelSpec::read(&config).map_err(ModelError::from)?;
+        let source = SafetensorsCheckpoint::open(path).map_err(ModelError::from)?;
+        let decoder = spec.build(&source, None)?;
+        let tokenizer = if path.join("tokenizer.json").is_file() {
+            Some(TextTokenizer::from_dir(path)?)
+        } else {
+            None
+        };
+        let mut eos_token_ids = read_generation_eos(path)?;
+        for id in &spec.common().eos_token_ids {
+            if !eos_token_ids.contains(id) {
+                eos_token_ids.push(*id);
+            }
+        }
+        Ok(Self {
+            spec,
+            decoder,
+            tokenizer,
+            eos_token_ids,
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    pub fn decoder(&self) -> &Decoder {
+        &self.decoder
+    }
+
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos_token_ids
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.decoder.vocab_size
+    }
+
+    pub fn tokenizer(&self) -> Result<&TextTokenizer, EngineError> {
+        self.tokenizer.as_ref().ok_or_else(|| {
+            EngineError::Tokenizer(TokenizerError::Io {
+                path: self.path.join("tokenizer.json"),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no tokenizer in this model folder",
+                ),
+            })
+        })
+    }
+
+    /// Logits `[ids.len(), vocab]` for every position of `ids`.
+    pub fn logits(&self, ids: &[u32]) -> Result<Tensor, EngineError> {
+        let mut cache = self.decoder.new_cache();
+        Ok(self.decoder.forward(ids, &mut cache, LogitsFor::All)?)
+    }
+
+    /// Prompt token ids for plain text, or for a chat rendered with the model's template.
+    pub fn prompt_ids(&self, prompt: &str, chat: bool) -> Result<Vec<u32>, EngineError> {
+        let tokenizer = self.tokenizer()?;
+        Ok(if chat {
+            let text = tokenizer.render_chat(&[ChatMessage::user(prompt)], true)?;
+            tokenizer.encode(&text, false)?
+        } else {
+            tokenizer.encode(prompt, true)?
+        })
+    }
+
+    pub fn generate(
+        &self,
+        prompt_ids: &[u32],
+        settings: &GenerationSettings,
+        on_text: impl FnMut(&str) -> Flow,
+    ) -> Result<Generation, EngineError> {
+        Ok(generate::generate(
+            &self.decoder,
+            self.tokenizer()?,
+            prompt_ids,
+            settings,
+            on_text,
+        )?)
+    }
+}
+
+fn read_generation_eos(dir: &Path) -> Result<Vec<u32>, EngineError> {
+    let path = dir.join(GENERATION_CONFIG_FILE);
+    if !path.is_file() {
+        return Ok(Vec::new());
+    }
+    let invalid = |reason: String| EngineError::GenerationConfig {
+        path: path.clone(),
+        reason,
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| invalid(e.to_string()))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| invalid(format!("not valid JSON: {e}")))?;
+    match value.get("eos_token_id") {
+        None | Some(serde_json::Value::Null) => Ok(Vec::new()),
+        Some(v) => parse_token_ids(v)
+            .ok_or_else(|| invalid("`eos_token_id` must be an id or a list of ids".to_string())),
+    }
+}

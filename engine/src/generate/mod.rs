@@ -1,0 +1,203 @@
+//! Turning a prompt into text: a session over the model's KV cache, token
+//! selection, and stop conditions (EOS ids, stop strings, a token budget).
+
+pub mod sampling;
+pub mod stop;
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::model::{Decoder, KvCache, LogitsFor, ModelError};
+use crate::tokenizer::{TextTokenizer, TokenizerError};
+pub use sampling::{Sampler, SamplingError, SamplingParams};
+use stop::{Scan, StopScanner};
+
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    #[error("the prompt is empty after tokenization")]
+    EmptyPrompt,
+}
+
+/// One sequence's state: the tokens seen so far and their attention cache.
+pub struct Session<'m> {
+    model: &'m Decoder,
+    cache: KvCache,
+}
+
+impl<'m> Session<'m> {
+    pub fn new(model: &'m Decoder) -> Self {
+        Self {
+            cache: model.new_cache(),
+            model,
+        }
+    }
+
+    /// Positions processed so far.
+    pub fn len(&self) -> usize {
+        self.cache.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.cache.is_empty()
+    }
+
+    /// Feeds `ids` in one batched pass; returns the logits after the last one.
+    pub fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let logits = self.model.forward(ids, &mut self.cache, LogitsFor::Last)?;
+        Ok(logits.squeeze(0)?.to_vec1()?)
+    }
+}
+
+/// What to generate and when to stop.
+#[derive(Debug, Clone)]
+pub struct GenerationSettings {
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop_strings: Vec<String>,
+    pub eos_token_ids: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// The model produced an end-of-sequence token.
+    Eos,
+    /// A stop string appeared in the text.
+    StopString,
+    /// `max_tokens` were generated.
+    MaxTokens,
+    /// The caller asked to stop.
+    Cancelled,
+}
+
+/// Timings of one generation.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GenerationStats {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub prefill_seconds: f64,
+    /// Time in forward passes after the prefill.
+    pub decode_seconds: f64,
+    pub decode_steps: usize,
+}
+
+impl GenerationStats {
+    pub fn prefill_tokens_per_second(&self) -> f64 {
+        rate(self.prompt_tokens, self.prefill_seconds)
+    }
+
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        rate(self.decode_steps, self.decode_seconds)
+    }
+}
+
+fn rate(n: usize, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        n as f64 / seconds
+    } else {
+        0.0
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Generation {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub finish_reason: FinishReason,
+    pub stats: GenerationStats,
+}
+
+/// Whether the caller wants generation to go on after a piece of text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    Stop,
+}
+
+/// Generates from `prompt`, calling `on_text` with each piece of text as soon
+/// as it is final (stop strings are never shown, even in part).
+pub fn generate(
+    model: &Decoder,
+    tokenizer: &TextTokenizer,
+    prompt: &[u32],
+    settings: &GenerationSettings,
+    mut on_text: impl FnMut(&str) -> Flow,
+) -> Result<Generation, GenerateError> {
+    if prompt.is_empty() {
+        return Err(GenerateError::EmptyPrompt);
+    }
+    let mut sampler = Sampler::new(settings.sampling.clone())?;
+    let mut session = Session::new(model);
+    let mut stream = tokenizer.stream();
+    let mut stops = StopScanner::new(settings.stop_strings.clone());
+    let mut stats = GenerationStats {
+        prompt_tokens: prompt.len(),
+        ..Default::default()
+    };
+    let mut tokens = Vec::new();
+    let mut text = String::new();
+
+    let started = Instant::now();
+    let mut logits = session.feed(prompt)?;
+    stats.prefill_seconds = started.elapsed().as_secs_f64();
+    let mut decode_time = Duration::ZERO;
+
+    let finish_reason = loop {
+        if tokens.len() >= settings.max_tokens {
+            break FinishReason::MaxTokens;
+        }
+        let id = sampler.sample(&logits);
+        if settings.eos_token_ids.contains(&id) {
+            break FinishReason::Eos;
+        }
+        tokens.push(id);
+        let (shown, stopped) = match stops.push(&stream.push(id)?) {
+            Scan::Continue(s) => (s, false),
+            Scan::Stop(s) => (s, true),
+        };
+        text.push_str(&shown);
+        let flow = if shown.is_empty() {
+            Flow::Continue
+        } else {
+            on_text(&shown)
+        };
+        if stopped {
+            break FinishReason::StopString;
+        }
+        if flow == Flow::Stop {
+            break FinishReason::Cancelled;
+        }
+        if tokens.len() >= settings.max_tokens {
+            break FinishReason::MaxTokens;
+        }
+        let step = Instant::now();
+        logits = session.feed(&[id])?;
+        decode_time += step.elapsed();
+        stats.decode_steps += 1;
+    };
+    if finish_reason != FinishReason::StopString {
+        let rest = match stops.push(&stream.finish()?) {
+            Scan::Continue(s) => s + &stops.finish(),
+            Scan::Stop(s) => s,
+        };
+        if !rest.is_empty() {
+            text.push_str(&rest);
+            on_text(&rest);
+        }
+    }
+    stats.generated_tokens = tokens.len();
+    stats.decode_seconds = decode_time.as_secs_f64();
+    Ok(Generation {
+        tokens,
+        text,
+        finish_reason,
+        stats,
+    })
+}

@@ -1,0 +1,223 @@
+//! Text in and out: the checkpoint's own `tokenizer.json`, its special tokens
+//! and its chat template.
+
+mod chat;
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+pub use chat::{ChatMessage, ChatTemplate, TemplateError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+    #[error("tokenizing failed: {0}")]
+    Encode(String),
+    #[error("decoding failed: {0}")]
+    Decode(String),
+    #[error(
+        "{dir}: this checkpoint has no chat template (tokenizer_config.json `chat_template` or chat_template.jinja); run without --chat"
+    )]
+    NoChatTemplate { dir: PathBuf },
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+}
+
+/// A checkpoint's tokenizer with what `tokenizer_config.json` says about it.
+pub struct TextTokenizer {
+    inner: tokenizers::Tokenizer,
+    dir: PathBuf,
+    chat_template: Option<ChatTemplate>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+}
+
+const TOKENIZER_FILE: &str = "tokenizer.json";
+const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
+
+impl TextTokenizer {
+    /// Loads `tokenizer.json` and, when present, `tokenizer_config.json` and
+    /// `chat_template.jinja` from `dir`.
+    pub fn from_dir(dir: &Path) -> Result<Self, TokenizerError> {
+        let path = dir.join(TOKENIZER_FILE);
+        let bytes = std::fs::read(&path).map_err(|source| TokenizerError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let inner =
+            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| TokenizerError::Invalid {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+        let config_path = dir.join(TOKENIZER_CONFIG_FILE);
+        let config = if config_path.is_file() {
+            let text =
+                std::fs::read_to_string(&config_path).map_err(|source| TokenizerError::Io {
+                    path: config_path.clone(),
+                    source,
+                })?;
+            serde_json::from_str::<Value>(&text).map_err(|e| TokenizerError::Invalid {
+                path: config_path.clone(),
+                reason: format!("not valid JSON: {e}"),
+            })?
+        } else {
+            Value::Null
+        };
+        let template_path = dir.join(CHAT_TEMPLATE_FILE);
+        let template_source = if template_path.is_file() {
+            Some(
+                std::fs::read_to_string(&template_path).map_err(|source| TokenizerError::Io {
+                    path: template_path.clone(),
+                    source,
+                })?,
+            )
+        } else {
+            chat_template_from_config(&config).map_err(|reason| TokenizerError::Invalid {
+                path: config_path.clone(),
+                reason,
+            })?
+        };
+        Ok(Self {
+            inner,
+            dir: dir.to_path_buf(),
+            chat_template: template_source.map(ChatTemplate::new),
+            bos_token: special_token(&config, "bos_token"),
+            eos_token: special_token(&config, "eos_token"),
+        })
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// Tokenizes `text`; `add_special_tokens` applies the tokenizer's own
+    /// post-processing (e.g. a leading BOS), as transformers does for plain prompts.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
+        let enc = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        self.inner
+            .decode(ids, true)
+            .map_err(|e| TokenizerError::Decode(e.to_string()))
+    }
+
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
+    }
+
+    /// Renders `messages` with the checkpoint's chat template.
+    pub fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
+        let template =
+            self.chat_template
+                .as_ref()
+                .ok_or_else(|| TokenizerError::NoChatTemplate {
+                    dir: self.dir.clone(),
+                })?;
+        Ok(template.render(
+            messages,
+            add_generation_prompt,
+            self.bos_token.as_deref(),
+            self.eos_token.as_deref(),
+        )?)
+    }
+
+    /// A streaming decoder that yields text as soon as it is complete UTF-8.
+    pub fn stream(&self) -> TextStream<'_> {
+        TextStream {
+            tokenizer: self,
+            ids: Vec::new(),
+            emitted: 0,
+        }
+    }
+}
+
+/// Incremental detokenisation: decodes the whole suffix since the last
+/// complete character so that multi-byte characters and merged spaces come
+/// out exactly as a full decode would print them.
+pub struct TextStream<'a> {
+    tokenizer: &'a TextTokenizer,
+    ids: Vec<u32>,
+    emitted: usize,
+}
+
+impl TextStream<'_> {
+    /// Adds one token and returns the new text it completes (possibly empty).
+    pub fn push(&mut self, id: u32) -> Result<String, TokenizerError> {
+        self.ids.push(id);
+        let text = self.tokenizer.decode(&self.ids)?;
+        // A trailing replacement character means a multi-byte character is
+        // still incomplete: wait for the next token.
+        if text.ends_with('\u{FFFD}')
+            || text.len() < self.emitted
+            || !text.is_char_boundary(self.emitted)
+        {
+            return Ok(String::new());
+        }
+        let new = text[self.emitted..].to_string();
+        self.emitted = text.len();
+        Ok(new)
+    }
+
+    /// Whatever text is still held back (an incomplete character at the end
+    /// decodes to U+FFFD, as a full decode would print it).
+    pub fn finish(&mut self) -> Result<String, TokenizerError> {
+        let text = self.tokenizer.decode(&self.ids)?;
+        let rest = text.get(self.emitted..).unwrap_or_default().to_string();
+        self.emitted = text.len();
+        Ok(rest)
+    }
+}
+
+fn chat_template_from_config(config: &Value) -> Result<Option<String>, String> {
+    match config.get("chat_template") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        // A list of named templates: take the default one.
+        Some(Value::Array(items)) => {
+            let named = |want: &str| {
+                items.iter().find_map(|t| {
+                    (t.get("name")?.as_str()? == want)
+                        .then(|| t.get("template")?.as_str().map(str::to_string))
+                        .flatten()
+                })
+            };
+            named("default").map(Some).ok_or_else(|| {
+                "`chat_template` lists templates but none is named `default`".to_string()
+            })
+        }
+        Some(_) => {
+            Err("`chat_template` must be a string or a list of {name, template}".to_string())
+        }
+    }
+}
+
+/// A special token given as a string or as `{"content": ...}`.
+fn special_token(config: &Value, key: &str) -> Option<String> {
+    match config.get(key)? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content")?.as_str().map(str::to_string),
+        _ => None,
+    }
+}

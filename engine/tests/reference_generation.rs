@@ -1,0 +1,124 @@
+//! Greedy generation and prompt tokenization against transformers.
+
+mod common;
+
+use common::{expected, fixtures, name};
+use longhaul_engine::Engine;
+use longhaul_engine::generate::{FinishReason, Flow, GenerationSettings, SamplingParams};
+
+const GREEDY_TOKENS: usize = 32;
+
+#[test]
+fn greedy_tokens_match_transformers() {
+    for dir in fixtures() {
+        let exp = expected(&dir);
+        let engine = Engine::open(&dir).unwrap();
+        let prompt = engine.prompt_ids(&exp.prompt, false).unwrap();
+        assert_eq!(
+            prompt,
+            exp.prompt_ids,
+            "{}: prompt tokenization",
+            name(&dir)
+        );
+        let settings = GenerationSettings {
+            max_tokens: GREEDY_TOKENS,
+            sampling: SamplingParams::default(),
+            stop_strings: Vec::new(),
+            eos_token_ids: engine.eos_token_ids().to_vec(),
+        };
+        let mut streamed = String::new();
+        let out = engine
+            .generate(&prompt, &settings, |t| {
+                streamed.push_str(t);
+                Flow::Continue
+            })
+            .unwrap();
+        // transformers keeps the EOS token in its output; Longhaul stops before it.
+        let mut want = exp.greedy_tokens.clone();
+        if out.finish_reason == FinishReason::Eos {
+            let last = want.pop().expect("an EOS token");
+            assert!(
+                engine.eos_token_ids().contains(&last),
+                "{}: ended on {last}",
+                name(&dir)
+            );
+        }
+        assert_eq!(out.tokens, want, "{}: greedy tokens", name(&dir));
+        assert_eq!(out.text, exp.greedy_text, "{}: decoded text", name(&dir));
+        assert_eq!(
+            streamed,
+            out.text,
+            "{}: streamed text equals the final text",
+            name(&dir)
+        );
+        println!(
+            "{}: {} tokens, finished by {:?}",
+            name(&dir),
+            out.tokens.len(),
+            out.finish_reason
+        );
+    }
+}
+
+#[test]
+fn stop_strings_end_generation_before_the_string() {
+    let dir = &fixtures()[0];
+    let exp = expected(dir);
+    let engine = Engine::open(dir).unwrap();
+    let prompt = engine.prompt_ids(&exp.prompt, false).unwrap();
+    // A stop string taken from the middle of the known greedy text.
+    let chars: Vec<char> = exp.greedy_text.chars().collect();
+    let stop: String = chars[8..11].iter().collect();
+    let before: String = exp.greedy_text[..exp.greedy_text.find(&stop).unwrap()].to_string();
+    let settings = GenerationSettings {
+        max_tokens: GREEDY_TOKENS,
+        sampling: SamplingParams::default(),
+        stop_strings: vec![stop],
+        eos_token_ids: engine.eos_token_ids().to_vec(),
+    };
+    let out = engine
+        .generate(&prompt, &settings, |_| Flow::Continue)
+        .unwrap();
+    assert_eq!(out.finish_reason, FinishReason::StopString);
+    assert_eq!(out.text, before);
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_and_differs_across_seeds() {
+    let dir = &fixtures()[0];
+    let engine = Engine::open(dir).unwrap();
+    let prompt = engine.prompt_ids("Draft an architecture", false).unwrap();
+    let run = |seed| {
+        let settings = GenerationSettings {
+            max_tokens: 24,
+            sampling: SamplingParams {
+                temperature: 1.0,
+                top_k: Some(50),
+                top_p: 0.95,
+                seed,
+            },
+            stop_strings: Vec::new(),
+            eos_token_ids: Vec::new(),
+        };
+        engine
+            .generate(&prompt, &settings, |_| Flow::Continue)
+            .unwrap()
+            .tokens
+    };
+    assert_eq!(run(7), run(7));
+    assert_ne!(run(7), run(8));
+}
+
+#[test]
+fn chat_prompts_render_the_checkpoint_template() {
+    let dir = &fixtures()[0];
+    let engine = Engine::open(dir).unwrap();
+    let tok = engine.tokenizer().unwrap();
+    let ids = engine.prompt_ids("  hello  ", true).unwrap();
+    assert_eq!(
+        tok.decode(&ids).unwrap(),
+        "user\nhello\nassistant\n",
+        "special tokens are dropped when decoding"
+    );
+    assert_eq!(ids[0], tok.token_id("<|im_start|>").unwrap());
+}

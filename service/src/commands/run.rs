@@ -1,0 +1,89 @@
+//! `longhaul run`: stream generated text to stdout, speeds to stderr.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use longhaul_engine::generate::{Flow, GenerationSettings, SamplingParams};
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// Model folder (Hugging Face checkpoint).
+    #[arg(long)]
+    model: PathBuf,
+    /// The prompt text.
+    #[arg(long)]
+    prompt: String,
+    /// Wrap the prompt as a user message in the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Nucleus sampling: keep the most likely tokens up to this probability mass.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Keep only the K most likely tokens.
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Random seed for sampling.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Stop when this text appears (repeatable); it is not printed.
+    #[arg(long = "stop")]
+    stop: Vec<String>,
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let sampling = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        seed: args.seed,
+    };
+    sampling.validate().context("invalid sampling settings")?;
+    let engine = super::open_model(&args.model)?;
+    let prompt = engine
+        .prompt_ids(&args.prompt, args.chat)
+        .context("cannot prepare the prompt")?;
+    let settings = GenerationSettings {
+        max_tokens: args.max_tokens,
+        sampling,
+        stop_strings: args.stop,
+        eos_token_ids: engine.eos_token_ids().to_vec(),
+    };
+    let mut stdout = std::io::stdout().lock();
+    let mut write_error = None;
+    let generation = engine.generate(&prompt, &settings, |text| {
+        match stdout
+            .write_all(text.as_bytes())
+            .and_then(|()| stdout.flush())
+        {
+            Ok(()) => Flow::Continue,
+            Err(e) => {
+                write_error = Some(e);
+                Flow::Stop
+            }
+        }
+    })?;
+    if let Some(e) = write_error {
+        return Err(e).context("cannot write to stdout");
+    }
+    writeln!(stdout).context("cannot write to stdout")?;
+    let s = &generation.stats;
+    eprintln!(
+        "prefill: {} tokens in {:.3} s ({:.1} tok/s); decode: {} tokens in {:.3} s ({:.2} tok/s); finished: {:?}",
+        s.prompt_tokens,
+        s.prefill_seconds,
+        s.prefill_tokens_per_second(),
+        s.generated_tokens,
+        s.decode_seconds,
+        s.decode_tokens_per_second(),
+        generation.finish_reason,
+    );
+    Ok(())
+}
