@@ -73,7 +73,7 @@ impl Config {
         let topk_group = raw
             .usize_any(&["topk_group"])?
             .unwrap_or(DEFAULT_TOPK_GROUP);
-        if n_group == 0 || n_routed_experts % n_group != 0 {
+        if n_group == 0 || !n_routed_experts.is_multiple_of(n_group) {
             return Err(raw.invalid(
                 "n_group",
                 format!("{n_group} does not divide n_routed_experts {n_routed_experts}"),

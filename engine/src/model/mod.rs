@@ -180,7 +180,8 @@ pub(crate) fn assemble(
     resident: layers::experts::ResidentExperts,
 ) -> Result<Decoder, ModelError> {
     let embed = w.get("model.embed_tokens.weight", &[c.vocab_size, c.hidden_size])?;
-    let lm_head = if c.tie_word_embeddings && !w.has("lm_head.weight") {
+    // Tied means tied: as in the reference, a stray `lm_head.weight` is ignored.
+    let lm_head = if c.tie_word_embeddings {
         Linear::from_weight(embed.clone())
     } else {
         Linear::load(w, "lm_head", c.hidden_size, c.vocab_size, false)?

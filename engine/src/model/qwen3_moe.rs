@@ -81,7 +81,7 @@ impl Config {
     pub fn is_sparse(&self, layer: usize) -> bool {
         !self.mlp_only_layers.contains(&layer)
             && self.num_experts > 0
-            && (layer + 1) % self.decoder_sparse_step == 0
+            && (layer + 1).is_multiple_of(self.decoder_sparse_step)
     }
 }
 
@@ -90,7 +90,7 @@ pub(crate) fn check_heads(
     heads: usize,
     kv_heads: usize,
 ) -> Result<(), ConfigError> {
-    if kv_heads == 0 || heads % kv_heads != 0 {
+    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
         return Err(raw.invalid(
             "num_key_value_heads",
             format!("{kv_heads} does not divide num_attention_heads {heads}"),

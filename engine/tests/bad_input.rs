@@ -1,0 +1,228 @@
+//! Corrupt or inconsistent checkpoints give errors that name the file and the
+//! problem — never a panic, never a model that silently computes garbage.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use longhaul_engine::Engine;
+use serde_json::{Value, json};
+
+/// A copy of the smallest released-style fixture in a temporary folder.
+fn fixture_copy() -> (tempfile::TempDir, PathBuf) {
+    let src = common::fixtures_dir().join("mixtral_released");
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("model");
+    fs::create_dir(&dst).unwrap();
+    for entry in fs::read_dir(&src).unwrap() {
+        let entry = entry.unwrap();
+        fs::copy(entry.path(), dst.join(entry.file_name())).unwrap();
+    }
+    (tmp, dst)
+}
+
+fn open_err(dir: &Path) -> String {
+    match Engine::open(dir) {
+        Ok(_) => panic!("{} loaded although it is broken", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Splits a safetensors file into its header JSON and data section.
+fn split(path: &Path) -> (serde_json::Map<String, Value>, Vec<u8>) {
+    let bytes = fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    (header.as_object().unwrap().clone(), bytes[8 + n..].to_vec())
+}
+
+fn join(path: &Path, header: &serde_json::Map<String, Value>, data: &[u8]) {
+    let h = serde_json::to_vec(header).unwrap();
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(h);
+    out.extend(data);
+    fs::write(path, out).unwrap();
+}
+
+fn weights(dir: &Path) -> PathBuf {
+    dir.join("model.safetensors")
+}
+
+fn assert_mentions(err: &str, parts: &[&str]) {
+    for p in parts {
+        assert!(err.contains(p), "error `{err}` should mention `{p}`");
+    }
+}
+
+#[test]
+fn truncated_file_is_reported_with_its_name() {
+    let (_t, dir) = fixture_copy();
+    let bytes = fs::read(weights(&dir)).unwrap();
+    fs::write(weights(&dir), &bytes[..bytes.len() - 1000]).unwrap();
+    assert_mentions(&open_err(&dir), &["model.safetensors", "past the end", "truncated"]);
+}
+
+#[test]
+fn header_length_past_end_of_file() {
+    let (_t, dir) = fixture_copy();
+    let mut bytes = fs::read(weights(&dir)).unwrap();
+    let huge = (bytes.len() as u64 + 10).to_le_bytes();
+    bytes[..8].copy_from_slice(&huge);
+    fs::write(weights(&dir), &bytes).unwrap();
+    assert_mentions(&open_err(&dir), &["model.safetensors", "header length", "past the end"]);
+}
+
+#[test]
+fn header_over_the_size_limit() {
+    let (_t, dir) = fixture_copy();
+    let mut bytes = fs::read(weights(&dir)).unwrap();
+    bytes[..8].copy_from_slice(&(200u64 * 1024 * 1024).to_le_bytes());
+    fs::write(weights(&dir), &bytes).unwrap();
+    assert_mentions(&open_err(&dir), &["model.safetensors", "exceeds"]);
+}
+
+#[test]
+fn file_shorter_than_the_length_prefix() {
+    let (_t, dir) = fixture_copy();
+    fs::write(weights(&dir), [1u8, 2, 3]).unwrap();
+    assert_mentions(&open_err(&dir), &["model.safetensors", "too short"]);
+}
+
+#[test]
+fn header_that_is_not_json() {
+    let (_t, dir) = fixture_copy();
+    let mut out = 5u64.to_le_bytes().to_vec();
+    out.extend(b"{oops");
+    fs::write(weights(&dir), out).unwrap();
+    assert_mentions(&open_err(&dir), &["model.safetensors", "not valid JSON"]);
+}
+
+#[test]
+fn offsets_out_of_bounds() {
+    let (_t, dir) = fixture_copy();
+    let (mut header, data) = split(&weights(&dir));
+    let len = data.len() as u64;
+    header.insert(
+        "extra".into(),
+        json!({"dtype": "F32", "shape": [4], "data_offsets": [len, len + 16]}),
+    );
+    join(&weights(&dir), &header, &data);
+    assert_mentions(&open_err(&dir), &["model.safetensors", "`extra`", "past the end"]);
+}
+
+#[test]
+fn overlapping_tensors() {
+    let (_t, dir) = fixture_copy();
+    let (mut header, data) = split(&weights(&dir));
+    header.insert("alias".into(), json!({"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}));
+    join(&weights(&dir), &header, &data);
+    assert_mentions(&open_err(&dir), &["model.safetensors", "overlap"]);
+}
+
+#[test]
+fn byte_size_not_matching_dtype_and_shape() {
+    let (_t, dir) = fixture_copy();
+    let (mut header, data) = split(&weights(&dir));
+    let entry = header.get_mut("model.norm.weight").unwrap();
+    entry["shape"] = json!([63]);
+    join(&weights(&dir), &header, &data);
+    assert_mentions(&open_err(&dir), &["model.safetensors", "model.norm.weight", "needs"]);
+}
+
+#[test]
+fn unsupported_dtype_names_the_tensor() {
+    let (_t, dir) = fixture_copy();
+    let (mut header, data) = split(&weights(&dir));
+    let entry = header.get_mut("model.norm.weight").unwrap();
+    entry["dtype"] = json!("I16");
+    entry["shape"] = json!([64]);
+    join(&weights(&dir), &header, &data);
+    assert_mentions(&open_err(&dir), &["model.norm.weight", "supported weight dtypes"]);
+}
+
+#[test]
+fn missing_tensor_is_named() {
+    let (_t, dir) = fixture_copy();
+    let (mut header, data) = split(&weights(&dir));
+    header.remove("model.layers.1.self_attn.k_proj.weight");
+    join(&weights(&dir), &header, &data);
+    assert_mentions(&open_err(&dir), &["model.layers.1.self_attn.k_proj.weight", "missing"]);
+}
+
+#[test]
+fn shape_contradicting_the_config() {
+    let (_t, dir) = fixture_copy();
+    let path = dir.join("config.json");
+    let mut cfg: Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+    cfg["intermediate_size"] = json!(50);
+    fs::write(&path, cfg.to_string()).unwrap();
+    assert_mentions(&open_err(&dir), &["model.safetensors", "shape", "config.json implies"]);
+}
+
+#[test]
+fn malformed_config_json() {
+    let (_t, dir) = fixture_copy();
+    fs::write(dir.join("config.json"), "{\"model_type\": \"mixtral\",").unwrap();
+    assert_mentions(&open_err(&dir), &["config.json", "not valid JSON"]);
+}
+
+#[test]
+fn config_field_of_the_wrong_type() {
+    let (_t, dir) = fixture_copy();
+    let path = dir.join("config.json");
+    let mut cfg: Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+    cfg["num_attention_heads"] = json!("four");
+    fs::write(&path, cfg.to_string()).unwrap();
+    assert_mentions(&open_err(&dir), &["config.json", "num_attention_heads"]);
+}
+
+#[test]
+fn unknown_model_type_lists_the_supported_ones() {
+    let (_t, dir) = fixture_copy();
+    fs::write(dir.join("config.json"), r#"{"model_type": "llama"}"#).unwrap();
+    assert_mentions(
+        &open_err(&dir),
+        &["llama", "not supported", "qwen3_moe", "mixtral", "deepseek_v3", "kimi_k2"],
+    );
+}
+
+#[test]
+fn unsupported_option_is_named() {
+    let (_t, dir) = fixture_copy();
+    let path = dir.join("config.json");
+    let mut cfg: Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+    cfg["rope_scaling"] = json!({"type": "longrope", "factor": 2.0});
+    fs::write(&path, cfg.to_string()).unwrap();
+    assert_mentions(&open_err(&dir), &["longrope", "default, linear, yarn"]);
+    cfg["rope_scaling"] = Value::Null;
+    cfg["hidden_act"] = json!("gelu");
+    fs::write(&path, cfg.to_string()).unwrap();
+    assert_mentions(&open_err(&dir), &["hidden_act", "gelu", "silu"]);
+}
+
+#[test]
+fn missing_weights_file() {
+    let (_t, dir) = fixture_copy();
+    fs::remove_file(weights(&dir)).unwrap();
+    assert_mentions(&open_err(&dir), &["no weights found"]);
+}
+
+#[test]
+fn index_naming_a_missing_shard() {
+    let (_t, dir) = fixture_copy();
+    fs::write(
+        dir.join("model.safetensors.index.json"),
+        r#"{"weight_map": {"model.norm.weight": "model-00002-of-00002.safetensors"}}"#,
+    )
+    .unwrap();
+    assert_mentions(&open_err(&dir), &["model-00002-of-00002.safetensors"]);
+}
+
+#[test]
+fn token_ids_outside_the_vocabulary_are_refused() {
+    let (_t, dir) = fixture_copy();
+    let engine = Engine::open(&dir).unwrap();
+    let err = engine.logits(&[1, 2, 100_000]).unwrap_err().to_string();
+    assert_mentions(&err, &["100000", "outside the vocabulary"]);
+}

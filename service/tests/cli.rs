@@ -1,0 +1,130 @@
+//! The `longhaul` binary end to end: the `logits` JSON contract, greedy `run`
+//! against transformers, and clean errors for bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// Largest allowed |Δlogit| against transformers, in f32.
+const LOGIT_TOLERANCE: f64 = 1e-4;
+
+fn longhaul(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_longhaul"))
+        .args(args)
+        .output()
+        .expect("run longhaul")
+}
+
+fn fixtures() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("expected.json").is_file())
+        .collect();
+    dirs.sort();
+    assert!(dirs.len() >= 7);
+    dirs
+}
+
+fn expected(dir: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn logits_json_matches_transformers_for_every_fixture() {
+    for dir in fixtures() {
+        let exp = expected(&dir);
+        let ids: Vec<String> = exp["ids"].as_array().unwrap().iter().map(|v| v.to_string()).collect();
+        let out = longhaul(&["logits", "--model", dir.to_str().unwrap(), "--ids", &ids.join(","), "--json"]);
+        assert!(out.status.success(), "{}: {}", dir.display(), stderr(&out));
+        let got: Value = serde_json::from_slice(&out.stdout).expect("one JSON object on stdout");
+        assert_eq!(got["ids"], exp["ids"]);
+        let rows = got["logits"].as_array().unwrap();
+        let want = exp["logits"].as_array().unwrap();
+        assert_eq!(rows.len(), want.len(), "one row per position");
+        let mut worst = 0.0f64;
+        for (r, w) in rows.iter().zip(want) {
+            let (r, w) = (r.as_array().unwrap(), w.as_array().unwrap());
+            assert_eq!(r.len(), w.len(), "full vocabulary per row");
+            for (a, b) in r.iter().zip(w) {
+                worst = worst.max((a.as_f64().unwrap() - b.as_f64().unwrap()).abs());
+            }
+        }
+        assert!(worst <= LOGIT_TOLERANCE, "{}: max |Δlogit| {worst:e}", dir.display());
+    }
+}
+
+#[test]
+fn greedy_run_prints_transformers_text() {
+    for dir in fixtures() {
+        let exp = expected(&dir);
+        let out = longhaul(&[
+            "run",
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt",
+            exp["prompt"].as_str().unwrap(),
+            "--max-tokens",
+            "32",
+        ]);
+        assert!(out.status.success(), "{}: {}", dir.display(), stderr(&out));
+        let err = stderr(&out);
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(text, format!("{}\n", exp["greedy_text"].as_str().unwrap()), "{}", dir.display());
+        assert!(err.contains("prefill:") && err.contains("tok/s"), "speeds on stderr: {err}");
+    }
+}
+
+#[test]
+fn human_readable_logits_show_the_top_tokens() {
+    let dir = &fixtures()[0];
+    let out = longhaul(&["logits", "--model", dir.to_str().unwrap(), "--ids", "1,2,3"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.lines().count(), 3);
+    assert!(text.starts_with("position 0 (id 1): top "));
+}
+
+#[test]
+fn corrupt_model_fails_cleanly_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = &fixtures()[0];
+    for entry in std::fs::read_dir(src).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), tmp.path().join(entry.file_name())).unwrap();
+    }
+    let weights = tmp.path().join("model.safetensors");
+    let bytes = std::fs::read(&weights).unwrap();
+    std::fs::write(&weights, &bytes[..bytes.len() / 2]).unwrap();
+    let out = longhaul(&["logits", "--model", tmp.path().to_str().unwrap(), "--ids", "1", "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(err.contains("error:") && err.contains("model.safetensors"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(out.stdout.is_empty(), "nothing on stdout when failing");
+}
+
+#[test]
+fn bad_arguments_are_explained() {
+    let dir = fixtures()[0].to_str().unwrap().to_string();
+    let out = longhaul(&["logits", "--model", &dir, "--ids", "1,99999", "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("99999 is outside the model's vocabulary of 512"), "{}", stderr(&out));
+
+    let out = longhaul(&["run", "--model", &dir, "--prompt", "x", "--temperature=-1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("temperature"), "{}", stderr(&out));
+
+    let out = longhaul(&["run", "--model", "/nonexistent/model", "--prompt", "x"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("/nonexistent/model: not a model folder"), "{}", stderr(&out));
+
+    let out = longhaul(&["logits", "--model", &dir, "--ids", "1,x"]);
+    assert_eq!(out.status.code(), Some(2), "clap usage error");
+}
