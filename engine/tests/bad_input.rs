@@ -60,7 +60,10 @@ fn truncated_file_is_reported_with_its_name() {
     let (_t, dir) = fixture_copy();
     let bytes = fs::read(weights(&dir)).unwrap();
     fs::write(weights(&dir), &bytes[..bytes.len() - 1000]).unwrap();
-    assert_mentions(&open_err(&dir), &["model.safetensors", "past the end", "truncated"]);
+    assert_mentions(
+        &open_err(&dir),
+        &["model.safetensors", "past the end", "truncated"],
+    );
 }
 
 #[test]
@@ -70,7 +73,10 @@ fn header_length_past_end_of_file() {
     let huge = (bytes.len() as u64 + 10).to_le_bytes();
     bytes[..8].copy_from_slice(&huge);
     fs::write(weights(&dir), &bytes).unwrap();
-    assert_mentions(&open_err(&dir), &["model.safetensors", "header length", "past the end"]);
+    assert_mentions(
+        &open_err(&dir),
+        &["model.safetensors", "header length", "past the end"],
+    );
 }
 
 #[test]
@@ -108,14 +114,20 @@ fn offsets_out_of_bounds() {
         json!({"dtype": "F32", "shape": [4], "data_offsets": [len, len + 16]}),
     );
     join(&weights(&dir), &header, &data);
-    assert_mentions(&open_err(&dir), &["model.safetensors", "`extra`", "past the end"]);
+    assert_mentions(
+        &open_err(&dir),
+        &["model.safetensors", "`extra`", "past the end"],
+    );
 }
 
 #[test]
 fn overlapping_tensors() {
     let (_t, dir) = fixture_copy();
     let (mut header, data) = split(&weights(&dir));
-    header.insert("alias".into(), json!({"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}));
+    header.insert(
+        "alias".into(),
+        json!({"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}),
+    );
     join(&weights(&dir), &header, &data);
     assert_mentions(&open_err(&dir), &["model.safetensors", "overlap"]);
 }
@@ -127,7 +139,10 @@ fn byte_size_not_matching_dtype_and_shape() {
     let entry = header.get_mut("model.norm.weight").unwrap();
     entry["shape"] = json!([63]);
     join(&weights(&dir), &header, &data);
-    assert_mentions(&open_err(&dir), &["model.safetensors", "model.norm.weight", "needs"]);
+    assert_mentions(
+        &open_err(&dir),
+        &["model.safetensors", "model.norm.weight", "needs"],
+    );
 }
 
 #[test]
@@ -138,7 +153,10 @@ fn unsupported_dtype_names_the_tensor() {
     entry["dtype"] = json!("I16");
     entry["shape"] = json!([64]);
     join(&weights(&dir), &header, &data);
-    assert_mentions(&open_err(&dir), &["model.norm.weight", "supported weight dtypes"]);
+    assert_mentions(
+        &open_err(&dir),
+        &["model.norm.weight", "supported weight dtypes"],
+    );
 }
 
 #[test]
@@ -147,7 +165,10 @@ fn missing_tensor_is_named() {
     let (mut header, data) = split(&weights(&dir));
     header.remove("model.layers.1.self_attn.k_proj.weight");
     join(&weights(&dir), &header, &data);
-    assert_mentions(&open_err(&dir), &["model.layers.1.self_attn.k_proj.weight", "missing"]);
+    assert_mentions(
+        &open_err(&dir),
+        &["model.layers.1.self_attn.k_proj.weight", "missing"],
+    );
 }
 
 #[test]
@@ -157,7 +178,10 @@ fn shape_contradicting_the_config() {
     let mut cfg: Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
     cfg["intermediate_size"] = json!(50);
     fs::write(&path, cfg.to_string()).unwrap();
-    assert_mentions(&open_err(&dir), &["model.safetensors", "shape", "config.json implies"]);
+    assert_mentions(
+        &open_err(&dir),
+        &["model.safetensors", "shape", "config.json implies"],
+    );
 }
 
 #[test]
@@ -183,7 +207,14 @@ fn unknown_model_type_lists_the_supported_ones() {
     fs::write(dir.join("config.json"), r#"{"model_type": "llama"}"#).unwrap();
     assert_mentions(
         &open_err(&dir),
-        &["llama", "not supported", "qwen3_moe", "mixtral", "deepseek_v3", "kimi_k2"],
+        &[
+            "llama",
+            "not supported",
+            "qwen3_moe",
+            "mixtral",
+            "deepseek_v3",
+            "kimi_k2",
+        ],
     );
 }
 

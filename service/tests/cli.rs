@@ -40,8 +40,20 @@ fn stderr(o: &Output) -> String {
 fn logits_json_matches_transformers_for_every_fixture() {
     for dir in fixtures() {
         let exp = expected(&dir);
-        let ids: Vec<String> = exp["ids"].as_array().unwrap().iter().map(|v| v.to_string()).collect();
-        let out = longhaul(&["logits", "--model", dir.to_str().unwrap(), "--ids", &ids.join(","), "--json"]);
+        let ids: Vec<String> = exp["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_string())
+            .collect();
+        let out = longhaul(&[
+            "logits",
+            "--model",
+            dir.to_str().unwrap(),
+            "--ids",
+            &ids.join(","),
+            "--json",
+        ]);
         assert!(out.status.success(), "{}: {}", dir.display(), stderr(&out));
         let got: Value = serde_json::from_slice(&out.stdout).expect("one JSON object on stdout");
         assert_eq!(got["ids"], exp["ids"]);
@@ -56,7 +68,11 @@ fn logits_json_matches_transformers_for_every_fixture() {
                 worst = worst.max((a.as_f64().unwrap() - b.as_f64().unwrap()).abs());
             }
         }
-        assert!(worst <= LOGIT_TOLERANCE, "{}: max |Δlogit| {worst:e}", dir.display());
+        assert!(
+            worst <= LOGIT_TOLERANCE,
+            "{}: max |Δlogit| {worst:e}",
+            dir.display()
+        );
     }
 }
 
@@ -76,8 +92,16 @@ fn greedy_run_prints_transformers_text() {
         assert!(out.status.success(), "{}: {}", dir.display(), stderr(&out));
         let err = stderr(&out);
         let text = String::from_utf8(out.stdout).unwrap();
-        assert_eq!(text, format!("{}\n", exp["greedy_text"].as_str().unwrap()), "{}", dir.display());
-        assert!(err.contains("prefill:") && err.contains("tok/s"), "speeds on stderr: {err}");
+        assert_eq!(
+            text,
+            format!("{}\n", exp["greedy_text"].as_str().unwrap()),
+            "{}",
+            dir.display()
+        );
+        assert!(
+            err.contains("prefill:") && err.contains("tok/s"),
+            "speeds on stderr: {err}"
+        );
     }
 }
 
@@ -102,10 +126,20 @@ fn corrupt_model_fails_cleanly_naming_the_file() {
     let weights = tmp.path().join("model.safetensors");
     let bytes = std::fs::read(&weights).unwrap();
     std::fs::write(&weights, &bytes[..bytes.len() / 2]).unwrap();
-    let out = longhaul(&["logits", "--model", tmp.path().to_str().unwrap(), "--ids", "1", "--json"]);
+    let out = longhaul(&[
+        "logits",
+        "--model",
+        tmp.path().to_str().unwrap(),
+        "--ids",
+        "1",
+        "--json",
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
-    assert!(err.contains("error:") && err.contains("model.safetensors"), "{err}");
+    assert!(
+        err.contains("error:") && err.contains("model.safetensors"),
+        "{err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
     assert!(out.stdout.is_empty(), "nothing on stdout when failing");
 }
@@ -115,7 +149,11 @@ fn bad_arguments_are_explained() {
     let dir = fixtures()[0].to_str().unwrap().to_string();
     let out = longhaul(&["logits", "--model", &dir, "--ids", "1,99999", "--json"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("99999 is outside the model's vocabulary of 512"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("99999 is outside the model's vocabulary of 512"),
+        "{}",
+        stderr(&out)
+    );
 
     let out = longhaul(&["run", "--model", &dir, "--prompt", "x", "--temperature=-1"]);
     assert_eq!(out.status.code(), Some(1));
@@ -123,7 +161,11 @@ fn bad_arguments_are_explained() {
 
     let out = longhaul(&["run", "--model", "/nonexistent/model", "--prompt", "x"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("/nonexistent/model: not a model folder"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("/nonexistent/model: not a model folder"),
+        "{}",
+        stderr(&out)
+    );
 
     let out = longhaul(&["logits", "--model", &dir, "--ids", "1,x"]);
     assert_eq!(out.status.code(), Some(2), "clap usage error");
