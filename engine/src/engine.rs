@@ -5,13 +5,14 @@
 //! behind it.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use candle_core::Tensor;
 
 use crate::generate::{self, Flow, GenerateError, Generation, GenerationSettings};
 use crate::model::{Decoder, LogitsFor, ModelError, ModelSpec, parse_token_ids};
 use crate::tokenizer::{ChatMessage, TextTokenizer, TokenizerError};
-use crate::weights::SafetensorsCheckpoint;
+use crate::weights::{SafetensorsCheckpoint, TensorSource, WeightsError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -39,10 +40,58 @@ pub struct Engine {
 const CONFIG_FILE: &str = "config.json";
 const GENERATION_CONFIG_FILE: &str = "generation_config.json";
 
+/// How far loading has come, in bytes of stored weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadProgress {
+    pub loaded_bytes: u64,
+    pub total_bytes: u64,
+}
+
+/// Reports bytes as tensors are read, for a progress bar.
+struct ProgressSource<'a> {
+    inner: &'a SafetensorsCheckpoint,
+    loaded: AtomicU64,
+    total: u64,
+    report: &'a (dyn Fn(LoadProgress) + Sync),
+}
+
+impl TensorSource for ProgressSource<'_> {
+    fn shape(&self, name: &str) -> Option<&[usize]> {
+        self.inner.shape(name)
+    }
+
+    fn load(&self, name: &str) -> Result<Tensor, WeightsError> {
+        let tensor = self.inner.load(name)?;
+        let bytes = self.inner.stored_len(name).unwrap_or(0);
+        let loaded = self.loaded.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        (self.report)(LoadProgress {
+            loaded_bytes: loaded,
+            total_bytes: self.total,
+        });
+        Ok(tensor)
+    }
+
+    fn location(&self, name: &str) -> PathBuf {
+        self.inner.location(name)
+    }
+
+    fn origin(&self) -> PathBuf {
+        self.inner.origin()
+    }
+}
+
 impl Engine {
     /// Opens a Hugging Face checkpoint folder. A folder without
     /// `tokenizer.json` still loads, for scoring token ids.
     pub fn open(path: &Path) -> Result<Self, EngineError> {
+        Self::open_with_progress(path, &|_| {})
+    }
+
+    /// [`Engine::open`], reporting progress as weights are read.
+    pub fn open_with_progress(
+        path: &Path,
+        report: &(dyn Fn(LoadProgress) + Sync),
+    ) -> Result<Self, EngineError> {
         let config = path.join(CONFIG_FILE);
         if !config.is_file() {
             return Err(EngineError::NotAModel {
@@ -50,7 +99,13 @@ impl Engine {
             });
         }
         let spec = ModelSpec::read(&config).map_err(ModelError::from)?;
-        let source = SafetensorsCheckpoint::open(path).map_err(ModelError::from)?;
+        let checkpoint = SafetensorsCheckpoint::open(path).map_err(ModelError::from)?;
+        let source = ProgressSource {
+            total: checkpoint.total_bytes(),
+            inner: &checkpoint,
+            loaded: AtomicU64::new(0),
+            report,
+        };
         let decoder = spec.build(&source, None)?;
         let tokenizer = if path.join("tokenizer.json").is_file() {
             Some(TextTokenizer::from_dir(path)?)

@@ -11,4 +11,4 @@ pub mod model;
 pub mod tokenizer;
 pub mod weights;
 
-pub use engine::{Engine, EngineError};
+pub use engine::{Engine, EngineError, LoadProgress};

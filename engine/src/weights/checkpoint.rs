@@ -56,6 +56,20 @@ impl SafetensorsCheckpoint {
         Some((file, file.tensors().get(name)?))
     }
 
+    /// Bytes stored for `name`, if present.
+    pub fn stored_len(&self, name: &str) -> Option<u64> {
+        self.info(name).map(|(_, info)| info.len)
+    }
+
+    /// Bytes of all tensors in the checkpoint.
+    pub fn total_bytes(&self) -> u64 {
+        self.files
+            .iter()
+            .flat_map(|f| f.tensors().values())
+            .map(|t| t.len)
+            .sum()
+    }
+
     /// Every tensor name in the checkpoint.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.index.keys().map(String::as_str)

@@ -7,14 +7,23 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Context;
-use longhaul_engine::Engine;
+use indicatif::{ProgressBar, ProgressStyle};
+use longhaul_engine::{Engine, LoadProgress};
 
 /// Opens a model, saying on stderr what is being loaded and how long it took.
 pub fn open_model(path: &Path) -> anyhow::Result<Engine> {
     eprintln!("loading {} …", path.display());
     let started = Instant::now();
-    let engine = Engine::open(path)
-        .with_context(|| format!("cannot load the model at {}", path.display()))?;
+    let bar = ProgressBar::new(0).with_style(
+        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let engine = Engine::open_with_progress(path, &|p: LoadProgress| {
+        bar.set_length(p.total_bytes);
+        bar.set_position(p.loaded_bytes);
+    });
+    bar.finish_and_clear();
+    let engine = engine.with_context(|| format!("cannot load the model at {}", path.display()))?;
     eprintln!(
         "loaded {} ({} layers, vocabulary {}) in {:.2} s",
         engine.spec().model_type,
