@@ -5,8 +5,11 @@ Writes the checkpoint (with the fixtures' tokenizer) to the given folder so that
 `longhaul run` can be timed on the very same weights, then prints one JSON
 object with transformers' prefill and decode tokens/s on one thread.
 
-    ~/.cache/longhaul/refvenv/bin/python tools/reference/bench_decode.py /tmp/lh-bench
+    ~/.cache/longhaul/refvenv/bin/python tools/reference/bench_decode.py /tmp/lh-bench [PROMPT_TOKENS]
     RAYON_NUM_THREADS=1 longhaul run --model /tmp/lh-bench --prompt "..." --max-tokens 64
+
+An existing checkpoint in the folder is reused, so runs with several prompt
+lengths time the same weights.
 """
 
 import json
@@ -18,7 +21,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-PROMPT_TOKENS = 32
+DEFAULT_PROMPT_TOKENS = 32
 DECODE_TOKENS = 64
 
 CONFIG = {
@@ -57,6 +60,15 @@ CONFIG = {
 @torch.no_grad()
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/lh-bench")
+    prompt_tokens = int(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_PROMPT_TOKENS
+    if (out / "model.safetensors").is_file():
+        model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
+    else:
+        model = write_checkpoint(out)
+    time_decode(model, prompt_tokens)
+
+
+def write_checkpoint(out: Path):
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     (out / "config.json").write_text(json.dumps(CONFIG, indent=1))
@@ -74,9 +86,13 @@ def main() -> None:
             p.copy_(torch.randn(p.shape) / p.shape[-1] ** 0.5)
     model.save_pretrained(out)
     (out / "generation_config.json").unlink(missing_ok=True)
+    return model
 
+
+@torch.no_grad()
+def time_decode(model, prompt_tokens: int) -> None:
     torch.set_num_threads(1)
-    ids = torch.randint(0, CONFIG["vocab_size"], (1, PROMPT_TOKENS))
+    ids = torch.randint(0, CONFIG["vocab_size"], (1, prompt_tokens))
     start = time.perf_counter()
     res = model(ids, use_cache=True)
     prefill = time.perf_counter() - start
@@ -93,8 +109,8 @@ def main() -> None:
         "implementation": "transformers",
         "threads": 1,
         "parameters": params,
-        "prompt_tokens": PROMPT_TOKENS,
-        "prefill_tok_s": PROMPT_TOKENS / prefill,
+        "prompt_tokens": prompt_tokens,
+        "prefill_tok_s": prompt_tokens / prefill,
         "decode_tokens": DECODE_TOKENS,
         "decode_tok_s": DECODE_TOKENS / decode,
     }))

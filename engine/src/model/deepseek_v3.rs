@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::config::{ConfigError, RawConfig};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{ExpertProvider, PROJ_NAMES, ResidentExperts, load_layer_experts};
-use super::layers::mla::{LatentAttention, QueryProjection};
+use super::layers::mla::{LatentAttention, QueryProjection, split_kv_b};
 use super::layers::moe::MoeBlock;
 use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::{Router, Scoring};
@@ -133,7 +133,16 @@ fn load_attention(c: &Config, w: &Weights, rope: &Rope) -> Result<LatentAttentio
         },
     };
     let base_scale = 1.0 / (qk_head as f64).sqrt();
+    let kv_b = Linear::load(
+        w,
+        "kv_b_proj",
+        c.kv_lora_rank,
+        c.heads * (c.qk_nope_head_dim + c.v_head_dim),
+        false,
+    )?;
     Ok(LatentAttention {
+        absorbed: split_kv_b(&kv_b, c.heads, c.qk_nope_head_dim, c.v_head_dim)?,
+        kv_b,
         q,
         kv_a: Linear::load(
             w,
@@ -143,13 +152,6 @@ fn load_attention(c: &Config, w: &Weights, rope: &Rope) -> Result<LatentAttentio
             c.attention_bias,
         )?,
         kv_a_norm: RmsNorm::load(w, "kv_a_layernorm", c.kv_lora_rank, eps)?,
-        kv_b: Linear::load(
-            w,
-            "kv_b_proj",
-            c.kv_lora_rank,
-            c.heads * (c.qk_nope_head_dim + c.v_head_dim),
-            false,
-        )?,
         o_proj: Linear::load(w, "o_proj", c.heads * c.v_head_dim, h, c.attention_bias)?,
         heads: c.heads,
         kv_lora_rank: c.kv_lora_rank,

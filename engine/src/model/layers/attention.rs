@@ -30,12 +30,23 @@ pub fn attend(
         )
     };
     let scores = (q.contiguous()?.matmul(&k.t()?.contiguous()?)? * scale)?;
+    let probs = masked_softmax(&scores, seq, start, total, window)?;
+    Ok(probs.matmul(&v.contiguous()?)?)
+}
+
+/// Causal (and optionally windowed) softmax over scores `[heads, seq, total]`.
+pub fn masked_softmax(
+    scores: &Tensor,
+    seq: usize,
+    start: usize,
+    total: usize,
+    window: Option<usize>,
+) -> Result<Tensor, ModelError> {
     let scores = match causal_mask(seq, start, total, window)? {
         Some(mask) => scores.broadcast_add(&mask)?,
-        None => scores,
+        None => scores.clone(),
     };
-    let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-    Ok(probs.matmul(&v.contiguous()?)?)
+    Ok(candle_nn::ops::softmax_last_dim(&scores)?)
 }
 
 fn repeat_heads(x: &Tensor, times: usize) -> Result<Tensor, ModelError> {

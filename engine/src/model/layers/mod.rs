@@ -71,6 +71,13 @@ impl RmsNorm {
         })
     }
 
+    pub fn from_weight(weight: Tensor, eps: f64) -> Self {
+        Self {
+            weight,
+            eps: eps as f32,
+        }
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
         Ok(candle_nn::ops::rms_norm(
             &x.contiguous()?,
