@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use super::config::{ConfigError, RawConfig};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
-use super::layers::experts::{ExpertProvider, PROJ_NAMES, ResidentExperts, load_layer_experts};
+use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
 use super::layers::mla::{LatentAttention, QueryProjection, split_kv_b};
 use super::layers::moe::MoeBlock;
 use super::layers::rope::{Rope, RopeParams};
-use super::layers::router::{Router, Scoring};
+use super::layers::router::Scoring;
 use super::layers::{Linear, Mlp, RmsNorm};
 use super::{CommonConfig, ModelError, assemble};
 use crate::weights::Weights;
@@ -177,22 +177,14 @@ fn load_moe(c: &Config, w: &Weights, layer: usize) -> Result<MoeBlock, ModelErro
     } else {
         None
     };
-    Ok(MoeBlock {
-        layer,
-        router: Router::new(
-            Linear::load(w, "gate", h, e, false)?,
-            e,
-            c.top_k,
-            Scoring::SigmoidGrouped {
-                correction_bias: bias,
-                n_group: c.n_group,
-                topk_group: c.topk_group,
-                renormalize: c.norm_topk_prob,
-                scaling: c.routed_scaling_factor as f32,
-            },
-        ),
-        shared,
-    })
+    let scoring = Scoring::SigmoidGrouped {
+        correction_bias: bias,
+        n_group: c.n_group,
+        topk_group: c.topk_group,
+        renormalize: c.norm_topk_prob,
+        scaling: c.routed_scaling_factor as f32,
+    };
+    MoeBlock::load(w, layer, h, e, c.top_k, scoring, shared)
 }
 
 pub fn build(
@@ -202,23 +194,19 @@ pub fn build(
 ) -> Result<Decoder, ModelError> {
     let h = c.common.hidden_size;
     let rope = Rope::new(&c.rope, c.qk_rope_head_dim, c.rope_interleave);
-    let mut resident = ResidentExperts::default();
+    let mut experts = ExpertSetup::new(experts);
     let mut layers = Vec::with_capacity(c.common.num_layers);
     for i in 0..c.common.num_layers {
         let lw = w.pp(format_args!("model.layers.{i}"));
         let attention = Attention::Latent(load_attention(c, &lw.pp("self_attn"), &rope)?);
         let mw = lw.pp("mlp");
         let ffn = if i >= c.first_k_dense_replace {
-            if experts.is_none() {
-                let loaded = load_layer_experts(
-                    &mw,
-                    PROJ_NAMES,
-                    c.n_routed_experts,
-                    h,
-                    c.moe_intermediate_size,
-                )?;
-                resident.insert_layer(i, loaded);
-            }
+            let shape = ExpertShape {
+                count: c.n_routed_experts,
+                hidden: h,
+                intermediate: c.moe_intermediate_size,
+            };
+            experts.add_layer(&mw, PROJ_NAMES, i, shape)?;
             FeedForward::Sparse(load_moe(c, &mw, i)?)
         } else {
             FeedForward::Dense(Mlp::load(&mw, h, c.intermediate_size)?)
@@ -231,5 +219,5 @@ pub fn build(
             ffn,
         )?);
     }
-    assemble(&c.common, w, layers, rope, experts, resident)
+    assemble(&c.common, w, layers, rope, experts)
 }

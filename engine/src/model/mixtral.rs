@@ -4,13 +4,12 @@
 use std::sync::Arc;
 
 use super::config::{ConfigError, RawConfig};
-use super::layers::Linear;
 use super::layers::attention::{GqaShape, GroupedQueryAttention};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
-use super::layers::experts::{ExpertProvider, MIXTRAL_NAMES, ResidentExperts, load_layer_experts};
+use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, MIXTRAL_NAMES};
 use super::layers::moe::MoeBlock;
 use super::layers::rope::{Rope, RopeParams};
-use super::layers::router::{Router, Scoring};
+use super::layers::router::Scoring;
 use super::qwen3_moe::check_heads;
 use super::{CommonConfig, ModelError, assemble};
 use crate::weights::Weights;
@@ -73,7 +72,7 @@ pub fn build(
     let h = c.common.hidden_size;
     let eps = c.common.rms_norm_eps;
     let rope = Rope::new(&c.rope, c.head_dim, false);
-    let mut resident = ResidentExperts::default();
+    let mut experts = ExpertSetup::new(experts);
     let mut layers = Vec::with_capacity(c.common.num_layers);
     for i in 0..c.common.num_layers {
         let lw = w.pp(format_args!("model.layers.{i}"));
@@ -93,21 +92,14 @@ pub fn build(
             .copied()
             .unwrap_or(MOE_BLOCK_NAMES[0]);
         let mw = lw.pp(block);
-        if experts.is_none() {
-            let loaded =
-                load_layer_experts(&mw, MIXTRAL_NAMES, c.num_experts, h, c.intermediate_size)?;
-            resident.insert_layer(i, loaded);
-        }
-        let moe = MoeBlock {
-            layer: i,
-            router: Router::new(
-                Linear::load(&mw, "gate", h, c.num_experts, false)?,
-                c.num_experts,
-                c.top_k,
-                Scoring::Softmax { renormalize: true },
-            ),
-            shared: None,
+        let shape = ExpertShape {
+            count: c.num_experts,
+            hidden: h,
+            intermediate: c.intermediate_size,
         };
+        experts.add_layer(&mw, MIXTRAL_NAMES, i, shape)?;
+        let scoring = Scoring::Softmax { renormalize: true };
+        let moe = MoeBlock::load(&mw, i, h, c.num_experts, c.top_k, scoring, None)?;
         layers.push(DecoderLayer::load(
             &lw,
             h,
@@ -116,5 +108,5 @@ pub fn build(
             FeedForward::Sparse(moe),
         )?);
     }
-    assemble(&c.common, w, layers, rope, experts, resident)
+    assemble(&c.common, w, layers, rope, experts)
 }

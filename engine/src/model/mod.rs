@@ -176,8 +176,7 @@ pub(crate) fn assemble(
     w: &Weights,
     layers: Vec<layers::decoder::DecoderLayer>,
     rope: layers::rope::Rope,
-    experts: Option<Arc<dyn ExpertProvider>>,
-    resident: layers::experts::ResidentExperts,
+    experts: layers::experts::ExpertSetup,
 ) -> Result<Decoder, ModelError> {
     let embed = w.get("model.embed_tokens.weight", &[c.vocab_size, c.hidden_size])?;
     // Tied means tied: as in the reference, a stray `lm_head.weight` is ignored.
@@ -192,7 +191,7 @@ pub(crate) fn assemble(
         lm_head,
         layers,
         rope,
-        experts: experts.unwrap_or_else(|| Arc::new(resident)),
+        experts: experts.into_provider(),
         vocab_size: c.vocab_size,
     })
 }

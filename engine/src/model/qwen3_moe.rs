@@ -4,13 +4,13 @@
 use std::sync::Arc;
 
 use super::config::{ConfigError, RawConfig};
+use super::layers::Mlp;
 use super::layers::attention::{GqaShape, GroupedQueryAttention};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
-use super::layers::experts::{ExpertProvider, PROJ_NAMES, ResidentExperts, load_layer_experts};
+use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
 use super::layers::moe::MoeBlock;
 use super::layers::rope::{Rope, RopeParams};
-use super::layers::router::{Router, Scoring};
-use super::layers::{Linear, Mlp};
+use super::layers::router::Scoring;
 use super::{CommonConfig, ModelError, assemble};
 use crate::weights::Weights;
 
@@ -107,7 +107,7 @@ pub fn build(
     let h = c.common.hidden_size;
     let eps = c.common.rms_norm_eps;
     let rope = Rope::new(&c.rope, c.head_dim, false);
-    let mut resident = ResidentExperts::default();
+    let mut experts = ExpertSetup::new(experts);
     let mut layers = Vec::with_capacity(c.common.num_layers);
     for i in 0..c.common.num_layers {
         let lw = w.pp(format_args!("model.layers.{i}"));
@@ -123,23 +123,24 @@ pub fn build(
         let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape, &rope)?;
         let mw = lw.pp("mlp");
         let ffn = if c.is_sparse(i) {
-            if experts.is_none() {
-                let loaded =
-                    load_layer_experts(&mw, PROJ_NAMES, c.num_experts, h, c.moe_intermediate_size)?;
-                resident.insert_layer(i, loaded);
-            }
-            FeedForward::Sparse(MoeBlock {
-                layer: i,
-                router: Router::new(
-                    Linear::load(&mw, "gate", h, c.num_experts, false)?,
-                    c.num_experts,
-                    c.top_k,
-                    Scoring::Softmax {
-                        renormalize: c.norm_topk_prob,
-                    },
-                ),
-                shared: None,
-            })
+            let shape = ExpertShape {
+                count: c.num_experts,
+                hidden: h,
+                intermediate: c.moe_intermediate_size,
+            };
+            experts.add_layer(&mw, PROJ_NAMES, i, shape)?;
+            let scoring = Scoring::Softmax {
+                renormalize: c.norm_topk_prob,
+            };
+            FeedForward::Sparse(MoeBlock::load(
+                &mw,
+                i,
+                h,
+                c.num_experts,
+                c.top_k,
+                scoring,
+                None,
+            )?)
         } else {
             FeedForward::Dense(Mlp::load(&mw, h, c.intermediate_size)?)
         };
@@ -151,5 +152,5 @@ pub fn build(
             ffn,
         )?);
     }
-    assemble(&c.common, w, layers, rope, experts, resident)
+    assemble(&c.common, w, layers, rope, experts)
 }

@@ -104,6 +104,52 @@ impl ExpertProvider for ResidentExperts {
     }
 }
 
+/// Where a model being built gets its routed experts: loaded into RAM from the
+/// checkpoint as layers are built, or from a provider given by the caller.
+pub enum ExpertSetup {
+    Resident(ResidentExperts),
+    Provided(Arc<dyn ExpertProvider>),
+}
+
+impl ExpertSetup {
+    pub fn new(provided: Option<Arc<dyn ExpertProvider>>) -> Self {
+        match provided {
+            Some(p) => Self::Provided(p),
+            None => Self::Resident(ResidentExperts::default()),
+        }
+    }
+
+    /// Registers decoder layer `layer`'s experts, loading them from `w` (the
+    /// MoE block) when they are to be held in RAM.
+    pub fn add_layer(
+        &mut self,
+        w: &Weights,
+        names: ExpertNames,
+        layer: usize,
+        shape: ExpertShape,
+    ) -> Result<(), ModelError> {
+        if let Self::Resident(resident) = self {
+            resident.insert_layer(layer, load_layer_experts(w, names, shape)?);
+        }
+        Ok(())
+    }
+
+    pub fn into_provider(self) -> Arc<dyn ExpertProvider> {
+        match self {
+            Self::Resident(r) => Arc::new(r),
+            Self::Provided(p) => p,
+        }
+    }
+}
+
+/// Count and sizes of one layer's routed experts.
+#[derive(Debug, Clone, Copy)]
+pub struct ExpertShape {
+    pub count: usize,
+    pub hidden: usize,
+    pub intermediate: usize,
+}
+
 /// How a checkpoint names one layer's routed experts, relative to the MoE block.
 #[derive(Debug, Clone, Copy)]
 pub struct ExpertNames {
@@ -137,10 +183,13 @@ pub const MIXTRAL_NAMES: ExpertNames = ExpertNames {
 pub fn load_layer_experts(
     w: &Weights,
     names: ExpertNames,
-    count: usize,
-    hidden: usize,
-    intermediate: usize,
+    shape: ExpertShape,
 ) -> Result<Vec<Arc<Expert>>, ModelError> {
+    let ExpertShape {
+        count,
+        hidden,
+        intermediate,
+    } = shape;
     let experts = w.pp(names.folder);
     if experts.has("gate_up_proj") {
         let gate_up = experts.get("gate_up_proj", &[count, 2 * intermediate, hidden])?;

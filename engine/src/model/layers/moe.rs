@@ -9,10 +9,11 @@ use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 
-use super::Mlp;
 use super::experts::ExpertProvider;
-use super::router::Router;
+use super::router::{Router, Scoring};
+use super::{Linear, Mlp};
 use crate::model::ModelError;
+use crate::weights::Weights;
 
 pub struct MoeBlock {
     /// Decoder layer index, as the expert provider knows it.
@@ -22,6 +23,24 @@ pub struct MoeBlock {
 }
 
 impl MoeBlock {
+    /// Loads the router (`gate.weight` under `w`) for `experts` routed experts.
+    pub fn load(
+        w: &Weights,
+        layer: usize,
+        hidden: usize,
+        experts: usize,
+        top_k: usize,
+        scoring: Scoring,
+        shared: Option<Mlp>,
+    ) -> Result<Self, ModelError> {
+        let gate = Linear::load(w, "gate", hidden, experts, false)?;
+        Ok(Self {
+            layer,
+            router: Router::new(gate, experts, top_k, scoring),
+            shared,
+        })
+    }
+
     pub fn forward(&self, x: &Tensor, experts: &dyn ExpertProvider) -> Result<Tensor, ModelError> {
         let routes = self.router.route(x)?;
         // expert id → (token rows, weights)
