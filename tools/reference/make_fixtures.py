@@ -38,6 +38,8 @@ HIDDEN = 64
 GREEDY_TOKENS = 32
 # Embeddings double as the LM head when tied; this keeps logits O(1) either way.
 EMBED_STD = 0.3
+# How far transformers' own logits may move when it reloads the written checkpoint.
+RELOAD_TOLERANCE = 1e-5
 # model_type values transformers knows under another name (Kimi K2 ships as
 # remote code around DeepSeek-V3's modeling).
 REFERENCE_TYPE = {"kimi_k2": "deepseek_v3"}
@@ -430,7 +432,9 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
         # The checkpoint as written must load back in transformers to the same logits.
         reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
         again = reloaded(torch.tensor([ids])).logits[0]
-        assert torch.equal(again, logits), f"{name}: reload changed logits by {(again - logits).abs().max()}"
+        # Equal up to kernel-path rounding (a reloaded tensor may take another matmul path).
+        drift = (again - logits).abs().max().item()
+        assert drift <= RELOAD_TOLERANCE, f"{name}: reload changed logits by {drift}"
     # Now the config as the published checkpoint spells it.
     final_cfg = {"model_type": "kimi_k25", "text_config": cfg} if wrapped else cfg
     cfg_path.write_text(json.dumps(final_cfg, indent=1))
