@@ -5,12 +5,16 @@
 //! behind it.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use candle_core::Tensor;
 
+use crate::cache::{StreamingExperts, StreamingOptions};
 use crate::generate::{self, Flow, GenerateError, Generation, GenerationSettings};
+use crate::model::ExpertProvider;
 use crate::model::{Decoder, LogitsFor, ModelError, ModelSpec, parse_token_ids};
+use crate::pack::{self, Manifest, PackError};
 use crate::tokenizer::{ChatMessage, TextTokenizer, TokenizerError};
 use crate::weights::{SafetensorsCheckpoint, TensorSource, WeightsError};
 
@@ -24,6 +28,8 @@ pub enum EngineError {
     Tokenizer(#[from] TokenizerError),
     #[error(transparent)]
     Generate(#[from] GenerateError),
+    #[error(transparent)]
+    Pack(#[from] PackError),
     #[error("{path}: {reason}")]
     GenerationConfig { path: PathBuf, reason: String },
 }
@@ -32,6 +38,8 @@ pub enum EngineError {
 pub struct Engine {
     spec: ModelSpec,
     decoder: Decoder,
+    /// Set when the model is a pack: the streaming provider, for its counters.
+    streaming: Option<Arc<StreamingExperts>>,
     tokenizer: Option<TextTokenizer>,
     eos_token_ids: Vec<u32>,
     path: PathBuf,
@@ -39,6 +47,13 @@ pub struct Engine {
 
 const CONFIG_FILE: &str = "config.json";
 const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+
+/// How to open a model.
+#[derive(Debug, Clone, Default)]
+pub struct EngineOptions {
+    /// Used when the model is a pack.
+    pub streaming: StreamingOptions,
+}
 
 /// How far loading has come, in bytes of stored weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,12 +99,15 @@ impl Engine {
     /// Opens a Hugging Face checkpoint folder. A folder without
     /// `tokenizer.json` still loads, for scoring token ids.
     pub fn open(path: &Path) -> Result<Self, EngineError> {
-        Self::open_with_progress(path, &|_| {})
+        Self::open_with(path, &EngineOptions::default(), &|_| {})
     }
 
-    /// [`Engine::open`], reporting progress as weights are read.
-    pub fn open_with_progress(
+    /// Opens a checkpoint folder or a pack, reporting progress as resident
+    /// weights are read. For a pack, routed experts stream from its drives
+    /// through a cache of `options.streaming.budget_bytes`.
+    pub fn open_with(
         path: &Path,
+        options: &EngineOptions,
         report: &(dyn Fn(LoadProgress) + Sync),
     ) -> Result<Self, EngineError> {
         let config = path.join(CONFIG_FILE);
@@ -99,14 +117,28 @@ impl Engine {
             });
         }
         let spec = ModelSpec::read(&config).map_err(ModelError::from)?;
-        let checkpoint = SafetensorsCheckpoint::open(path).map_err(ModelError::from)?;
+        let (checkpoint, streaming) = if pack::is_pack(path) {
+            let manifest = Manifest::read(path)?;
+            let resident =
+                SafetensorsCheckpoint::open_files(path, vec![manifest.resident.path.clone()])
+                    .map_err(ModelError::from)?;
+            let experts = StreamingExperts::open(path, &manifest, &options.streaming)
+                .map_err(ModelError::from)?;
+            (resident, Some(Arc::new(experts)))
+        } else {
+            (
+                SafetensorsCheckpoint::open(path).map_err(ModelError::from)?,
+                None,
+            )
+        };
         let source = ProgressSource {
             total: checkpoint.total_bytes(),
             inner: &checkpoint,
             loaded: AtomicU64::new(0),
             report,
         };
-        let decoder = spec.build(&source, None)?;
+        let provider = streaming.clone().map(|s| s as Arc<dyn ExpertProvider>);
+        let decoder = spec.build(&source, provider)?;
         let tokenizer = if path.join("tokenizer.json").is_file() {
             Some(TextTokenizer::from_dir(path)?)
         } else {
@@ -121,10 +153,16 @@ impl Engine {
         Ok(Self {
             spec,
             decoder,
+            streaming,
             tokenizer,
             eos_token_ids,
             path: path.to_path_buf(),
         })
+    }
+
+    /// Cache and drive counters when running from a pack.
+    pub fn streaming(&self) -> Option<&StreamingExperts> {
+        self.streaming.as_deref()
     }
 
     pub fn spec(&self) -> &ModelSpec {

@@ -5,10 +5,13 @@
 //! ([`model::ExpertProvider`]) so that they can live in RAM or be streamed
 //! from drives without the model code knowing. No UI, SQL or HTTP here.
 
+pub mod cache;
 pub mod engine;
 pub mod generate;
 pub mod model;
+pub mod pack;
+pub mod store;
 pub mod tokenizer;
 pub mod weights;
 
-pub use engine::{Engine, EngineError, LoadProgress};
+pub use engine::{Engine, EngineError, EngineOptions, LoadProgress};

@@ -23,6 +23,8 @@ enum Command {
     Run(commands::run::RunArgs),
     /// Print the model's logits for a sequence of token ids.
     Logits(commands::logits::LogitsArgs),
+    /// Pack a checkpoint over several drives for streaming, or verify a pack.
+    Pack(commands::pack::PackArgs),
 }
 
 fn main() -> ExitCode {
@@ -36,6 +38,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => commands::run::run(args),
         Command::Logits(args) => commands::logits::run(args),
+        Command::Pack(args) => commands::pack::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

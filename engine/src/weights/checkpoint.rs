@@ -20,8 +20,13 @@ pub struct SafetensorsCheckpoint {
 }
 
 impl SafetensorsCheckpoint {
+    /// Opens the checkpoint in folder `dir`.
     pub fn open(dir: &Path) -> Result<Self, WeightsError> {
-        let paths = shard_paths(dir)?;
+        Self::open_files(dir, shard_paths(dir)?)
+    }
+
+    /// Opens the given safetensors files as one checkpoint (`dir` names it in errors).
+    pub fn open_files(dir: &Path, paths: Vec<PathBuf>) -> Result<Self, WeightsError> {
         let mut files = Vec::with_capacity(paths.len());
         let mut index: BTreeMap<String, usize> = BTreeMap::new();
         for path in paths {
@@ -51,7 +56,12 @@ impl SafetensorsCheckpoint {
         &self.dir
     }
 
-    fn info(&self, name: &str) -> Option<(&SafetensorsFile, &TensorInfo)> {
+    pub fn files(&self) -> &[SafetensorsFile] {
+        &self.files
+    }
+
+    /// The file holding `name` and where in it.
+    pub fn info(&self, name: &str) -> Option<(&SafetensorsFile, &TensorInfo)> {
         let file = &self.files[*self.index.get(name)?];
         Some((file, file.tensors().get(name)?))
     }

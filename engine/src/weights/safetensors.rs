@@ -52,7 +52,17 @@ pub enum UnsupportedDtype {
 }
 
 impl Dtype {
-    fn parse(name: &str) -> Option<Self> {
+    /// The safetensors name of a dtype Longhaul computes with.
+    pub fn name(self) -> Option<&'static str> {
+        match self {
+            Dtype::F32 => Some("F32"),
+            Dtype::F16 => Some("F16"),
+            Dtype::BF16 => Some("BF16"),
+            Dtype::Unsupported(_) => None,
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
         use UnsupportedDtype as U;
         Some(match name {
             "F32" => Dtype::F32,
@@ -171,6 +181,24 @@ impl SafetensorsFile {
         &self.tensors
     }
 
+    /// Reads `len` bytes starting `start` bytes into one tensor's data.
+    pub fn read_range(
+        &self,
+        info: &TensorInfo,
+        start: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, WeightsError> {
+        if start.checked_add(len).is_none_or(|end| end > info.len) {
+            return Err(WeightsError::InvalidFile {
+                path: self.path.clone(),
+                reason: format!("range {start}+{len} is outside a {}-byte tensor", info.len),
+            });
+        }
+        let mut buf = vec![0u8; len as usize];
+        read_exact_at(&self.file, &self.path, &mut buf, info.offset + start)?;
+        Ok(buf)
+    }
+
     /// Reads the raw bytes of one tensor.
     pub fn read_bytes(&self, info: &TensorInfo) -> Result<Vec<u8>, WeightsError> {
         let len = usize::try_from(info.len).map_err(|_| WeightsError::InvalidFile {
@@ -287,4 +315,34 @@ fn check_overlaps(tensors: &BTreeMap<String, TensorInfo>) -> Result<(), String> 
         }
     }
     Ok(())
+}
+
+/// One tensor to be written by [`header_bytes`].
+pub struct TensorEntry<'a> {
+    pub name: &'a str,
+    pub dtype: &'a str,
+    pub shape: &'a [usize],
+    pub len: u64,
+}
+
+/// The length prefix and JSON header of a safetensors file whose tensors
+/// follow back to back in the given order. The header is padded with spaces
+/// to a multiple of 8 bytes, as the format recommends.
+pub fn header_bytes(entries: &[TensorEntry]) -> Vec<u8> {
+    let mut map = serde_json::Map::new();
+    let mut offset = 0u64;
+    for e in entries {
+        map.insert(
+            e.name.to_string(),
+            serde_json::json!({"dtype": e.dtype, "shape": e.shape, "data_offsets": [offset, offset + e.len]}),
+        );
+        offset += e.len;
+    }
+    let mut header = Value::Object(map).to_string().into_bytes();
+    while !header.len().is_multiple_of(8) {
+        header.push(b' ');
+    }
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend(header);
+    out
 }

@@ -4,7 +4,6 @@
 //! full-vocabulary row per position, is a stable contract for outside checks.
 
 use std::io::Write;
-use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Args;
@@ -15,9 +14,8 @@ const TOP_SHOWN: usize = 5;
 
 #[derive(Args)]
 pub struct LogitsArgs {
-    /// Model folder (Hugging Face checkpoint).
-    #[arg(long)]
-    model: PathBuf,
+    #[command(flatten)]
+    model: super::ModelArgs,
     /// Comma-separated token ids, e.g. 1,2,3.
     #[arg(long, value_delimiter = ',', required = true, num_args = 1..)]
     ids: Vec<u32>,
@@ -33,7 +31,7 @@ struct LogitsOutput<'a> {
 }
 
 pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
-    let engine = super::open_model(&args.model)?;
+    let engine = args.model.open()?;
     let vocab = engine.vocab_size();
     if let Some(bad) = args.ids.iter().find(|&&id| id as usize >= vocab) {
         bail!("--ids: token id {bad} is outside the model's vocabulary of {vocab}");

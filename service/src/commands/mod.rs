@@ -1,24 +1,49 @@
 //! One module per subcommand.
 
 pub mod logits;
+pub mod pack;
 pub mod run;
+pub mod size;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use longhaul_engine::{Engine, LoadProgress};
+use longhaul_engine::{Engine, EngineOptions, LoadProgress};
+
+/// How to find and hold a model: shared by every command that takes one.
+#[derive(clap::Args)]
+pub struct ModelArgs {
+    /// Model folder: a Hugging Face checkpoint or a pack.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// RAM for routed experts when the model is a pack (e.g. 0, 512M, 4G).
+    #[arg(long, value_parser = size::parse_size, default_value = "1G")]
+    pub budget: u64,
+    /// Skip checking each expert record's checksum after reading it.
+    #[arg(long)]
+    pub no_verify_checksums: bool,
+}
+
+impl ModelArgs {
+    pub fn open(&self) -> anyhow::Result<Engine> {
+        let mut options = EngineOptions::default();
+        options.streaming.budget_bytes = self.budget;
+        options.streaming.verify_checksums = !self.no_verify_checksums;
+        open_model(&self.model, &options)
+    }
+}
 
 /// Opens a model, saying on stderr what is being loaded and how long it took.
-pub fn open_model(path: &Path) -> anyhow::Result<Engine> {
+pub fn open_model(path: &Path, options: &EngineOptions) -> anyhow::Result<Engine> {
     eprintln!("loading {} …", path.display());
     let started = Instant::now();
     let bar = ProgressBar::new(0).with_style(
         ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let engine = Engine::open_with_progress(path, &|p: LoadProgress| {
+    let engine = Engine::open_with(path, options, &|p: LoadProgress| {
         bar.set_length(p.total_bytes);
         bar.set_position(p.loaded_bytes);
     });

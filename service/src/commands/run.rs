@@ -1,7 +1,6 @@
 //! `longhaul run`: stream generated text to stdout, speeds to stderr.
 
 use std::io::Write;
-use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
@@ -9,9 +8,8 @@ use longhaul_engine::generate::{Flow, GenerationSettings, SamplingParams};
 
 #[derive(Args)]
 pub struct RunArgs {
-    /// Model folder (Hugging Face checkpoint).
-    #[arg(long)]
-    model: PathBuf,
+    #[command(flatten)]
+    model: super::ModelArgs,
     /// The prompt text.
     #[arg(long)]
     prompt: String,
@@ -46,7 +44,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         seed: args.seed,
     };
     sampling.validate().context("invalid sampling settings")?;
-    let engine = super::open_model(&args.model)?;
+    let engine = args.model.open()?;
     let prompt = engine
         .prompt_ids(&args.prompt, args.chat)
         .context("cannot prepare the prompt")?;
@@ -85,5 +83,20 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         s.decode_tokens_per_second(),
         generation.finish_reason,
     );
+    if let Some(streaming) = engine.streaming() {
+        let c = streaming.cache_counters();
+        let read: u64 = streaming.drive_snapshots().iter().map(|d| d.bytes).sum();
+        let lookups = (c.hits + c.misses).max(1);
+        eprintln!(
+            "experts: {:.1}% cache hits ({} hits, {} misses, {} evictions), {:.1} MB held of a {:.1} MB budget, {:.1} MB read from drives",
+            100.0 * c.hits as f64 / lookups as f64,
+            c.hits,
+            c.misses,
+            c.evictions,
+            c.held_bytes as f64 / 1e6,
+            c.budget_bytes as f64 / 1e6,
+            read as f64 / 1e6
+        );
+    }
     Ok(())
 }

@@ -1,0 +1,188 @@
+//! [`StreamingExperts`]: the expert provider for packs.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use crate::model::{Expert, ExpertError, ExpertProvider};
+use crate::pack::Manifest;
+use crate::pack::manifest::{ExpertLayer, hash_hex};
+use crate::store::{DriveSnapshot, DriveStore, ReadRequest, StoreConfig};
+use crate::weights::{Dtype, tensor_from_bytes};
+
+use super::budget::{CacheCounters, ExpertCache};
+
+#[derive(Debug, Clone)]
+pub struct StreamingOptions {
+    /// RAM for routed experts, in bytes; 0 keeps nothing after use.
+    pub budget_bytes: u64,
+    /// Check every record's checksum after reading it.
+    pub verify_checksums: bool,
+    pub store: StoreConfig,
+}
+
+impl Default for StreamingOptions {
+    fn default() -> Self {
+        Self {
+            budget_bytes: 0,
+            verify_checksums: true,
+            store: StoreConfig::default(),
+        }
+    }
+}
+
+pub struct StreamingExperts {
+    layers: HashMap<usize, ExpertLayer>,
+    dtype: Dtype,
+    store: DriveStore,
+    cache: Mutex<ExpertCache>,
+    verify: bool,
+}
+
+impl StreamingExperts {
+    pub fn open(
+        pack: &Path,
+        manifest: &Manifest,
+        options: &StreamingOptions,
+    ) -> Result<Self, ExpertError> {
+        let dtype = Dtype::parse(&manifest.experts.dtype)
+            .filter(|d| d.name().is_some())
+            .ok_or_else(|| {
+                ExpertError::Source(format!(
+                    "{}: expert dtype `{}` is not one Longhaul computes with",
+                    pack.display(),
+                    manifest.experts.dtype
+                ))
+            })?;
+        let store = DriveStore::open(&manifest.drives, &options.store)
+            .map_err(|e| ExpertError::Source(e.to_string()))?;
+        Ok(Self {
+            layers: manifest
+                .experts
+                .layers
+                .iter()
+                .map(|l| (l.layer, l.clone()))
+                .collect(),
+            dtype,
+            store,
+            cache: Mutex::new(ExpertCache::new(options.budget_bytes)),
+            verify: options.verify_checksums,
+        })
+    }
+
+    pub fn cache_counters(&self) -> CacheCounters {
+        self.cache.lock().map(|c| c.counters()).unwrap_or_default()
+    }
+
+    pub fn drive_snapshots(&self) -> Vec<DriveSnapshot> {
+        self.store.snapshot()
+    }
+
+    /// Reads, checks and converts the given experts of one layer.
+    fn load(&self, layer: &ExpertLayer, ids: &[usize]) -> Result<Vec<Arc<Expert>>, ExpertError> {
+        let mut requests = Vec::new();
+        let mut spans = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let record = layer.records.get(id).ok_or(ExpertError::NoSuchExpert {
+                layer: layer.layer,
+                id,
+                count: layer.records.len(),
+            })?;
+            let first = requests.len();
+            requests.extend(record.segments.iter().map(|s| ReadRequest {
+                drive: s.drive,
+                file: s.file.clone(),
+                offset: s.offset,
+                len: s.len,
+            }));
+            spans.push(first..requests.len());
+        }
+        let mut pieces = self
+            .store
+            .read_all(&requests)
+            .map_err(|e| ExpertError::Source(e.to_string()))?
+            .into_iter();
+        let (h, i) = (layer.hidden, layer.intermediate);
+        let part = h * i * self.dtype.size() as usize;
+        ids.iter()
+            .zip(spans)
+            .map(|(&id, span)| {
+                let record = &layer.records[id];
+                let bytes: Vec<u8> = pieces.by_ref().take(span.len()).flatten().collect();
+                if self.verify && hash_hex(&bytes) != record.xxh3_128 {
+                    let places: Vec<String> = record
+                        .segments
+                        .iter()
+                        .map(|s| format!("drive {} {} at offset {}", s.drive, s.file, s.offset))
+                        .collect();
+                    return Err(ExpertError::Source(format!(
+                        "layer {} expert {id}: checksum mismatch in {} (the record is corrupt)",
+                        layer.layer,
+                        places.join(", ")
+                    )));
+                }
+                if bytes.len() != 3 * part {
+                    return Err(ExpertError::Source(format!(
+                        "layer {} expert {id}: record holds {} bytes, expected {}",
+                        layer.layer,
+                        bytes.len(),
+                        3 * part
+                    )));
+                }
+                let name = format!("layer {} expert {id}", layer.layer);
+                let path = Path::new(&record.segments[0].file);
+                let convert = |b: &[u8], shape: &[usize]| {
+                    tensor_from_bytes(&name, b, self.dtype, shape, path)
+                        .map_err(|e| ExpertError::Source(e.to_string()))
+                };
+                let gate_up = convert(&bytes[..2 * part], &[2 * i, h])?;
+                let down = convert(&bytes[2 * part..], &[h, i])?;
+                Expert::new(gate_up, down)
+                    .map(Arc::new)
+                    .map_err(|e| ExpertError::Source(e.to_string()))
+            })
+            .collect()
+    }
+}
+
+impl ExpertProvider for StreamingExperts {
+    fn experts(&self, layer: usize, ids: &[usize]) -> Result<Vec<Arc<Expert>>, ExpertError> {
+        let records = self
+            .layers
+            .get(&layer)
+            .ok_or(ExpertError::NoSuchLayer { layer })?;
+        let poisoned =
+            || ExpertError::Source("the expert cache was poisoned by an earlier panic".to_string());
+        let mut found: Vec<Option<Arc<Expert>>> = {
+            let mut cache = self.cache.lock().map_err(|_| poisoned())?;
+            ids.iter().map(|&id| cache.get(layer, id)).collect()
+        };
+        let missing: Vec<usize> = ids
+            .iter()
+            .zip(&found)
+            .filter(|(_, f)| f.is_none())
+            .map(|(&id, _)| id)
+            .collect();
+        if !missing.is_empty() {
+            let loaded = self.load(records, &missing)?;
+            let bytes =
+                (3 * records.hidden * records.intermediate * std::mem::size_of::<f32>()) as u64;
+            let mut cache = self.cache.lock().map_err(|_| poisoned())?;
+            let mut loaded = missing.iter().zip(loaded);
+            for slot in found.iter_mut().filter(|f| f.is_none()) {
+                if let Some((&id, expert)) = loaded.next() {
+                    cache.insert(layer, id, Arc::clone(&expert), bytes);
+                    *slot = Some(expert);
+                }
+            }
+        }
+        found
+            .into_iter()
+            .map(|f| {
+                f.ok_or(ExpertError::Source(
+                    "an expert went missing while loading".to_string(),
+                ))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,115 @@
+//! Which tensors of a checkpoint are routed experts, by name.
+//!
+//! All supported families name routed experts the same few ways, so the
+//! split into "streamed" and "resident" needs no architecture knowledge:
+//! per-expert tensors `…layers.L.<block>.experts.E.{gate_proj,up_proj,down_proj,w1,w3,w2}.weight`
+//! or fused ones `…layers.L.<block>.experts.{gate_up_proj,down_proj}`.
+//! Shared experts (`shared_experts.gate_proj`) have no index and stay resident.
+
+use std::collections::BTreeMap;
+
+use regex::Regex;
+
+/// Which projection of an expert a tensor holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    Gate,
+    Up,
+    Down,
+}
+
+/// Where one layer's expert weights are in the checkpoint.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LayerTensors {
+    /// Per-expert tensors: expert id → (gate, up, down) names.
+    pub per_expert: BTreeMap<usize, [Option<String>; 3]>,
+    /// Fused `[E, 2I, H]` gate/up and `[E, H, I]` down tensors.
+    pub fused: [Option<String>; 2],
+}
+
+/// The routed-expert tensors of a checkpoint, by decoder layer.
+#[derive(Debug, Default)]
+pub struct ExpertTensors {
+    pub layers: BTreeMap<usize, LayerTensors>,
+}
+
+impl ExpertTensors {
+    /// Sorts `names` into expert tensors (returned) and everything else.
+    pub fn classify<'a>(
+        names: impl Iterator<Item = &'a str>,
+    ) -> Result<(Self, Vec<String>), regex::Error> {
+        let per_expert = Regex::new(
+            r"(?:^|\.)layers\.(\d+)\.[A-Za-z_]+\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$",
+        )?;
+        let fused =
+            Regex::new(r"(?:^|\.)layers\.(\d+)\.[A-Za-z_]+\.experts\.(gate_up_proj|down_proj)$")?;
+        let mut out = ExpertTensors::default();
+        let mut resident = Vec::new();
+        for name in names {
+            if let Some(c) = per_expert.captures(name) {
+                let (Ok(layer), Ok(expert)) = (c[1].parse::<usize>(), c[2].parse::<usize>()) else {
+                    resident.push(name.to_string());
+                    continue;
+                };
+                let part = match &c[3] {
+                    "gate_proj" | "w1" => Part::Gate,
+                    "up_proj" | "w3" => Part::Up,
+                    _ => Part::Down,
+                };
+                let slots = out
+                    .layers
+                    .entry(layer)
+                    .or_default()
+                    .per_expert
+                    .entry(expert)
+                    .or_default();
+                slots[part as usize] = Some(name.to_string());
+            } else if let Some(c) = fused.captures(name) {
+                let Ok(layer) = c[1].parse::<usize>() else {
+                    resident.push(name.to_string());
+                    continue;
+                };
+                let slot = if &c[2] == "gate_up_proj" { 0 } else { 1 };
+                out.layers.entry(layer).or_default().fused[slot] = Some(name.to_string());
+            } else {
+                resident.push(name.to_string());
+            }
+        }
+        Ok((out, resident))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sorts_experts_from_resident_tensors() {
+        let names = [
+            "model.embed_tokens.weight",
+            "model.layers.1.mlp.experts.0.gate_proj.weight",
+            "model.layers.1.mlp.experts.0.up_proj.weight",
+            "model.layers.1.mlp.experts.0.down_proj.weight",
+            "model.layers.1.mlp.shared_experts.gate_proj.weight",
+            "model.layers.2.block_sparse_moe.experts.3.w2.weight",
+            "language_model.model.layers.4.mlp.experts.gate_up_proj",
+            "model.layers.1.mlp.gate.weight",
+        ];
+        let (experts, resident) = ExpertTensors::classify(names.iter().copied()).unwrap();
+        assert_eq!(
+            resident,
+            vec![
+                "model.embed_tokens.weight",
+                "model.layers.1.mlp.shared_experts.gate_proj.weight",
+                "model.layers.1.mlp.gate.weight"
+            ]
+        );
+        let l1 = &experts.layers[&1].per_expert[&0];
+        assert!(l1.iter().all(Option::is_some));
+        assert_eq!(
+            experts.layers[&2].per_expert[&3][Part::Down as usize].as_deref(),
+            Some("model.layers.2.block_sparse_moe.experts.3.w2.weight")
+        );
+        assert!(experts.layers[&4].fused[0].is_some());
+    }
+}

@@ -1,0 +1,165 @@
+//! The pack manifest: what a pack holds and where every byte of it lives.
+//!
+//! It is written last, after every other file is complete and synced, so a
+//! folder with a manifest is a finished pack and one without is not.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::PackError;
+
+/// File name of the manifest inside a pack folder.
+pub const MANIFEST_FILE: &str = "longhaul-pack.json";
+/// Identifies the file as a Longhaul pack manifest.
+pub const FORMAT: &str = "longhaul-pack";
+/// Version of the layout this code writes and reads.
+pub const VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    pub version: u32,
+    /// `model_type` of the packed checkpoint (the config itself is copied beside the manifest).
+    pub model_type: String,
+    pub source: SourceIdentity,
+    /// Byte alignment of every record, so records can be read with direct I/O.
+    pub alignment: u64,
+    /// Folder of this pack on each drive, in drive order.
+    pub drives: Vec<PathBuf>,
+    /// The non-expert weights, as a safetensors file.
+    pub resident: ResidentFile,
+    pub experts: ExpertSection,
+}
+
+/// The checkpoint a pack was made from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SourceIdentity {
+    pub path: PathBuf,
+    pub files: Vec<SourceFile>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SourceFile {
+    pub name: String,
+    pub size: u64,
+    /// xxh3-128 of the whole file, as 32 hex digits.
+    pub xxh3_128: String,
+}
+
+/// The resident (non-expert) weights.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResidentFile {
+    pub path: PathBuf,
+    pub size: u64,
+    pub xxh3_128: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExpertSection {
+    /// How expert weights are stored: a safetensors dtype name (`F32`, `F16`, `BF16`).
+    pub dtype: String,
+    pub layers: Vec<ExpertLayer>,
+}
+
+/// One decoder layer's routed experts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExpertLayer {
+    pub layer: usize,
+    pub hidden: usize,
+    pub intermediate: usize,
+    /// Records in expert id order.
+    pub records: Vec<Record>,
+}
+
+/// One expert's bytes: gate rows, up rows (`[2I, H]`), then down (`[H, I]`),
+/// stored as one or more segments whose concatenation is the record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    pub len: u64,
+    /// xxh3-128 of the record's bytes, as 32 hex digits.
+    pub xxh3_128: String,
+    pub segments: Vec<Segment>,
+}
+
+/// A contiguous piece of a record on one drive.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segment {
+    pub drive: usize,
+    pub file: String,
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl Manifest {
+    pub fn read(pack: &Path) -> Result<Self, PackError> {
+        let path = pack.join(MANIFEST_FILE);
+        let text = std::fs::read_to_string(&path).map_err(|source| PackError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let manifest: Manifest = serde_json::from_str(&text).map_err(|e| PackError::Manifest {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        manifest.validate(&path)?;
+        Ok(manifest)
+    }
+
+    /// Checks what the types cannot: version, drive indices, segment sums.
+    fn validate(&self, path: &Path) -> Result<(), PackError> {
+        let bad = |reason: String| PackError::Manifest {
+            path: path.to_path_buf(),
+            reason,
+        };
+        if self.format != FORMAT {
+            return Err(bad(format!(
+                "format is `{}`, expected `{FORMAT}`",
+                self.format
+            )));
+        }
+        if self.version != VERSION {
+            return Err(bad(format!(
+                "pack version {} is not supported (this Longhaul reads version {VERSION}); repack the model",
+                self.version
+            )));
+        }
+        if self.drives.is_empty() {
+            return Err(bad("no drives".to_string()));
+        }
+        for layer in &self.experts.layers {
+            for (id, record) in layer.records.iter().enumerate() {
+                let where_ = || format!("layer {} expert {id}", layer.layer);
+                if record.segments.iter().map(|s| s.len).sum::<u64>() != record.len {
+                    return Err(bad(format!(
+                        "{}: segments do not add up to the record length",
+                        where_()
+                    )));
+                }
+                if let Some(s) = record
+                    .segments
+                    .iter()
+                    .find(|s| s.drive >= self.drives.len())
+                {
+                    return Err(bad(format!(
+                        "{}: segment on drive {} of {}",
+                        where_(),
+                        s.drive,
+                        self.drives.len()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Path of a file in a drive's pack folder.
+    pub fn drive_file(&self, drive: usize, file: &str) -> PathBuf {
+        self.drives[drive].join(file)
+    }
+}
+
+/// xxh3-128 as 32 lowercase hex digits.
+pub fn hash_hex(bytes: &[u8]) -> String {
+    format!("{:032x}", xxhash_rust::xxh3::xxh3_128(bytes))
+}

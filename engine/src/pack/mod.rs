@@ -1,0 +1,39 @@
+//! The packed on-disk layout: a manifest, a resident file with everything that
+//! stays in RAM, and routed-expert records striped over several drives.
+
+mod layout;
+pub mod manifest;
+pub mod verify;
+mod writer;
+
+use std::path::PathBuf;
+
+pub use layout::{ExpertTensors, Part};
+pub use manifest::{MANIFEST_FILE, Manifest};
+pub use writer::{
+    DEFAULT_ALIGNMENT, DEFAULT_EXTENT_FILE_BYTES, DEFAULT_SPLIT_THRESHOLD, PackOptions, PackPhase,
+    PackProgress, PackSummary, write_pack,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PackError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {reason}")]
+    Manifest { path: PathBuf, reason: String },
+    #[error("{0}")]
+    Options(String),
+    #[error("source checkpoint: {0}")]
+    Source(String),
+    #[error("internal error: {0}")]
+    Internal(&'static str),
+}
+
+/// Whether `path` is a finished pack folder.
+pub fn is_pack(path: &std::path::Path) -> bool {
+    path.join(MANIFEST_FILE).is_file()
+}

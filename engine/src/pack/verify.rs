@@ -1,0 +1,109 @@
+//! `longhaul pack --verify`: re-read every record and the resident file and
+//! check them against the manifest's checksums.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::PackError;
+use super::manifest::{Manifest, hash_hex};
+use crate::store::{DriveStore, ReadRequest, StoreConfig};
+
+/// Read size when hashing the resident file.
+const HASH_CHUNK: usize = 8 * 1024 * 1024;
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct VerifyReport {
+    pub records: usize,
+    pub record_bytes: u64,
+    pub resident_bytes: u64,
+    /// One line per problem found; empty when the pack is intact.
+    pub problems: Vec<String>,
+}
+
+/// Checks every record and the resident file; `report` gets (done, total) bytes.
+pub fn verify_pack(pack: &Path, report: &dyn Fn(u64, u64)) -> Result<VerifyReport, PackError> {
+    let manifest = Manifest::read(pack)?;
+    let store = DriveStore::open(&manifest.drives, &StoreConfig::default())
+        .map_err(|e| PackError::Options(e.to_string()))?;
+    let total: u64 = manifest
+        .experts
+        .layers
+        .iter()
+        .flat_map(|l| &l.records)
+        .map(|r| r.len)
+        .sum::<u64>()
+        + manifest.resident.size;
+    let mut out = VerifyReport::default();
+    let mut done = 0;
+    for layer in &manifest.experts.layers {
+        for (id, record) in layer.records.iter().enumerate() {
+            let requests: Vec<ReadRequest> = record
+                .segments
+                .iter()
+                .map(|s| ReadRequest {
+                    drive: s.drive,
+                    file: s.file.clone(),
+                    offset: s.offset,
+                    len: s.len,
+                })
+                .collect();
+            match store.read_all(&requests) {
+                Ok(parts) => {
+                    let bytes: Vec<u8> = parts.into_iter().flatten().collect();
+                    if hash_hex(&bytes) != record.xxh3_128 {
+                        out.problems.push(format!(
+                            "layer {} expert {id}: checksum mismatch (drive {} {} at offset {})",
+                            layer.layer,
+                            record.segments[0].drive,
+                            record.segments[0].file,
+                            record.segments[0].offset
+                        ));
+                    }
+                }
+                Err(e) => out
+                    .problems
+                    .push(format!("layer {} expert {id}: {e}", layer.layer)),
+            }
+            out.records += 1;
+            out.record_bytes += record.len;
+            done += record.len;
+            report(done, total);
+        }
+    }
+    match hash_file(&manifest.resident.path, |n| {
+        done += n;
+        report(done, total);
+    }) {
+        Ok((size, hash))
+            if size == manifest.resident.size && hash == manifest.resident.xxh3_128 => {}
+        Ok(_) => out.problems.push(format!(
+            "{}: checksum or size mismatch",
+            manifest.resident.path.display()
+        )),
+        Err(e) => out
+            .problems
+            .push(format!("{}: {e}", manifest.resident.path.display())),
+    }
+    out.resident_bytes = manifest.resident.size;
+    Ok(out)
+}
+
+fn hash_file(path: &Path, mut progress: impl FnMut(u64)) -> std::io::Result<(u64, String)> {
+    let mut file = File::open(path)?;
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    let mut buf = vec![0u8; HASH_CHUNK];
+    let mut size = 0;
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        size += n as u64;
+        progress(n as u64);
+    }
+    Ok((size, format!("{:032x}", hasher.digest128())))
+}

@@ -1,0 +1,655 @@
+//! Writing a pack: routed experts into aligned extent files spread over the
+//! drives, everything else into one resident safetensors file, and the
+//! manifest last.
+//!
+//! Every file is written under a `.partial` name, synced, then renamed; the
+//! manifest is written the same way after all of them. An interrupted pack
+//! therefore never has a manifest, and `Manifest::read` refuses it.
+
+use std::fs::{self, File};
+use std::io::{BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use super::PackError;
+use super::layout::{ExpertTensors, LayerTensors, Part};
+use super::manifest::{
+    self, ExpertLayer, ExpertSection, FORMAT, MANIFEST_FILE, Manifest, Record, ResidentFile,
+    Segment, SourceFile, SourceIdentity, VERSION,
+};
+use crate::model::ModelSpec;
+use crate::weights::safetensors::{TensorEntry, header_bytes};
+use crate::weights::{Dtype, SafetensorsCheckpoint, SafetensorsFile, TensorInfo};
+
+/// Record alignment when none is given: large enough for direct I/O on any
+/// common device and file system.
+pub const DEFAULT_ALIGNMENT: u64 = 64 * 1024;
+/// Records larger than this are split across drives by default.
+pub const DEFAULT_SPLIT_THRESHOLD: u64 = 8 * 1024 * 1024;
+/// An extent file is closed and a new one started past this size.
+pub const DEFAULT_EXTENT_FILE_BYTES: u64 = 4 * 1024 * 1024 * 1024;
+/// Files copied from the checkpoint folder into the pack folder when present.
+const AUX_FILES: &[&str] = &[
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+];
+const RESIDENT_FILE: &str = "resident.safetensors";
+const PARTIAL_SUFFIX: &str = ".partial";
+/// Read size when hashing source files.
+const HASH_CHUNK: usize = 8 * 1024 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct PackOptions {
+    pub source: PathBuf,
+    pub out: PathBuf,
+    pub drives: Vec<PathBuf>,
+    /// Where the resident file goes; the first drive's pack folder by default.
+    pub resident_dir: Option<PathBuf>,
+    pub alignment: u64,
+    pub split_threshold: u64,
+    pub extent_file_bytes: u64,
+}
+
+impl PackOptions {
+    pub fn new(source: PathBuf, out: PathBuf, drives: Vec<PathBuf>) -> Self {
+        Self {
+            source,
+            out,
+            drives,
+            resident_dir: None,
+            alignment: DEFAULT_ALIGNMENT,
+            split_threshold: DEFAULT_SPLIT_THRESHOLD,
+            extent_file_bytes: DEFAULT_EXTENT_FILE_BYTES,
+        }
+    }
+}
+
+/// Where packing has got to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackProgress {
+    pub phase: PackPhase,
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PackPhase {
+    HashingSource,
+    WritingExperts,
+    WritingResident,
+}
+
+/// What a finished pack holds.
+#[derive(Debug, Clone)]
+pub struct PackSummary {
+    pub manifest: Manifest,
+    pub expert_bytes: u64,
+    pub resident_bytes: u64,
+    pub records: usize,
+}
+
+pub fn write_pack(
+    opts: &PackOptions,
+    report: &dyn Fn(PackProgress),
+) -> Result<PackSummary, PackError> {
+    if opts.drives.is_empty() {
+        return Err(PackError::Options(
+            "give at least one drive folder".to_string(),
+        ));
+    }
+    if !opts.alignment.is_power_of_two() || opts.alignment < 512 {
+        return Err(PackError::Options(format!(
+            "alignment {} must be a power of two of at least 512",
+            opts.alignment
+        )));
+    }
+    if opts.out.join(MANIFEST_FILE).exists() {
+        return Err(PackError::Options(format!(
+            "{} already holds a pack; remove it or choose another --out",
+            opts.out.display()
+        )));
+    }
+    // Refuse unsupported models before writing anything.
+    ModelSpec::read(&opts.source.join("config.json"))
+        .map_err(|e| PackError::Source(e.to_string()))?;
+    let checkpoint =
+        SafetensorsCheckpoint::open(&opts.source).map_err(|e| PackError::Source(e.to_string()))?;
+    let (experts, resident_names) = ExpertTensors::classify(checkpoint.names())
+        .map_err(|e| PackError::Source(e.to_string()))?;
+    if experts.layers.is_empty() {
+        return Err(PackError::Source(format!(
+            "{}: no routed-expert tensors found; nothing to stream",
+            opts.source.display()
+        )));
+    }
+    let plans = experts
+        .layers
+        .iter()
+        .map(|(&layer, tensors)| LayerPlan::new(&checkpoint, layer, tensors))
+        .collect::<Result<Vec<_>, _>>()?;
+    let dtype = plans[0].dtype;
+    if let Some(p) = plans.iter().find(|p| p.dtype != dtype) {
+        return Err(PackError::Source(format!(
+            "layer {} stores experts as {:?} but layer {} as {:?}; one expert dtype per pack",
+            p.layer, p.dtype, plans[0].layer, dtype
+        )));
+    }
+    let dtype_name = dtype.name().ok_or_else(|| {
+        PackError::Source(format!(
+            "experts are stored as {dtype:?}, which Longhaul cannot compute with"
+        ))
+    })?;
+
+    let pack_name = opts
+        .out
+        .file_name()
+        .ok_or_else(|| {
+            PackError::Options(format!("--out {} has no folder name", opts.out.display()))
+        })?
+        .to_os_string();
+    let drive_dirs = opts
+        .drives
+        .iter()
+        .map(|d| {
+            if !d.is_dir() {
+                return Err(PackError::Options(format!(
+                    "drive folder {} does not exist",
+                    d.display()
+                )));
+            }
+            let dir = d.join(&pack_name);
+            fs::create_dir_all(&dir).map_err(|source| PackError::Io {
+                path: dir.clone(),
+                source,
+            })?;
+            fs::canonicalize(&dir).map_err(|source| PackError::Io { path: dir, source })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    fs::create_dir_all(&opts.out).map_err(|source| PackError::Io {
+        path: opts.out.clone(),
+        source,
+    })?;
+
+    let source = hash_source(&opts.source, &checkpoint, report)?;
+
+    let expert_total: u64 = plans.iter().map(|p| p.record_len * p.count as u64).sum();
+    let mut writers: Vec<ExtentWriter> = drive_dirs
+        .iter()
+        .enumerate()
+        .map(|(drive, dir)| {
+            ExtentWriter::new(drive, dir.clone(), opts.alignment, opts.extent_file_bytes)
+        })
+        .collect();
+    let mut layers = Vec::with_capacity(plans.len());
+    let mut done = 0u64;
+    for plan in &plans {
+        let mut records = Vec::with_capacity(plan.count);
+        for expert in 0..plan.count {
+            let bytes = plan.record_bytes(&checkpoint, expert)?;
+            let drives = writers.len();
+            let parts = split_count(bytes.len() as u64, opts.split_threshold, drives);
+            // Rotate by layer and expert so any k experts of a layer land on every drive.
+            let first_drive = (plan.layer + expert) % drives;
+            let mut segments = Vec::with_capacity(parts);
+            for (j, chunk) in chunks(&bytes, parts).enumerate() {
+                segments.push(writers[(first_drive + j) % drives].write(chunk)?);
+            }
+            records.push(Record {
+                len: bytes.len() as u64,
+                xxh3_128: manifest::hash_hex(&bytes),
+                segments,
+            });
+            done += bytes.len() as u64;
+            report(PackProgress {
+                phase: PackPhase::WritingExperts,
+                done_bytes: done,
+                total_bytes: expert_total,
+            });
+        }
+        layers.push(ExpertLayer {
+            layer: plan.layer,
+            hidden: plan.hidden,
+            intermediate: plan.intermediate,
+            records,
+        });
+    }
+    let mut partials = Vec::new();
+    for w in writers {
+        partials.extend(w.finish()?);
+    }
+
+    let resident_dir = match &opts.resident_dir {
+        Some(d) => {
+            fs::create_dir_all(d).map_err(|source| PackError::Io {
+                path: d.clone(),
+                source,
+            })?;
+            fs::canonicalize(d).map_err(|source| PackError::Io {
+                path: d.clone(),
+                source,
+            })?
+        }
+        None => drive_dirs[0].clone(),
+    };
+    let resident_path = resident_dir.join(RESIDENT_FILE);
+    let resident = write_resident(&checkpoint, &resident_names, &resident_path, report)?;
+    partials.push((partial_path(&resident_path), resident_path.clone()));
+
+    for (partial, done) in &partials {
+        fs::rename(partial, done).map_err(|source| PackError::Io {
+            path: done.clone(),
+            source,
+        })?;
+    }
+    for name in AUX_FILES {
+        let from = opts.source.join(name);
+        if from.is_file() {
+            let to = opts.out.join(name);
+            fs::copy(&from, &to).map_err(|source| PackError::Io { path: to, source })?;
+        }
+    }
+    let manifest = Manifest {
+        format: FORMAT.to_string(),
+        version: VERSION,
+        model_type: model_type(&opts.source)?,
+        source,
+        alignment: opts.alignment,
+        drives: drive_dirs,
+        resident,
+        experts: ExpertSection {
+            dtype: dtype_name.to_string(),
+            layers,
+        },
+    };
+    write_manifest(&opts.out, &manifest)?;
+    Ok(PackSummary {
+        expert_bytes: expert_total,
+        resident_bytes: manifest.resident.size,
+        records: manifest
+            .experts
+            .layers
+            .iter()
+            .map(|l| l.records.len())
+            .sum(),
+        manifest,
+    })
+}
+
+/// How one layer's experts are read from the checkpoint.
+struct LayerPlan<'a> {
+    layer: usize,
+    count: usize,
+    hidden: usize,
+    intermediate: usize,
+    dtype: Dtype,
+    record_len: u64,
+    tensors: &'a LayerTensors,
+}
+
+impl<'a> LayerPlan<'a> {
+    fn new(
+        ckpt: &SafetensorsCheckpoint,
+        layer: usize,
+        tensors: &'a LayerTensors,
+    ) -> Result<Self, PackError> {
+        let info = |name: &str| {
+            ckpt.info(name)
+                .map(|(_, i)| i.clone())
+                .ok_or_else(|| PackError::Source(format!("tensor `{name}` is listed but missing")))
+        };
+        let bad = |reason: String| PackError::Source(format!("layer {layer}: {reason}"));
+        let (count, hidden, intermediate, dtype) =
+            if let [Some(gate_up), Some(down)] = &tensors.fused {
+                let (gu, d) = (info(gate_up)?, info(down)?);
+                match (gu.shape.as_slice(), d.shape.as_slice()) {
+                    ([e, two_i, h], [e2, h2, i])
+                        if e == e2 && h == h2 && *two_i == 2 * i && gu.dtype == d.dtype =>
+                    {
+                        (*e, *h, *i, gu.dtype)
+                    }
+                    _ => {
+                        return Err(bad(format!(
+                            "fused expert shapes {:?} and {:?} do not fit together",
+                            gu.shape, d.shape
+                        )));
+                    }
+                }
+            } else {
+                let count = tensors.per_expert.len();
+                if tensors.per_expert.keys().copied().ne(0..count) {
+                    return Err(bad("expert ids are not 0..N".to_string()));
+                }
+                let first = tensors
+                    .per_expert
+                    .get(&0)
+                    .ok_or_else(|| bad("no experts".to_string()))?;
+                let gate = info(
+                    first[Part::Gate as usize]
+                        .as_deref()
+                        .ok_or_else(|| bad("expert 0 has no gate".to_string()))?,
+                )?;
+                let [i, h] = gate.shape[..] else {
+                    return Err(bad(format!("gate shape {:?} is not 2-D", gate.shape)));
+                };
+                (count, h, i, gate.dtype)
+            };
+        Ok(Self {
+            layer,
+            count,
+            hidden,
+            intermediate,
+            dtype,
+            record_len: 3 * (hidden * intermediate) as u64 * dtype.size(),
+            tensors,
+        })
+    }
+
+    /// Gate rows, up rows, then down, in the checkpoint's own dtype.
+    fn record_bytes(
+        &self,
+        ckpt: &SafetensorsCheckpoint,
+        expert: usize,
+    ) -> Result<Vec<u8>, PackError> {
+        let (h, i) = (self.hidden, self.intermediate);
+        let part_len = (h * i) as u64 * self.dtype.size();
+        let source = |e: crate::weights::WeightsError| PackError::Source(e.to_string());
+        let lookup = |name: &str| {
+            ckpt.info(name)
+                .ok_or_else(|| PackError::Source(format!("tensor `{name}` is listed but missing")))
+        };
+        let mut out = Vec::with_capacity(self.record_len as usize);
+        if let [Some(gate_up), Some(down)] = &self.tensors.fused {
+            let (f, info) = lookup(gate_up)?;
+            out.extend(
+                f.read_range(info, expert as u64 * 2 * part_len, 2 * part_len)
+                    .map_err(source)?,
+            );
+            let (f, info) = lookup(down)?;
+            out.extend(
+                f.read_range(info, expert as u64 * part_len, part_len)
+                    .map_err(source)?,
+            );
+        } else {
+            let names = self.tensors.per_expert.get(&expert).ok_or_else(|| {
+                PackError::Source(format!("layer {}: expert {expert} is missing", self.layer))
+            })?;
+            let expected = [vec![i, h], vec![i, h], vec![h, i]];
+            for (slot, want) in names.iter().zip(expected) {
+                let name = slot.as_deref().ok_or_else(|| {
+                    PackError::Source(format!(
+                        "layer {}: expert {expert} lacks a projection",
+                        self.layer
+                    ))
+                })?;
+                let (f, info) = lookup(name)?;
+                check_part(name, info, &want, self.dtype)?;
+                out.extend(f.read_bytes(info).map_err(source)?);
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn check_part(
+    name: &str,
+    info: &TensorInfo,
+    shape: &[usize],
+    dtype: Dtype,
+) -> Result<(), PackError> {
+    if info.shape != shape || info.dtype != dtype {
+        return Err(PackError::Source(format!(
+            "tensor `{name}` is {:?} {:?}; the layer's other experts are {dtype:?} {shape:?}",
+            info.dtype, info.shape
+        )));
+    }
+    Ok(())
+}
+
+/// How many drives one record is split over.
+fn split_count(len: u64, threshold: u64, drives: usize) -> usize {
+    if drives <= 1 || len <= threshold {
+        1
+    } else {
+        (len.div_ceil(threshold.max(1)) as usize).min(drives)
+    }
+}
+
+/// `parts` nearly equal consecutive pieces of `bytes`.
+fn chunks(bytes: &[u8], parts: usize) -> impl Iterator<Item = &[u8]> {
+    let size = bytes.len().div_ceil(parts.max(1));
+    bytes.chunks(size.max(1))
+}
+
+/// Appends segments to a drive's extent files at aligned offsets.
+struct ExtentWriter {
+    drive: usize,
+    dir: PathBuf,
+    alignment: u64,
+    max_bytes: u64,
+    next_index: usize,
+    current: Option<(String, BufWriter<File>, u64)>,
+    finished: Vec<(PathBuf, PathBuf)>,
+}
+
+impl ExtentWriter {
+    fn new(drive: usize, dir: PathBuf, alignment: u64, max_bytes: u64) -> Self {
+        Self {
+            drive,
+            dir,
+            alignment,
+            max_bytes,
+            next_index: 0,
+            current: None,
+            finished: Vec::new(),
+        }
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> Result<Segment, PackError> {
+        let full = matches!(&self.current, Some((_, _, at)) if *at > 0 && at + bytes.len() as u64 > self.max_bytes);
+        if full {
+            self.close_current()?;
+        }
+        if self.current.is_none() {
+            let name = format!("experts-{:02}-{:03}.bin", self.drive, self.next_index);
+            self.next_index += 1;
+            let path = partial_path(&self.dir.join(&name));
+            let file = File::create(&path).map_err(|source| PackError::Io { path, source })?;
+            self.current = Some((name, BufWriter::new(file), 0));
+        }
+        let (name, file, at) = self
+            .current
+            .as_mut()
+            .ok_or(PackError::Internal("no open extent file"))?;
+        let path = self.dir.join(name.as_str());
+        let io = |source| PackError::Io {
+            path: path.clone(),
+            source,
+        };
+        let offset = *at;
+        file.write_all(bytes).map_err(io)?;
+        let padded = (bytes.len() as u64).next_multiple_of(self.alignment);
+        file.write_all(&vec![0u8; (padded - bytes.len() as u64) as usize])
+            .map_err(io)?;
+        *at += padded;
+        Ok(Segment {
+            drive: self.drive,
+            file: name.clone(),
+            offset,
+            len: bytes.len() as u64,
+        })
+    }
+
+    fn close_current(&mut self) -> Result<(), PackError> {
+        if let Some((name, file, _)) = self.current.take() {
+            let done = self.dir.join(&name);
+            sync(file, &done)?;
+            self.finished.push((partial_path(&done), done));
+        }
+        Ok(())
+    }
+
+    /// Closes and syncs every file; returns (partial, final) path pairs.
+    fn finish(mut self) -> Result<Vec<(PathBuf, PathBuf)>, PackError> {
+        self.close_current()?;
+        Ok(self.finished)
+    }
+}
+
+fn sync(file: BufWriter<File>, path: &Path) -> Result<(), PackError> {
+    let io = |source| PackError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = file.into_inner().map_err(|e| io(e.into_error()))?;
+    file.sync_all().map_err(io)
+}
+
+fn partial_path(done: &Path) -> PathBuf {
+    let mut name = done.as_os_str().to_os_string();
+    name.push(PARTIAL_SUFFIX);
+    PathBuf::from(name)
+}
+
+fn write_resident(
+    ckpt: &SafetensorsCheckpoint,
+    names: &[String],
+    path: &Path,
+    report: &dyn Fn(PackProgress),
+) -> Result<ResidentFile, PackError> {
+    let infos: Vec<(&str, &SafetensorsFile, &TensorInfo)> = names
+        .iter()
+        .filter_map(|n| ckpt.info(n).map(|(f, i)| (n.as_str(), f, i)))
+        .collect();
+    let mut entries = Vec::with_capacity(infos.len());
+    for (name, _, info) in &infos {
+        let dtype = info.dtype.name().ok_or_else(|| {
+            PackError::Source(format!("tensor `{name}` is stored as {:?}", info.dtype))
+        })?;
+        entries.push(TensorEntry {
+            name,
+            dtype,
+            shape: &info.shape,
+            len: info.len,
+        });
+    }
+    let partial = partial_path(path);
+    let io = |source| PackError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut out = BufWriter::new(File::create(&partial).map_err(io)?);
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    let header = header_bytes(&entries);
+    out.write_all(&header).map_err(io)?;
+    hasher.update(&header);
+    let total: u64 = infos.iter().map(|(_, _, i)| i.len).sum();
+    let mut done = 0;
+    let mut size = header.len() as u64;
+    for (_, file, info) in &infos {
+        let bytes = file
+            .read_bytes(info)
+            .map_err(|e| PackError::Source(e.to_string()))?;
+        out.write_all(&bytes).map_err(io)?;
+        hasher.update(&bytes);
+        done += info.len;
+        size += info.len;
+        report(PackProgress {
+            phase: PackPhase::WritingResident,
+            done_bytes: done,
+            total_bytes: total,
+        });
+    }
+    sync(out, path)?;
+    Ok(ResidentFile {
+        path: path.to_path_buf(),
+        size,
+        xxh3_128: format!("{:032x}", hasher.digest128()),
+    })
+}
+
+fn hash_source(
+    dir: &Path,
+    ckpt: &SafetensorsCheckpoint,
+    report: &dyn Fn(PackProgress),
+) -> Result<SourceIdentity, PackError> {
+    let mut paths: Vec<PathBuf> = ckpt
+        .files()
+        .iter()
+        .map(|f| f.path().to_path_buf())
+        .collect();
+    paths.extend(
+        AUX_FILES
+            .iter()
+            .map(|n| dir.join(n))
+            .filter(|p| p.is_file()),
+    );
+    let sizes: Vec<u64> = paths
+        .iter()
+        .map(|p| fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .collect();
+    let total: u64 = sizes.iter().sum();
+    let mut done = 0;
+    let mut files = Vec::with_capacity(paths.len());
+    let mut buf = vec![0u8; HASH_CHUNK];
+    for path in &paths {
+        let io = |source| PackError::Io {
+            path: path.clone(),
+            source,
+        };
+        let mut file = File::open(path).map_err(io)?;
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        let mut size = 0;
+        loop {
+            let n = file.read(&mut buf).map_err(io)?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            size += n as u64;
+            done += n as u64;
+            report(PackProgress {
+                phase: PackPhase::HashingSource,
+                done_bytes: done,
+                total_bytes: total,
+            });
+        }
+        files.push(SourceFile {
+            name: path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            size,
+            xxh3_128: format!("{:032x}", hasher.digest128()),
+        });
+    }
+    Ok(SourceIdentity {
+        path: fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()),
+        files,
+    })
+}
+
+fn model_type(source: &Path) -> Result<String, PackError> {
+    let spec = ModelSpec::read(&source.join("config.json"))
+        .map_err(|e| PackError::Source(e.to_string()))?;
+    Ok(spec.model_type)
+}
+
+fn write_manifest(out: &Path, manifest: &Manifest) -> Result<(), PackError> {
+    let path = out.join(MANIFEST_FILE);
+    let tmp = partial_path(&path);
+    let io = |source| PackError::Io {
+        path: path.clone(),
+        source,
+    };
+    let text = serde_json::to_vec_pretty(manifest)
+        .map_err(|_| PackError::Internal("the manifest could not be serialised"))?;
+    let mut file = BufWriter::new(File::create(&tmp).map_err(io)?);
+    file.write_all(&text).map_err(io)?;
+    sync(file, &path)?;
+    fs::rename(&tmp, &path).map_err(io)?;
+    // Make the rename itself durable.
+    File::open(out).and_then(|d| d.sync_all()).map_err(io)
+}

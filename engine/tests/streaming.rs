@@ -1,0 +1,224 @@
+//! Packs: the round trip, bitwise exactness against the same model held in
+//! RAM under any budget and drive count, and faults as typed errors.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use longhaul_engine::pack::verify::verify_pack;
+use longhaul_engine::pack::{PackOptions, write_pack};
+use longhaul_engine::{Engine, EngineOptions};
+use proptest::prelude::*;
+
+/// Bytes of one f32 expert of the named fixture (3 × hidden × moe_intermediate × 4).
+fn expert_bytes(fixture: &str) -> u64 {
+    match fixture {
+        "deepseek_v3_released" => 3 * 64 * 24 * 4,
+        "qwen3_moe_recent" => 3 * 64 * 24 * 4,
+        "mixtral_released" => 3 * 64 * 48 * 4,
+        "kimi_k25_text" => 3 * 64 * 16 * 4,
+        other => panic!("no size for {other}"),
+    }
+}
+
+/// Packs `fixture` over `drives` fresh folders under `root`.
+fn pack(root: &Path, fixture: &str, drives: usize, split_threshold: u64) -> PathBuf {
+    let dirs: Vec<PathBuf> = (0..drives)
+        .map(|i| root.join(format!("drive{i}")))
+        .collect();
+    for d in &dirs {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let out = root.join(format!("{fixture}-pack"));
+    let mut opts = PackOptions::new(common::fixtures_dir().join(fixture), out.clone(), dirs);
+    opts.split_threshold = split_threshold;
+    write_pack(&opts, &|_| {}).unwrap();
+    out
+}
+
+fn open(path: &Path, budget: u64, queue_depth: usize) -> Engine {
+    let mut o = EngineOptions::default();
+    o.streaming.budget_bytes = budget;
+    o.streaming.store.queue_depth = queue_depth;
+    Engine::open_with(path, &o, &|_| {}).unwrap()
+}
+
+/// Teacher-forced logits for the whole sequence, then one decode step at a time.
+fn all_logits(engine: &Engine, ids: &[u32]) -> Vec<Vec<f32>> {
+    let mut rows: Vec<Vec<f32>> = engine.logits(ids).unwrap().to_vec2().unwrap();
+    let decoder = engine.decoder();
+    let mut cache = decoder.new_cache();
+    for &id in ids {
+        let row: Vec<Vec<f32>> = decoder
+            .forward(&[id], &mut cache, longhaul_engine::model::LogitsFor::Last)
+            .unwrap()
+            .to_vec2()
+            .unwrap();
+        rows.extend(row);
+    }
+    rows
+}
+
+#[test]
+fn packs_round_trip_and_verify() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pack = pack(tmp.path(), "qwen3_moe_recent", 3, 4096);
+    let report = verify_pack(&pack, &|_, _| {}).unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    // 2 sparse layers of 12 experts.
+    assert_eq!(report.records, 24);
+    for f in [
+        "config.json",
+        "tokenizer.json",
+        "generation_config.json",
+        "longhaul-pack.json",
+    ] {
+        assert!(pack.join(f).is_file(), "{f} copied into the pack");
+    }
+}
+
+#[test]
+fn logits_are_bitwise_identical_to_the_in_memory_model() {
+    for fixture in [
+        "deepseek_v3_released",
+        "qwen3_moe_recent",
+        "mixtral_released",
+        "kimi_k25_text",
+    ] {
+        let dir = common::fixtures_dir().join(fixture);
+        let exp = common::expected(&dir);
+        let reference = all_logits(&Engine::open(&dir).unwrap(), &exp.ids);
+        let tmp = tempfile::tempdir().unwrap();
+        for (drives, split) in [(1, u64::MAX), (3, 4096)] {
+            let root = tmp.path().join(format!("{drives}-{split}"));
+            let pack = pack(&root, fixture, drives, split);
+            let one = expert_bytes(fixture);
+            for budget in [0, one, 5 * one, u64::MAX] {
+                for depth in [1, 4] {
+                    let got = all_logits(&open(&pack, budget, depth), &exp.ids);
+                    assert!(
+                        got == reference,
+                        "{fixture}: {drives} drives, split {split}, budget {budget}, depth {depth}: logits differ"
+                    );
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+    #[test]
+    fn exact_under_any_budget_and_drive_count(
+        drives in 1usize..5,
+        split_kib in 1u64..32,
+        budget_experts in 0u64..40,
+        depth in 1usize..4,
+    ) {
+        let fixture = "deepseek_v3_released";
+        let dir = common::fixtures_dir().join(fixture);
+        let exp = common::expected(&dir);
+        let reference = all_logits(&Engine::open(&dir).unwrap(), &exp.ids[..12]);
+        let tmp = tempfile::tempdir().unwrap();
+        let pack = pack(tmp.path(), fixture, drives, split_kib * 1024);
+        let engine = open(&pack, budget_experts * expert_bytes(fixture), depth);
+        prop_assert!(all_logits(&engine, &exp.ids[..12]) == reference);
+        let c = engine.streaming().unwrap().cache_counters();
+        prop_assert!(c.held_bytes <= c.budget_bytes);
+    }
+}
+
+#[test]
+fn missing_drive_at_load_names_the_drive() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pack = pack(tmp.path(), "deepseek_v3_released", 3, 4096);
+    std::fs::remove_dir_all(tmp.path().join("drive2")).unwrap();
+    let err = Engine::open_with(&pack, &EngineOptions::default(), &|_| {})
+        .err()
+        .expect("a pack with a missing drive must not open")
+        .to_string();
+    assert!(err.contains("drive 2") && err.contains("drive2"), "{err}");
+}
+
+#[test]
+fn drive_removed_after_load_stops_generation_with_drive_file_and_offset() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pack = pack(tmp.path(), "deepseek_v3_released", 3, 4096);
+    let engine = open(&pack, 0, 2);
+    std::fs::remove_dir_all(tmp.path().join("drive1")).unwrap();
+    let err = engine.logits(&[1, 2, 3]).unwrap_err().to_string();
+    assert!(
+        err.contains("drive 1") && err.contains("experts-01-000.bin") && err.contains("offset"),
+        "{err}"
+    );
+}
+
+#[test]
+fn short_read_is_reported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pack = pack(tmp.path(), "deepseek_v3_released", 2, u64::MAX);
+    let extent = tmp
+        .path()
+        .join("drive0/deepseek_v3_released-pack/experts-00-000.bin");
+    let len = std::fs::metadata(&extent).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&extent)
+        .unwrap()
+        .set_len(len / 3)
+        .unwrap();
+    let engine = open(&pack, 0, 1);
+    let err = engine
+        .logits(&[1, 2, 3, 4, 5, 6, 7, 8])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("drive 0") && err.contains("short read"),
+        "{err}"
+    );
+}
+
+#[test]
+fn flipped_byte_is_caught_by_its_checksum() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pack = pack(tmp.path(), "deepseek_v3_released", 1, u64::MAX);
+    let extent = tmp
+        .path()
+        .join("drive0/deepseek_v3_released-pack/experts-00-000.bin");
+    let mut bytes = std::fs::read(&extent).unwrap();
+    bytes[100] ^= 0x40;
+    std::fs::write(&extent, bytes).unwrap();
+    let report = verify_pack(&pack, &|_, _| {}).unwrap();
+    assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
+    assert!(report.problems[0].contains("checksum mismatch"));
+    let engine = open(&pack, 0, 1);
+    let ids: Vec<u32> = (0..64).collect();
+    let err = engine.logits(&ids).unwrap_err().to_string();
+    assert!(
+        err.contains("checksum mismatch") && err.contains("drive 0"),
+        "{err}"
+    );
+}
+
+#[test]
+fn interrupted_pack_is_not_a_pack() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pack = pack(tmp.path(), "deepseek_v3_released", 1, u64::MAX);
+    std::fs::remove_file(pack.join("longhaul-pack.json")).unwrap();
+    assert!(!longhaul_engine::pack::is_pack(&pack));
+    // Without a manifest the folder is not a checkpoint either: it has no weights.
+    assert!(Engine::open(&pack).is_err());
+}
+
+#[test]
+fn packing_twice_into_the_same_folder_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pack_dir = pack(tmp.path(), "deepseek_v3_released", 1, u64::MAX);
+    let opts = PackOptions::new(
+        common::fixtures_dir().join("deepseek_v3_released"),
+        pack_dir,
+        vec![tmp.path().join("drive0")],
+    );
+    let err = write_pack(&opts, &|_| {}).unwrap_err().to_string();
+    assert!(err.contains("already holds a pack"), "{err}");
+}

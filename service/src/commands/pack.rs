@@ -1,0 +1,136 @@
+//! `longhaul pack`: turn a checkpoint into a pack striped over drives, or
+//! verify an existing pack.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use longhaul_engine::pack::verify::verify_pack;
+use longhaul_engine::pack::{
+    DEFAULT_ALIGNMENT, DEFAULT_SPLIT_THRESHOLD, PackOptions, PackPhase, PackProgress, write_pack,
+};
+use serde_json::json;
+
+use super::size::parse_size;
+
+#[derive(Args)]
+pub struct PackArgs {
+    /// Checkpoint folder to pack (or, with --verify, the pack to check).
+    source: PathBuf,
+    /// Pack folder to create: manifest, config and tokenizer files.
+    #[arg(long, required_unless_present = "verify")]
+    out: Option<PathBuf>,
+    /// Drive folders to stripe experts over, comma-separated.
+    #[arg(long, value_delimiter = ',', required_unless_present = "verify")]
+    drives: Vec<PathBuf>,
+    /// Where to put the resident (non-expert) weights; default: the first drive.
+    #[arg(long)]
+    resident_dir: Option<PathBuf>,
+    /// Records larger than this are split over several drives.
+    #[arg(long, value_parser = parse_size, default_value_t = DEFAULT_SPLIT_THRESHOLD)]
+    split_threshold: u64,
+    /// Alignment of every record (a power of two, at least 512).
+    #[arg(long, value_parser = parse_size, default_value_t = DEFAULT_ALIGNMENT)]
+    alignment: u64,
+    /// Re-read every record of the pack SOURCE and check its checksum.
+    #[arg(long)]
+    verify: bool,
+    /// Print the result as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+fn progress_bar() -> ProgressBar {
+    ProgressBar::new(0).with_style(
+        ProgressStyle::with_template(
+            "{msg:18} {bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    )
+}
+
+pub fn run(args: PackArgs) -> anyhow::Result<()> {
+    if args.verify {
+        return verify(args);
+    }
+    let (Some(out), false) = (args.out.clone(), args.drives.is_empty()) else {
+        bail!("--out and --drives are required to make a pack");
+    };
+    let mut opts = PackOptions::new(args.source.clone(), out.clone(), args.drives.clone());
+    opts.resident_dir = args.resident_dir.clone();
+    opts.split_threshold = args.split_threshold;
+    opts.alignment = args.alignment;
+    let bar = progress_bar();
+    let summary = write_pack(&opts, &|p: PackProgress| {
+        bar.set_message(match p.phase {
+            PackPhase::HashingSource => "hashing source",
+            PackPhase::WritingExperts => "writing experts",
+            PackPhase::WritingResident => "writing resident",
+        });
+        bar.set_length(p.total_bytes);
+        bar.set_position(p.done_bytes);
+    });
+    bar.finish_and_clear();
+    let summary = summary.with_context(|| format!("cannot pack {}", args.source.display()))?;
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "pack": out,
+                "drives": summary.manifest.drives,
+                "records": summary.records,
+                "expert_bytes": summary.expert_bytes,
+                "resident_bytes": summary.resident_bytes,
+                "expert_dtype": summary.manifest.experts.dtype,
+            })
+        );
+    } else {
+        println!(
+            "packed {} expert records ({:.1} MB) over {} drives and {:.1} MB of resident weights into {}",
+            summary.records,
+            summary.expert_bytes as f64 / 1e6,
+            summary.manifest.drives.len(),
+            summary.resident_bytes as f64 / 1e6,
+            out.display()
+        );
+    }
+    Ok(())
+}
+
+fn verify(args: PackArgs) -> anyhow::Result<()> {
+    let bar = progress_bar();
+    bar.set_message("verifying");
+    let report = verify_pack(&args.source, &|done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    });
+    bar.finish_and_clear();
+    let report = report.with_context(|| format!("cannot verify {}", args.source.display()))?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        for p in &report.problems {
+            eprintln!("problem: {p}");
+        }
+        println!(
+            "checked {} records ({:.1} MB) and the resident file ({:.1} MB): {}",
+            report.records,
+            report.record_bytes as f64 / 1e6,
+            report.resident_bytes as f64 / 1e6,
+            if report.problems.is_empty() {
+                "all intact".to_string()
+            } else {
+                format!("{} problems", report.problems.len())
+            }
+        );
+    }
+    if !report.problems.is_empty() {
+        bail!(
+            "{} problems found in {}",
+            report.problems.len(),
+            args.source.display()
+        );
+    }
+    Ok(())
+}

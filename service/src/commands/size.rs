@@ -1,0 +1,55 @@
+//! Byte sizes on the command line: `0`, `4096`, `512M`, `4G`, `1.5G`, `2TiB`.
+
+/// Parses a size; units are powers of 1024 (K, M, G, T, with optional `B`/`iB`).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size (examples: 0, 512M, 4G)"))?;
+    let unit = unit.trim().to_ascii_uppercase();
+    let unit = unit.trim_end_matches("IB").trim_end_matches('B');
+    let scale: u64 = match unit {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        other => {
+            return Err(format!(
+                "`{text}`: unknown unit `{other}` (use K, M, G or T)"
+            ));
+        }
+    };
+    let bytes = value * scale as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        return Err(format!("`{text}` is out of range"));
+    }
+    Ok(bytes.round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_common_sizes() {
+        assert_eq!(parse_size("0"), Ok(0));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("4G"), Ok(4 << 30));
+        assert_eq!(parse_size("1.5g"), Ok(3 << 29));
+        assert_eq!(parse_size("2TiB"), Ok(2 << 40));
+        assert_eq!(parse_size("64KB"), Ok(64 << 10));
+    }
+
+    #[test]
+    fn rejects_nonsense() {
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("4X").is_err());
+        assert!(parse_size("").is_err());
+    }
+}
