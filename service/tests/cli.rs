@@ -170,3 +170,123 @@ fn bad_arguments_are_explained() {
     let out = longhaul(&["logits", "--model", &dir, "--ids", "1,x"]);
     assert_eq!(out.status.code(), Some(2), "clap usage error");
 }
+
+#[test]
+fn pack_verify_and_run_from_a_pack() {
+    let dir = fixtures()
+        .into_iter()
+        .find(|d| d.ends_with("deepseek_v3_released"))
+        .unwrap();
+    let exp = expected(&dir);
+    let tmp = tempfile::tempdir().unwrap();
+    let drives: Vec<String> = (0..3)
+        .map(|i| {
+            let d = tmp.path().join(format!("d{i}"));
+            std::fs::create_dir(&d).unwrap();
+            d.to_str().unwrap().to_string()
+        })
+        .collect();
+    let pack = tmp.path().join("pack");
+    let out = longhaul(&[
+        "pack",
+        dir.to_str().unwrap(),
+        "--out",
+        pack.to_str().unwrap(),
+        "--drives",
+        &drives.join(","),
+        "--split-threshold",
+        "8K",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["records"], 32, "2 MoE layers × 16 experts");
+    assert_eq!(summary["drives"].as_array().unwrap().len(), 3);
+
+    let out = longhaul(&["pack", "--verify", pack.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["records"], 32);
+    assert_eq!(report["problems"].as_array().unwrap().len(), 0);
+
+    let ids: Vec<String> = exp["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    let logits = |model: &Path, budget: &str| {
+        let out = longhaul(&[
+            "logits",
+            "--model",
+            model.to_str().unwrap(),
+            "--budget",
+            budget,
+            "--ids",
+            &ids.join(","),
+            "--json",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        out.stdout
+    };
+    let reference = logits(&dir, "0");
+    for budget in ["0", "40K", "4G"] {
+        assert!(
+            logits(&pack, budget) == reference,
+            "pack logits differ at budget {budget}"
+        );
+    }
+
+    let out = longhaul(&[
+        "run",
+        "--model",
+        pack.to_str().unwrap(),
+        "--budget",
+        "0",
+        "--prompt",
+        exp["prompt"].as_str().unwrap(),
+        "--max-tokens",
+        "32",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("cache hits") && err.contains("read from drives"),
+        "{err}"
+    );
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        format!("{}\n", exp["greedy_text"].as_str().unwrap())
+    );
+}
+
+#[test]
+fn pack_errors_are_explained() {
+    let dir = fixtures()[0].clone();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = longhaul(&[
+        "pack",
+        dir.to_str().unwrap(),
+        "--out",
+        tmp.path().join("p").to_str().unwrap(),
+        "--drives",
+        "/nonexistent/drive",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("/nonexistent/drive does not exist"),
+        "{}",
+        stderr(&out)
+    );
+    let out = longhaul(&[
+        "run",
+        "--model",
+        dir.to_str().unwrap(),
+        "--budget",
+        "lots",
+        "--prompt",
+        "x",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("not a size"), "{}", stderr(&out));
+}
