@@ -11,6 +11,7 @@ pub mod generate;
 pub mod model;
 pub mod pack;
 pub mod store;
+pub mod synth;
 pub mod tokenizer;
 pub mod weights;
 

@@ -25,6 +25,8 @@ enum Command {
     Logits(commands::logits::LogitsArgs),
     /// Pack a checkpoint over several drives for streaming, or verify a pack.
     Pack(commands::pack::PackArgs),
+    /// Write a random-weight checkpoint of any shape and size.
+    Synth(commands::synth::SynthArgs),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +41,7 @@ fn main() -> ExitCode {
         Command::Run(args) => commands::run::run(args),
         Command::Logits(args) => commands::logits::run(args),
         Command::Pack(args) => commands::pack::run(args),
+        Command::Synth(args) => commands::synth::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

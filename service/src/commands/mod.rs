@@ -4,6 +4,7 @@ pub mod logits;
 pub mod pack;
 pub mod run;
 pub mod size;
+pub mod synth;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;

@@ -1,0 +1,580 @@
+//! Synthetic checkpoints of any shape and size, for tests and benchmarks.
+//!
+//! Weights are drawn uniformly with the standard deviation 1/√fan-in, so
+//! activations stay O(1) and the hidden state changes from token to token:
+//! routers then pick different experts for different tokens, as trained
+//! models do. (Weights drawn at a tiny scale would make every token route to
+//! the same few experts, and a cache benchmark would measure nothing.)
+//!
+//! Expert popularity is skewed on purpose, never by accident: hidden
+//! dimension 0 of every embedding is a constant "bias channel", and each
+//! router reads it with a weight proportional to log p(e) for a Zipf
+//! distribution p, so popular experts win more often.
+//!
+//! Tensors are generated and written piece by piece, so memory use does not
+//! grow with the model's size.
+
+use std::fs::{self, File};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+
+use crate::weights::safetensors::{TensorEntry, header_bytes};
+
+/// Values generated and written per chunk.
+const CHUNK_VALUES: usize = 1 << 20;
+/// Value of the bias channel (hidden dimension 0) in every embedding.
+const BIAS_CHANNEL: f32 = 4.0;
+/// Router weight on the bias channel per unit of log-popularity.
+const POPULARITY_STRENGTH: f32 = 0.5;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SynthError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SynthArch {
+    DeepseekV3,
+    Qwen3Moe,
+    Mixtral,
+}
+
+impl SynthArch {
+    pub fn parse(name: &str) -> Result<Self, SynthError> {
+        match name {
+            "deepseek_v3" => Ok(Self::DeepseekV3),
+            "qwen3_moe" => Ok(Self::Qwen3Moe),
+            "mixtral" => Ok(Self::Mixtral),
+            other => Err(SynthError::Invalid(format!(
+                "--arch {other} is not supported; use deepseek_v3, qwen3_moe or mixtral"
+            ))),
+        }
+    }
+}
+
+/// The shape of a synthetic model.
+#[derive(Debug, Clone)]
+pub struct SynthSpec {
+    pub arch: SynthArch,
+    pub vocab: usize,
+    pub hidden: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    pub moe_intermediate: usize,
+    pub dense_intermediate: usize,
+    /// Zipf exponent of expert popularity; 0 for none.
+    pub zipf: f64,
+    /// BF16 storage (as released models) or F32.
+    pub bf16: bool,
+    pub seed: u64,
+}
+
+impl SynthSpec {
+    /// A DeepSeek-V3-shaped default, small enough for one machine.
+    pub fn new(arch: SynthArch) -> Self {
+        Self {
+            arch,
+            vocab: 4096,
+            hidden: 1024,
+            layers: 8,
+            heads: 8,
+            kv_heads: 8,
+            experts: 64,
+            top_k: 8,
+            moe_intermediate: 512,
+            dense_intermediate: 2048,
+            zipf: 0.0,
+            bf16: true,
+            seed: 0,
+        }
+    }
+
+    fn dtype_size(&self) -> u64 {
+        if self.bf16 { 2 } else { 4 }
+    }
+
+    /// Bytes of one routed expert as stored.
+    pub fn expert_bytes(&self) -> u64 {
+        3 * (self.hidden * self.moe_intermediate) as u64 * self.dtype_size()
+    }
+
+    /// Sets the layer count so routed experts take about `bytes`.
+    pub fn fit_size(&mut self, bytes: u64) {
+        let per_layer = self.expert_bytes() * self.experts as u64;
+        let sparse_layers = bytes.div_ceil(per_layer.max(1)).max(1) as usize;
+        self.layers = sparse_layers + self.dense_prefix();
+    }
+
+    fn dense_prefix(&self) -> usize {
+        match self.arch {
+            SynthArch::DeepseekV3 => 1,
+            _ => 0,
+        }
+    }
+
+    fn validate(&self) -> Result<(), SynthError> {
+        let bad = |m: &str| Err(SynthError::Invalid(m.to_string()));
+        if self.hidden < 8 || self.hidden % self.heads != 0 {
+            return bad("--hidden must be at least 8 and divisible by --heads");
+        }
+        if self.heads % self.kv_heads.max(1) != 0 {
+            return bad("--kv-heads must divide --heads");
+        }
+        if self.top_k == 0 || self.top_k > self.experts {
+            return bad("--top-k must be between 1 and --experts");
+        }
+        if self.arch == SynthArch::DeepseekV3 && self.experts % 8 != 0 {
+            return bad("deepseek_v3 needs --experts divisible by 8 (its 8 routing groups)");
+        }
+        if self.layers <= self.dense_prefix() {
+            return bad("--layers leaves no MoE layer");
+        }
+        if self.vocab < 256 {
+            return bad("--vocab must be at least 256 (the tokenizer's byte alphabet)");
+        }
+        Ok(())
+    }
+}
+
+/// How a tensor's values are drawn.
+#[derive(Debug, Clone)]
+enum Fill {
+    /// Uniform with this standard deviation.
+    Uniform(f32),
+    /// 1 + uniform noise (norm weights).
+    NearOne,
+    /// Embedding rows with the bias channel set.
+    Embedding,
+    /// A router: uniform rows plus the popularity weight on the bias channel.
+    Router {
+        std: f32,
+        popularity: Vec<f32>,
+    },
+    Zeros,
+}
+
+struct TensorPlan {
+    name: String,
+    shape: Vec<usize>,
+    fill: Fill,
+}
+
+/// What [`write_synthetic`] made.
+#[derive(Debug, Clone)]
+pub struct SynthSummary {
+    pub parameters: u64,
+    pub bytes: u64,
+    pub expert_bytes: u64,
+    pub layers: usize,
+}
+
+/// Writes a checkpoint folder (config, weights, tokenizer) to `out`;
+/// `report` gets (done, total) bytes.
+pub fn write_synthetic(
+    spec: &SynthSpec,
+    out: &Path,
+    report: &dyn Fn(u64, u64),
+) -> Result<SynthSummary, SynthError> {
+    spec.validate()?;
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| SynthError::Io { path, source }
+    };
+    fs::create_dir_all(out).map_err(io(out))?;
+    let plans = plan(spec);
+    let dtype = if spec.bf16 { "BF16" } else { "F32" };
+    let sizes: Vec<u64> = plans
+        .iter()
+        .map(|p| p.shape.iter().product::<usize>() as u64 * spec.dtype_size())
+        .collect();
+    let entries: Vec<TensorEntry> = plans
+        .iter()
+        .zip(&sizes)
+        .map(|(p, &len)| TensorEntry {
+            name: &p.name,
+            dtype,
+            shape: &p.shape,
+            len,
+        })
+        .collect();
+    let total: u64 = sizes.iter().sum();
+    let weights = out.join("model.safetensors");
+    let mut file = BufWriter::new(File::create(&weights).map_err(io(&weights))?);
+    file.write_all(&header_bytes(&entries))
+        .map_err(io(&weights))?;
+    let mut rng = SmallRng::seed_from_u64(spec.seed);
+    let mut done = 0;
+    let mut bytes = Vec::with_capacity(CHUNK_VALUES * 4);
+    for p in &plans {
+        let count: usize = p.shape.iter().product();
+        let row = *p.shape.last().unwrap_or(&1);
+        let mut index = 0;
+        while index < count {
+            let n = CHUNK_VALUES.min(count - index);
+            bytes.clear();
+            for k in index..index + n {
+                let v = value(&p.fill, &mut rng, k / row.max(1), k % row.max(1));
+                if spec.bf16 {
+                    bytes.extend(half::bf16::from_f32(v).to_le_bytes());
+                } else {
+                    bytes.extend(v.to_le_bytes());
+                }
+            }
+            file.write_all(&bytes).map_err(io(&weights))?;
+            index += n;
+            done += bytes.len() as u64;
+            report(done, total);
+        }
+    }
+    file.flush().map_err(io(&weights))?;
+    let config = out.join("config.json");
+    fs::write(
+        &config,
+        serde_json::to_string_pretty(&config_json(spec)).unwrap_or_default(),
+    )
+    .map_err(io(&config))?;
+    let tokenizer = out.join("tokenizer.json");
+    fs::write(&tokenizer, tokenizer_json(spec.vocab).to_string()).map_err(io(&tokenizer))?;
+    let expert_bytes =
+        spec.expert_bytes() * spec.experts as u64 * (spec.layers - spec.dense_prefix()) as u64;
+    Ok(SynthSummary {
+        parameters: total / spec.dtype_size(),
+        bytes: total,
+        expert_bytes,
+        layers: spec.layers,
+    })
+}
+
+fn value(fill: &Fill, rng: &mut SmallRng, row: usize, col: usize) -> f32 {
+    // Uniform(-a, a) has standard deviation a/√3.
+    let uniform =
+        |rng: &mut SmallRng, std: f32| (rng.random::<f32>() * 2.0 - 1.0) * std * 3f32.sqrt();
+    match fill {
+        Fill::Uniform(std) => uniform(rng, *std),
+        Fill::NearOne => 1.0 + uniform(rng, 0.1),
+        Fill::Embedding => {
+            if col == 0 {
+                BIAS_CHANNEL
+            } else {
+                uniform(rng, 1.0)
+            }
+        }
+        Fill::Router { std, popularity } => {
+            if col == 0 {
+                popularity.get(row).copied().unwrap_or(0.0)
+            } else {
+                uniform(rng, *std)
+            }
+        }
+        Fill::Zeros => 0.0,
+    }
+}
+
+/// Router weights on the bias channel: log of a Zipf(s) popularity, centred.
+fn popularity(experts: usize, zipf: f64) -> Vec<f32> {
+    if zipf == 0.0 {
+        return vec![0.0; experts];
+    }
+    let logs: Vec<f64> = (1..=experts).map(|r| -zipf * (r as f64).ln()).collect();
+    let mean = logs.iter().sum::<f64>() / experts as f64;
+    logs.iter()
+        .map(|l| ((l - mean) as f32) * POPULARITY_STRENGTH / BIAS_CHANNEL)
+        .collect()
+}
+
+fn plan(s: &SynthSpec) -> Vec<TensorPlan> {
+    let h = s.hidden;
+    let std = |fan_in: usize| Fill::Uniform(1.0 / (fan_in as f32).sqrt());
+    let mut out = Vec::new();
+    let mut t =
+        |name: String, shape: Vec<usize>, fill: Fill| out.push(TensorPlan { name, shape, fill });
+    t(
+        "model.embed_tokens.weight".into(),
+        vec![s.vocab, h],
+        Fill::Embedding,
+    );
+    let head_dim = h / s.heads;
+    let mla = MlaDims::of(s);
+    for l in 0..s.layers {
+        let p = format!("model.layers.{l}");
+        t(
+            format!("{p}.input_layernorm.weight"),
+            vec![h],
+            Fill::NearOne,
+        );
+        t(
+            format!("{p}.post_attention_layernorm.weight"),
+            vec![h],
+            Fill::NearOne,
+        );
+        let a = format!("{p}.self_attn");
+        match s.arch {
+            SynthArch::DeepseekV3 => {
+                let qk = mla.nope + mla.rope;
+                t(format!("{a}.q_a_proj.weight"), vec![mla.q_lora, h], std(h));
+                t(
+                    format!("{a}.q_a_layernorm.weight"),
+                    vec![mla.q_lora],
+                    Fill::NearOne,
+                );
+                t(
+                    format!("{a}.q_b_proj.weight"),
+                    vec![s.heads * qk, mla.q_lora],
+                    std(mla.q_lora),
+                );
+                t(
+                    format!("{a}.kv_a_proj_with_mqa.weight"),
+                    vec![mla.kv_lora + mla.rope, h],
+                    std(h),
+                );
+                t(
+                    format!("{a}.kv_a_layernorm.weight"),
+                    vec![mla.kv_lora],
+                    Fill::NearOne,
+                );
+                t(
+                    format!("{a}.kv_b_proj.weight"),
+                    vec![s.heads * (mla.nope + mla.v), mla.kv_lora],
+                    std(mla.kv_lora),
+                );
+                t(
+                    format!("{a}.o_proj.weight"),
+                    vec![h, s.heads * mla.v],
+                    std(s.heads * mla.v),
+                );
+            }
+            SynthArch::Qwen3Moe | SynthArch::Mixtral => {
+                t(
+                    format!("{a}.q_proj.weight"),
+                    vec![s.heads * head_dim, h],
+                    std(h),
+                );
+                t(
+                    format!("{a}.k_proj.weight"),
+                    vec![s.kv_heads * head_dim, h],
+                    std(h),
+                );
+                t(
+                    format!("{a}.v_proj.weight"),
+                    vec![s.kv_heads * head_dim, h],
+                    std(h),
+                );
+                t(
+                    format!("{a}.o_proj.weight"),
+                    vec![h, s.heads * head_dim],
+                    std(s.heads * head_dim),
+                );
+                if s.arch == SynthArch::Qwen3Moe {
+                    t(format!("{a}.q_norm.weight"), vec![head_dim], Fill::NearOne);
+                    t(format!("{a}.k_norm.weight"), vec![head_dim], Fill::NearOne);
+                }
+            }
+        }
+        if l < s.dense_prefix() {
+            let m = format!("{p}.mlp");
+            let i = s.dense_intermediate;
+            t(format!("{m}.gate_proj.weight"), vec![i, h], std(h));
+            t(format!("{m}.up_proj.weight"), vec![i, h], std(h));
+            t(format!("{m}.down_proj.weight"), vec![h, i], std(i));
+            continue;
+        }
+        let (block, names) = match s.arch {
+            SynthArch::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+            _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
+        };
+        let m = format!("{p}.{block}");
+        let i = s.moe_intermediate;
+        t(
+            format!("{m}.gate.weight"),
+            vec![s.experts, h],
+            Fill::Router {
+                std: 1.0 / (h as f32).sqrt(),
+                popularity: popularity(s.experts, s.zipf),
+            },
+        );
+        if s.arch == SynthArch::DeepseekV3 {
+            t(
+                format!("{m}.gate.e_score_correction_bias"),
+                vec![s.experts],
+                Fill::Zeros,
+            );
+            t(
+                format!("{m}.shared_experts.gate_proj.weight"),
+                vec![i, h],
+                std(h),
+            );
+            t(
+                format!("{m}.shared_experts.up_proj.weight"),
+                vec![i, h],
+                std(h),
+            );
+            t(
+                format!("{m}.shared_experts.down_proj.weight"),
+                vec![h, i],
+                std(i),
+            );
+        }
+        for e in 0..s.experts {
+            t(
+                format!("{m}.experts.{e}.{}.weight", names[0]),
+                vec![i, h],
+                std(h),
+            );
+            t(
+                format!("{m}.experts.{e}.{}.weight", names[1]),
+                vec![i, h],
+                std(h),
+            );
+            t(
+                format!("{m}.experts.{e}.{}.weight", names[2]),
+                vec![h, i],
+                std(i),
+            );
+        }
+    }
+    t("model.norm.weight".into(), vec![h], Fill::NearOne);
+    t("lm_head.weight".into(), vec![s.vocab, h], std(h));
+    out
+}
+
+/// MLA sizes derived from the hidden size, in DeepSeek-V3's proportions.
+struct MlaDims {
+    q_lora: usize,
+    kv_lora: usize,
+    nope: usize,
+    rope: usize,
+    v: usize,
+}
+
+impl MlaDims {
+    fn of(s: &SynthSpec) -> Self {
+        let head = (s.hidden / s.heads).max(8);
+        Self {
+            q_lora: (s.hidden / 4).max(8),
+            kv_lora: (s.hidden / 8).max(8),
+            nope: head,
+            rope: (head / 2).max(2) & !1,
+            v: head,
+        }
+    }
+}
+
+fn config_json(s: &SynthSpec) -> Value {
+    let common = json!({
+        "vocab_size": s.vocab,
+        "hidden_size": s.hidden,
+        "num_hidden_layers": s.layers,
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": s.kv_heads,
+        "num_experts_per_tok": s.top_k,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 32768,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": false,
+        "torch_dtype": if s.bf16 { "bfloat16" } else { "float32" },
+    });
+    let specific = match s.arch {
+        SynthArch::DeepseekV3 => {
+            let m = MlaDims::of(s);
+            json!({
+                "model_type": "deepseek_v3",
+                "q_lora_rank": m.q_lora, "kv_lora_rank": m.kv_lora,
+                "qk_nope_head_dim": m.nope, "qk_rope_head_dim": m.rope, "v_head_dim": m.v,
+                "intermediate_size": s.dense_intermediate, "moe_intermediate_size": s.moe_intermediate,
+                "n_routed_experts": s.experts, "n_shared_experts": 1,
+                "n_group": 8, "topk_group": 4, "first_k_dense_replace": 1,
+                "norm_topk_prob": true, "routed_scaling_factor": 2.5, "rope_interleave": true,
+            })
+        }
+        SynthArch::Qwen3Moe => json!({
+            "model_type": "qwen3_moe",
+            "head_dim": s.hidden / s.heads,
+            "intermediate_size": s.dense_intermediate, "moe_intermediate_size": s.moe_intermediate,
+            "num_experts": s.experts, "norm_topk_prob": true, "decoder_sparse_step": 1,
+        }),
+        SynthArch::Mixtral => json!({
+            "model_type": "mixtral",
+            "intermediate_size": s.moe_intermediate, "num_local_experts": s.experts,
+        }),
+    };
+    let mut merged = common;
+    if let (Some(m), Value::Object(extra)) = (merged.as_object_mut(), specific) {
+        m.extend(extra);
+    }
+    merged
+}
+
+/// A byte-level tokenizer: the 256 byte symbols, then placeholder tokens up to `vocab`.
+fn tokenizer_json(vocab: usize) -> Value {
+    let bytes = byte_alphabet();
+    let mut map = serde_json::Map::new();
+    for (i, c) in bytes.iter().enumerate() {
+        map.insert(c.to_string(), json!(i));
+    }
+    for i in bytes.len()..vocab {
+        map.insert(format!("<t{i}>"), json!(i));
+    }
+    json!({
+        "version": "1.0",
+        "added_tokens": [],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "vocab": map, "merges": []}
+    })
+}
+
+/// GPT-2's byte-to-character mapping, in byte order.
+fn byte_alphabet() -> Vec<char> {
+    let printable =
+        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let mut extra = 0;
+    (0u32..256)
+        .map(|b| {
+            if printable(b) {
+                char::from_u32(b).unwrap_or('?')
+            } else {
+                extra += 1;
+                char::from_u32(255 + extra).unwrap_or('?')
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn popularity_follows_zipf_ranks() {
+        let p = popularity(8, 1.0);
+        assert!(p.windows(2).all(|w| w[0] > w[1]));
+        assert!(popularity(4, 0.0).iter().all(|&x| x == 0.0));
+    }
+
+    #[test]
+    fn fit_size_picks_enough_layers() {
+        let mut s = SynthSpec::new(SynthArch::DeepseekV3);
+        s.fit_size(1 << 30);
+        let experts = s.expert_bytes() * s.experts as u64 * (s.layers - 1) as u64;
+        assert!(experts >= 1 << 30 && experts < (1 << 30) + s.expert_bytes() * s.experts as u64);
+    }
+}
