@@ -8,6 +8,7 @@
 pub mod cache;
 pub mod engine;
 pub mod generate;
+pub mod metrics;
 pub mod model;
 pub mod pack;
 pub mod store;

@@ -27,6 +27,10 @@ enum Command {
     Pack(commands::pack::PackArgs),
     /// Write a random-weight checkpoint of any shape and size.
     Synth(commands::synth::SynthArgs),
+    /// Measure decoding from a pack, cold, against the drives' ceiling.
+    Bench(commands::bench::BenchArgs),
+    /// Inspect and measure drives.
+    Drives(commands::drives::DrivesArgs),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +46,8 @@ fn main() -> ExitCode {
         Command::Logits(args) => commands::logits::run(args),
         Command::Pack(args) => commands::pack::run(args),
         Command::Synth(args) => commands::synth::run(args),
+        Command::Bench(args) => commands::bench::run(args),
+        Command::Drives(args) => commands::drives::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -290,3 +290,108 @@ fn pack_errors_are_explained() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("not a size"), "{}", stderr(&out));
 }
+
+#[test]
+fn synth_pack_and_bench_report_consistent_figures() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("synth");
+    let out = longhaul(&[
+        "synth",
+        "--arch",
+        "qwen3_moe",
+        "--out",
+        model.to_str().unwrap(),
+        "--hidden",
+        "64",
+        "--heads",
+        "4",
+        "--layers",
+        "3",
+        "--experts",
+        "16",
+        "--top-k",
+        "4",
+        "--moe-intermediate",
+        "32",
+        "--vocab",
+        "300",
+        "--popularity",
+        "zipf:1",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let synth: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(synth["layers"], 3);
+    let drives: Vec<String> = (0..2)
+        .map(|i| {
+            let d = tmp.path().join(format!("d{i}"));
+            std::fs::create_dir(&d).unwrap();
+            d.to_str().unwrap().to_string()
+        })
+        .collect();
+    let pack = tmp.path().join("pack");
+    let out = longhaul(&[
+        "pack",
+        model.to_str().unwrap(),
+        "--out",
+        pack.to_str().unwrap(),
+        "--drives",
+        &drives.join(","),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let trace = tmp.path().join("trace.jsonl");
+    let out = longhaul(&[
+        "bench",
+        "--model",
+        pack.to_str().unwrap(),
+        "--budget",
+        "200K",
+        "--prompt-tokens",
+        "8",
+        "--gen",
+        "12",
+        "--probe-bytes",
+        "1M",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let b: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let f = |k: &str| b[k].as_f64().unwrap_or_else(|| panic!("{k} in {b}"));
+    assert!(f("tok_s") > 0.0 && f("prefill_tok_s") > 0.0);
+    for k in [
+        "hit_rate",
+        "lru_replay_hit_rate",
+        "oracle_pin_hit_rate",
+        "belady_hit_rate",
+    ] {
+        assert!((0.0..=1.0).contains(&f(k)), "{k} = {}", f(k));
+    }
+    assert!(f("belady_hit_rate") + 1e-9 >= f("lru_replay_hit_rate"));
+    assert!(
+        f("expert_bytes_per_token") > 0.0,
+        "a 200K budget cannot hold 48 experts of 24K"
+    );
+    assert_eq!(b["routing"]["tokens"], 12);
+    assert!(
+        b["routing"]["experts_used_per_layer"].as_f64().unwrap() > 4.0,
+        "routing varies across tokens"
+    );
+    assert!(b["cache"]["held_bytes"].as_u64().unwrap() <= 200 * 1024);
+    assert_eq!(std::fs::read_to_string(&trace).unwrap().lines().count(), 12);
+
+    let out = longhaul(&[
+        "drives",
+        "probe",
+        "--model",
+        pack.to_str().unwrap(),
+        "--bytes",
+        "1M",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let probe: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(probe["drives"].as_array().unwrap().len(), 2);
+    assert!(probe["aggregate_mb_per_s"].as_f64().unwrap() > 0.0);
+}

@@ -2,7 +2,9 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use crate::model::{Expert, ExpertError, ExpertProvider};
 use crate::pack::Manifest;
@@ -12,6 +14,9 @@ use crate::weights::{Dtype, tensor_from_bytes};
 
 use super::budget::{CacheCounters, ExpertCache};
 
+/// One call for experts: (decoder layer, expert ids).
+pub type Lookup = (usize, Vec<usize>);
+
 #[derive(Debug, Clone)]
 pub struct StreamingOptions {
     /// RAM for routed experts, in bytes; 0 keeps nothing after use.
@@ -19,6 +24,8 @@ pub struct StreamingOptions {
     /// Check every record's checksum after reading it.
     pub verify_checksums: bool,
     pub store: StoreConfig,
+    /// Keep every lookup's (layer, ids) for later analysis.
+    pub record_trace: bool,
 }
 
 impl Default for StreamingOptions {
@@ -27,6 +34,7 @@ impl Default for StreamingOptions {
             budget_bytes: 0,
             verify_checksums: true,
             store: StoreConfig::default(),
+            record_trace: false,
         }
     }
 }
@@ -37,6 +45,10 @@ pub struct StreamingExperts {
     store: DriveStore,
     cache: Mutex<ExpertCache>,
     verify: bool,
+    /// Every lookup in order, when recording.
+    trace: Option<Mutex<Vec<Lookup>>>,
+    /// Time the model spent waiting for reads, in microseconds.
+    stall_micros: AtomicU64,
 }
 
 impl StreamingExperts {
@@ -67,6 +79,8 @@ impl StreamingExperts {
             store,
             cache: Mutex::new(ExpertCache::new(options.budget_bytes)),
             verify: options.verify_checksums,
+            trace: options.record_trace.then(|| Mutex::new(Vec::new())),
+            stall_micros: AtomicU64::new(0),
         })
     }
 
@@ -76,6 +90,26 @@ impl StreamingExperts {
 
     pub fn drive_snapshots(&self) -> Vec<DriveSnapshot> {
         self.store.snapshot()
+    }
+
+    /// Time spent waiting for expert reads so far.
+    pub fn stall_seconds(&self) -> f64 {
+        self.stall_micros.load(Ordering::Relaxed) as f64 / 1e6
+    }
+
+    /// Bytes of one expert as held in RAM (f32), for sizing a budget in experts.
+    pub fn resident_expert_bytes(&self) -> u64 {
+        self.layers.values().next().map_or(0, |l| {
+            (3 * l.hidden * l.intermediate * std::mem::size_of::<f32>()) as u64
+        })
+    }
+
+    /// The lookups recorded so far (empty unless recording), leaving the record empty.
+    pub fn take_trace(&self) -> Vec<Lookup> {
+        self.trace
+            .as_ref()
+            .and_then(|t| t.lock().ok().map(|mut t| std::mem::take(&mut *t)))
+            .unwrap_or_default()
     }
 
     /// Reads, checks and converts the given experts of one layer.
@@ -151,6 +185,9 @@ impl ExpertProvider for StreamingExperts {
             .layers
             .get(&layer)
             .ok_or(ExpertError::NoSuchLayer { layer })?;
+        if let Some(Ok(mut trace)) = self.trace.as_ref().map(|t| t.lock()) {
+            trace.push((layer, ids.to_vec()));
+        }
         let poisoned =
             || ExpertError::Source("the expert cache was poisoned by an earlier panic".to_string());
         let mut found: Vec<Option<Arc<Expert>>> = {
@@ -164,7 +201,11 @@ impl ExpertProvider for StreamingExperts {
             .map(|(&id, _)| id)
             .collect();
         if !missing.is_empty() {
-            let loaded = self.load(records, &missing)?;
+            let started = Instant::now();
+            let loaded = self.load(records, &missing);
+            self.stall_micros
+                .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+            let loaded = loaded?;
             let bytes =
                 (3 * records.hidden * records.intermediate * std::mem::size_of::<f32>()) as u64;
             let mut cache = self.cache.lock().map_err(|_| poisoned())?;

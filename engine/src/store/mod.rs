@@ -10,6 +10,7 @@
 //!
 //! The store sees only paths, offsets and bytes, never tensors.
 
+pub mod probe;
 mod worker;
 
 use std::path::{Path, PathBuf};

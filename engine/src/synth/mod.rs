@@ -128,16 +128,16 @@ impl SynthSpec {
 
     fn validate(&self) -> Result<(), SynthError> {
         let bad = |m: &str| Err(SynthError::Invalid(m.to_string()));
-        if self.hidden < 8 || self.hidden % self.heads != 0 {
+        if self.hidden < 8 || !self.hidden.is_multiple_of(self.heads) {
             return bad("--hidden must be at least 8 and divisible by --heads");
         }
-        if self.heads % self.kv_heads.max(1) != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads.max(1)) {
             return bad("--kv-heads must divide --heads");
         }
         if self.top_k == 0 || self.top_k > self.experts {
             return bad("--top-k must be between 1 and --experts");
         }
-        if self.arch == SynthArch::DeepseekV3 && self.experts % 8 != 0 {
+        if self.arch == SynthArch::DeepseekV3 && !self.experts.is_multiple_of(8) {
             return bad("deepseek_v3 needs --experts divisible by 8 (its 8 routing groups)");
         }
         if self.layers <= self.dense_prefix() {

@@ -1,5 +1,7 @@
 //! One module per subcommand.
 
+pub mod bench;
+pub mod drives;
 pub mod logits;
 pub mod pack;
 pub mod run;

@@ -1,0 +1,9 @@
+//! Measurements the service streams to dashboards and benchmarks report:
+//! routing traces and what a cache could have achieved on them.
+
+pub mod replay;
+
+pub use replay::{RoutingStats, belady_hit_rate, lru_hit_rate, oracle_pin_hit_rate, routing_stats};
+
+/// One expert lookup: (decoder layer, expert id).
+pub type Access = (usize, usize);

@@ -1,0 +1,84 @@
+//! `longhaul drives probe`: the drives' raw read bandwidth, measured with
+//! parallel direct reads of a pack's own extent files — the physical ceiling
+//! a benchmark is compared against.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::{DriveStore, ReadRequest, StoreConfig, StoreError};
+
+/// Reads queued per worker in each wave of the probe.
+const PROBE_WAVE_PER_WORKER: usize = 2;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ProbeDrive {
+    pub path: PathBuf,
+    pub bytes: u64,
+    pub mb_per_s: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ProbeReport {
+    pub drives: Vec<ProbeDrive>,
+    /// Bytes read from all drives at once, divided by the wall time.
+    pub aggregate_mb_per_s: f64,
+    pub chunk_bytes: u64,
+    pub seconds: f64,
+}
+
+/// Reads up to `limit` bytes from each drive's `files` (name, size) in
+/// `chunk`-sized aligned pieces, all drives at once.
+pub fn probe(
+    drives: &[PathBuf],
+    files: &[Vec<(String, u64)>],
+    chunk: u64,
+    limit: u64,
+    config: &StoreConfig,
+) -> Result<ProbeReport, StoreError> {
+    let store = DriveStore::open(drives, config)?;
+    let mut requests = Vec::new();
+    let mut per_drive = vec![0u64; drives.len()];
+    for (drive, list) in files.iter().enumerate() {
+        'files: for (file, size) in list {
+            let mut offset = 0;
+            while offset < *size {
+                if per_drive[drive] >= limit {
+                    break 'files;
+                }
+                let len = chunk.min(size - offset);
+                requests.push(ReadRequest {
+                    drive,
+                    file: file.clone(),
+                    offset,
+                    len,
+                });
+                per_drive[drive] += len;
+                offset += len;
+            }
+        }
+    }
+    let started = Instant::now();
+    // In waves, so memory stays at a few chunks per drive whatever the limit.
+    let wave = (drives.len() * config.queue_depth.max(1) * PROBE_WAVE_PER_WORKER).max(1);
+    for batch in requests.chunks(wave) {
+        store.read_all(batch)?;
+    }
+    let seconds = started.elapsed().as_secs_f64().max(1e-9);
+    let total: u64 = per_drive.iter().sum();
+    Ok(ProbeReport {
+        drives: drives
+            .iter()
+            .zip(&per_drive)
+            .map(|(path, &bytes)| ProbeDrive {
+                path: path.clone(),
+                bytes,
+                mb_per_s: bytes as f64 / 1e6 / seconds,
+            })
+            .collect(),
+        aggregate_mb_per_s: total as f64 / 1e6 / seconds,
+        chunk_bytes: chunk,
+        seconds,
+    })
+}

@@ -1,0 +1,256 @@
+//! `longhaul bench`: decode speed from a pack, cold, next to its physical
+//! ceiling and to what an ideal cache could have done on the same routing.
+//!
+//! Cold means cold: expert reads use direct I/O, so the page cache neither
+//! holds experts from an earlier run nor gets to keep them; the drives'
+//! bandwidth is probed first with the same kind of reads.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use longhaul_engine::generate::Session;
+use longhaul_engine::generate::sampling::argmax;
+use longhaul_engine::metrics::{belady_hit_rate, lru_hit_rate, oracle_pin_hit_rate, routing_stats};
+use longhaul_engine::pack::Manifest;
+use longhaul_engine::store::StoreConfig;
+use longhaul_engine::store::probe::{ProbeReport, probe};
+use longhaul_engine::{Engine, EngineOptions};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+
+use super::size::parse_size;
+
+/// Probe reads are this large: about one expert record of a frontier model.
+const PROBE_CHUNK: u64 = 4 << 20;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// The pack to run.
+    #[arg(long)]
+    model: PathBuf,
+    /// RAM for routed experts (e.g. 0, 512M, 4G).
+    #[arg(long, value_parser = parse_size)]
+    budget: u64,
+    #[arg(long, default_value_t = 32)]
+    prompt_tokens: usize,
+    /// Tokens to decode.
+    #[arg(long = "gen", default_value_t = 32)]
+    gen_tokens: usize,
+    /// Decode steps left out of the steady-state rate (default: a quarter of --gen).
+    #[arg(long)]
+    warmup: Option<usize>,
+    /// Bytes to read per drive when probing bandwidth.
+    #[arg(long, value_parser = parse_size, default_value = "256M")]
+    probe_bytes: u64,
+    /// Reads in flight per drive.
+    #[arg(long, default_value_t = 2)]
+    queue_depth: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Write the routing trace (one line per token: the expert ids of each layer) here.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Probes the drives of a pack with reads of its own extent files.
+pub fn probe_pack(
+    pack: &std::path::Path,
+    limit: u64,
+    queue_depth: usize,
+) -> anyhow::Result<ProbeReport> {
+    let manifest = Manifest::read(pack)?;
+    let mut files: Vec<Vec<(String, u64)>> = vec![Vec::new(); manifest.drives.len()];
+    for (drive, dir) in manifest.drives.iter().enumerate() {
+        let mut names: Vec<String> = manifest
+            .experts
+            .layers
+            .iter()
+            .flat_map(|l| &l.records)
+            .flat_map(|r| &r.segments)
+            .filter(|s| s.drive == drive)
+            .map(|s| s.file.clone())
+            .collect();
+        names.sort();
+        names.dedup();
+        for name in names {
+            let size = std::fs::metadata(dir.join(&name))
+                .with_context(|| format!("drive {drive}: {}", dir.join(&name).display()))?
+                .len();
+            files[drive].push((name, size));
+        }
+    }
+    let config = StoreConfig {
+        direct_io: true,
+        queue_depth,
+    };
+    Ok(probe(
+        &manifest.drives,
+        &files,
+        PROBE_CHUNK,
+        limit,
+        &config,
+    )?)
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if !longhaul_engine::pack::is_pack(&args.model) {
+        bail!(
+            "{} is not a pack; make one with `longhaul pack`",
+            args.model.display()
+        );
+    }
+    if args.gen_tokens < 2 {
+        bail!("--gen must be at least 2");
+    }
+    let probe = probe_pack(&args.model, args.probe_bytes, args.queue_depth)?;
+    let mut options = EngineOptions::default();
+    options.streaming.budget_bytes = args.budget;
+    options.streaming.record_trace = true;
+    options.streaming.store.queue_depth = args.queue_depth;
+    let load_started = Instant::now();
+    let engine = Engine::open_with(&args.model, &options, &|_| {})?;
+    let load_seconds = load_started.elapsed().as_secs_f64();
+    let streaming = engine
+        .streaming()
+        .context("the pack did not open with streaming experts")?;
+    let drive_bytes = || {
+        streaming
+            .drive_snapshots()
+            .iter()
+            .map(|d| d.bytes)
+            .sum::<u64>()
+    };
+
+    let mut rng = SmallRng::seed_from_u64(args.seed);
+    let vocab = engine.vocab_size() as u32;
+    let prompt: Vec<u32> = (0..args.prompt_tokens.max(1))
+        .map(|_| rng.random_range(0..vocab))
+        .collect();
+    let mut session = Session::new(engine.decoder());
+    let started = Instant::now();
+    let mut logits = session.feed(&prompt)?;
+    let prefill_seconds = started.elapsed().as_secs_f64();
+    let mut token = argmax(&logits);
+    let ttft = started.elapsed().as_secs_f64();
+    let prefill_trace = streaming.take_trace();
+
+    let warmup = args
+        .warmup
+        .unwrap_or(args.gen_tokens / 4)
+        .min(args.gen_tokens - 1);
+    let (mut steady_seconds, mut steady_bytes, mut steady_stall) = (0.0, 0u64, 0.0);
+    let mut per_token = Vec::with_capacity(args.gen_tokens);
+    let decode_started = Instant::now();
+    let hits_before = streaming.cache_counters();
+    let mut steady_counters = hits_before;
+    for step in 0..args.gen_tokens {
+        if step == warmup {
+            steady_counters = streaming.cache_counters();
+        }
+        let (bytes0, stall0) = (drive_bytes(), streaming.stall_seconds());
+        let t = Instant::now();
+        logits = session.feed(&[token])?;
+        let seconds = t.elapsed().as_secs_f64();
+        token = argmax(&logits);
+        let (bytes, stall) = (drive_bytes() - bytes0, streaming.stall_seconds() - stall0);
+        per_token.push(json!({"seconds": seconds, "expert_bytes": bytes, "stall_seconds": stall}));
+        if step >= warmup {
+            steady_seconds += seconds;
+            steady_bytes += bytes;
+            steady_stall += stall;
+        }
+    }
+    let decode_seconds = decode_started.elapsed().as_secs_f64();
+    let decode_trace = streaming.take_trace();
+    let counters = streaming.cache_counters();
+    let steady_tokens = (args.gen_tokens - warmup) as f64;
+    let tok_s = steady_tokens / steady_seconds.max(1e-9);
+    let missed_per_token = steady_bytes as f64 / steady_tokens;
+    let aggregate = probe.aggregate_mb_per_s * 1e6;
+    let ceiling_tok_s = (missed_per_token > 0.0).then(|| aggregate / missed_per_token);
+
+    // Replays see every lookup since load (prefill, then one per token, layer
+    // and expert) and count hits in the steady window, as the real cache does.
+    let layers = decode_trace
+        .iter()
+        .map(|(l, _)| *l)
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+        .max(1);
+    let tokens: Vec<Vec<(usize, Vec<usize>)>> =
+        decode_trace.chunks(layers).map(<[_]>::to_vec).collect();
+    let flatten = |trace: &[(usize, Vec<usize>)]| -> Vec<(usize, usize)> {
+        trace
+            .iter()
+            .flat_map(|(l, ids)| ids.iter().map(move |&i| (*l, i)))
+            .collect()
+    };
+    let mut accesses = flatten(&prefill_trace);
+    let count_from =
+        accesses.len() + flatten(&decode_trace[..(warmup * layers).min(decode_trace.len())]).len();
+    accesses.extend(flatten(&decode_trace));
+    let slots = (args.budget / streaming.resident_expert_bytes().max(1)) as usize;
+    let steady_lookups =
+        (counters.hits + counters.misses) - (steady_counters.hits + steady_counters.misses);
+    let steady_hits = counters.hits - steady_counters.hits;
+    let decode_lookups =
+        (counters.hits + counters.misses) - (hits_before.hits + hits_before.misses);
+    let decode_hits = counters.hits - hits_before.hits;
+
+    if let Some(path) = &args.trace {
+        let lines: Vec<String> = tokens
+            .iter()
+            .map(|t| {
+                serde_json::to_string(&t.iter().map(|(_, ids)| ids).collect::<Vec<_>>())
+                    .unwrap_or_default()
+            })
+            .collect();
+        std::fs::write(path, lines.join("\n") + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    let drives = streaming.drive_snapshots();
+    let report = json!({
+        "model": args.model,
+        "budget_bytes": args.budget,
+        "budget_experts": slots,
+        "expert_bytes_in_ram": streaming.resident_expert_bytes(),
+        "load_seconds": load_seconds,
+        "prompt_tokens": prompt.len(),
+        "prefill_tok_s": prompt.len() as f64 / prefill_seconds.max(1e-9),
+        "time_to_first_token_s": ttft,
+        "gen_tokens": args.gen_tokens,
+        "warmup_tokens": warmup,
+        "tok_s": tok_s,
+        "inclusive_tok_s": args.gen_tokens as f64 / decode_seconds.max(1e-9),
+        "expert_bytes_per_token": missed_per_token,
+        "stall_fraction": steady_stall / steady_seconds.max(1e-9),
+        "hit_rate": steady_hits as f64 / steady_lookups.max(1) as f64,
+        "decode_hit_rate": decode_hits as f64 / decode_lookups.max(1) as f64,
+        "lru_replay_hit_rate": lru_hit_rate(&accesses, slots, count_from),
+        "oracle_pin_hit_rate": oracle_pin_hit_rate(&accesses, slots, count_from),
+        "belady_hit_rate": belady_hit_rate(&accesses, slots, count_from),
+        "ceiling_tok_s": ceiling_tok_s,
+        "efficiency": ceiling_tok_s.map(|c| tok_s / c),
+        "probe": probe,
+        "drives": drives.iter().map(|d| json!({
+            "path": d.path, "bytes": d.bytes, "reads": d.reads, "errors": d.errors,
+            "mb_per_s_while_decoding": d.bytes as f64 / 1e6 / decode_seconds.max(1e-9),
+        })).collect::<Vec<_>>(),
+        "cache": counters,
+        "routing": routing_stats(&tokens),
+        "prefill_lookups": prefill_trace.len(),
+        "per_token": per_token,
+    });
+    if args.json {
+        println!("{report}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    }
+    Ok(())
+}
