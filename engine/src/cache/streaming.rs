@@ -9,10 +9,16 @@ use std::time::Instant;
 use crate::model::{Expert, ExpertError, ExpertProvider};
 use crate::pack::Manifest;
 use crate::pack::manifest::{ExpertLayer, hash_hex};
-use crate::store::{DriveSnapshot, DriveStore, ReadRequest, StoreConfig};
+use crate::store::{DriveSnapshot, DriveStore, ReadRequest, StoreConfig, StoreError};
 use crate::weights::{Dtype, tensor_from_bytes};
 
 use super::budget::{CacheCounters, ExpertCache};
+
+impl From<StoreError> for ExpertError {
+    fn from(e: StoreError) -> Self {
+        ExpertError::Source(e.to_string())
+    }
+}
 
 /// One call for experts: (decoder layer, expert ids).
 pub type Lookup = (usize, Vec<usize>);
@@ -112,70 +118,98 @@ impl StreamingExperts {
             .unwrap_or_default()
     }
 
-    /// Reads, checks and converts the given experts of one layer.
+    /// Reads, checks and converts the given experts of one layer. Each record
+    /// is checked and converted as soon as its last segment arrives, while
+    /// the other reads are still in flight.
     fn load(&self, layer: &ExpertLayer, ids: &[usize]) -> Result<Vec<Arc<Expert>>, ExpertError> {
         let mut requests = Vec::new();
-        let mut spans = Vec::with_capacity(ids.len());
-        for &id in ids {
+        // For each request: (position in `ids`, segment index within the record).
+        let mut owner = Vec::new();
+        for (pos, &id) in ids.iter().enumerate() {
             let record = layer.records.get(id).ok_or(ExpertError::NoSuchExpert {
                 layer: layer.layer,
                 id,
                 count: layer.records.len(),
             })?;
-            let first = requests.len();
-            requests.extend(record.segments.iter().map(|s| ReadRequest {
-                drive: s.drive,
-                file: s.file.clone(),
-                offset: s.offset,
-                len: s.len,
-            }));
-            spans.push(first..requests.len());
+            for (seg, s) in record.segments.iter().enumerate() {
+                requests.push(ReadRequest {
+                    drive: s.drive,
+                    file: s.file.clone(),
+                    offset: s.offset,
+                    len: s.len,
+                });
+                owner.push((pos, seg));
+            }
         }
-        let mut pieces = self
-            .store
-            .read_all(&requests)
-            .map_err(|e| ExpertError::Source(e.to_string()))?
-            .into_iter();
-        let (h, i) = (layer.hidden, layer.intermediate);
-        let part = h * i * self.dtype.size() as usize;
-        ids.iter()
-            .zip(spans)
-            .map(|(&id, span)| {
-                let record = &layer.records[id];
-                let bytes: Vec<u8> = pieces.by_ref().take(span.len()).flatten().collect();
-                if self.verify && hash_hex(&bytes) != record.xxh3_128 {
-                    let places: Vec<String> = record
-                        .segments
-                        .iter()
-                        .map(|s| format!("drive {} {} at offset {}", s.drive, s.file, s.offset))
+        let mut parts: Vec<Vec<Option<Vec<u8>>>> = ids
+            .iter()
+            .map(|&id| vec![None; layer.records[id].segments.len()])
+            .collect();
+        let mut out: Vec<Option<Arc<Expert>>> = vec![None; ids.len()];
+        self.store
+            .read_each(&requests, |slot, bytes| -> Result<(), ExpertError> {
+                let (pos, seg) = owner[slot];
+                parts[pos][seg] = Some(bytes);
+                if parts[pos].iter().all(Option::is_some) {
+                    let record: Vec<u8> = parts[pos]
+                        .iter_mut()
+                        .filter_map(Option::take)
+                        .flatten()
                         .collect();
-                    return Err(ExpertError::Source(format!(
-                        "layer {} expert {id}: checksum mismatch in {} (the record is corrupt)",
-                        layer.layer,
-                        places.join(", ")
-                    )));
+                    out[pos] = Some(self.convert(layer, ids[pos], &record)?);
                 }
-                if bytes.len() != 3 * part {
-                    return Err(ExpertError::Source(format!(
-                        "layer {} expert {id}: record holds {} bytes, expected {}",
-                        layer.layer,
-                        bytes.len(),
-                        3 * part
-                    )));
-                }
-                let name = format!("layer {} expert {id}", layer.layer);
-                let path = Path::new(&record.segments[0].file);
-                let convert = |b: &[u8], shape: &[usize]| {
-                    tensor_from_bytes(&name, b, self.dtype, shape, path)
-                        .map_err(|e| ExpertError::Source(e.to_string()))
-                };
-                let gate_up = convert(&bytes[..2 * part], &[2 * i, h])?;
-                let down = convert(&bytes[2 * part..], &[h, i])?;
-                Expert::new(gate_up, down)
-                    .map(Arc::new)
-                    .map_err(|e| ExpertError::Source(e.to_string()))
+                Ok(())
+            })?;
+        out.into_iter()
+            .map(|e| {
+                e.ok_or(ExpertError::Source(
+                    "a record was not fully read".to_string(),
+                ))
             })
             .collect()
+    }
+
+    /// Checks one record's checksum and turns its bytes into an expert.
+    fn convert(
+        &self,
+        layer: &ExpertLayer,
+        id: usize,
+        bytes: &[u8],
+    ) -> Result<Arc<Expert>, ExpertError> {
+        let record = &layer.records[id];
+        let (h, i) = (layer.hidden, layer.intermediate);
+        let part = h * i * self.dtype.size() as usize;
+        if self.verify && hash_hex(bytes) != record.xxh3_128 {
+            let places: Vec<String> = record
+                .segments
+                .iter()
+                .map(|s| format!("drive {} {} at offset {}", s.drive, s.file, s.offset))
+                .collect();
+            return Err(ExpertError::Source(format!(
+                "layer {} expert {id}: checksum mismatch in {} (the record is corrupt)",
+                layer.layer,
+                places.join(", ")
+            )));
+        }
+        if bytes.len() != 3 * part {
+            return Err(ExpertError::Source(format!(
+                "layer {} expert {id}: record holds {} bytes, expected {}",
+                layer.layer,
+                bytes.len(),
+                3 * part
+            )));
+        }
+        let name = format!("layer {} expert {id}", layer.layer);
+        let path = Path::new(&record.segments[0].file);
+        let convert = |b: &[u8], shape: &[usize]| {
+            tensor_from_bytes(&name, b, self.dtype, shape, path)
+                .map_err(|e| ExpertError::Source(e.to_string()))
+        };
+        let gate_up = convert(&bytes[..2 * part], &[2 * i, h])?;
+        let down = convert(&bytes[2 * part..], &[h, i])?;
+        Expert::new(gate_up, down)
+            .map(Arc::new)
+            .map_err(|e| ExpertError::Source(e.to_string()))
     }
 }
 

@@ -23,8 +23,10 @@ use crate::weights::{Dtype, SafetensorsCheckpoint, SafetensorsFile, TensorInfo};
 /// Record alignment when none is given: large enough for direct I/O on any
 /// common device and file system.
 pub const DEFAULT_ALIGNMENT: u64 = 64 * 1024;
-/// Records larger than this are split across drives by default.
-pub const DEFAULT_SPLIT_THRESHOLD: u64 = 8 * 1024 * 1024;
+/// Records of at least twice this size are split across drives, in segments
+/// no smaller than it, so that one expert is read from several drives at once.
+/// Half a megabyte keeps each read large enough to run at a drive's full rate.
+pub const DEFAULT_SPLIT_THRESHOLD: u64 = 512 * 1024;
 /// An extent file is closed and a new one started past this size.
 pub const DEFAULT_EXTENT_FILE_BYTES: u64 = 4 * 1024 * 1024 * 1024;
 /// Files copied from the checkpoint folder into the pack folder when present.
@@ -409,11 +411,22 @@ fn check_part(
 }
 
 /// How many drives one record is split over.
+/// Into how many segments (one per drive) a record is split: as many drives
+/// as keep every segment at least `threshold` long.
 fn split_count(len: u64, threshold: u64, drives: usize) -> usize {
-    if drives <= 1 || len <= threshold {
-        1
-    } else {
-        (len.div_ceil(threshold.max(1)) as usize).min(drives)
+    ((len / threshold.max(1)) as usize).clamp(1, drives.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_split_over_as_many_drives_as_segment_size_allows() {
+        assert_eq!(split_count(3 << 20, 512 << 10, 4), 4);
+        assert_eq!(split_count(1 << 20, 512 << 10, 4), 2);
+        assert_eq!(split_count(100, 512 << 10, 4), 1);
+        assert_eq!(split_count(3 << 20, 512 << 10, 1), 1);
     }
 }
 

@@ -164,6 +164,23 @@ impl DriveStore {
 
     /// Reads every request, in parallel across drives; results in request order.
     pub fn read_all(&self, requests: &[ReadRequest]) -> Result<Vec<Vec<u8>>, StoreError> {
+        let mut out: Vec<Vec<u8>> = vec![Vec::new(); requests.len()];
+        self.read_each(requests, |slot, bytes| {
+            out[slot] = bytes;
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Issues every request at once and hands each result to `done` as soon
+    /// as it arrives (in completion order, with its index in `requests`), so
+    /// the caller can work on early results while later reads are in flight.
+    /// Stops at the first error, its own or the store's.
+    pub fn read_each<E: From<StoreError>>(
+        &self,
+        requests: &[ReadRequest],
+        mut done: impl FnMut(usize, Vec<u8>) -> Result<(), E>,
+    ) -> Result<(), E> {
         let (tx, rx) = mpsc::channel();
         for (slot, r) in requests.iter().enumerate() {
             let drive = self
@@ -183,27 +200,16 @@ impl DriveStore {
                 .map_err(|_| StoreError::WorkerGone { drive: r.drive })?;
         }
         drop(tx);
-        let mut out: Vec<Option<Vec<u8>>> = vec![None; requests.len()];
-        let mut first_error = None;
+        let mut received = 0;
         for (slot, result) in rx.iter() {
-            match result {
-                Ok(bytes) => out[slot] = Some(bytes),
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
+            done(slot, result?)?;
+            received += 1;
         }
-        if let Some(e) = first_error {
-            return Err(e);
+        if received < requests.len() {
+            let drive = requests.first().map_or(0, |r| r.drive);
+            return Err(StoreError::WorkerGone { drive }.into());
         }
-        out.into_iter()
-            .enumerate()
-            .map(|(slot, b)| {
-                b.ok_or(StoreError::WorkerGone {
-                    drive: requests[slot].drive,
-                })
-            })
-            .collect()
+        Ok(())
     }
 
     pub fn snapshot(&self) -> Vec<DriveSnapshot> {

@@ -38,9 +38,10 @@ pub fn probe(
     config: &StoreConfig,
 ) -> Result<ProbeReport, StoreError> {
     let store = DriveStore::open(drives, config)?;
-    let mut requests = Vec::new();
     let mut per_drive = vec![0u64; drives.len()];
+    let mut queues: Vec<Vec<ReadRequest>> = Vec::with_capacity(drives.len());
     for (drive, list) in files.iter().enumerate() {
+        let mut queue = Vec::new();
         'files: for (file, size) in list {
             let mut offset = 0;
             while offset < *size {
@@ -48,7 +49,7 @@ pub fn probe(
                     break 'files;
                 }
                 let len = chunk.min(size - offset);
-                requests.push(ReadRequest {
+                queue.push(ReadRequest {
                     drive,
                     file: file.clone(),
                     offset,
@@ -58,7 +59,13 @@ pub fn probe(
                 offset += len;
             }
         }
+        queues.push(queue);
     }
+    // Round-robin over drives, so every wave keeps all of them busy.
+    let longest = queues.iter().map(Vec::len).max().unwrap_or(0);
+    let requests: Vec<ReadRequest> = (0..longest)
+        .flat_map(|i| queues.iter().filter_map(move |q| q.get(i).cloned()))
+        .collect();
     let started = Instant::now();
     // In waves, so memory stays at a few chunks per drive whatever the limit.
     let wave = (drives.len() * config.queue_depth.max(1) * PROBE_WAVE_PER_WORKER).max(1);

@@ -27,7 +27,7 @@ pub struct PackArgs {
     /// Where to put the resident (non-expert) weights; default: the first drive.
     #[arg(long)]
     resident_dir: Option<PathBuf>,
-    /// Records larger than this are split over several drives.
+    /// Records of at least twice this size are split over several drives, in segments no smaller than it.
     #[arg(long, value_parser = parse_size, default_value_t = DEFAULT_SPLIT_THRESHOLD)]
     split_threshold: u64,
     /// Alignment of every record (a power of two, at least 512).
