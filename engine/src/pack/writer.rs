@@ -417,19 +417,6 @@ fn split_count(len: u64, threshold: u64, drives: usize) -> usize {
     ((len / threshold.max(1)) as usize).clamp(1, drives.max(1))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn records_split_over_as_many_drives_as_segment_size_allows() {
-        assert_eq!(split_count(3 << 20, 512 << 10, 4), 4);
-        assert_eq!(split_count(1 << 20, 512 << 10, 4), 2);
-        assert_eq!(split_count(100, 512 << 10, 4), 1);
-        assert_eq!(split_count(3 << 20, 512 << 10, 1), 1);
-    }
-}
-
 /// `parts` nearly equal consecutive pieces of `bytes`.
 fn chunks(bytes: &[u8], parts: usize) -> impl Iterator<Item = &[u8]> {
     let size = bytes.len().div_ceil(parts.max(1));
@@ -665,4 +652,17 @@ fn write_manifest(out: &Path, manifest: &Manifest) -> Result<(), PackError> {
     fs::rename(&tmp, &path).map_err(io)?;
     // Make the rename itself durable.
     File::open(out).and_then(|d| d.sync_all()).map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_split_over_as_many_drives_as_segment_size_allows() {
+        assert_eq!(split_count(3 << 20, 512 << 10, 4), 4);
+        assert_eq!(split_count(1 << 20, 512 << 10, 4), 2);
+        assert_eq!(split_count(100, 512 << 10, 4), 1);
+        assert_eq!(split_count(3 << 20, 512 << 10, 1), 1);
+    }
 }
