@@ -1,11 +1,12 @@
-//! A byte-budgeted map of experts with least-recently-used eviction.
+//! A byte-budgeted map of experts: a pinned tier that is never evicted, and
+//! least-recently-used eviction for the rest.
 //!
-//! The budget is a hard limit on the bytes the cache holds. An expert that
+//! The budget is a hard limit on the bytes the cache holds, pinned included. An expert that
 //! does not fit even in an empty cache is simply not kept. Evicting drops the
 //! cache's reference at once, so the memory is freed as soon as the forward
 //! pass that is using it (if any) lets go.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -18,6 +19,7 @@ struct Entry {
     expert: Arc<Expert>,
     bytes: u64,
     last_used: u64,
+    pinned: bool,
 }
 
 /// Hit, miss and eviction counts.
@@ -27,6 +29,7 @@ pub struct CacheCounters {
     pub misses: u64,
     pub evictions: u64,
     pub held_bytes: u64,
+    pub pinned_bytes: u64,
     pub budget_bytes: u64,
 }
 
@@ -35,8 +38,11 @@ pub struct ExpertCache {
     held: u64,
     clock: u64,
     entries: HashMap<Key, Entry>,
-    /// last_used tick → key, oldest first.
+    /// last_used tick → key of unpinned entries, oldest first.
     recency: BTreeMap<u64, Key>,
+    /// Experts that are kept for good once loaded.
+    pin_set: HashSet<Key>,
+    pinned_held: u64,
     counters: CacheCounters,
 }
 
@@ -48,6 +54,8 @@ impl ExpertCache {
             clock: 0,
             entries: HashMap::new(),
             recency: BTreeMap::new(),
+            pin_set: HashSet::new(),
+            pinned_held: 0,
             counters: CacheCounters {
                 budget_bytes: budget,
                 ..Default::default()
@@ -61,9 +69,11 @@ impl ExpertCache {
         let tick = self.clock;
         match self.entries.get_mut(&(layer, id)) {
             Some(e) => {
-                self.recency.remove(&e.last_used);
+                if !e.pinned {
+                    self.recency.remove(&e.last_used);
+                    self.recency.insert(tick, (layer, id));
+                }
                 e.last_used = tick;
-                self.recency.insert(tick, (layer, id));
                 self.counters.hits += 1;
                 Some(Arc::clone(&e.expert))
             }
@@ -74,7 +84,14 @@ impl ExpertCache {
         }
     }
 
-    /// Keeps `expert` if it fits, evicting the least recently used first.
+    /// Designates the experts to keep for good once loaded. Callers keep
+    /// their total size within the budget.
+    pub fn set_pinned(&mut self, keys: impl IntoIterator<Item = Key>) {
+        self.pin_set = keys.into_iter().collect();
+    }
+
+    /// Keeps `expert` if it fits, evicting the least recently used unpinned
+    /// experts first; pinned experts are never evicted.
     pub fn insert(&mut self, layer: usize, id: usize, expert: Arc<Expert>, bytes: u64) {
         if bytes > self.budget || self.entries.contains_key(&(layer, id)) {
             return;
@@ -88,14 +105,23 @@ impl ExpertCache {
                 self.counters.evictions += 1;
             }
         }
+        if self.held + bytes > self.budget {
+            return;
+        }
+        let pinned = self.pin_set.contains(&(layer, id));
         self.clock += 1;
-        self.recency.insert(self.clock, (layer, id));
+        if pinned {
+            self.pinned_held += bytes;
+        } else {
+            self.recency.insert(self.clock, (layer, id));
+        }
         self.entries.insert(
             (layer, id),
             Entry {
                 expert,
                 bytes,
                 last_used: self.clock,
+                pinned,
             },
         );
         self.held += bytes;
@@ -104,6 +130,7 @@ impl ExpertCache {
     pub fn counters(&self) -> CacheCounters {
         CacheCounters {
             held_bytes: self.held,
+            pinned_bytes: self.pinned_held,
             ..self.counters
         }
     }
@@ -140,13 +167,27 @@ mod tests {
         assert_eq!(c.counters().held_bytes, 0);
     }
 
+    #[test]
+    fn pinned_experts_are_never_evicted() {
+        let mut c = ExpertCache::new(20);
+        c.set_pinned([(0, 0)]);
+        c.insert(0, 0, expert(), 10);
+        for id in 1..10 {
+            c.insert(0, id, expert(), 10);
+        }
+        assert!(c.get(0, 0).is_some());
+        assert_eq!(c.counters().pinned_bytes, 10);
+    }
+
     proptest! {
         #[test]
         fn never_exceeds_its_budget(
             budget in 0u64..200,
+            pins in proptest::collection::vec((0usize..4, 0usize..16), 0..4),
             ops in proptest::collection::vec((0usize..4, 0usize..16, 1u64..60), 1..200),
         ) {
             let mut c = ExpertCache::new(budget);
+            c.set_pinned(pins);
             for (layer, id, bytes) in ops {
                 if c.get(layer, id).is_none() {
                     c.insert(layer, id, expert(), bytes);

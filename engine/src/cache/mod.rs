@@ -6,6 +6,7 @@
 //! checkpoint would be — so logits do not depend on the budget.
 
 mod budget;
+pub mod heat;
 mod streaming;
 
 pub use budget::{CacheCounters, ExpertCache};

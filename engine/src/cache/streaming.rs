@@ -1,7 +1,8 @@
 //! [`StreamingExperts`]: the expert provider for packs.
 
+use std::collections::BTreeMap;
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -13,12 +14,26 @@ use crate::store::{DriveSnapshot, DriveStore, ReadRequest, StoreConfig, StoreErr
 use crate::weights::{Dtype, tensor_from_bytes};
 
 use super::budget::{CacheCounters, ExpertCache};
+use super::heat::HeatMap;
+
+/// Bytes one expert of `layer` takes in RAM (f32).
+fn expert_ram_bytes(layer: &ExpertLayer) -> u64 {
+    (3 * layer.hidden * layer.intermediate * std::mem::size_of::<f32>()) as u64
+}
+
+fn poisoned() -> ExpertError {
+    ExpertError::Source("the expert cache was poisoned by an earlier panic".to_string())
+}
 
 impl From<StoreError> for ExpertError {
     fn from(e: StoreError) -> Self {
         ExpertError::Source(e.to_string())
     }
 }
+
+/// Share of the budget pinned by default: most of it, leaving room for
+/// experts that are hot in the current prompt but not in the histogram.
+pub const DEFAULT_PINNED_FRACTION: f64 = 0.8;
 
 /// One call for experts: (decoder layer, expert ids).
 pub type Lookup = (usize, Vec<usize>);
@@ -32,6 +47,11 @@ pub struct StreamingOptions {
     pub store: StoreConfig,
     /// Keep every lookup's (layer, ids) for later analysis.
     pub record_trace: bool,
+    /// Share of the budget given to the hottest experts of earlier runs
+    /// (from the pack's heat histogram), which are never evicted.
+    pub pinned_fraction: f64,
+    /// Read the pinned experts while opening, so the first tokens hit.
+    pub warm_start: bool,
 }
 
 impl Default for StreamingOptions {
@@ -41,6 +61,8 @@ impl Default for StreamingOptions {
             verify_checksums: true,
             store: StoreConfig::default(),
             record_trace: false,
+            pinned_fraction: DEFAULT_PINNED_FRACTION,
+            warm_start: true,
         }
     }
 }
@@ -55,6 +77,8 @@ pub struct StreamingExperts {
     trace: Option<Mutex<Vec<Lookup>>>,
     /// Time the model spent waiting for reads, in microseconds.
     stall_micros: AtomicU64,
+    heat: Mutex<HeatMap>,
+    pack: PathBuf,
 }
 
 impl StreamingExperts {
@@ -74,7 +98,7 @@ impl StreamingExperts {
             })?;
         let store = DriveStore::open(&manifest.drives, &options.store)
             .map_err(|e| ExpertError::Source(e.to_string()))?;
-        Ok(Self {
+        let me = Self {
             layers: manifest
                 .experts
                 .layers
@@ -87,7 +111,61 @@ impl StreamingExperts {
             verify: options.verify_checksums,
             trace: options.record_trace.then(|| Mutex::new(Vec::new())),
             stall_micros: AtomicU64::new(0),
-        })
+            heat: Mutex::new(HeatMap::default()),
+            pack: pack.to_path_buf(),
+        };
+        let heat = HeatMap::load(pack);
+        me.pin_hottest(&heat, options)?;
+        if let Ok(mut h) = me.heat.lock() {
+            *h = heat;
+        }
+        Ok(me)
+    }
+
+    /// Pins the hottest experts of the histogram that fit in the pinned share
+    /// of the budget, and reads them now when warm-starting.
+    fn pin_hottest(&self, heat: &HeatMap, options: &StreamingOptions) -> Result<(), ExpertError> {
+        let room = (options.budget_bytes as f64 * options.pinned_fraction.clamp(0.0, 1.0)) as u64;
+        let mut used = 0;
+        let mut chosen: Vec<(usize, usize)> = Vec::new();
+        for ((layer, id), _) in heat.hottest() {
+            let Some(l) = self.layers.get(&layer).filter(|l| id < l.records.len()) else {
+                continue;
+            };
+            let bytes = expert_ram_bytes(l);
+            if used + bytes > room {
+                break;
+            }
+            used += bytes;
+            chosen.push((layer, id));
+        }
+        if let Ok(mut cache) = self.cache.lock() {
+            cache.set_pinned(chosen.iter().copied());
+        }
+        if options.warm_start {
+            let mut by_layer: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+            for (layer, id) in chosen {
+                by_layer.entry(layer).or_default().push(id);
+            }
+            for (layer, ids) in by_layer {
+                let l = &self.layers[&layer];
+                let loaded = self.load(l, &ids)?;
+                let mut cache = self.cache.lock().map_err(|_| poisoned())?;
+                for (id, expert) in ids.into_iter().zip(loaded) {
+                    cache.insert(layer, id, expert, expert_ram_bytes(l));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Saves the heat histogram next to the pack for the next run.
+    pub fn save_heat(&self) -> std::io::Result<()> {
+        let heat = self
+            .heat
+            .lock()
+            .map_err(|_| std::io::Error::other("heat histogram poisoned"))?;
+        heat.save(&self.pack)
     }
 
     pub fn cache_counters(&self) -> CacheCounters {
@@ -222,8 +300,9 @@ impl ExpertProvider for StreamingExperts {
         if let Some(Ok(mut trace)) = self.trace.as_ref().map(|t| t.lock()) {
             trace.push((layer, ids.to_vec()));
         }
-        let poisoned =
-            || ExpertError::Source("the expert cache was poisoned by an earlier panic".to_string());
+        if let Ok(mut heat) = self.heat.lock() {
+            ids.iter().for_each(|&id| heat.record(layer, id));
+        }
         let mut found: Vec<Option<Arc<Expert>>> = {
             let mut cache = self.cache.lock().map_err(|_| poisoned())?;
             ids.iter().map(|&id| cache.get(layer, id)).collect()
@@ -240,8 +319,7 @@ impl ExpertProvider for StreamingExperts {
             self.stall_micros
                 .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
             let loaded = loaded?;
-            let bytes =
-                (3 * records.hidden * records.intermediate * std::mem::size_of::<f32>()) as u64;
+            let bytes = expert_ram_bytes(records);
             let mut cache = self.cache.lock().map_err(|_| poisoned())?;
             let mut loaded = missing.iter().zip(loaded);
             for slot in found.iter_mut().filter(|f| f.is_none()) {

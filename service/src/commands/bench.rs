@@ -113,6 +113,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     options.streaming.budget_bytes = args.budget;
     options.streaming.record_trace = true;
     options.streaming.store.queue_depth = args.queue_depth;
+    let heat_was_warm = longhaul_engine::cache::heat::HeatMap::path(&args.model).is_file();
     let load_started = Instant::now();
     let engine = Engine::open_with(&args.model, &options, &|_| {})?;
     let load_seconds = load_started.elapsed().as_secs_f64();
@@ -215,10 +216,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     let drives = streaming.drive_snapshots();
+    streaming
+        .save_heat()
+        .with_context(|| format!("saving the heat histogram next to {}", args.model.display()))?;
     let report = json!({
         "model": args.model,
         "budget_bytes": args.budget,
         "budget_experts": slots,
+        "heat_warm_at_start": heat_was_warm,
         "expert_bytes_in_ram": streaming.resident_expert_bytes(),
         "load_seconds": load_seconds,
         "prompt_tokens": prompt.len(),

@@ -84,6 +84,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         generation.finish_reason,
     );
     if let Some(streaming) = engine.streaming() {
+        if let Err(e) = streaming.save_heat() {
+            eprintln!("warning: could not save the heat histogram: {e}");
+        }
         let c = streaming.cache_counters();
         let read: u64 = streaming.drive_snapshots().iter().map(|d| d.bytes).sum();
         let lookups = (c.hits + c.misses).max(1);
