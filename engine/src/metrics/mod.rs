@@ -3,7 +3,9 @@
 
 pub mod replay;
 
-pub use replay::{RoutingStats, belady_hit_rate, lru_hit_rate, oracle_pin_hit_rate, routing_stats};
+pub use replay::{
+    RoutingStats, belady_hit_rate, lfu_hit_rate, lru_hit_rate, oracle_pin_hit_rate, routing_stats,
+};
 
 /// One expert lookup: (decoder layer, expert id).
 pub type Access = (usize, usize);

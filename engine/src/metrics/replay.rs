@@ -83,6 +83,29 @@ pub fn lru_hit_rate(trace: &[Access], slots: usize, count_from: usize) -> f64 {
     hits as f64 / (trace.len() - count_from) as f64
 }
 
+/// Hit rate over `trace[count_from..]` of a least-frequently-used cache with
+/// room for `slots` experts (counts over the whole history; ties evict the
+/// least recently used).
+pub fn lfu_hit_rate(trace: &[Access], slots: usize, count_from: usize) -> f64 {
+    if trace.len() <= count_from || slots == 0 {
+        return 0.0;
+    }
+    let mut uses: HashMap<Access, (u64, usize)> = HashMap::new();
+    let mut cached: BTreeSet<(u64, usize, Access)> = BTreeSet::new();
+    let mut hits = 0u64;
+    for (i, a) in trace.iter().enumerate() {
+        let (count, last) = uses.get(a).copied().unwrap_or((0, 0));
+        if cached.remove(&(count, last, *a)) {
+            hits += u64::from(i >= count_from);
+        } else if cached.len() == slots {
+            cached.pop_first();
+        }
+        uses.insert(*a, (count + 1, i));
+        cached.insert((count + 1, i, *a));
+    }
+    hits as f64 / (trace.len() - count_from) as f64
+}
+
 /// How a model routes: how many distinct experts each layer uses, and how
 /// much consecutive tokens share.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -162,6 +185,20 @@ mod tests {
     }
 
     #[test]
+    fn lfu_keeps_the_frequent_expert() {
+        let mut trace = vec![(0, 0); 5];
+        trace.extend([(0, 1), (0, 2), (0, 0), (0, 3), (0, 0)]);
+        assert!(
+            (lfu_hit_rate(&trace, 2, 5) - 0.4).abs() < 1e-12,
+            "expert 0 stays; 1, 2, 3 churn"
+        );
+        assert!(
+            (lru_hit_rate(&trace, 2, 5) - 0.2).abs() < 1e-12,
+            "LRU loses expert 0 once"
+        );
+    }
+
+    #[test]
     fn oracle_pins_the_most_used() {
         let trace = vec![(0, 1), (0, 1), (0, 1), (0, 2), (0, 3)];
         assert!((oracle_pin_hit_rate(&trace, 1, 0) - 0.6).abs() < 1e-12);
@@ -187,6 +224,7 @@ mod tests {
         ) {
             let b = belady_hit_rate(&trace, slots, 0);
             prop_assert!(b + 1e-12 >= lru_hit_rate(&trace, slots, 0));
+            prop_assert!(b + 1e-12 >= lfu_hit_rate(&trace, slots, 0));
             let from = trace.len() / 2;
             prop_assert!(belady_hit_rate(&trace, slots, from) + 1e-12 >= lru_hit_rate(&trace, slots, from));
             // A cache of the same size that starts empty cannot beat MIN either.

@@ -12,7 +12,9 @@ use anyhow::{Context, bail};
 use clap::Args;
 use longhaul_engine::generate::Session;
 use longhaul_engine::generate::sampling::argmax;
-use longhaul_engine::metrics::{belady_hit_rate, lru_hit_rate, oracle_pin_hit_rate, routing_stats};
+use longhaul_engine::metrics::{
+    belady_hit_rate, lfu_hit_rate, lru_hit_rate, oracle_pin_hit_rate, routing_stats,
+};
 use longhaul_engine::pack::Manifest;
 use longhaul_engine::store::StoreConfig;
 use longhaul_engine::store::probe::{ProbeReport, probe};
@@ -238,6 +240,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "hit_rate": steady_hits as f64 / steady_lookups.max(1) as f64,
         "decode_hit_rate": decode_hits as f64 / decode_lookups.max(1) as f64,
         "lru_replay_hit_rate": lru_hit_rate(&accesses, slots, count_from),
+        "lfu_replay_hit_rate": lfu_hit_rate(&accesses, slots, count_from),
         "oracle_pin_hit_rate": oracle_pin_hit_rate(&accesses, slots, count_from),
         "belady_hit_rate": belady_hit_rate(&accesses, slots, count_from),
         "ceiling_tok_s": ceiling_tok_s,
