@@ -52,17 +52,23 @@ impl MoeBlock {
                 entry.1.push(weight);
             }
         }
+        // A long prompt can touch every expert of a layer; asking for them in
+        // groups of top-k bounds the experts held outside the cache at once.
         let ids: Vec<usize> = by_expert.keys().copied().collect();
-        let handles = experts.experts(self.layer, &ids)?;
+        let group = self.router.top_k().max(1);
         let mut out = x.zeros_like()?;
-        for ((rows, weights), expert) in by_expert.values().zip(handles.iter().map(Arc::as_ref)) {
-            let n = rows.len();
-            let rows = Tensor::from_slice(rows, n, &Device::Cpu)?;
-            let weights = Tensor::from_slice(weights, (n, 1), &Device::Cpu)?;
-            let y = expert
-                .forward(&x.index_select(&rows, 0)?)?
-                .broadcast_mul(&weights)?;
-            out = out.index_add(&rows, &y, 0)?;
+        for chunk in ids.chunks(group) {
+            let handles = experts.experts(self.layer, chunk)?;
+            for (id, expert) in chunk.iter().zip(handles.iter().map(Arc::as_ref)) {
+                let (rows, weights) = &by_expert[id];
+                let n = rows.len();
+                let rows = Tensor::from_slice(rows, n, &Device::Cpu)?;
+                let weights = Tensor::from_slice(weights, (n, 1), &Device::Cpu)?;
+                let y = expert
+                    .forward(&x.index_select(&rows, 0)?)?
+                    .broadcast_mul(&weights)?;
+                out = out.index_add(&rows, &y, 0)?;
+            }
         }
         if let Some(shared) = &self.shared {
             out = (out + shared.forward(x)?)?;

@@ -49,6 +49,11 @@ impl Router {
         }
     }
 
+    /// Experts chosen per token.
+    pub fn top_k(&self) -> usize {
+        self.top_k
+    }
+
     /// Routes every row of `x` `[tokens, hidden]`.
     pub fn route(&self, x: &Tensor) -> Result<Vec<Route>, ModelError> {
         let logits: Vec<Vec<f32>> = self.gate.forward(x)?.to_vec2()?;
