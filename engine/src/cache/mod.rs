@@ -9,5 +9,5 @@ mod budget;
 pub mod heat;
 mod streaming;
 
-pub use budget::{CacheCounters, ExpertCache};
-pub use streaming::{StreamingExperts, StreamingOptions};
+pub use budget::{CacheCounters, EvictionPolicy, ExpertCache};
+pub use streaming::{DEFAULT_PINNED_FRACTION, StreamingExperts, StreamingOptions};

@@ -58,6 +58,8 @@ pub struct BenchArgs {
     /// Print the figures as one JSON object.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    cache: super::CacheArgs,
 }
 
 /// Probes the drives of a pack with reads of its own extent files.
@@ -114,6 +116,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut options = EngineOptions::default();
     options.streaming.budget_bytes = args.budget;
     options.streaming.record_trace = true;
+    args.cache.apply(&mut options.streaming);
     options.streaming.store.queue_depth = args.queue_depth;
     let heat_was_warm = longhaul_engine::cache::heat::HeatMap::path(&args.model).is_file();
     let load_started = Instant::now();
@@ -226,6 +229,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "budget_bytes": args.budget,
         "budget_experts": slots,
         "heat_warm_at_start": heat_was_warm,
+        "policy": format!("{:?}", args.cache.policy),
+        "pinned_fraction": args.cache.pinned_fraction,
         "expert_bytes_in_ram": streaming.resident_expert_bytes(),
         "load_seconds": load_seconds,
         "prompt_tokens": prompt.len(),

@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
+use longhaul_engine::cache::{DEFAULT_PINNED_FRACTION, EvictionPolicy, StreamingOptions};
 use longhaul_engine::{Engine, EngineOptions, LoadProgress};
 
 /// How to find and hold a model: shared by every command that takes one.
@@ -27,6 +28,34 @@ pub struct ModelArgs {
     /// Skip checking each expert record's checksum after reading it.
     #[arg(long)]
     pub no_verify_checksums: bool,
+    #[command(flatten)]
+    pub cache: CacheArgs,
+}
+
+/// How the expert cache of a pack is run.
+#[derive(clap::Args, Clone)]
+pub struct CacheArgs {
+    /// Eviction policy for experts that are not pinned: lfu or lru.
+    #[arg(long, default_value = "lfu", value_parser = parse_policy)]
+    pub policy: EvictionPolicy,
+    /// Share of the budget pinned to the hottest experts of earlier runs (0 to 1).
+    #[arg(long, default_value_t = DEFAULT_PINNED_FRACTION)]
+    pub pinned_fraction: f64,
+}
+
+impl CacheArgs {
+    pub fn apply(&self, options: &mut StreamingOptions) {
+        options.policy = self.policy;
+        options.pinned_fraction = self.pinned_fraction;
+    }
+}
+
+fn parse_policy(text: &str) -> Result<EvictionPolicy, String> {
+    match text {
+        "lfu" => Ok(EvictionPolicy::LeastFrequentlyUsed),
+        "lru" => Ok(EvictionPolicy::LeastRecentlyUsed),
+        other => Err(format!("`{other}` is not a policy; use lfu or lru")),
+    }
 }
 
 impl ModelArgs {
@@ -34,6 +63,7 @@ impl ModelArgs {
         let mut options = EngineOptions::default();
         options.streaming.budget_bytes = self.budget;
         options.streaming.verify_checksums = !self.no_verify_checksums;
+        self.cache.apply(&mut options.streaming);
         open_model(&self.model, &options)
     }
 }
