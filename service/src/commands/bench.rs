@@ -60,6 +60,9 @@ pub struct BenchArgs {
     json: bool,
     #[command(flatten)]
     cache: super::CacheArgs,
+    /// Skip checking each expert record's checksum (to measure what checking costs).
+    #[arg(long)]
+    no_verify_checksums: bool,
 }
 
 /// Probes the drives of a pack with reads of its own extent files.
@@ -117,6 +120,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     options.streaming.budget_bytes = args.budget;
     options.streaming.record_trace = true;
     args.cache.apply(&mut options.streaming);
+    options.streaming.verify_checksums = !args.no_verify_checksums;
     options.streaming.store.queue_depth = args.queue_depth;
     let heat_was_warm = longhaul_engine::cache::heat::HeatMap::path(&args.model).is_file();
     let load_started = Instant::now();
@@ -231,6 +235,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "heat_warm_at_start": heat_was_warm,
         "policy": format!("{:?}", args.cache.policy),
         "pinned_fraction": args.cache.pinned_fraction,
+        "checksums_verified": !args.no_verify_checksums,
         "expert_bytes_in_ram": streaming.resident_expert_bytes(),
         "load_seconds": load_seconds,
         "prompt_tokens": prompt.len(),
