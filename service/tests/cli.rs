@@ -32,6 +32,17 @@ fn expected(dir: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap()
 }
 
+/// `count` empty folders standing in for drives.
+fn drive_folders(root: &Path, count: usize) -> Vec<String> {
+    (0..count)
+        .map(|i| {
+            let d = root.join(format!("d{i}"));
+            std::fs::create_dir(&d).unwrap();
+            d.to_str().unwrap().to_string()
+        })
+        .collect()
+}
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -179,13 +190,7 @@ fn pack_verify_and_run_from_a_pack() {
         .unwrap();
     let exp = expected(&dir);
     let tmp = tempfile::tempdir().unwrap();
-    let drives: Vec<String> = (0..3)
-        .map(|i| {
-            let d = tmp.path().join(format!("d{i}"));
-            std::fs::create_dir(&d).unwrap();
-            d.to_str().unwrap().to_string()
-        })
-        .collect();
+    let drives = drive_folders(tmp.path(), 3);
     let pack = tmp.path().join("pack");
     let out = longhaul(&[
         "pack",
@@ -322,13 +327,7 @@ fn synth_pack_and_bench_report_consistent_figures() {
     assert!(out.status.success(), "{}", stderr(&out));
     let synth: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(synth["layers"], 3);
-    let drives: Vec<String> = (0..2)
-        .map(|i| {
-            let d = tmp.path().join(format!("d{i}"));
-            std::fs::create_dir(&d).unwrap();
-            d.to_str().unwrap().to_string()
-        })
-        .collect();
+    let drives = drive_folders(tmp.path(), 2);
     let pack = tmp.path().join("pack");
     let out = longhaul(&[
         "pack",

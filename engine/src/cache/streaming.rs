@@ -10,7 +10,7 @@ use std::time::Instant;
 use crate::model::{Expert, ExpertError, ExpertProvider};
 use crate::pack::Manifest;
 use crate::pack::manifest::{ExpertLayer, hash_hex};
-use crate::store::{DriveSnapshot, DriveStore, ReadRequest, StoreConfig, StoreError};
+use crate::store::{DriveSnapshot, DriveStore, StoreConfig, StoreError};
 use crate::weights::{Dtype, tensor_from_bytes};
 
 use super::budget::{CacheCounters, EvictionPolicy, ExpertCache};
@@ -238,12 +238,7 @@ impl StreamingExperts {
                 count: layer.records.len(),
             })?;
             for (seg, s) in record.segments.iter().enumerate() {
-                requests.push(ReadRequest {
-                    drive: s.drive,
-                    file: s.file.clone(),
-                    offset: s.offset,
-                    len: s.len,
-                });
+                requests.push(s.request());
                 owner.push((pos, seg));
             }
         }

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::PackError;
+use crate::store::ReadRequest;
 
 /// File name of the manifest inside a pack folder.
 pub const MANIFEST_FILE: &str = "longhaul-pack.json";
@@ -89,6 +90,18 @@ pub struct Segment {
     pub file: String,
     pub offset: u64,
     pub len: u64,
+}
+
+impl Segment {
+    /// The store read that fetches this segment.
+    pub fn request(&self) -> ReadRequest {
+        ReadRequest {
+            drive: self.drive,
+            file: self.file.clone(),
+            offset: self.offset,
+            len: self.len,
+        }
+    }
 }
 
 impl Manifest {

@@ -8,8 +8,8 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::PackError;
-use super::manifest::{Manifest, hash_hex};
-use crate::store::{DriveStore, ReadRequest, StoreConfig};
+use super::manifest::{Manifest, Segment, hash_hex};
+use crate::store::{DriveStore, StoreConfig};
 
 /// Read size when hashing the resident file.
 const HASH_CHUNK: usize = 8 * 1024 * 1024;
@@ -40,16 +40,7 @@ pub fn verify_pack(pack: &Path, report: &dyn Fn(u64, u64)) -> Result<VerifyRepor
     let mut done = 0;
     for layer in &manifest.experts.layers {
         for (id, record) in layer.records.iter().enumerate() {
-            let requests: Vec<ReadRequest> = record
-                .segments
-                .iter()
-                .map(|s| ReadRequest {
-                    drive: s.drive,
-                    file: s.file.clone(),
-                    offset: s.offset,
-                    len: s.len,
-                })
-                .collect();
+            let requests: Vec<ReadRequest> = record.segments.iter().map(Segment::request).collect();
             match store.read_all(&requests) {
                 Ok(parts) => {
                     let bytes: Vec<u8> = parts.into_iter().flatten().collect();
