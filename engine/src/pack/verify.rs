@@ -40,7 +40,7 @@ pub fn verify_pack(pack: &Path, report: &dyn Fn(u64, u64)) -> Result<VerifyRepor
     let mut done = 0;
     for layer in &manifest.experts.layers {
         for (id, record) in layer.records.iter().enumerate() {
-            let requests: Vec<ReadRequest> = record.segments.iter().map(Segment::request).collect();
+            let requests: Vec<_> = record.segments.iter().map(Segment::request).collect();
             match store.read_all(&requests) {
                 Ok(parts) => {
                     let bytes: Vec<u8> = parts.into_iter().flatten().collect();
