@@ -86,6 +86,18 @@ pub struct DriveCounters {
     pub errors: AtomicU64,
     /// Total time spent in reads, in microseconds.
     pub busy_micros: AtomicU64,
+    /// Read latencies: bucket `i` counts reads that took under 2^i µs.
+    pub latency: [AtomicU64; LATENCY_BUCKETS],
+}
+
+/// Latency buckets: powers of two of microseconds, up to about 36 minutes.
+pub const LATENCY_BUCKETS: usize = 32;
+
+impl DriveCounters {
+    pub fn record_latency(&self, micros: u64) {
+        let bucket = (u64::BITS - micros.leading_zeros()) as usize;
+        self.latency[bucket.min(LATENCY_BUCKETS - 1)].fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// A copy of one drive's counters.
@@ -96,6 +108,28 @@ pub struct DriveSnapshot {
     pub reads: u64,
     pub errors: u64,
     pub busy_micros: u64,
+    /// Reads per latency bucket (see [`DriveCounters::latency`]).
+    pub latency_buckets: Vec<u64>,
+}
+
+impl DriveSnapshot {
+    /// The read latency below which `q` (0–1) of reads completed, in
+    /// milliseconds (the upper edge of its power-of-two bucket).
+    pub fn latency_quantile_ms(&self, q: f64) -> Option<f64> {
+        let total: u64 = self.latency_buckets.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let target = (q.clamp(0.0, 1.0) * total as f64).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (i, n) in self.latency_buckets.iter().enumerate() {
+            seen += n;
+            if seen >= target {
+                return Some((1u64 << i) as f64 / 1000.0);
+            }
+        }
+        None
+    }
 }
 
 struct Job {
@@ -221,6 +255,12 @@ impl DriveStore {
                 reads: d.counters.reads.load(Ordering::Relaxed),
                 errors: d.counters.errors.load(Ordering::Relaxed),
                 busy_micros: d.counters.busy_micros.load(Ordering::Relaxed),
+                latency_buckets: d
+                    .counters
+                    .latency
+                    .iter()
+                    .map(|b| b.load(Ordering::Relaxed))
+                    .collect(),
             })
             .collect()
     }

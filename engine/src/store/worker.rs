@@ -38,8 +38,9 @@ pub(super) fn run(ctx: Context) {
         let started = Instant::now();
         let result = read(&ctx, &mut files, &mut buffer, &job);
         let c = &ctx.counters;
-        c.busy_micros
-            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        let micros = started.elapsed().as_micros() as u64;
+        c.busy_micros.fetch_add(micros, Ordering::Relaxed);
+        c.record_latency(micros);
         match &result {
             Ok(b) => {
                 c.bytes.fetch_add(b.len() as u64, Ordering::Relaxed);

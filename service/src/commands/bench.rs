@@ -13,7 +13,7 @@ use clap::Args;
 use longhaul_engine::generate::Session;
 use longhaul_engine::generate::sampling::argmax;
 use longhaul_engine::metrics::{
-    belady_hit_rate, lfu_hit_rate, lru_hit_rate, oracle_pin_hit_rate, routing_stats,
+    MetricsSampler, belady_hit_rate, lfu_hit_rate, lru_hit_rate, oracle_pin_hit_rate, routing_stats,
 };
 use longhaul_engine::pack::Manifest;
 use longhaul_engine::store::StoreConfig;
@@ -156,6 +156,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         .min(args.gen_tokens - 1);
     let (mut steady_seconds, mut steady_bytes, mut steady_stall) = (0.0, 0u64, 0.0);
     let mut per_token = Vec::with_capacity(args.gen_tokens);
+    let mut sampler = MetricsSampler::new(streaming);
     let decode_started = Instant::now();
     let hits_before = streaming.cache_counters();
     let mut steady_counters = hits_before;
@@ -224,7 +225,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         std::fs::write(path, lines.join("\n") + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    let drives = streaming.drive_snapshots();
+    let decode_metrics = sampler.sample(streaming);
     streaming
         .save_heat()
         .with_context(|| format!("saving the heat histogram next to {}", args.model.display()))?;
@@ -256,10 +257,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "ceiling_tok_s": ceiling_tok_s,
         "efficiency": ceiling_tok_s.map(|c| tok_s / c),
         "probe": probe,
-        "drives": drives.iter().map(|d| json!({
-            "path": d.path, "bytes": d.bytes, "reads": d.reads, "errors": d.errors,
-            "mb_per_s_while_decoding": d.bytes as f64 / 1e6 / decode_seconds.max(1e-9),
-        })).collect::<Vec<_>>(),
+        "drives_while_decoding": decode_metrics.drives,
         "cache": counters,
         "routing": routing_stats(&tokens),
         "prefill_lookups": prefill_trace.len(),
