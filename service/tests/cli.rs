@@ -242,6 +242,7 @@ fn pack_verify_and_run_from_a_pack() {
         );
     }
 
+    let trace = tmp.path().join("run-trace.jsonl");
     let out = longhaul(&[
         "run",
         "--model",
@@ -252,6 +253,8 @@ fn pack_verify_and_run_from_a_pack() {
         exp["prompt"].as_str().unwrap(),
         "--max-tokens",
         "32",
+        "--trace",
+        trace.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let err = stderr(&out);
@@ -263,6 +266,9 @@ fn pack_verify_and_run_from_a_pack() {
         String::from_utf8(out.stdout).unwrap(),
         format!("{}\n", exp["greedy_text"].as_str().unwrap())
     );
+    // 2 MoE layers: prefill lookups, then one per layer for each of the 31 decode steps.
+    let lookups = std::fs::read_to_string(&trace).unwrap().lines().count();
+    assert!(lookups >= 2 + 31 * 2, "{lookups} lookups traced");
 }
 
 #[test]
@@ -378,7 +384,18 @@ fn synth_pack_and_bench_report_consistent_figures() {
         "routing varies across tokens"
     );
     assert!(b["cache"]["held_bytes"].as_u64().unwrap() <= 200 * 1024);
-    assert_eq!(std::fs::read_to_string(&trace).unwrap().lines().count(), 12);
+    let lines: Vec<Value> = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // 3 MoE layers: at least one prefill lookup each, then one per decoded token.
+    assert!(lines.len() >= 3 + 12 * 3, "{} lookups", lines.len());
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["layer"].is_u64() && l["ids"].is_array())
+    );
 
     let out = longhaul(&[
         "drives",

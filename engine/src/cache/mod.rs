@@ -10,4 +10,4 @@ pub mod heat;
 mod streaming;
 
 pub use budget::{CacheCounters, EvictionPolicy, ExpertCache};
-pub use streaming::{DEFAULT_PINNED_FRACTION, StreamingExperts, StreamingOptions};
+pub use streaming::{DEFAULT_PINNED_FRACTION, Lookup, StreamingExperts, StreamingOptions};

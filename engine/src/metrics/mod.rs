@@ -4,6 +4,7 @@
 
 pub mod replay;
 pub mod snapshot;
+pub mod trace;
 
 pub use replay::{
     RoutingStats, belady_hit_rate, lfu_hit_rate, lru_hit_rate, oracle_pin_hit_rate, routing_stats,

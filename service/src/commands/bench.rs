@@ -13,7 +13,8 @@ use clap::Args;
 use longhaul_engine::generate::Session;
 use longhaul_engine::generate::sampling::argmax;
 use longhaul_engine::metrics::{
-    MetricsSampler, belady_hit_rate, lfu_hit_rate, lru_hit_rate, oracle_pin_hit_rate, routing_stats,
+    MetricsSampler, belady_hit_rate, lfu_hit_rate, lru_hit_rate, oracle_pin_hit_rate,
+    routing_stats, trace,
 };
 use longhaul_engine::pack::Manifest;
 use longhaul_engine::store::StoreConfig;
@@ -52,7 +53,7 @@ pub struct BenchArgs {
     queue_depth: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Write the routing trace (one line per token: the expert ids of each layer) here.
+    /// Write the routing trace here: one JSON line per expert lookup, prefill then decode.
     #[arg(long)]
     trace: Option<PathBuf>,
     /// Print the figures as one JSON object.
@@ -188,24 +189,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 
     // Replays see every lookup since load (prefill, then one per token, layer
     // and expert) and count hits in the steady window, as the real cache does.
-    let layers = decode_trace
-        .iter()
-        .map(|(l, _)| *l)
-        .collect::<std::collections::BTreeSet<_>>()
-        .len()
-        .max(1);
-    let tokens: Vec<Vec<(usize, Vec<usize>)>> =
-        decode_trace.chunks(layers).map(<[_]>::to_vec).collect();
-    let flatten = |trace: &[(usize, Vec<usize>)]| -> Vec<(usize, usize)> {
-        trace
-            .iter()
-            .flat_map(|(l, ids)| ids.iter().map(move |&i| (*l, i)))
-            .collect()
-    };
-    let mut accesses = flatten(&prefill_trace);
-    let count_from =
-        accesses.len() + flatten(&decode_trace[..(warmup * layers).min(decode_trace.len())]).len();
-    accesses.extend(flatten(&decode_trace));
+    let tokens = trace::per_token(&decode_trace);
+    let layers = tokens.first().map_or(1, Vec::len);
+    let mut accesses = trace::accesses(&prefill_trace);
+    let warmup_lookups = (warmup * layers).min(decode_trace.len());
+    let count_from = accesses.len() + trace::accesses(&decode_trace[..warmup_lookups]).len();
+    accesses.extend(trace::accesses(&decode_trace));
     let slots = (args.budget / streaming.resident_expert_bytes().max(1)) as usize;
     let steady_lookups =
         (counters.hits + counters.misses) - (steady_counters.hits + steady_counters.misses);
@@ -215,15 +204,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let decode_hits = counters.hits - hits_before.hits;
 
     if let Some(path) = &args.trace {
-        let lines: Vec<String> = tokens
-            .iter()
-            .map(|t| {
-                serde_json::to_string(&t.iter().map(|(_, ids)| ids).collect::<Vec<_>>())
-                    .unwrap_or_default()
-            })
-            .collect();
-        std::fs::write(path, lines.join("\n") + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
+        let all: Vec<_> = prefill_trace.iter().chain(&decode_trace).cloned().collect();
+        trace::write_jsonl(path, &all).with_context(|| format!("writing {}", path.display()))?;
     }
     let decode_metrics = sampler.sample(streaming);
     streaming

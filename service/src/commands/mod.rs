@@ -60,10 +60,16 @@ fn parse_policy(text: &str) -> Result<EvictionPolicy, String> {
 
 impl ModelArgs {
     pub fn open(&self) -> anyhow::Result<Engine> {
+        self.open_with(|_| {})
+    }
+
+    /// Opens the model after `adjust` has had a say in the options.
+    pub fn open_with(&self, adjust: impl FnOnce(&mut EngineOptions)) -> anyhow::Result<Engine> {
         let mut options = EngineOptions::default();
         options.streaming.budget_bytes = self.budget;
         options.streaming.verify_checksums = !self.no_verify_checksums;
         self.cache.apply(&mut options.streaming);
+        adjust(&mut options);
         open_model(&self.model, &options)
     }
 }

@@ -1,10 +1,12 @@
 //! `longhaul run`: stream generated text to stdout, speeds to stderr.
 
 use std::io::Write;
+use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
 use longhaul_engine::generate::{Flow, GenerationSettings, SamplingParams};
+use longhaul_engine::metrics::trace;
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -34,6 +36,9 @@ pub struct RunArgs {
     /// Stop when this text appears (repeatable); it is not printed.
     #[arg(long = "stop")]
     stop: Vec<String>,
+    /// With a pack: write the routing trace here, one JSON line per expert lookup.
+    #[arg(long)]
+    trace: Option<PathBuf>,
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -44,7 +49,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         seed: args.seed,
     };
     sampling.validate().context("invalid sampling settings")?;
-    let engine = args.model.open()?;
+    let engine = args
+        .model
+        .open_with(|o| o.streaming.record_trace = args.trace.is_some())?;
     let prompt = engine
         .prompt_ids(&args.prompt, args.chat)
         .context("cannot prepare the prompt")?;
@@ -84,6 +91,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         generation.finish_reason,
     );
     if let Some(streaming) = engine.streaming() {
+        if let Some(path) = &args.trace {
+            trace::write_jsonl(path, &streaming.take_trace())
+                .with_context(|| format!("writing the routing trace to {}", path.display()))?;
+        }
         if let Err(e) = streaming.save_heat() {
             eprintln!("warning: could not save the heat histogram: {e}");
         }
