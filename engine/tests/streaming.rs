@@ -245,3 +245,75 @@ fn metrics_snapshots_report_drive_rates_and_latencies() {
         "nothing read since the last sample"
     );
 }
+
+#[test]
+fn replicated_records_verify_and_stay_exact() {
+    let fixture = "deepseek_v3_released";
+    let dir = common::fixtures_dir().join(fixture);
+    let exp = common::expected(&dir);
+    let reference = all_logits(&Engine::open(&dir).unwrap(), &exp.ids[..10]);
+    let tmp = tempfile::tempdir().unwrap();
+    let drives: Vec<PathBuf> = (0..3)
+        .map(|i| tmp.path().join(format!("drive{i}")))
+        .collect();
+    for d in &drives {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let pack = tmp.path().join("replicated");
+    let mut opts = PackOptions::new(dir.clone(), pack.clone(), drives);
+    opts.split_threshold = u64::MAX;
+    opts.replicas = 2;
+    // Copy every expert of layer 1 and half of layer 2.
+    opts.replicate = (0..16)
+        .map(|e| (1, e))
+        .chain((0..8).map(|e| (2, e)))
+        .collect();
+    let summary = write_pack(&opts, &|_| {}).unwrap();
+    let copies: usize = summary
+        .manifest
+        .experts
+        .layers
+        .iter()
+        .flat_map(|l| &l.records)
+        .map(|r| r.replicas.len())
+        .sum();
+    assert_eq!(copies, 2 * 24);
+    for r in summary
+        .manifest
+        .experts
+        .layers
+        .iter()
+        .flat_map(|l| &l.records)
+    {
+        let mut drives: Vec<usize> = r.placements().map(|p| p[0].drive).collect();
+        drives.sort();
+        drives.dedup();
+        assert_eq!(
+            drives.len(),
+            r.placements().count(),
+            "each copy on its own drive"
+        );
+    }
+    let report = verify_pack(&pack, &|_, _| {}).unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert_eq!(report.records, 32 + 48);
+    for budget in [0, u64::MAX] {
+        assert!(
+            all_logits(&open(&pack, budget, 2), &exp.ids[..10]) == reference,
+            "budget {budget}"
+        );
+    }
+    // A corrupt copy is found by verify even though the primary is intact.
+    let copy = &summary.manifest.experts.layers[0].records[3].replicas[1][0];
+    let path = summary.manifest.drives[copy.drive].join(&copy.file);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[copy.offset as usize + 7] ^= 1;
+    std::fs::write(&path, bytes).unwrap();
+    let report = verify_pack(&pack, &|_, _| {}).unwrap();
+    assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
+    assert!(
+        report.problems[0].contains("(copy 2)"),
+        "{:?}",
+        report.problems
+    );
+}

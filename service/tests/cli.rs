@@ -34,6 +34,7 @@ fn expected(dir: &Path) -> Value {
 
 /// `count` empty folders standing in for drives.
 fn drive_folders(root: &Path, count: usize) -> Vec<String> {
+    std::fs::create_dir_all(root).unwrap();
     (0..count)
         .map(|i| {
             let d = root.join(format!("d{i}"));
@@ -269,6 +270,34 @@ fn pack_verify_and_run_from_a_pack() {
     // 2 MoE layers: prefill lookups, then one per layer for each of the 31 decode steps.
     let lookups = std::fs::read_to_string(&trace).unwrap().lines().count();
     assert!(lookups >= 2 + 31 * 2, "{lookups} lookups traced");
+
+    // The run left a heat histogram: copy the hottest half of the experts once more.
+    assert!(pack.join("longhaul-heat.json").is_file());
+    let more = drive_folders(&tmp.path().join("more"), 3);
+    let replicated = tmp.path().join("replicated");
+    let out = longhaul(&[
+        "pack",
+        dir.to_str().unwrap(),
+        "--out",
+        replicated.to_str().unwrap(),
+        "--drives",
+        &more.join(","),
+        "--replicas",
+        "1",
+        "--heat-from",
+        pack.to_str().unwrap(),
+        "--replica-share",
+        "0.5",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = longhaul(&["pack", "--verify", replicated.to_str().unwrap(), "--json"]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let copies = report["records"].as_u64().unwrap();
+    assert!(copies > 32 && copies <= 64, "{copies} record copies");
+    assert!(
+        logits(&replicated, "0") == reference,
+        "replicated pack logits differ"
+    );
 }
 
 #[test]

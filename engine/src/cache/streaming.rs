@@ -9,12 +9,28 @@ use std::time::Instant;
 
 use crate::model::{Expert, ExpertError, ExpertProvider};
 use crate::pack::Manifest;
-use crate::pack::manifest::{ExpertLayer, hash_hex};
+use crate::pack::manifest::{ExpertLayer, Record, Segment, hash_hex};
 use crate::store::{DriveSnapshot, DriveStore, StoreConfig, StoreError};
 use crate::weights::{Dtype, tensor_from_bytes};
 
 use super::budget::{CacheCounters, EvictionPolicy, ExpertCache};
 use super::heat::HeatMap;
+
+/// The copy of `record` whose slowest segment would finish first, given the
+/// bytes each drive already has to read (drives assumed equally fast).
+fn fastest_placement<'a>(record: &'a Record, load: &[u64]) -> &'a [Segment] {
+    let finish = |segments: &[Segment]| {
+        segments
+            .iter()
+            .map(|s| load.get(s.drive).copied().unwrap_or(0) + s.len)
+            .max()
+            .unwrap_or(0)
+    };
+    record
+        .placements()
+        .min_by_key(|p| finish(p))
+        .unwrap_or(record.segments.as_slice())
+}
 
 /// Bytes one expert of `layer` takes in RAM (f32).
 fn expert_ram_bytes(layer: &ExpertLayer) -> u64 {
@@ -231,21 +247,27 @@ impl StreamingExperts {
         let mut requests = Vec::new();
         // For each request: (position in `ids`, segment index within the record).
         let mut owner = Vec::new();
+        // Bytes each drive is expected to read before a new request would finish.
+        let mut load: Vec<u64> = self.store.pending_bytes();
+        let mut chosen: Vec<&[Segment]> = Vec::with_capacity(ids.len());
         for (pos, &id) in ids.iter().enumerate() {
             let record = layer.records.get(id).ok_or(ExpertError::NoSuchExpert {
                 layer: layer.layer,
                 id,
                 count: layer.records.len(),
             })?;
-            for (seg, s) in record.segments.iter().enumerate() {
+            let segments = fastest_placement(record, &load);
+            for (seg, s) in segments.iter().enumerate() {
+                if let Some(l) = load.get_mut(s.drive) {
+                    *l += s.len;
+                }
                 requests.push(s.request());
                 owner.push((pos, seg));
             }
+            chosen.push(segments);
         }
-        let mut parts: Vec<Vec<Option<Vec<u8>>>> = ids
-            .iter()
-            .map(|&id| vec![None; layer.records[id].segments.len()])
-            .collect();
+        let mut parts: Vec<Vec<Option<Vec<u8>>>> =
+            chosen.iter().map(|c| vec![None; c.len()]).collect();
         let mut out: Vec<Option<Arc<Expert>>> = vec![None; ids.len()];
         self.store
             .read_each(&requests, |slot, bytes| -> Result<(), ExpertError> {
@@ -257,7 +279,7 @@ impl StreamingExperts {
                         .filter_map(Option::take)
                         .flatten()
                         .collect();
-                    out[pos] = Some(self.convert(layer, ids[pos], &record)?);
+                    out[pos] = Some(self.convert(layer, ids[pos], chosen[pos], &record)?);
                 }
                 Ok(())
             })?;
@@ -275,14 +297,14 @@ impl StreamingExperts {
         &self,
         layer: &ExpertLayer,
         id: usize,
+        segments: &[Segment],
         bytes: &[u8],
     ) -> Result<Arc<Expert>, ExpertError> {
         let record = &layer.records[id];
         let (h, i) = (layer.hidden, layer.intermediate);
         let part = h * i * self.dtype.size() as usize;
         if self.verify && hash_hex(bytes) != record.xxh3_128 {
-            let places: Vec<String> = record
-                .segments
+            let places: Vec<String> = segments
                 .iter()
                 .map(|s| format!("drive {} {} at offset {}", s.drive, s.file, s.offset))
                 .collect();
@@ -301,7 +323,7 @@ impl StreamingExperts {
             )));
         }
         let name = format!("layer {} expert {id}", layer.layer);
-        let path = Path::new(&record.segments[0].file);
+        let path = Path::new(segments.first().map_or("", |s| s.file.as_str()));
         let convert = |b: &[u8], shape: &[usize]| {
             tensor_from_bytes(&name, b, self.dtype, shape, path)
                 .map_err(|e| ExpertError::Source(e.to_string()))
@@ -360,5 +382,40 @@ impl ExpertProvider for StreamingExperts {
                 ))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(drive: usize, len: u64) -> Segment {
+        Segment {
+            drive,
+            file: String::new(),
+            offset: 0,
+            len,
+        }
+    }
+
+    #[test]
+    fn reads_go_to_the_copy_that_finishes_first() {
+        let record = Record {
+            len: 10,
+            xxh3_128: String::new(),
+            segments: vec![seg(0, 10)],
+            replicas: vec![vec![seg(2, 10)]],
+        };
+        assert_eq!(
+            fastest_placement(&record, &[0, 0, 0])[0].drive,
+            0,
+            "ties keep the primary"
+        );
+        assert_eq!(
+            fastest_placement(&record, &[50, 0, 0])[0].drive,
+            2,
+            "drive 0 is busy"
+        );
+        assert_eq!(fastest_placement(&record, &[50, 0, 80])[0].drive, 0);
     }
 }

@@ -81,6 +81,17 @@ pub struct Record {
     /// xxh3-128 of the record's bytes, as 32 hex digits.
     pub xxh3_128: String,
     pub segments: Vec<Segment>,
+    /// Further copies of the record, each a full set of segments placed on
+    /// other drives; a read goes to whichever copy should finish first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<Vec<Segment>>,
+}
+
+impl Record {
+    /// Every placement of the record: the primary one, then the replicas.
+    pub fn placements(&self) -> impl Iterator<Item = &[Segment]> {
+        std::iter::once(self.segments.as_slice()).chain(self.replicas.iter().map(Vec::as_slice))
+    }
 }
 
 /// A contiguous piece of a record on one drive.
@@ -143,23 +154,21 @@ impl Manifest {
         for layer in &self.experts.layers {
             for (id, record) in layer.records.iter().enumerate() {
                 let where_ = || format!("layer {} expert {id}", layer.layer);
-                if record.segments.iter().map(|s| s.len).sum::<u64>() != record.len {
-                    return Err(bad(format!(
-                        "{}: segments do not add up to the record length",
-                        where_()
-                    )));
-                }
-                if let Some(s) = record
-                    .segments
-                    .iter()
-                    .find(|s| s.drive >= self.drives.len())
-                {
-                    return Err(bad(format!(
-                        "{}: segment on drive {} of {}",
-                        where_(),
-                        s.drive,
-                        self.drives.len()
-                    )));
+                for segments in record.placements() {
+                    if segments.iter().map(|s| s.len).sum::<u64>() != record.len {
+                        return Err(bad(format!(
+                            "{}: segments do not add up to the record length",
+                            where_()
+                        )));
+                    }
+                    if let Some(s) = segments.iter().find(|s| s.drive >= self.drives.len()) {
+                        return Err(bad(format!(
+                            "{}: segment on drive {} of {}",
+                            where_(),
+                            s.drive,
+                            self.drives.len()
+                        )));
+                    }
                 }
             }
         }

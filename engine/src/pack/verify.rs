@@ -16,6 +16,7 @@ const HASH_CHUNK: usize = 8 * 1024 * 1024;
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct VerifyReport {
+    /// Record copies checked (a replicated record counts once per copy).
     pub records: usize,
     pub record_bytes: u64,
     pub resident_bytes: u64,
@@ -33,35 +34,45 @@ pub fn verify_pack(pack: &Path, report: &dyn Fn(u64, u64)) -> Result<VerifyRepor
         .layers
         .iter()
         .flat_map(|l| &l.records)
-        .map(|r| r.len)
+        .map(|r| r.len * r.placements().count() as u64)
         .sum::<u64>()
         + manifest.resident.size;
     let mut out = VerifyReport::default();
     let mut done = 0;
     for layer in &manifest.experts.layers {
         for (id, record) in layer.records.iter().enumerate() {
-            let requests: Vec<_> = record.segments.iter().map(Segment::request).collect();
-            match store.read_all(&requests) {
-                Ok(parts) => {
-                    let bytes: Vec<u8> = parts.into_iter().flatten().collect();
-                    if hash_hex(&bytes) != record.xxh3_128 {
-                        out.problems.push(format!(
-                            "layer {} expert {id}: checksum mismatch (drive {} {} at offset {})",
-                            layer.layer,
-                            record.segments[0].drive,
-                            record.segments[0].file,
-                            record.segments[0].offset
-                        ));
+            for (copy, segments) in record.placements().enumerate() {
+                let requests: Vec<_> = segments.iter().map(Segment::request).collect();
+                let which = if copy == 0 {
+                    String::new()
+                } else {
+                    format!(" (copy {copy})")
+                };
+                match store.read_all(&requests) {
+                    Ok(parts) => {
+                        let bytes: Vec<u8> = parts.into_iter().flatten().collect();
+                        if hash_hex(&bytes) != record.xxh3_128 {
+                            let at = segments
+                                .first()
+                                .map(|s| {
+                                    format!("drive {} {} at offset {}", s.drive, s.file, s.offset)
+                                })
+                                .unwrap_or_default();
+                            out.problems.push(format!(
+                                "layer {} expert {id}{which}: checksum mismatch ({at})",
+                                layer.layer
+                            ));
+                        }
                     }
+                    Err(e) => out
+                        .problems
+                        .push(format!("layer {} expert {id}{which}: {e}", layer.layer)),
                 }
-                Err(e) => out
-                    .problems
-                    .push(format!("layer {} expert {id}: {e}", layer.layer)),
+                out.records += 1;
+                out.record_bytes += record.len;
+                done += record.len;
+                report(done, total);
             }
-            out.records += 1;
-            out.record_bytes += record.len;
-            done += record.len;
-            report(done, total);
         }
     }
     match hash_file(&manifest.resident.path, |n| {

@@ -53,6 +53,10 @@ pub struct PackOptions {
     pub alignment: u64,
     pub split_threshold: u64,
     pub extent_file_bytes: u64,
+    /// Extra copies written of each expert in `replicate`.
+    pub replicas: usize,
+    /// (layer, expert) pairs to copy, usually the hottest of earlier runs.
+    pub replicate: std::collections::HashSet<(usize, usize)>,
 }
 
 impl PackOptions {
@@ -65,6 +69,8 @@ impl PackOptions {
             alignment: DEFAULT_ALIGNMENT,
             split_threshold: DEFAULT_SPLIT_THRESHOLD,
             extent_file_bytes: DEFAULT_EXTENT_FILE_BYTES,
+            replicas: 0,
+            replicate: std::collections::HashSet::new(),
         }
     }
 }
@@ -178,6 +184,12 @@ pub fn write_pack(
     let source = hash_source(&opts.source, &checkpoint, report)?;
 
     let expert_total: u64 = plans.iter().map(|p| p.record_len * p.count as u64).sum();
+    if opts.replicas > 0 && opts.replicate.is_empty() {
+        return Err(PackError::Options(
+            "--replicas needs a heat histogram naming the experts to copy (--heat-from)"
+                .to_string(),
+        ));
+    }
     let mut writers: Vec<ExtentWriter> = drive_dirs
         .iter()
         .enumerate()
@@ -195,14 +207,28 @@ pub fn write_pack(
             let parts = split_count(bytes.len() as u64, opts.split_threshold, drives);
             // Rotate by layer and expert so any k experts of a layer land on every drive.
             let first_drive = (plan.layer + expert) % drives;
-            let mut segments = Vec::with_capacity(parts);
-            for (j, chunk) in chunks(&bytes, parts).enumerate() {
-                segments.push(writers[(first_drive + j) % drives].write(chunk)?);
-            }
+            let mut place = |first: usize| -> Result<Vec<Segment>, PackError> {
+                chunks(&bytes, parts)
+                    .enumerate()
+                    .map(|(j, chunk)| writers[(first + j) % drives].write(chunk))
+                    .collect()
+            };
+            let segments = place(first_drive)?;
+            let copies = if opts.replicate.contains(&(plan.layer, expert)) {
+                opts.replicas
+            } else {
+                0
+            };
+            // Copies start on drives spread evenly away from the primary.
+            let stride = (drives / (copies + 1)).max(1);
+            let replicas = (1..=copies)
+                .map(|r| place(first_drive + r * stride))
+                .collect::<Result<Vec<_>, _>>()?;
             records.push(Record {
                 len: bytes.len() as u64,
                 xxh3_128: manifest::hash_hex(&bytes),
                 segments,
+                replicas,
             });
             done += bytes.len() as u64;
             report(PackProgress {

@@ -86,6 +86,8 @@ pub struct DriveCounters {
     pub errors: AtomicU64,
     /// Total time spent in reads, in microseconds.
     pub busy_micros: AtomicU64,
+    /// Bytes queued or being read, for choosing between copies of a record.
+    pub pending: AtomicU64,
     /// Read latencies: bucket `i` counts reads that took under 2^i µs.
     pub latency: [AtomicU64; LATENCY_BUCKETS],
 }
@@ -108,6 +110,8 @@ pub struct DriveSnapshot {
     pub reads: u64,
     pub errors: u64,
     pub busy_micros: u64,
+    /// Bytes asked of the drive and not yet read.
+    pub pending_bytes: u64,
     /// Reads per latency bucket (see [`DriveCounters::latency`]).
     pub latency_buckets: Vec<u64>,
 }
@@ -228,6 +232,7 @@ impl DriveStore {
                 slot,
                 reply: tx.clone(),
             };
+            drive.counters.pending.fetch_add(r.len, Ordering::Relaxed);
             drive
                 .jobs
                 .send(job)
@@ -246,6 +251,14 @@ impl DriveStore {
         Ok(())
     }
 
+    /// Bytes asked of each drive and not yet read.
+    pub fn pending_bytes(&self) -> Vec<u64> {
+        self.drives
+            .iter()
+            .map(|d| d.counters.pending.load(Ordering::Relaxed))
+            .collect()
+    }
+
     pub fn snapshot(&self) -> Vec<DriveSnapshot> {
         self.drives
             .iter()
@@ -255,6 +268,7 @@ impl DriveStore {
                 reads: d.counters.reads.load(Ordering::Relaxed),
                 errors: d.counters.errors.load(Ordering::Relaxed),
                 busy_micros: d.counters.busy_micros.load(Ordering::Relaxed),
+                pending_bytes: d.counters.pending.load(Ordering::Relaxed),
                 latency_buckets: d
                     .counters
                     .latency

@@ -41,6 +41,7 @@ pub(super) fn run(ctx: Context) {
         let micros = started.elapsed().as_micros() as u64;
         c.busy_micros.fetch_add(micros, Ordering::Relaxed);
         c.record_latency(micros);
+        c.pending.fetch_sub(job.len, Ordering::Relaxed);
         match &result {
             Ok(b) => {
                 c.bytes.fetch_add(b.len() as u64, Ordering::Relaxed);

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use longhaul_engine::cache::heat::HeatMap;
 use longhaul_engine::pack::verify::verify_pack;
 use longhaul_engine::pack::{
     DEFAULT_ALIGNMENT, DEFAULT_SPLIT_THRESHOLD, PackOptions, PackPhase, PackProgress, write_pack,
@@ -33,6 +34,15 @@ pub struct PackArgs {
     /// Alignment of every record (a power of two, at least 512).
     #[arg(long, value_parser = parse_size, default_value_t = DEFAULT_ALIGNMENT)]
     alignment: u64,
+    /// Extra copies of the hottest experts, on other drives; reads go to the copy expected to finish first.
+    #[arg(long, default_value_t = 0)]
+    replicas: usize,
+    /// An earlier pack of the same model whose heat histogram names the hottest experts.
+    #[arg(long, requires = "replicas")]
+    heat_from: Option<PathBuf>,
+    /// Share of the experts in that histogram, hottest first, that get copies.
+    #[arg(long, default_value_t = 0.1)]
+    replica_share: f64,
     /// Re-read every record of the pack SOURCE and check its checksum.
     #[arg(long)]
     verify: bool,
@@ -61,6 +71,28 @@ pub fn run(args: PackArgs) -> anyhow::Result<()> {
     opts.resident_dir = args.resident_dir.clone();
     opts.split_threshold = args.split_threshold;
     opts.alignment = args.alignment;
+    if args.replicas > 0 {
+        let Some(heat_pack) = &args.heat_from else {
+            bail!(
+                "--replicas needs --heat-from PACK: an earlier pack whose heat histogram names the hottest experts"
+            );
+        };
+        let heat = HeatMap::load(heat_pack);
+        if heat.is_empty() {
+            bail!(
+                "{} has no heat histogram yet; run the model from it first",
+                heat_pack.display()
+            );
+        }
+        let take = (heat.len() as f64 * args.replica_share.clamp(0.0, 1.0)).ceil() as usize;
+        opts.replicas = args.replicas;
+        opts.replicate = heat
+            .hottest()
+            .into_iter()
+            .take(take)
+            .map(|(key, _)| key)
+            .collect();
+    }
     let bar = progress_bar();
     let summary = write_pack(&opts, &|p: PackProgress| {
         bar.set_message(match p.phase {
@@ -114,7 +146,7 @@ fn verify(args: PackArgs) -> anyhow::Result<()> {
             eprintln!("problem: {p}");
         }
         println!(
-            "checked {} records ({:.1} MB) and the resident file ({:.1} MB): {}",
+            "checked {} record copies ({:.1} MB) and the resident file ({:.1} MB): {}",
             report.records,
             report.record_bytes as f64 / 1e6,
             report.resident_bytes as f64 / 1e6,
