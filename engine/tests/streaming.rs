@@ -37,9 +37,14 @@ fn pack(root: &Path, fixture: &str, drives: usize, split_threshold: u64) -> Path
 }
 
 fn open(path: &Path, budget: u64, queue_depth: usize) -> Engine {
+    open_with(path, budget, queue_depth, false)
+}
+
+fn open_with(path: &Path, budget: u64, queue_depth: usize, keep_stored_dtype: bool) -> Engine {
     let mut o = EngineOptions::default();
     o.streaming.budget_bytes = budget;
     o.streaming.store.queue_depth = queue_depth;
+    o.streaming.keep_stored_dtype = keep_stored_dtype;
     Engine::open_with(path, &o, &|_| {}).unwrap()
 }
 
@@ -95,11 +100,13 @@ fn logits_are_bitwise_identical_to_the_in_memory_model() {
             let one = expert_bytes(fixture);
             for budget in [0, one, 5 * one, u64::MAX] {
                 for depth in [1, 4] {
-                    let got = all_logits(&open(&pack, budget, depth), &exp.ids);
-                    assert!(
-                        got == reference,
-                        "{fixture}: {drives} drives, split {split}, budget {budget}, depth {depth}: logits differ"
-                    );
+                    for keep in [false, true] {
+                        let got = all_logits(&open_with(&pack, budget, depth, keep), &exp.ids);
+                        assert!(
+                            got == reference,
+                            "{fixture}: {drives} drives, split {split}, budget {budget}, depth {depth}, stored dtype {keep}: logits differ"
+                        );
+                    }
                 }
             }
         }

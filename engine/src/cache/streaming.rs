@@ -11,6 +11,8 @@ use crate::model::{Expert, ExpertError, ExpertProvider};
 use crate::pack::Manifest;
 use crate::pack::manifest::{ExpertLayer, Record, Segment, hash_hex};
 use crate::store::{DriveSnapshot, DriveStore, StoreConfig, StoreError};
+use candle_core::{DType, Device, Tensor};
+
 use crate::weights::{Dtype, tensor_from_bytes};
 
 use super::budget::{CacheCounters, EvictionPolicy, ExpertCache};
@@ -33,8 +35,8 @@ fn fastest_placement<'a>(record: &'a Record, load: &[u64]) -> &'a [Segment] {
 }
 
 /// Bytes one expert of `layer` takes in RAM (f32).
-fn expert_ram_bytes(layer: &ExpertLayer) -> u64 {
-    (3 * layer.hidden * layer.intermediate * std::mem::size_of::<f32>()) as u64
+fn expert_ram_bytes(layer: &ExpertLayer, dtype: Dtype) -> u64 {
+    (3 * layer.hidden * layer.intermediate) as u64 * dtype.size()
 }
 
 fn poisoned() -> ExpertError {
@@ -77,6 +79,9 @@ pub struct StreamingOptions {
     pub warm_start: bool,
     /// How the unpinned part of the cache makes room.
     pub policy: EvictionPolicy,
+    /// Hold cached experts in the pack's own dtype (BF16 or F16: half the
+    /// bytes, so twice the experts per budget) and widen them at each use.
+    pub keep_stored_dtype: bool,
 }
 
 impl Default for StreamingOptions {
@@ -89,6 +94,7 @@ impl Default for StreamingOptions {
             pinned_fraction: DEFAULT_PINNED_FRACTION,
             warm_start: true,
             policy: EvictionPolicy::default(),
+            keep_stored_dtype: false,
         }
     }
 }
@@ -105,6 +111,8 @@ pub struct StreamingExperts {
     stall_micros: AtomicU64,
     heat: Mutex<HeatMap>,
     pack: PathBuf,
+    /// The dtype experts are held in once read.
+    ram_dtype: Dtype,
 }
 
 impl StreamingExperts {
@@ -142,6 +150,11 @@ impl StreamingExperts {
             stall_micros: AtomicU64::new(0),
             heat: Mutex::new(HeatMap::default()),
             pack: pack.to_path_buf(),
+            ram_dtype: if options.keep_stored_dtype {
+                dtype
+            } else {
+                Dtype::F32
+            },
         };
         let heat = HeatMap::load(pack);
         me.apply_heat(&heat, options)?;
@@ -160,7 +173,7 @@ impl StreamingExperts {
             .into_iter()
             .filter_map(|(key @ (layer, id), h)| {
                 let l = self.layers.get(&layer).filter(|l| id < l.records.len())?;
-                Some((key, h, expert_ram_bytes(l)))
+                Some((key, h, expert_ram_bytes(l, self.ram_dtype)))
             })
             .collect();
         let fits = |room: u64| {
@@ -196,7 +209,7 @@ impl StreamingExperts {
                 let loaded = self.load(l, &ids)?;
                 let mut cache = self.cache.lock().map_err(|_| poisoned())?;
                 for (id, expert) in ids.into_iter().zip(loaded) {
-                    cache.insert(layer, id, expert, expert_ram_bytes(l));
+                    cache.insert(layer, id, expert, expert_ram_bytes(l, self.ram_dtype));
                 }
             }
         }
@@ -225,11 +238,12 @@ impl StreamingExperts {
         self.stall_micros.load(Ordering::Relaxed) as f64 / 1e6
     }
 
-    /// Bytes of one expert as held in RAM (f32), for sizing a budget in experts.
+    /// Bytes of one expert as held in the cache, for sizing a budget in experts.
     pub fn resident_expert_bytes(&self) -> u64 {
-        self.layers.values().next().map_or(0, |l| {
-            (3 * l.hidden * l.intermediate * std::mem::size_of::<f32>()) as u64
-        })
+        self.layers
+            .values()
+            .next()
+            .map_or(0, |l| expert_ram_bytes(l, self.ram_dtype))
     }
 
     /// The lookups recorded so far (empty unless recording), leaving the record empty.
@@ -325,8 +339,17 @@ impl StreamingExperts {
         let name = format!("layer {} expert {id}", layer.layer);
         let path = Path::new(segments.first().map_or("", |s| s.file.as_str()));
         let convert = |b: &[u8], shape: &[usize]| {
-            tensor_from_bytes(&name, b, self.dtype, shape, path)
-                .map_err(|e| ExpertError::Source(e.to_string()))
+            let kept = match self.ram_dtype {
+                Dtype::BF16 => Some(DType::BF16),
+                Dtype::F16 => Some(DType::F16),
+                _ => None,
+            };
+            match kept {
+                Some(d) => Tensor::from_raw_buffer(b, d, shape, &Device::Cpu)
+                    .map_err(|e| ExpertError::Source(format!("{name}: {e}"))),
+                None => tensor_from_bytes(&name, b, self.dtype, shape, path)
+                    .map_err(|e| ExpertError::Source(e.to_string())),
+            }
         };
         let gate_up = convert(&bytes[..2 * part], &[2 * i, h])?;
         let down = convert(&bytes[2 * part..], &[h, i])?;
@@ -364,7 +387,7 @@ impl ExpertProvider for StreamingExperts {
             self.stall_micros
                 .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
             let loaded = loaded?;
-            let bytes = expert_ram_bytes(records);
+            let bytes = expert_ram_bytes(records, self.ram_dtype);
             let mut cache = self.cache.lock().map_err(|_| poisoned())?;
             let mut loaded = missing.iter().zip(loaded);
             for slot in found.iter_mut().filter(|f| f.is_none()) {

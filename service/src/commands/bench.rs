@@ -218,6 +218,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "heat_warm_at_start": heat_was_warm,
         "policy": format!("{:?}", args.cache.policy),
         "pinned_fraction": args.cache.pinned_fraction,
+        "cache_dtype": args.cache.cache_dtype,
         "checksums_verified": !args.no_verify_checksums,
         "expert_bytes_in_ram": streaming.resident_expert_bytes(),
         "load_seconds": load_seconds,

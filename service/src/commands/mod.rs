@@ -41,12 +41,17 @@ pub struct CacheArgs {
     /// Share of the budget pinned to the hottest experts of earlier runs (0 to 1).
     #[arg(long, default_value_t = DEFAULT_PINNED_FRACTION)]
     pub pinned_fraction: f64,
+    /// Hold cached experts as stored in the pack (e.g. BF16: twice the experts
+    /// per budget, widened at each use) or as f32 (no widening work).
+    #[arg(long, default_value = "f32", value_parser = ["stored", "f32"])]
+    pub cache_dtype: String,
 }
 
 impl CacheArgs {
     pub fn apply(&self, options: &mut StreamingOptions) {
         options.policy = self.policy;
         options.pinned_fraction = self.pinned_fraction;
+        options.keep_stored_dtype = self.cache_dtype == "stored";
     }
 }
 

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 
 use crate::model::ModelError;
 use crate::weights::Weights;
@@ -43,12 +43,18 @@ impl Expert {
     }
 
     /// `down(silu(gate(x)) * up(x))` for `x` of shape `[tokens, hidden]`.
+    /// Weights kept in a narrower dtype (a cache holding twice as many
+    /// experts) are widened to f32 first, which is exact.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
-        let h = x.matmul(&self.gate_up.t()?)?;
+        let widen = |w: &Tensor| match w.dtype() {
+            DType::F32 => Ok(w.clone()),
+            _ => w.to_dtype(DType::F32),
+        };
+        let h = x.matmul(&widen(&self.gate_up)?.t()?)?;
         let gate = h.narrow(1, 0, self.intermediate)?;
         let up = h.narrow(1, self.intermediate, self.intermediate)?;
         let act = (candle_nn::ops::silu(&gate)? * up)?;
-        Ok(act.matmul(&self.down.t()?)?)
+        Ok(act.matmul(&widen(&self.down)?.t()?)?)
     }
 }
 
