@@ -71,25 +71,4 @@ impl KvCache {
     pub fn advance(&mut self, n: usize) {
         self.len += n;
     }
-
-    /// Forgets everything after the first `len` positions (used to roll back
-    /// rejected speculative tokens and to restart a prompt).
-    pub fn truncate(&mut self, len: usize) -> Result<(), ModelError> {
-        if len >= self.len {
-            return Ok(());
-        }
-        for state in &mut self.layers {
-            for t in [&mut state.first, &mut state.second] {
-                if let Some(old) = t.take() {
-                    *t = if len == 0 {
-                        None
-                    } else {
-                        Some(old.narrow(SEQ_DIM, 0, len)?)
-                    };
-                }
-            }
-        }
-        self.len = len;
-        Ok(())
-    }
 }

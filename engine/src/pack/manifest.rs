@@ -174,11 +174,6 @@ impl Manifest {
         }
         Ok(())
     }
-
-    /// Path of a file in a drive's pack folder.
-    pub fn drive_file(&self, drive: usize, file: &str) -> PathBuf {
-        self.drives[drive].join(file)
-    }
 }
 
 /// xxh3-128 as 32 lowercase hex digits.

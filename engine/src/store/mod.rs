@@ -13,7 +13,7 @@
 pub mod probe;
 mod worker;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
@@ -190,14 +190,6 @@ impl DriveStore {
             });
         }
         Ok(Self { drives })
-    }
-
-    pub fn drive_count(&self) -> usize {
-        self.drives.len()
-    }
-
-    pub fn drive_path(&self, drive: usize) -> Option<&Path> {
-        self.drives.get(drive).map(|d| d.path.as_path())
     }
 
     /// Reads every request, in parallel across drives; results in request order.

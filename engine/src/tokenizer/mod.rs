@@ -95,10 +95,6 @@ impl TextTokenizer {
         })
     }
 
-    pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
-    }
-
     /// Tokenizes `text`; `add_special_tokens` applies the tokenizer's own
     /// post-processing (e.g. a leading BOS), as transformers does for plain prompts.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
@@ -117,10 +113,6 @@ impl TextTokenizer {
 
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
-    }
-
-    pub fn eos_token(&self) -> Option<&str> {
-        self.eos_token.as_deref()
     }
 
     /// Renders `messages` with the checkpoint's chat template.

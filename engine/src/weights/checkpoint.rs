@@ -52,10 +52,6 @@ impl SafetensorsCheckpoint {
         })
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     pub fn files(&self) -> &[SafetensorsFile] {
         &self.files
     }

@@ -130,19 +130,6 @@ impl<'a> Weights<'a> {
         }
         self.source.load(&full)
     }
-
-    /// Loads `name` if present (e.g. an optional bias).
-    pub fn get_opt(&self, name: &str, expected: &[usize]) -> Result<Option<Tensor>, WeightsError> {
-        if self.has(name) {
-            self.get(name, expected).map(Some)
-        } else {
-            Ok(None)
-        }
-    }
-
-    pub fn source(&self) -> &'a dyn TensorSource {
-        self.source
-    }
 }
 
 /// Converts raw little-endian bytes of `dtype` into an f32 tensor.
