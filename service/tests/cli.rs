@@ -32,6 +32,21 @@ fn expected(dir: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap()
 }
 
+/// `longhaul pack SRC --out OUT --drives D1,D2,… EXTRA…`
+fn pack_cli(src: &Path, out: &Path, drives: &[String], extra: &[&str]) -> Output {
+    let drives = drives.join(",");
+    let mut args = vec![
+        "pack",
+        src.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--drives",
+        &drives,
+    ];
+    args.extend_from_slice(extra);
+    longhaul(&args)
+}
+
 /// `count` empty folders standing in for drives.
 fn drive_folders(root: &Path, count: usize) -> Vec<String> {
     std::fs::create_dir_all(root).unwrap();
@@ -193,17 +208,7 @@ fn pack_verify_and_run_from_a_pack() {
     let tmp = tempfile::tempdir().unwrap();
     let drives = drive_folders(tmp.path(), 3);
     let pack = tmp.path().join("pack");
-    let out = longhaul(&[
-        "pack",
-        dir.to_str().unwrap(),
-        "--out",
-        pack.to_str().unwrap(),
-        "--drives",
-        &drives.join(","),
-        "--split-threshold",
-        "8K",
-        "--json",
-    ]);
+    let out = pack_cli(&dir, &pack, &drives, &["--split-threshold", "8K", "--json"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(summary["records"], 32, "2 MoE layers × 16 experts");
@@ -275,20 +280,16 @@ fn pack_verify_and_run_from_a_pack() {
     assert!(pack.join("longhaul-heat.json").is_file());
     let more = drive_folders(&tmp.path().join("more"), 3);
     let replicated = tmp.path().join("replicated");
-    let out = longhaul(&[
-        "pack",
-        dir.to_str().unwrap(),
-        "--out",
-        replicated.to_str().unwrap(),
-        "--drives",
-        &more.join(","),
+    let heat_from = pack.to_str().unwrap();
+    let extra = [
         "--replicas",
         "1",
         "--heat-from",
-        pack.to_str().unwrap(),
+        heat_from,
         "--replica-share",
         "0.5",
-    ]);
+    ];
+    let out = pack_cli(&dir, &replicated, &more, &extra);
     assert!(out.status.success(), "{}", stderr(&out));
     let out = longhaul(&["pack", "--verify", replicated.to_str().unwrap(), "--json"]);
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -304,14 +305,12 @@ fn pack_verify_and_run_from_a_pack() {
 fn pack_errors_are_explained() {
     let dir = fixtures()[0].clone();
     let tmp = tempfile::tempdir().unwrap();
-    let out = longhaul(&[
-        "pack",
-        dir.to_str().unwrap(),
-        "--out",
-        tmp.path().join("p").to_str().unwrap(),
-        "--drives",
-        "/nonexistent/drive",
-    ]);
+    let out = pack_cli(
+        &dir,
+        &tmp.path().join("p"),
+        &["/nonexistent/drive".to_string()],
+        &[],
+    );
     assert_eq!(out.status.code(), Some(1));
     assert!(
         stderr(&out).contains("/nonexistent/drive does not exist"),
@@ -364,14 +363,7 @@ fn synth_pack_and_bench_report_consistent_figures() {
     assert_eq!(synth["layers"], 3);
     let drives = drive_folders(tmp.path(), 2);
     let pack = tmp.path().join("pack");
-    let out = longhaul(&[
-        "pack",
-        model.to_str().unwrap(),
-        "--out",
-        pack.to_str().unwrap(),
-        "--drives",
-        &drives.join(","),
-    ]);
+    let out = pack_cli(&model, &pack, &drives, &[]);
     assert!(out.status.success(), "{}", stderr(&out));
     let trace = tmp.path().join("trace.jsonl");
     let out = longhaul(&[

@@ -176,6 +176,28 @@ impl Manifest {
     }
 }
 
+/// Read size when hashing whole files.
+const HASH_CHUNK: usize = 8 * 1024 * 1024;
+
+/// Size and xxh3-128 (32 hex digits) of a whole file, read in chunks;
+/// `progress` gets the bytes of each chunk.
+pub fn hash_file(path: &Path, mut progress: impl FnMut(u64)) -> std::io::Result<(u64, String)> {
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    let mut buf = vec![0u8; HASH_CHUNK];
+    let mut size = 0;
+    loop {
+        let n = std::io::Read::read(&mut file, &mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        size += n as u64;
+        progress(n as u64);
+    }
+    Ok((size, format!("{:032x}", hasher.digest128())))
+}
+
 /// xxh3-128 as 32 lowercase hex digits.
 pub fn hash_hex(bytes: &[u8]) -> String {
     format!("{:032x}", xxhash_rust::xxh3::xxh3_128(bytes))

@@ -1,18 +1,13 @@
 //! `longhaul pack --verify`: re-read every record and the resident file and
 //! check them against the manifest's checksums.
 
-use std::fs::File;
-use std::io::Read;
 use std::path::Path;
 
 use serde::Serialize;
 
 use super::PackError;
-use super::manifest::{Manifest, Segment, hash_hex};
+use super::manifest::{Manifest, Segment, hash_file, hash_hex};
 use crate::store::{DriveStore, StoreConfig};
-
-/// Read size when hashing the resident file.
-const HASH_CHUNK: usize = 8 * 1024 * 1024;
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct VerifyReport {
@@ -91,21 +86,4 @@ pub fn verify_pack(pack: &Path, report: &dyn Fn(u64, u64)) -> Result<VerifyRepor
     }
     out.resident_bytes = manifest.resident.size;
     Ok(out)
-}
-
-fn hash_file(path: &Path, mut progress: impl FnMut(u64)) -> std::io::Result<(u64, String)> {
-    let mut file = File::open(path)?;
-    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-    let mut buf = vec![0u8; HASH_CHUNK];
-    let mut size = 0;
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        size += n as u64;
-        progress(n as u64);
-    }
-    Ok((size, format!("{:032x}", hasher.digest128())))
 }

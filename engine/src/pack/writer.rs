@@ -7,14 +7,14 @@
 //! therefore never has a manifest, and `Manifest::read` refuses it.
 
 use std::fs::{self, File};
-use std::io::{BufWriter, Read, Write};
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use super::PackError;
 use super::layout::{ExpertTensors, LayerTensors, Part};
 use super::manifest::{
     self, ExpertLayer, ExpertSection, FORMAT, MANIFEST_FILE, Manifest, Record, ResidentFile,
-    Segment, SourceFile, SourceIdentity, VERSION,
+    Segment, SourceFile, SourceIdentity, VERSION, hash_file,
 };
 use crate::model::ModelSpec;
 use crate::weights::safetensors::{TensorEntry, header_bytes};
@@ -40,8 +40,6 @@ const AUX_FILES: &[&str] = &[
 ];
 const RESIDENT_FILE: &str = "resident.safetensors";
 const PARTIAL_SUFFIX: &str = ".partial";
-/// Read size when hashing source files.
-const HASH_CHUNK: usize = 8 * 1024 * 1024;
 
 #[derive(Debug, Clone)]
 pub struct PackOptions {
@@ -619,36 +617,26 @@ fn hash_source(
     let total: u64 = sizes.iter().sum();
     let mut done = 0;
     let mut files = Vec::with_capacity(paths.len());
-    let mut buf = vec![0u8; HASH_CHUNK];
     for path in &paths {
-        let io = |source| PackError::Io {
-            path: path.clone(),
-            source,
-        };
-        let mut file = File::open(path).map_err(io)?;
-        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-        let mut size = 0;
-        loop {
-            let n = file.read(&mut buf).map_err(io)?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-            size += n as u64;
-            done += n as u64;
+        let (size, xxh3_128) = hash_file(path, |n| {
+            done += n;
             report(PackProgress {
                 phase: PackPhase::HashingSource,
                 done_bytes: done,
                 total_bytes: total,
             });
-        }
+        })
+        .map_err(|source| PackError::Io {
+            path: path.clone(),
+            source,
+        })?;
         files.push(SourceFile {
             name: path
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default(),
             size,
-            xxh3_128: format!("{:032x}", hasher.digest128()),
+            xxh3_128,
         });
     }
     Ok(SourceIdentity {
