@@ -324,3 +324,90 @@ fn replicated_records_verify_and_stay_exact() {
         report.problems
     );
 }
+
+/// A small checkpoint whose expert rows are whole Q4K super-blocks.
+fn blockable_checkpoint(root: &Path) -> PathBuf {
+    use longhaul_engine::synth::{SynthArch, SynthSpec, write_synthetic};
+    let mut spec = SynthSpec::new(SynthArch::DeepseekV3);
+    spec.vocab = 512;
+    spec.hidden = 256;
+    spec.layers = 3;
+    spec.heads = 4;
+    spec.kv_heads = 4;
+    spec.experts = 8;
+    spec.top_k = 2;
+    spec.moe_intermediate = 256;
+    spec.dense_intermediate = 256;
+    let out = root.join("blockable");
+    write_synthetic(&spec, &out, &|_, _| {}).unwrap();
+    out
+}
+
+#[test]
+fn quantised_packs_are_labelled_close_and_exact_under_any_budget() {
+    use longhaul_engine::pack::encoding::Quantization;
+    let tmp = tempfile::tempdir().unwrap();
+    let source = blockable_checkpoint(tmp.path());
+    let ids: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % 512).collect();
+    let reference = all_logits(&Engine::open(&source).unwrap(), &ids);
+    let drives: Vec<PathBuf> = (0..2).map(|i| tmp.path().join(format!("d{i}"))).collect();
+    for d in &drives {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let expert = 3 * 256 * 256 * 4;
+    // Random weights are the hard case for 4 bits; what is checked is that
+    // both stay close and that 4 bits land further away than 8.
+    let mut previous = 0.0;
+    for (q, bound) in [(Quantization::Q8_0, 0.05), (Quantization::Q4K, 2.0)] {
+        let pack = tmp.path().join(q.name());
+        let mut opts = PackOptions::new(source.clone(), pack.clone(), drives.clone());
+        opts.quantization = Some(q);
+        opts.split_threshold = 32 * 1024;
+        let summary = write_pack(&opts, &|_| {}).unwrap();
+        let section = &summary.manifest.experts;
+        assert_eq!(section.dtype, q.name());
+        let report = section.quantization.as_ref().unwrap();
+        assert_eq!(report.from, "BF16");
+        assert!(report.relative_rms_error > 0.0 && report.relative_rms_error < 0.1);
+        assert!(verify_pack(&pack, &|_, _| {}).unwrap().problems.is_empty());
+
+        let first = all_logits(&open(&pack, 0, 1), &ids);
+        let diff = common::max_abs_diff(&first, &reference);
+        assert!(
+            diff > 0.0 && diff < bound,
+            "{q:?}: max |Δlogit| {diff} against the unquantised model"
+        );
+        assert!(
+            diff > previous,
+            "{q:?} is no further off than the finer one"
+        );
+        previous = diff;
+        for budget in [expert, 3 * expert, u64::MAX] {
+            for keep in [false, true] {
+                let got = all_logits(&open_with(&pack, budget, 2, keep), &ids);
+                assert!(
+                    got == first,
+                    "{q:?}: budget {budget}, held quantised {keep}: logits differ"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn quantising_rows_that_are_not_whole_blocks_is_refused() {
+    use longhaul_engine::pack::encoding::Quantization;
+    let tmp = tempfile::tempdir().unwrap();
+    let drive = tmp.path().join("d0");
+    std::fs::create_dir_all(&drive).unwrap();
+    let out = tmp.path().join("q4k");
+    let mut opts = PackOptions::new(
+        common::fixtures_dir().join("deepseek_v3_released"),
+        out.clone(),
+        vec![drive],
+    );
+    opts.quantization = Some(Quantization::Q4K);
+    let err = write_pack(&opts, &|_| {}).unwrap_err().to_string();
+    assert!(err.contains("blocks of 256"), "{err}");
+    assert!(!out.exists(), "nothing written for a refused pack");
+}

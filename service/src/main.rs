@@ -1,6 +1,7 @@
 //! `longhaul`: run, score and (later) serve Mixture-of-Experts models.
 
 mod commands;
+mod report;
 
 use std::process::ExitCode;
 
@@ -52,7 +53,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", report::error_text(&e));
             ExitCode::FAILURE
         }
     }

@@ -9,11 +9,10 @@ use std::time::Instant;
 
 use crate::model::{Expert, ExpertError, ExpertProvider};
 use crate::pack::Manifest;
+use crate::pack::encoding::ExpertEncoding;
 use crate::pack::manifest::{ExpertLayer, Record, Segment, hash_hex};
 use crate::store::{DriveSnapshot, DriveStore, StoreConfig, StoreError};
-use candle_core::{DType, Device, Tensor};
-
-use crate::weights::{Dtype, tensor_from_bytes};
+use crate::weights::Dtype;
 
 use super::budget::{CacheCounters, EvictionPolicy, ExpertCache};
 use super::heat::HeatMap;
@@ -34,9 +33,13 @@ fn fastest_placement<'a>(record: &'a Record, load: &[u64]) -> &'a [Segment] {
         .unwrap_or(record.segments.as_slice())
 }
 
-/// Bytes one expert of `layer` takes in RAM (f32).
-fn expert_ram_bytes(layer: &ExpertLayer, dtype: Dtype) -> u64 {
-    (3 * layer.hidden * layer.intermediate) as u64 * dtype.size()
+/// Bytes one expert of `layer` takes in RAM: as stored, or widened to f32.
+fn expert_ram_bytes(layer: &ExpertLayer, encoding: ExpertEncoding, keep_stored: bool) -> u64 {
+    if keep_stored {
+        encoding.record_len(layer.hidden, layer.intermediate)
+    } else {
+        ExpertEncoding::Plain(Dtype::F32).record_len(layer.hidden, layer.intermediate)
+    }
 }
 
 fn poisoned() -> ExpertError {
@@ -79,8 +82,8 @@ pub struct StreamingOptions {
     pub warm_start: bool,
     /// How the unpinned part of the cache makes room.
     pub policy: EvictionPolicy,
-    /// Hold cached experts in the pack's own dtype (BF16 or F16: half the
-    /// bytes, so twice the experts per budget) and widen them at each use.
+    /// Hold cached experts as the pack stores them (BF16 or F16: half the
+    /// bytes of f32; Q8_0 about a quarter) and widen them at each use.
     pub keep_stored_dtype: bool,
 }
 
@@ -101,7 +104,7 @@ impl Default for StreamingOptions {
 
 pub struct StreamingExperts {
     layers: HashMap<usize, ExpertLayer>,
-    dtype: Dtype,
+    encoding: ExpertEncoding,
     store: DriveStore,
     cache: Mutex<ExpertCache>,
     verify: bool,
@@ -111,8 +114,8 @@ pub struct StreamingExperts {
     stall_micros: AtomicU64,
     heat: Mutex<HeatMap>,
     pack: PathBuf,
-    /// The dtype experts are held in once read.
-    ram_dtype: Dtype,
+    /// Hold experts as stored rather than widened to f32.
+    keep_stored: bool,
 }
 
 impl StreamingExperts {
@@ -121,15 +124,13 @@ impl StreamingExperts {
         manifest: &Manifest,
         options: &StreamingOptions,
     ) -> Result<Self, ExpertError> {
-        let dtype = Dtype::parse(&manifest.experts.dtype)
-            .filter(|d| d.name().is_some())
-            .ok_or_else(|| {
-                ExpertError::Source(format!(
-                    "{}: expert dtype `{}` is not one Longhaul computes with",
-                    pack.display(),
-                    manifest.experts.dtype
-                ))
-            })?;
+        let encoding = ExpertEncoding::parse(&manifest.experts.dtype).ok_or_else(|| {
+            ExpertError::Source(format!(
+                "{}: expert dtype `{}` is not one Longhaul computes with",
+                pack.display(),
+                manifest.experts.dtype
+            ))
+        })?;
         let store = DriveStore::open(&manifest.drives, &options.store)
             .map_err(|e| ExpertError::Source(e.to_string()))?;
         let me = Self {
@@ -139,7 +140,7 @@ impl StreamingExperts {
                 .iter()
                 .map(|l| (l.layer, l.clone()))
                 .collect(),
-            dtype,
+            encoding,
             store,
             cache: Mutex::new(ExpertCache::with_policy(
                 options.budget_bytes,
@@ -150,11 +151,7 @@ impl StreamingExperts {
             stall_micros: AtomicU64::new(0),
             heat: Mutex::new(HeatMap::default()),
             pack: pack.to_path_buf(),
-            ram_dtype: if options.keep_stored_dtype {
-                dtype
-            } else {
-                Dtype::F32
-            },
+            keep_stored: options.keep_stored_dtype,
         };
         let heat = HeatMap::load(pack);
         me.apply_heat(&heat, options)?;
@@ -173,7 +170,7 @@ impl StreamingExperts {
             .into_iter()
             .filter_map(|(key @ (layer, id), h)| {
                 let l = self.layers.get(&layer).filter(|l| id < l.records.len())?;
-                Some((key, h, expert_ram_bytes(l, self.ram_dtype)))
+                Some((key, h, self.ram_bytes(l)))
             })
             .collect();
         let fits = |room: u64| {
@@ -209,7 +206,7 @@ impl StreamingExperts {
                 let loaded = self.load(l, &ids)?;
                 let mut cache = self.cache.lock().map_err(|_| poisoned())?;
                 for (id, expert) in ids.into_iter().zip(loaded) {
-                    cache.insert(layer, id, expert, expert_ram_bytes(l, self.ram_dtype));
+                    cache.insert(layer, id, expert, self.ram_bytes(l));
                 }
             }
         }
@@ -240,10 +237,7 @@ impl StreamingExperts {
 
     /// Bytes of one expert as held in the cache, for sizing a budget in experts.
     pub fn resident_expert_bytes(&self) -> u64 {
-        self.layers
-            .values()
-            .next()
-            .map_or(0, |l| expert_ram_bytes(l, self.ram_dtype))
+        self.layers.values().next().map_or(0, |l| self.ram_bytes(l))
     }
 
     /// The lookups recorded so far (empty unless recording), leaving the record empty.
@@ -315,8 +309,6 @@ impl StreamingExperts {
         bytes: &[u8],
     ) -> Result<Arc<Expert>, ExpertError> {
         let record = &layer.records[id];
-        let (h, i) = (layer.hidden, layer.intermediate);
-        let part = h * i * self.dtype.size() as usize;
         if self.verify && hash_hex(bytes) != record.xxh3_128 {
             let places: Vec<String> = segments
                 .iter()
@@ -328,34 +320,22 @@ impl StreamingExperts {
                 places.join(", ")
             )));
         }
-        if bytes.len() != 3 * part {
-            return Err(ExpertError::Source(format!(
-                "layer {} expert {id}: record holds {} bytes, expected {}",
-                layer.layer,
-                bytes.len(),
-                3 * part
-            )));
-        }
         let name = format!("layer {} expert {id}", layer.layer);
-        let path = Path::new(segments.first().map_or("", |s| s.file.as_str()));
-        let convert = |b: &[u8], shape: &[usize]| {
-            let kept = match self.ram_dtype {
-                Dtype::BF16 => Some(DType::BF16),
-                Dtype::F16 => Some(DType::F16),
-                _ => None,
-            };
-            match kept {
-                Some(d) => Tensor::from_raw_buffer(b, d, shape, &Device::Cpu)
-                    .map_err(|e| ExpertError::Source(format!("{name}: {e}"))),
-                None => tensor_from_bytes(&name, b, self.dtype, shape, path)
-                    .map_err(|e| ExpertError::Source(e.to_string())),
-            }
-        };
-        let gate_up = convert(&bytes[..2 * part], &[2 * i, h])?;
-        let down = convert(&bytes[2 * part..], &[h, i])?;
-        Expert::new(gate_up, down)
+        self.encoding
+            .decode(
+                bytes,
+                layer.hidden,
+                layer.intermediate,
+                self.keep_stored,
+                &name,
+            )
             .map(Arc::new)
             .map_err(|e| ExpertError::Source(e.to_string()))
+    }
+
+    /// Bytes one expert of `layer` takes in the cache.
+    fn ram_bytes(&self, layer: &ExpertLayer) -> u64 {
+        expert_ram_bytes(layer, self.encoding, self.keep_stored)
     }
 }
 
@@ -387,7 +367,7 @@ impl ExpertProvider for StreamingExperts {
             self.stall_micros
                 .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
             let loaded = loaded?;
-            let bytes = expert_ram_bytes(records, self.ram_dtype);
+            let bytes = self.ram_bytes(records);
             let mut cache = self.cache.lock().map_err(|_| poisoned())?;
             let mut loaded = missing.iter().zip(loaded);
             for slot in found.iter_mut().filter(|f| f.is_none()) {

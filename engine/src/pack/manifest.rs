@@ -58,9 +58,22 @@ pub struct ResidentFile {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExpertSection {
-    /// How expert weights are stored: a safetensors dtype name (`F32`, `F16`, `BF16`).
+    /// How expert weights are stored: a safetensors dtype name (`F32`, `F16`,
+    /// `BF16`) for the checkpoint's own bytes, or a quantisation (`Q8_0`, `Q4K`).
     pub dtype: String,
+    /// Present when the experts were quantised while packing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<QuantizationReport>,
     pub layers: Vec<ExpertLayer>,
+}
+
+/// What quantising the experts changed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QuantizationReport {
+    /// The checkpoint's expert dtype.
+    pub from: String,
+    /// `‖w − q(w)‖ / ‖w‖` over every expert weight of the pack.
+    pub relative_rms_error: f64,
 }
 
 /// One decoder layer's routed experts.

@@ -11,10 +11,11 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use super::PackError;
+use super::encoding::{ErrorSums, ExpertEncoding, Quantization, quantize_record};
 use super::layout::{ExpertTensors, LayerTensors, Part};
 use super::manifest::{
-    self, ExpertLayer, ExpertSection, FORMAT, MANIFEST_FILE, Manifest, Record, ResidentFile,
-    Segment, SourceFile, SourceIdentity, VERSION, hash_file,
+    self, ExpertLayer, ExpertSection, FORMAT, MANIFEST_FILE, Manifest, QuantizationReport, Record,
+    ResidentFile, Segment, SourceFile, SourceIdentity, VERSION, hash_file,
 };
 use crate::model::ModelSpec;
 use crate::weights::safetensors::{TensorEntry, header_bytes};
@@ -55,6 +56,8 @@ pub struct PackOptions {
     pub replicas: usize,
     /// (layer, expert) pairs to copy, usually the hottest of earlier runs.
     pub replicate: std::collections::HashSet<(usize, usize)>,
+    /// Store experts quantised instead of as the checkpoint holds them.
+    pub quantization: Option<Quantization>,
 }
 
 impl PackOptions {
@@ -69,6 +72,7 @@ impl PackOptions {
             extent_file_bytes: DEFAULT_EXTENT_FILE_BYTES,
             replicas: 0,
             replicate: std::collections::HashSet::new(),
+            quantization: None,
         }
     }
 }
@@ -148,6 +152,13 @@ pub fn write_pack(
             "experts are stored as {dtype:?}, which Longhaul cannot compute with"
         ))
     })?;
+    if let Some(q) = opts.quantization {
+        for p in &plans {
+            ExpertEncoding::Quantized(q)
+                .check_shape(p.hidden, p.intermediate)
+                .map_err(|e| PackError::Options(format!("--experts: layer {}: {e}", p.layer)))?;
+        }
+    }
 
     let pack_name = opts
         .out
@@ -197,10 +208,25 @@ pub fn write_pack(
         .collect();
     let mut layers = Vec::with_capacity(plans.len());
     let mut done = 0u64;
+    let mut written = 0u64;
+    let mut error = ErrorSums::default();
     for plan in &plans {
         let mut records = Vec::with_capacity(plan.count);
         for expert in 0..plan.count {
-            let bytes = plan.record_bytes(&checkpoint, expert)?;
+            let raw = plan.record_bytes(&checkpoint, expert)?;
+            done += raw.len() as u64;
+            let bytes = match opts.quantization {
+                None => raw,
+                Some(q) => {
+                    let name = format!("layer {} expert {expert}", plan.layer);
+                    let (bytes, e) =
+                        quantize_record(&raw, dtype, plan.hidden, plan.intermediate, q, &name)
+                            .map_err(|e| PackError::Source(e.to_string()))?;
+                    error.add(e);
+                    bytes
+                }
+            };
+            written += bytes.len() as u64;
             let drives = writers.len();
             let parts = split_count(bytes.len() as u64, opts.split_threshold, drives);
             // Rotate by layer and expert so any k experts of a layer land on every drive.
@@ -228,7 +254,6 @@ pub fn write_pack(
                 segments,
                 replicas,
             });
-            done += bytes.len() as u64;
             report(PackProgress {
                 phase: PackPhase::WritingExperts,
                 done_bytes: done,
@@ -286,13 +311,20 @@ pub fn write_pack(
         drives: drive_dirs,
         resident,
         experts: ExpertSection {
-            dtype: dtype_name.to_string(),
+            dtype: opts
+                .quantization
+                .map_or(dtype_name, Quantization::name)
+                .to_string(),
+            quantization: opts.quantization.map(|_| QuantizationReport {
+                from: dtype_name.to_string(),
+                relative_rms_error: error.relative_rms(),
+            }),
             layers,
         },
     };
     write_manifest(&opts.out, &manifest)?;
     Ok(PackSummary {
-        expert_bytes: expert_total,
+        expert_bytes: written,
         resident_bytes: manifest.resident.size,
         records: manifest
             .experts

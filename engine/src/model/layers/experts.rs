@@ -8,25 +8,68 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use candle_core::{DType, Tensor};
+use candle_core::quantized::QTensor;
+use candle_core::{DType, Device, Tensor};
 
 use crate::model::ModelError;
 use crate::weights::Weights;
+
+/// A weight matrix as held in RAM: a float tensor (f32, or BF16/F16 kept
+/// narrow) or GGML quantised blocks from a quantised pack.
+#[derive(Debug)]
+enum Weight {
+    Dense(Tensor),
+    Quantized(QTensor),
+}
+
+impl Weight {
+    /// The matrix in f32. Widening a narrow float and dequantising blocks are
+    /// both deterministic, so a weight gives the same f32 values however held.
+    fn to_f32(&self) -> candle_core::Result<Tensor> {
+        match self {
+            Weight::Dense(t) if t.dtype() == DType::F32 => Ok(t.clone()),
+            Weight::Dense(t) => t.to_dtype(DType::F32),
+            Weight::Quantized(q) => q.dequantize(&Device::Cpu),
+        }
+    }
+
+    fn rows(&self) -> candle_core::Result<usize> {
+        match self {
+            Weight::Dense(t) => Ok(t.dims2()?.0),
+            Weight::Quantized(q) => Ok(q.shape().dims2()?.0),
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        match self {
+            Weight::Dense(t) => (t.elem_count() * t.dtype().size_in_bytes()) as u64,
+            Weight::Quantized(q) => q.storage_size_in_bytes() as u64,
+        }
+    }
+}
 
 /// One routed expert's SwiGLU weights, with gate and up fused for one matmul.
 #[derive(Debug)]
 pub struct Expert {
     /// `[2 × intermediate, hidden]`: gate rows first, then up rows.
-    gate_up: Tensor,
+    gate_up: Weight,
     /// `[hidden, intermediate]`.
-    down: Tensor,
+    down: Weight,
     intermediate: usize,
 }
 
 impl Expert {
     pub fn new(gate_up: Tensor, down: Tensor) -> Result<Self, ModelError> {
-        let (two_i, _) = gate_up.dims2()?;
-        let intermediate = two_i / 2;
+        Self::from_weights(Weight::Dense(gate_up), Weight::Dense(down))
+    }
+
+    /// An expert held as quantised blocks, dequantised at each use.
+    pub fn quantized(gate_up: QTensor, down: QTensor) -> Result<Self, ModelError> {
+        Self::from_weights(Weight::Quantized(gate_up), Weight::Quantized(down))
+    }
+
+    fn from_weights(gate_up: Weight, down: Weight) -> Result<Self, ModelError> {
+        let intermediate = gate_up.rows()? / 2;
         Ok(Self {
             gate_up,
             down,
@@ -34,27 +77,20 @@ impl Expert {
         })
     }
 
-    pub fn gate_up(&self) -> &Tensor {
-        &self.gate_up
-    }
-
-    pub fn down(&self) -> &Tensor {
-        &self.down
+    /// Bytes the weights take in RAM.
+    pub fn ram_bytes(&self) -> u64 {
+        self.gate_up.bytes() + self.down.bytes()
     }
 
     /// `down(silu(gate(x)) * up(x))` for `x` of shape `[tokens, hidden]`.
-    /// Weights kept in a narrower dtype (a cache holding twice as many
-    /// experts) are widened to f32 first, which is exact.
+    /// Weights kept narrow or quantised (a cache holding more experts) are
+    /// turned into f32 first, which gives the same values every time.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
-        let widen = |w: &Tensor| match w.dtype() {
-            DType::F32 => Ok(w.clone()),
-            _ => w.to_dtype(DType::F32),
-        };
-        let h = x.matmul(&widen(&self.gate_up)?.t()?)?;
+        let h = x.matmul(&self.gate_up.to_f32()?.t()?)?;
         let gate = h.narrow(1, 0, self.intermediate)?;
         let up = h.narrow(1, self.intermediate, self.intermediate)?;
         let act = (candle_nn::ops::silu(&gate)? * up)?;
-        Ok(act.matmul(&widen(&self.down)?.t()?)?)
+        Ok(act.matmul(&self.down.to_f32()?.t()?)?)
     }
 }
 
