@@ -116,7 +116,7 @@ impl ExpertEncoding {
             return Ok(());
         };
         let block = q.block();
-        if hidden % block != 0 || intermediate % block != 0 {
+        if !hidden.is_multiple_of(block) || !intermediate.is_multiple_of(block) {
             return Err(EncodingError::Shape(format!(
                 "{} packs rows in blocks of {block} weights, but experts have hidden size {hidden} \
                  and intermediate size {intermediate}{}",
