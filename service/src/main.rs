@@ -30,6 +30,8 @@ enum Command {
     Synth(commands::synth::SynthArgs),
     /// Measure decoding from a pack, cold, against the drives' ceiling.
     Bench(commands::bench::BenchArgs),
+    /// Score how closely a model (e.g. a quantised pack) predicts a text compared with a reference.
+    Compare(commands::compare::CompareArgs),
     /// Inspect and measure drives.
     Drives(commands::drives::DrivesArgs),
 }
@@ -49,6 +51,7 @@ fn main() -> ExitCode {
         Command::Synth(args) => commands::synth::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Drives(args) => commands::drives::run(args),
+        Command::Compare(args) => commands::compare::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -432,3 +432,85 @@ fn synth_pack_and_bench_report_consistent_figures() {
     assert_eq!(probe["drives"].as_array().unwrap().len(), 2);
     assert!(probe["aggregate_mb_per_s"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn quantised_pack_is_labelled_and_compared_with_its_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("synth");
+    let out = longhaul(&[
+        "synth",
+        "--arch",
+        "qwen3_moe",
+        "--out",
+        model.to_str().unwrap(),
+        "--hidden",
+        "64",
+        "--heads",
+        "4",
+        "--layers",
+        "2",
+        "--experts",
+        "8",
+        "--top-k",
+        "2",
+        "--moe-intermediate",
+        "32",
+        "--vocab",
+        "300",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let drives = drive_folders(tmp.path(), 2);
+    let text = "Packs trade a little accuracy for fewer bytes per token.";
+    let compare = |pack: &Path| {
+        let out = longhaul(&[
+            "compare",
+            "--reference",
+            model.to_str().unwrap(),
+            "--model",
+            pack.to_str().unwrap(),
+            "--prompt",
+            text,
+            "--json",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+
+    let plain = tmp.path().join("plain");
+    assert!(pack_cli(&model, &plain, &drives, &[]).status.success());
+    let same = compare(&plain);
+    assert_eq!(same["mean_kl"].as_f64(), Some(0.0), "{same}");
+    assert_eq!(same["top1_agreement"].as_f64(), Some(1.0), "{same}");
+
+    let q8 = tmp.path().join("q8");
+    let out = pack_cli(&model, &q8, &drives, &["--experts", "q8_0", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["expert_dtype"], "Q8_0");
+    assert_eq!(summary["quantization"]["from"], "BF16");
+    let err = summary["quantization"]["relative_rms_error"]
+        .as_f64()
+        .unwrap();
+    assert!(err > 0.0 && err < 0.02, "{summary}");
+    let r = compare(&q8);
+    let kl = r["mean_kl"].as_f64().unwrap();
+    assert!(kl > 0.0 && kl < 0.01, "{r}");
+    assert!(r["positions"].as_u64().unwrap() > 10, "{r}");
+
+    let out = pack_cli(
+        &model,
+        &tmp.path().join("q5"),
+        &drives,
+        &["--experts", "q5"],
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("use q8_0 or q4k"), "{}", stderr(&out));
+    let out = pack_cli(
+        &model,
+        &tmp.path().join("q4k"),
+        &drives,
+        &["--experts", "q4k"],
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("blocks of 256"), "{}", stderr(&out));
+}

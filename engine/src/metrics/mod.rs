@@ -2,10 +2,12 @@
 //! snapshots of drive and cache counters, routing traces, and what a cache
 //! could have achieved on them.
 
+pub mod quality;
 pub mod replay;
 pub mod snapshot;
 pub mod trace;
 
+pub use quality::{QualityReport, compare_logits};
 pub use replay::{
     RoutingStats, belady_hit_rate, lfu_hit_rate, lru_hit_rate, oracle_pin_hit_rate, routing_stats,
 };

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod compare;
 pub mod drives;
 pub mod logits;
 pub mod pack;
@@ -68,12 +69,22 @@ impl ModelArgs {
         self.open_with(|_| {})
     }
 
-    /// Opens the model after `adjust` has had a say in the options.
-    pub fn open_with(&self, adjust: impl FnOnce(&mut EngineOptions)) -> anyhow::Result<Engine> {
+    fn options(&self) -> EngineOptions {
         let mut options = EngineOptions::default();
         options.streaming.budget_bytes = self.budget;
         options.streaming.verify_checksums = !self.no_verify_checksums;
         self.cache.apply(&mut options.streaming);
+        options
+    }
+
+    /// Opens another model with the same budget and cache settings.
+    pub fn open_with_path(&self, path: &Path) -> anyhow::Result<Engine> {
+        open_model(path, &self.options())
+    }
+
+    /// Opens the model after `adjust` has had a say in the options.
+    pub fn open_with(&self, adjust: impl FnOnce(&mut EngineOptions)) -> anyhow::Result<Engine> {
+        let mut options = self.options();
         adjust(&mut options);
         open_model(&self.model, &options)
     }
