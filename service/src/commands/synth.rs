@@ -21,20 +21,28 @@ pub struct SynthArgs {
     /// Total size of routed experts to aim for (sets the layer count), e.g. 12G.
     #[arg(long, value_parser = parse_size)]
     size: Option<u64>,
+    /// Decoder layers (default 8; --size sets it instead).
     #[arg(long)]
     layers: Option<usize>,
+    /// Hidden size (default 1024).
     #[arg(long)]
     hidden: Option<usize>,
+    /// Attention heads (default 8).
     #[arg(long)]
     heads: Option<usize>,
+    /// Key/value heads, for architectures with grouped-query attention (default 8).
     #[arg(long)]
     kv_heads: Option<usize>,
+    /// Routed experts per MoE layer (default 64).
     #[arg(long)]
     experts: Option<usize>,
+    /// Experts each token is routed to (default 8).
     #[arg(long)]
     top_k: Option<usize>,
+    /// Intermediate size of each routed expert (default 512).
     #[arg(long)]
     moe_intermediate: Option<usize>,
+    /// Vocabulary size (default 4096; at least 256, the byte-level tokenizer's alphabet).
     #[arg(long)]
     vocab: Option<usize>,
     /// Skew expert popularity, e.g. zipf:1 (default: none).
@@ -43,6 +51,7 @@ pub struct SynthArgs {
     /// Store weights as F32 instead of BF16.
     #[arg(long)]
     f32: bool,
+    /// Seed for the random weights.
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Print a summary as one JSON object.
