@@ -25,7 +25,8 @@ type Key = (usize, usize);
 /// Which unpinned expert leaves first when room is needed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum EvictionPolicy {
-    /// The least often looked up so far (ties: the least recently).
+    /// The least often looked up so far (ties: the least recently); an
+    /// expert looked up less often than the one it would displace is not kept.
     #[default]
     LeastFrequentlyUsed,
     /// The least recently looked up.
@@ -141,6 +142,15 @@ impl ExpertCache {
         if bytes > self.budget || self.entries.contains_key(&key) {
             return;
         }
+        let uses = self.uses.get(&key).copied().unwrap_or((0, self.clock));
+        if self.policy == EvictionPolicy::LeastFrequentlyUsed
+            && self.held + bytes > self.budget
+            && self.order.first().is_some_and(|v| v.0 > uses.0)
+        {
+            // Frequency admission: a newcomer used less often than the
+            // expert it would displace is used once and not kept.
+            return;
+        }
         while self.held + bytes > self.budget {
             let Some((_, _, victim)) = self.order.pop_first() else {
                 break;
@@ -157,7 +167,6 @@ impl ExpertCache {
         if pinned {
             self.pinned_held += bytes;
         } else {
-            let uses = self.uses.get(&key).copied().unwrap_or((0, self.clock));
             let rank = self.rank(key, uses);
             self.order.insert(rank);
         }
@@ -205,6 +214,26 @@ mod tests {
         c.insert(0, 2, expert(), 10);
         assert!(c.get(0, 0).is_some(), "used 4 times: kept");
         assert!(c.get(0, 1).is_none(), "used once, earlier: evicted");
+    }
+
+    #[test]
+    fn lfu_does_not_displace_a_more_used_expert_for_a_newcomer() {
+        let mut c = ExpertCache::new(10);
+        for _ in 0..2 {
+            c.get(0, 0);
+        }
+        c.insert(0, 0, expert(), 10);
+        c.get(0, 1);
+        c.insert(0, 1, expert(), 10);
+        assert!(c.get(0, 0).is_some(), "used 3 times: kept over a newcomer");
+        assert_eq!(c.counters().evictions, 0);
+        // Once the newcomer has been used as often, it takes the place.
+        for _ in 0..3 {
+            c.get(0, 1);
+        }
+        c.insert(0, 1, expert(), 10);
+        assert!(c.get(0, 1).is_some());
+        assert_eq!(c.counters().evictions, 1);
     }
 
     #[test]
