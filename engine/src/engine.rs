@@ -210,6 +210,33 @@ impl Engine {
         })
     }
 
+    /// Token ids of a conversation rendered by the model's chat template,
+    /// ready for the assistant's answer.
+    pub fn chat_ids(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, EngineError> {
+        let tokenizer = self.tokenizer()?;
+        let text = tokenizer.render_chat(messages, true)?;
+        Ok(tokenizer.encode(&text, false)?)
+    }
+
+    /// Continues an answer that already holds `resumed` tokens (see
+    /// [`generate::generate_resumed`]).
+    pub fn generate_resumed(
+        &self,
+        prompt_ids: &[u32],
+        resumed: &[u32],
+        settings: &GenerationSettings,
+        on_piece: impl FnMut(generate::Piece<'_>) -> Flow,
+    ) -> Result<Generation, EngineError> {
+        Ok(generate::generate_resumed(
+            &self.decoder,
+            self.tokenizer()?,
+            prompt_ids,
+            resumed,
+            settings,
+            on_piece,
+        )?)
+    }
+
     pub fn generate(
         &self,
         prompt_ids: &[u32],

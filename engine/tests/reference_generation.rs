@@ -122,3 +122,74 @@ fn chat_prompts_render_the_checkpoint_template() {
     );
     assert_eq!(ids[0], tok.token_id("<|im_start|>").unwrap());
 }
+
+/// Stops a generation after `cut` tokens, then resumes it from the tokens
+/// produced so far; returns (text shown before the cut, the resumed generation,
+/// text shown after).
+fn cut_and_resume(
+    engine: &Engine,
+    prompt: &[u32],
+    settings: &GenerationSettings,
+    cut: usize,
+) -> (String, longhaul_engine::generate::Generation, String) {
+    let mut before = String::new();
+    let first = engine
+        .generate_resumed(prompt, &[], settings, |p| {
+            before.push_str(p.text);
+            if p.tokens_so_far >= cut {
+                Flow::Stop
+            } else {
+                Flow::Continue
+            }
+        })
+        .unwrap();
+    let mut after = String::new();
+    let resumed = engine
+        .generate_resumed(prompt, &first.tokens, settings, |p| {
+            after.push_str(p.text);
+            Flow::Continue
+        })
+        .unwrap();
+    assert_eq!(first.text, before, "what was shown is what was kept");
+    (before, resumed, after)
+}
+
+#[test]
+fn a_resumed_generation_ends_as_an_uninterrupted_one() {
+    let dir = &fixtures()[0];
+    let engine = Engine::open(dir).unwrap();
+    let prompt = engine.prompt_ids("Draft an architecture", false).unwrap();
+    for sampling in [
+        SamplingParams::default(),
+        SamplingParams {
+            temperature: 0.9,
+            top_k: Some(40),
+            top_p: 0.95,
+            seed: 11,
+        },
+    ] {
+        let mut settings = GenerationSettings {
+            max_tokens: 20,
+            sampling: sampling.clone(),
+            stop_strings: Vec::new(),
+            eos_token_ids: Vec::new(),
+        };
+        let whole = engine
+            .generate(&prompt, &settings, |_| Flow::Continue)
+            .unwrap();
+        // A stop string from the middle of the answer exercises text held back.
+        let chars: Vec<char> = whole.text.chars().collect();
+        let stop: String = chars[chars.len() / 2..chars.len() / 2 + 2].iter().collect();
+        settings.stop_strings = vec![stop];
+        let whole = engine
+            .generate(&prompt, &settings, |_| Flow::Continue)
+            .unwrap();
+        for cut in 1..=whole.tokens.len() {
+            let (before, resumed, after) = cut_and_resume(&engine, &prompt, &settings, cut);
+            assert_eq!(resumed.tokens, whole.tokens, "{sampling:?}, cut at {cut}");
+            assert_eq!(resumed.text, whole.text, "{sampling:?}, cut at {cut}");
+            assert_eq!(resumed.finish_reason, whole.finish_reason);
+            assert_eq!(before + &after, whole.text, "nothing shown twice or lost");
+        }
+    }
+}

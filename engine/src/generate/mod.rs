@@ -130,30 +130,79 @@ pub fn generate(
     settings: &GenerationSettings,
     mut on_text: impl FnMut(&str) -> Flow,
 ) -> Result<Generation, GenerateError> {
+    generate_resumed(model, tokenizer, prompt, &[], settings, |piece| {
+        if piece.text.is_empty() {
+            Flow::Continue
+        } else {
+            on_text(piece.text)
+        }
+    })
+}
+
+/// One step of a generation as it is produced: the token just chosen (none
+/// for the text released at the end) and the text it made final.
+#[derive(Debug, Clone, Copy)]
+pub struct Piece<'a> {
+    pub token: Option<u32>,
+    pub text: &'a str,
+    /// Tokens of the answer so far, this one included.
+    pub tokens_so_far: usize,
+}
+
+/// Generates from `prompt` as if the answer had already begun with
+/// `resumed` (tokens this function produced earlier for the same prompt and
+/// settings): they are fed with the prompt in one pass and replayed through
+/// the text and stop-string state without being reported again, and sampling
+/// continues at their position. With the same settings the result is the
+/// one an uninterrupted run gives. `on_piece` sees each new token.
+pub fn generate_resumed(
+    model: &Decoder,
+    tokenizer: &TextTokenizer,
+    prompt: &[u32],
+    resumed: &[u32],
+    settings: &GenerationSettings,
+    mut on_piece: impl FnMut(Piece<'_>) -> Flow,
+) -> Result<Generation, GenerateError> {
     if prompt.is_empty() {
         return Err(GenerateError::EmptyPrompt);
     }
-    let mut sampler = Sampler::new(settings.sampling.clone())?;
+    let sampler = Sampler::new(settings.sampling.clone())?;
     let mut session = Session::new(model);
     let mut stream = tokenizer.stream();
     let mut stops = StopScanner::new(settings.stop_strings.clone());
     let mut stats = GenerationStats {
-        prompt_tokens: prompt.len(),
+        prompt_tokens: prompt.len() + resumed.len(),
         ..Default::default()
     };
-    let mut tokens = Vec::new();
+    let mut tokens = Vec::with_capacity(resumed.len());
     let mut text = String::new();
+    let mut stopped_in_replay = false;
+    for &id in resumed {
+        tokens.push(id);
+        match stops.push(&stream.push(id)?) {
+            Scan::Continue(shown) => text.push_str(&shown),
+            Scan::Stop(shown) => {
+                text.push_str(&shown);
+                stopped_in_replay = true;
+                break;
+            }
+        }
+    }
 
     let started = Instant::now();
-    let mut logits = session.feed(prompt)?;
+    let fed: Vec<u32> = prompt.iter().chain(&tokens).copied().collect();
+    let mut logits = session.feed(&fed)?;
     stats.prefill_seconds = started.elapsed().as_secs_f64();
     let mut decode_time = Duration::ZERO;
 
     let finish_reason = loop {
+        if stopped_in_replay {
+            break FinishReason::StopString;
+        }
         if tokens.len() >= settings.max_tokens {
             break FinishReason::MaxTokens;
         }
-        let id = sampler.sample(&logits);
+        let id = sampler.sample(&logits, tokens.len());
         if settings.eos_token_ids.contains(&id) {
             break FinishReason::Eos;
         }
@@ -163,11 +212,11 @@ pub fn generate(
             Scan::Stop(s) => (s, true),
         };
         text.push_str(&shown);
-        let flow = if shown.is_empty() {
-            Flow::Continue
-        } else {
-            on_text(&shown)
-        };
+        let flow = on_piece(Piece {
+            token: Some(id),
+            text: &shown,
+            tokens_so_far: tokens.len(),
+        });
         if stopped {
             break FinishReason::StopString;
         }
@@ -182,17 +231,24 @@ pub fn generate(
         decode_time += step.elapsed();
         stats.decode_steps += 1;
     };
-    if finish_reason != FinishReason::StopString {
+    if !matches!(
+        finish_reason,
+        FinishReason::StopString | FinishReason::Cancelled
+    ) {
         let rest = match stops.push(&stream.finish()?) {
             Scan::Continue(s) => s + &stops.finish(),
             Scan::Stop(s) => s,
         };
         if !rest.is_empty() {
             text.push_str(&rest);
-            on_text(&rest);
+            on_piece(Piece {
+                token: None,
+                text: &rest,
+                tokens_so_far: tokens.len(),
+            });
         }
     }
-    stats.generated_tokens = tokens.len();
+    stats.generated_tokens = tokens.len() - resumed.len().min(tokens.len());
     stats.decode_seconds = decode_time.as_secs_f64();
     Ok(Generation {
         tokens,

@@ -51,19 +51,24 @@ impl SamplingParams {
     }
 }
 
+/// Picks tokens. The random draw for the token at position `step` of the
+/// answer depends only on the seed and `step`, never on earlier draws, so a
+/// generation resumed after `step` tokens continues exactly as it would have.
 pub struct Sampler {
     params: SamplingParams,
-    rng: StdRng,
 }
+
+/// splitmix64's increment: spreads consecutive steps over the seed space.
+const STEP_STRIDE: u64 = 0x9E37_79B9_7F4A_7C15;
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Self, SamplingError> {
         params.validate()?;
-        let rng = StdRng::seed_from_u64(params.seed);
-        Ok(Self { params, rng })
+        Ok(Self { params })
     }
 
-    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+    /// The token for position `step` of the answer (0 for the first).
+    pub fn sample(&self, logits: &[f32], step: usize) -> u32 {
         if self.params.temperature == 0.0 {
             return argmax(logits);
         }
@@ -93,7 +98,9 @@ impl Sampler {
             probs.truncate(keep);
         }
         let total: f32 = probs.iter().sum();
-        let mut u = self.rng.random::<f32>() * total;
+        let mut rng =
+            StdRng::seed_from_u64(self.params.seed ^ (step as u64 + 1).wrapping_mul(STEP_STRIDE));
+        let mut u = rng.random::<f32>() * total;
         for (i, p) in probs.iter().enumerate() {
             if u < *p {
                 return candidates[i].0;
@@ -134,11 +141,13 @@ mod tests {
             top_p: 0.9,
             seed: 42,
         };
-        let mut a = Sampler::new(params.clone()).unwrap();
-        let mut b = Sampler::new(params).unwrap();
-        let xs: Vec<u32> = (0..20).map(|_| a.sample(&logits)).collect();
-        let ys: Vec<u32> = (0..20).map(|_| b.sample(&logits)).collect();
-        assert_eq!(xs, ys);
+        let a = Sampler::new(params.clone()).unwrap();
+        let b = Sampler::new(params).unwrap();
+        let xs: Vec<u32> = (0..20).map(|step| a.sample(&logits, step)).collect();
+        // In any order: each step's draw stands alone, which is what resuming relies on.
+        let ys: Vec<u32> = (0..20).rev().map(|step| b.sample(&logits, step)).collect();
+        assert_eq!(xs, ys.into_iter().rev().collect::<Vec<_>>());
+        assert!(xs.iter().any(|&x| x != xs[0]), "steps draw differently");
     }
 
     #[test]
@@ -166,8 +175,8 @@ mod tests {
             p in 0.05f32..1.0,
             seed in any::<u64>(),
         ) {
-            let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: Some(k), top_p: p, seed }).unwrap();
-            let token = s.sample(&logits) as usize;
+            let s = Sampler::new(SamplingParams { temperature: 1.0, top_k: Some(k), top_p: p, seed }).unwrap();
+            let token = s.sample(&logits, 0) as usize;
             let rank = logits.iter().filter(|&&l| l > logits[token]).count();
             prop_assert!(rank < k, "token ranked {rank} with top-k {k}");
         }
