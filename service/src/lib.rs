@@ -1,0 +1,5 @@
+//! Longhaul's job service: a durable SQLite queue of long-form tasks, the
+//! runner that works through it with one loaded model, and the HTTP API the
+//! CLI, the web UI and OpenAI-compatible clients talk to.
+
+pub mod queue;

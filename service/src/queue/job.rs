@@ -1,0 +1,252 @@
+//! What a job is: its request, its settings, its states and the transitions
+//! between them. The state machine is a pure function, so the queue and the
+//! tests agree on it by construction.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Queued,
+    Running,
+    Paused,
+    /// Was running when the service stopped; continues from its committed output.
+    Interrupted,
+    Done,
+    Failed,
+    Cancelled,
+}
+
+/// Everything that moves a job from one state to another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transition {
+    Start,
+    Finish,
+    Fail,
+    Cancel,
+    Pause,
+    Resume,
+    Interrupt,
+}
+
+pub const ALL_STATES: [JobState; 7] = [
+    JobState::Queued,
+    JobState::Running,
+    JobState::Paused,
+    JobState::Interrupted,
+    JobState::Done,
+    JobState::Failed,
+    JobState::Cancelled,
+];
+
+pub const ALL_TRANSITIONS: [Transition; 7] = [
+    Transition::Start,
+    Transition::Finish,
+    Transition::Fail,
+    Transition::Cancel,
+    Transition::Pause,
+    Transition::Resume,
+    Transition::Interrupt,
+];
+
+impl JobState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Paused => "paused",
+            JobState::Interrupted => "interrupted",
+            JobState::Done => "done",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        ALL_STATES.into_iter().find(|st| st.as_str() == s)
+    }
+
+    /// Done, failed or cancelled: nothing more will happen to it.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            JobState::Done | JobState::Failed | JobState::Cancelled
+        )
+    }
+
+    /// The state `t` leads to, or `None` if `t` is not allowed from here.
+    pub fn after(self, t: Transition) -> Option<JobState> {
+        use JobState as S;
+        use Transition as T;
+        match (self, t) {
+            (S::Queued | S::Interrupted, T::Start) => Some(S::Running),
+            (S::Running, T::Finish) => Some(S::Done),
+            (S::Running, T::Fail) => Some(S::Failed),
+            (S::Queued | S::Running | S::Paused | S::Interrupted, T::Cancel) => Some(S::Cancelled),
+            (S::Queued | S::Running | S::Interrupted, T::Pause) => Some(S::Paused),
+            (S::Paused, T::Resume) => Some(S::Queued),
+            (S::Running, T::Interrupt) => Some(S::Interrupted),
+            _ => None,
+        }
+    }
+}
+
+impl Transition {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transition::Start => "start",
+            Transition::Finish => "finish",
+            Transition::Fail => "fail",
+            Transition::Cancel => "cancel",
+            Transition::Pause => "pause",
+            Transition::Resume => "resume",
+            Transition::Interrupt => "interrupt",
+        }
+    }
+}
+
+/// One message of a conversation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+/// How to generate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub max_tokens: usize,
+    /// 0 is greedy.
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: Option<usize>,
+    pub seed: u64,
+    pub stop: Vec<String>,
+}
+
+/// Tokens generated when a request does not say.
+pub const DEFAULT_MAX_TOKENS: usize = 1024;
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            max_tokens: DEFAULT_MAX_TOKENS,
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: None,
+            seed: 0,
+            stop: Vec::new(),
+        }
+    }
+}
+
+/// What the model is asked: plain text, or a conversation for the chat template.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Input {
+    Prompt(String),
+    Messages(Vec<Message>),
+}
+
+/// A job as stored: fixed at submission, so a resumed job sees exactly what
+/// it started with even if attached files have changed since.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    pub input: Input,
+    /// Attached files rendered as text, placed before the prompt.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub attachments: String,
+    pub settings: Settings,
+}
+
+/// A job to add to the queue.
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    pub title: String,
+    pub model: String,
+    pub request: Request,
+    pub priority: i64,
+    /// Who asked: `api`, `openai`, `cli`.
+    pub origin: String,
+}
+
+/// Per-job figures, recorded when the job stops.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobStats {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub time_to_first_token_s: Option<f64>,
+    pub tokens_per_second: f64,
+    pub wall_seconds: f64,
+    pub expert_bytes_read: u64,
+    pub cache_hit_rate: Option<f64>,
+    /// Times the job was resumed after an interruption or a pause.
+    pub resumes: u32,
+}
+
+/// A job as the API shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobView {
+    pub id: i64,
+    pub title: String,
+    pub model: String,
+    pub state: JobState,
+    pub priority: i64,
+    /// Place among the jobs waiting to run (1 is next), when waiting.
+    pub queue_position: Option<usize>,
+    pub origin: String,
+    pub request: Request,
+    /// Output so far (omitted from lists).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+    pub tokens: usize,
+    pub stats: Option<JobStats>,
+    pub error: Option<String>,
+    pub pause_reason: Option<String>,
+    pub finish_reason: Option<String>,
+    pub log: String,
+    pub created_ms: i64,
+    pub started_ms: Option<i64>,
+    pub finished_ms: Option<i64>,
+    pub updated_ms: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn final_states_allow_nothing() {
+        for s in ALL_STATES.into_iter().filter(|s| s.is_final()) {
+            for t in ALL_TRANSITIONS {
+                assert_eq!(s.after(t), None, "{s:?} --{t:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_state_is_reachable_from_queued() {
+        let mut seen = vec![JobState::Queued];
+        let mut i = 0;
+        while i < seen.len() {
+            for t in ALL_TRANSITIONS {
+                if let Some(n) = seen[i].after(t)
+                    && !seen.contains(&n)
+                {
+                    seen.push(n);
+                }
+            }
+            i += 1;
+        }
+        assert_eq!(seen.len(), ALL_STATES.len());
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for s in ALL_STATES {
+            assert_eq!(JobState::parse(s.as_str()), Some(s));
+        }
+    }
+}

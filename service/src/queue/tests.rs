@@ -1,0 +1,188 @@
+//! The queue against its state machine: any sequence of moves leaves every
+//! job where `JobState::after` says, illegal moves change nothing, and output
+//! is accepted only while a job runs.
+
+use proptest::prelude::*;
+
+use super::job::{ALL_TRANSITIONS, DEFAULT_MAX_TOKENS};
+use super::*;
+
+fn queue() -> (tempfile::TempDir, Queue) {
+    let dir = tempfile::tempdir().unwrap();
+    let q = Queue::open(&dir.path().join("queue.sqlite")).unwrap();
+    q.add_model(&ModelEntry {
+        name: "m".into(),
+        kind: ModelKind::Local {
+            path: "/models/m".into(),
+        },
+        created_ms: 0,
+    })
+    .unwrap();
+    (dir, q)
+}
+
+fn new_job(title: &str, priority: i64) -> NewJob {
+    NewJob {
+        title: title.into(),
+        model: "m".into(),
+        request: Request {
+            input: Input::Prompt("hello".into()),
+            attachments: String::new(),
+            settings: Settings::default(),
+        },
+        priority,
+        origin: "test".into(),
+    }
+}
+
+fn apply(q: &Queue, id: i64, t: Transition) -> Result<(), QueueError> {
+    match t {
+        Transition::Start => q.start(id),
+        Transition::Finish => q.finish(id, &[], "", "eos", &JobStats::default()),
+        Transition::Fail => q.fail(id, "boom", &JobStats::default()),
+        Transition::Cancel => q.cancel(id).map(|_| ()),
+        Transition::Pause => q.pause(id, "asked").map(|_| ()),
+        Transition::Resume => q.resume(id),
+        Transition::Interrupt => q.recover().map(|_| ()),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    #[test]
+    fn the_queue_follows_its_state_machine(
+        ops in proptest::collection::vec((0usize..3, 0usize..ALL_TRANSITIONS.len(), any::<bool>()), 1..40),
+    ) {
+        let (_dir, q) = queue();
+        let ids: Vec<i64> = (0..3).map(|i| q.submit(&new_job(&format!("j{i}"), 0)).unwrap().id).collect();
+        let mut model = [JobState::Queued; 3];
+        let mut tokens = [0usize; 3];
+        for (j, t, write) in ops {
+            let t = ALL_TRANSITIONS[t];
+            let result = apply(&q, ids[j], t);
+            if t == Transition::Interrupt {
+                // Recovery moves every running job.
+                for s in model.iter_mut().filter(|s| **s == JobState::Running) {
+                    *s = JobState::Interrupted;
+                }
+                prop_assert!(result.is_ok());
+            } else {
+                match model[j].after(t) {
+                    Some(next) => { prop_assert!(result.is_ok(), "{:?} --{:?}: {:?}", model[j], t, result); model[j] = next; }
+                    None => prop_assert!(matches!(result, Err(QueueError::Illegal { .. })), "{:?} --{:?} allowed", model[j], t),
+                }
+            }
+            if write {
+                let committed = q.commit(ids[j], &[7, 8], "ab");
+                prop_assert_eq!(committed.is_ok(), model[j] == JobState::Running);
+                if committed.is_ok() { tokens[j] += 2; }
+            }
+            for (k, &id) in ids.iter().enumerate() {
+                let v = q.job(id).unwrap();
+                prop_assert_eq!(v.state, model[k]);
+                prop_assert_eq!(v.tokens, tokens[k]);
+                prop_assert_eq!(v.output.unwrap().len(), tokens[k]);
+            }
+        }
+        prop_assert_eq!(q.integrity_check().unwrap(), "ok");
+    }
+}
+
+#[test]
+fn interrupted_jobs_run_first_then_priority_then_order() {
+    let (_dir, q) = queue();
+    let a = q.submit(&new_job("a", 0)).unwrap().id;
+    let b = q.submit(&new_job("b", 5)).unwrap().id;
+    let c = q.submit(&new_job("c", 0)).unwrap().id;
+    assert_eq!(q.next_runnable().unwrap().unwrap().id, b, "higher priority");
+    q.start(c).unwrap();
+    q.commit(c, &[1, 2, 3], "xyz").unwrap();
+    assert_eq!(q.recover().unwrap(), vec![c]);
+    let next = q.next_runnable().unwrap().unwrap();
+    assert_eq!(next.id, c, "an interrupted job goes first");
+    assert_eq!(next.committed_tokens, vec![1, 2, 3]);
+    assert_eq!(next.committed_text, "xyz");
+    assert!(next.resumed);
+    assert_eq!(q.job(a).unwrap().queue_position, Some(3));
+    assert!(q.job(c).unwrap().log.contains("interrupted"));
+}
+
+#[test]
+fn reordering_moves_a_job_within_its_priority() {
+    let (_dir, q) = queue();
+    let ids: Vec<i64> = (0..4)
+        .map(|i| q.submit(&new_job(&format!("{i}"), 0)).unwrap().id)
+        .collect();
+    q.reorder(ids[3], 0).unwrap();
+    q.reorder(ids[0], 2).unwrap();
+    let order: Vec<i64> = {
+        let mut waiting: Vec<JobView> = q
+            .list()
+            .unwrap()
+            .into_iter()
+            .filter(|v| v.queue_position.is_some())
+            .collect();
+        waiting.sort_by_key(|v| v.queue_position);
+        waiting.iter().map(|v| v.id).collect()
+    };
+    assert_eq!(order, vec![ids[3], ids[1], ids[0], ids[2]]);
+    q.start(ids[1]).unwrap();
+    assert!(matches!(
+        q.reorder(ids[1], 0),
+        Err(QueueError::Illegal { .. })
+    ));
+}
+
+#[test]
+fn bad_submissions_are_refused_with_a_reason() {
+    let (_dir, q) = queue();
+    let mut job = new_job("t", 0);
+    job.model = "nope".into();
+    assert!(matches!(q.submit(&job), Err(QueueError::NoSuchModel(_))));
+    let err = q.submit(&new_job("  ", 0)).unwrap_err().to_string();
+    assert!(err.contains("title"), "{err}");
+    assert!(matches!(q.job(999), Err(QueueError::NoSuchJob(999))));
+    assert_eq!(Settings::default().max_tokens, DEFAULT_MAX_TOKENS);
+}
+
+#[test]
+fn models_register_once_and_hide_their_keys() {
+    let (_dir, q) = queue();
+    let remote = ModelEntry {
+        name: "far".into(),
+        kind: ModelKind::Remote {
+            url: "http://127.0.0.1:9/".into(),
+            api_key: Some("secret".into()),
+            remote_model: "m".into(),
+        },
+        created_ms: 0,
+    };
+    q.add_model(&remote).unwrap();
+    assert!(q.add_model(&remote).is_err(), "names are unique");
+    let stored = q.model("far").unwrap();
+    assert!(
+        matches!(&stored.kind, ModelKind::Remote { url, api_key: Some(k), .. } if url == "http://127.0.0.1:9" && k == "secret")
+    );
+    let json = serde_json::to_string(&stored).unwrap();
+    assert!(!json.contains("secret"), "{json}");
+    let bad = ModelEntry {
+        name: "x".into(),
+        kind: ModelKind::Remote {
+            url: "ftp://x".into(),
+            api_key: None,
+            remote_model: "m".into(),
+        },
+        created_ms: 0,
+    };
+    assert!(
+        q.add_model(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("http://")
+    );
+    q.remove_model("far").unwrap();
+    assert!(matches!(
+        q.remove_model("far"),
+        Err(QueueError::NoSuchModel(_))
+    ));
+}
