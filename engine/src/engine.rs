@@ -12,8 +12,8 @@ use candle_core::Tensor;
 
 use crate::cache::{StreamingExperts, StreamingOptions};
 use crate::generate::{self, Flow, GenerateError, Generation, GenerationSettings};
-use crate::model::ExpertProvider;
 use crate::model::{Decoder, LogitsFor, ModelError, ModelSpec, parse_token_ids};
+use crate::model::{ExpertError, ExpertProvider};
 use crate::pack::{self, Manifest, PackError};
 use crate::tokenizer::{ChatMessage, TextTokenizer, TokenizerError};
 use crate::weights::{SafetensorsCheckpoint, TensorSource, WeightsError};
@@ -32,6 +32,21 @@ pub enum EngineError {
     Pack(#[from] PackError),
     #[error("{path}: {reason}")]
     GenerationConfig { path: PathBuf, reason: String },
+}
+
+impl EngineError {
+    /// Whether the error came from reading expert weights (a drive missing,
+    /// failing or corrupt) rather than from the model or the request: a job
+    /// hit by one can go on once the drive is back.
+    pub fn is_storage_fault(&self) -> bool {
+        matches!(
+            self,
+            EngineError::Model(ModelError::Experts(ExpertError::Source(_)))
+                | EngineError::Generate(GenerateError::Model(ModelError::Experts(
+                    ExpertError::Source(_)
+                )))
+        )
+    }
 }
 
 /// A loaded model with its tokenizer and end-of-sequence ids.

@@ -2,4 +2,9 @@
 //! runner that works through it with one loaded model, and the HTTP API the
 //! CLI, the web UI and OpenAI-compatible clients talk to.
 
+pub mod attach;
+pub mod client;
+pub mod events;
+pub mod http;
 pub mod queue;
+pub mod runner;

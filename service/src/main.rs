@@ -32,6 +32,12 @@ enum Command {
     Bench(commands::bench::BenchArgs),
     /// Score how closely a model (e.g. a quantised pack) predicts a text compared with a reference.
     Compare(commands::compare::CompareArgs),
+    /// Run the job service: queue, runner and HTTP API.
+    Serve(commands::serve::ServeArgs),
+    /// Register and list the service's models.
+    Models(commands::models::ModelsArgs),
+    /// Submit, follow and steer jobs on the service.
+    Jobs(commands::jobs::JobsArgs),
     /// Inspect and measure drives.
     Drives(commands::drives::DrivesArgs),
 }
@@ -52,6 +58,9 @@ fn main() -> ExitCode {
         Command::Bench(args) => commands::bench::run(args),
         Command::Drives(args) => commands::drives::run(args),
         Command::Compare(args) => commands::compare::run(args),
+        Command::Serve(args) => commands::serve::run(args),
+        Command::Models(args) => commands::models::run(args),
+        Command::Jobs(args) => commands::jobs::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

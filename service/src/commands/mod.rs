@@ -3,9 +3,12 @@
 pub mod bench;
 pub mod compare;
 pub mod drives;
+pub mod jobs;
 pub mod logits;
+pub mod models;
 pub mod pack;
 pub mod run;
+pub mod serve;
 pub mod size;
 pub mod synth;
 
@@ -16,6 +19,44 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use longhaul_engine::cache::{DEFAULT_PINNED_FRACTION, EvictionPolicy, StreamingOptions};
 use longhaul_engine::{Engine, EngineOptions, LoadProgress};
+
+/// Where the service keeps its data, and how to reach it.
+#[derive(clap::Args)]
+pub struct DataDirArgs {
+    /// The service's data folder: queue database, token (default: the user's data dir, `longhaul`).
+    #[arg(long, global = true)]
+    pub data_dir: Option<PathBuf>,
+    /// The service's URL (default: the one the running service wrote to the data dir).
+    #[arg(long, global = true)]
+    pub url: Option<String>,
+}
+
+impl DataDirArgs {
+    pub fn data_dir(&self) -> PathBuf {
+        self.data_dir.clone().unwrap_or_else(default_data_dir)
+    }
+
+    pub fn client(&self) -> anyhow::Result<longhaul_service::client::Client> {
+        Ok(longhaul_service::client::Client::new(
+            &self.data_dir(),
+            self.url.as_deref(),
+        )?)
+    }
+}
+
+/// `$XDG_DATA_HOME/longhaul`, else `~/.local/share/longhaul` (macOS:
+/// `~/Library/Application Support/Longhaul`).
+pub fn default_data_dir() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|x| !x.is_empty()) {
+        return PathBuf::from(x).join("longhaul");
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+    if cfg!(target_os = "macos") {
+        home.join("Library/Application Support/Longhaul")
+    } else {
+        home.join(".local/share/longhaul")
+    }
+}
 
 /// How to find and hold a model: shared by every command that takes one.
 #[derive(clap::Args)]

@@ -1,0 +1,345 @@
+//! `longhaul jobs`: submit long-form tasks to the service and follow them.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use longhaul_service::client::Client;
+use serde_json::{Value, json};
+
+#[derive(Args)]
+pub struct JobsArgs {
+    #[command(flatten)]
+    data: super::DataDirArgs,
+    #[command(subcommand)]
+    command: JobsCommand,
+}
+
+#[derive(Subcommand)]
+enum JobsCommand {
+    /// Queue a task. The prompt is PROMPT, or the contents of --prompt-file.
+    Submit(SubmitArgs),
+    /// List jobs, newest first.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one job with its output so far.
+    Show {
+        id: i64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Follow a job: its text as it is written, and a progress bar with tokens/s and ETA.
+    Watch {
+        id: i64,
+    },
+    Cancel {
+        id: i64,
+    },
+    Pause {
+        id: i64,
+    },
+    Resume {
+        id: i64,
+    },
+    /// Move a waiting job to INDEX (0 = next) among jobs of its priority.
+    Move {
+        id: i64,
+        index: usize,
+    },
+    /// Write a job as Markdown or JSON, with its settings and statistics.
+    Export {
+        id: i64,
+        #[arg(long, default_value = "markdown", value_parser = ["markdown", "json"])]
+        format: String,
+        /// File to write (default: stdout).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
+#[derive(Args)]
+struct SubmitArgs {
+    prompt: Option<String>,
+    /// Read the prompt from this file.
+    #[arg(long, conflicts_with = "prompt")]
+    prompt_file: Option<PathBuf>,
+    /// A registered model name.
+    #[arg(long)]
+    model: String,
+    /// Send the prompt as a user message through the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// Files or folders whose text goes before the prompt (repeatable).
+    #[arg(long = "attach")]
+    attach: Vec<PathBuf>,
+    #[arg(long)]
+    title: Option<String>,
+    #[arg(long, default_value_t = 0)]
+    priority: i64,
+    #[arg(long)]
+    max_tokens: Option<usize>,
+    #[arg(long)]
+    temperature: Option<f32>,
+    #[arg(long)]
+    top_p: Option<f32>,
+    #[arg(long)]
+    top_k: Option<usize>,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Stop when this text appears (repeatable).
+    #[arg(long = "stop")]
+    stop: Vec<String>,
+    /// Follow the job after queueing it.
+    #[arg(long)]
+    watch: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: JobsArgs) -> anyhow::Result<()> {
+    let client = args.data.client()?;
+    match args.command {
+        JobsCommand::Submit(s) => submit(&client, s),
+        JobsCommand::List { json } => list(&client, json),
+        JobsCommand::Show { id, json } => {
+            let job: Value = client.get(&format!("/api/jobs/{id}"))?;
+            if json {
+                println!("{job}");
+            } else {
+                println!(
+                    "job {} · {} · {} · {} tokens",
+                    job["id"],
+                    job["title"].as_str().unwrap_or(""),
+                    job["state"].as_str().unwrap_or(""),
+                    job["tokens"]
+                );
+                if let Some(e) = job["error"].as_str() {
+                    println!("error: {e}");
+                }
+                if let Some(r) = job["pause_reason"].as_str() {
+                    println!("paused: {r}");
+                }
+                println!();
+                println!("{}", job["output"].as_str().unwrap_or(""));
+            }
+            Ok(())
+        }
+        JobsCommand::Watch { id } => watch(&client, id),
+        JobsCommand::Cancel { id } => act(&client, id, "cancel"),
+        JobsCommand::Pause { id } => act(&client, id, "pause"),
+        JobsCommand::Resume { id } => act(&client, id, "resume"),
+        JobsCommand::Move { id, index } => {
+            let job: Value =
+                client.post(&format!("/api/jobs/{id}/move"), &json!({ "index": index }))?;
+            println!(
+                "job {id} is now number {} in the queue",
+                job["queue_position"]
+            );
+            Ok(())
+        }
+        JobsCommand::Export { id, format, out } => {
+            let text = client.get_text(&format!("/api/jobs/{id}/export?format={format}"))?;
+            match out {
+                Some(path) => {
+                    std::fs::write(&path, text)
+                        .with_context(|| format!("cannot write {}", path.display()))?;
+                    eprintln!("wrote {}", path.display());
+                }
+                None => print!("{text}"),
+            }
+            Ok(())
+        }
+    }
+}
+
+fn submit(client: &Client, s: SubmitArgs) -> anyhow::Result<()> {
+    let prompt = match (s.prompt, s.prompt_file) {
+        (Some(p), None) => p,
+        (None, Some(f)) => std::fs::read_to_string(&f)
+            .with_context(|| format!("cannot read --prompt-file {}", f.display()))?,
+        _ => bail!("give the task as PROMPT or --prompt-file FILE"),
+    };
+    let attachments: Vec<PathBuf> = s
+        .attach
+        .iter()
+        .map(|p| {
+            std::fs::canonicalize(p)
+                .with_context(|| format!("--attach {}: no such file or folder", p.display()))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let mut body = json!({
+        "model": s.model,
+        "title": s.title,
+        "priority": s.priority,
+        "max_tokens": s.max_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "seed": s.seed,
+        "stop": if s.stop.is_empty() { None } else { Some(s.stop) },
+        "attachments": attachments,
+    });
+    if s.chat {
+        body["messages"] = json!([{ "role": "user", "content": prompt }]);
+    } else {
+        body["prompt"] = json!(prompt);
+    }
+    let job: Value = client.post("/api/jobs", &body)?;
+    if s.json {
+        println!("{job}");
+    } else {
+        eprintln!(
+            "queued job {} ({}), number {} in the queue",
+            job["id"],
+            job["title"].as_str().unwrap_or(""),
+            job["queue_position"]
+        );
+    }
+    if s.watch {
+        let id = job["id"]
+            .as_i64()
+            .context("the service returned no job id")?;
+        watch(client, id)?;
+    }
+    Ok(())
+}
+
+fn list(client: &Client, json: bool) -> anyhow::Result<()> {
+    let v: Value = client.get("/api/jobs")?;
+    if json {
+        println!("{v}");
+        return Ok(());
+    }
+    let jobs = v["jobs"].as_array().cloned().unwrap_or_default();
+    if jobs.is_empty() {
+        println!("no jobs yet: `longhaul jobs submit --model NAME \"...\"`");
+    }
+    for j in jobs {
+        let pos = j["queue_position"]
+            .as_u64()
+            .map_or(String::new(), |p| format!("#{p}"));
+        println!(
+            "{:>5}  {:11} {:>4} {:>7} tok  {:16} {}",
+            j["id"],
+            j["state"].as_str().unwrap_or(""),
+            pos,
+            j["tokens"],
+            j["model"].as_str().unwrap_or(""),
+            j["title"].as_str().unwrap_or("")
+        );
+    }
+    Ok(())
+}
+
+fn act(client: &Client, id: i64, action: &str) -> anyhow::Result<()> {
+    let job: Value = client.post(&format!("/api/jobs/{id}/{action}"), &json!({}))?;
+    println!("job {id} is {}", job["state"].as_str().unwrap_or("?"));
+    Ok(())
+}
+
+/// Prints a job's text as it arrives and keeps a progress bar on stderr.
+fn watch(client: &Client, id: i64) -> anyhow::Result<()> {
+    let job: Value = client.get(&format!("/api/jobs/{id}"))?;
+    let max = job["request"]["settings"]["max_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    let bar = ProgressBar::new(max).with_style(
+        ProgressStyle::with_template("{spinner} {msg} {bar:30} {pos}/{len} tokens")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+    let mut shown = job["output"].as_str().unwrap_or("").to_string();
+    bar.suspend(|| {
+        print!("{shown}");
+        let _ = std::io::stdout().flush();
+    });
+    bar.set_position(job["tokens"].as_u64().unwrap_or(0));
+    let state = job["state"].as_str().unwrap_or("").to_string();
+    let mut final_state =
+        (["done", "failed", "cancelled"].contains(&state.as_str())).then_some(state);
+    if final_state.is_none() {
+        client.events(|name, data| {
+            if name != "job" || data["id"].as_i64() != Some(id) {
+                return true;
+            }
+            let offset = data["offset"].as_u64().unwrap_or(0) as usize;
+            let delta = data["delta"].as_str().unwrap_or("");
+            if offset == shown.len() && !delta.is_empty() {
+                shown.push_str(delta);
+                bar.suspend(|| {
+                    print!("{delta}");
+                    let _ = std::io::stdout().flush();
+                });
+            } else if offset > shown.len() {
+                // Missed text: take it from the job.
+                if let Ok(j) = client.get::<Value>(&format!("/api/jobs/{id}")) {
+                    let out = j["output"].as_str().unwrap_or("");
+                    if out.len() > shown.len() && out.starts_with(shown.as_str()) {
+                        let fresh = out[shown.len()..].to_string();
+                        bar.suspend(|| print!("{fresh}"));
+                        shown.push_str(&fresh);
+                    }
+                }
+            }
+            bar.set_position(data["tokens"].as_u64().unwrap_or(0));
+            let rate = data["tokens_per_second"].as_f64();
+            let eta = data["eta_seconds"].as_f64();
+            bar.set_message(match (rate, eta) {
+                (Some(r), Some(e)) => format!("{r:.2} tok/s, ETA {}", short_duration(e)),
+                (Some(r), None) => format!("{r:.2} tok/s"),
+                _ => data["state"].as_str().unwrap_or("").to_string(),
+            });
+            let state = data["state"].as_str().unwrap_or("");
+            if ["done", "failed", "cancelled", "paused"].contains(&state) {
+                final_state = Some(state.to_string());
+                return false;
+            }
+            true
+        })?;
+    }
+    bar.finish_and_clear();
+    // The committed output is the truth; print what the events did not carry.
+    let job: Value = client.get(&format!("/api/jobs/{id}"))?;
+    let out = job["output"].as_str().unwrap_or("");
+    if out.len() > shown.len() && out.starts_with(shown.as_str()) {
+        print!("{}", &out[shown.len()..]);
+    }
+    println!();
+    let state = job["state"].as_str().unwrap_or("?");
+    let stats = &job["stats"];
+    eprintln!(
+        "job {id} {state}{}: {} tokens, {:.2} tok/s, {:.0} s",
+        job["finish_reason"]
+            .as_str()
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default(),
+        job["tokens"],
+        stats["tokens_per_second"].as_f64().unwrap_or(0.0),
+        stats["wall_seconds"].as_f64().unwrap_or(0.0),
+    );
+    match (state, final_state) {
+        ("failed", _) => bail!(
+            "job {id} failed: {}",
+            job["error"].as_str().unwrap_or("unknown error")
+        ),
+        ("paused", _) => bail!(
+            "job {id} paused: {}",
+            job["pause_reason"].as_str().unwrap_or("")
+        ),
+        _ => Ok(()),
+    }
+}
+
+fn short_duration(seconds: f64) -> String {
+    let s = seconds.max(0.0).round() as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}

@@ -1,0 +1,89 @@
+//! `longhaul models`: register, list and remove the service's models.
+
+use std::path::PathBuf;
+
+use anyhow::bail;
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+
+#[derive(Args)]
+pub struct ModelsArgs {
+    #[command(flatten)]
+    data: super::DataDirArgs,
+    #[command(subcommand)]
+    command: ModelsCommand,
+}
+
+#[derive(Subcommand)]
+enum ModelsCommand {
+    /// Register a checkpoint or pack (PATH), or a remote OpenAI-compatible server (--url).
+    Add {
+        name: String,
+        path: Option<PathBuf>,
+        #[arg(long, conflicts_with = "path")]
+        url: Option<String>,
+        /// Bearer key for the remote server.
+        #[arg(long, requires = "url")]
+        api_key: Option<String>,
+        /// The model's name on the remote server (default: NAME).
+        #[arg(long, requires = "url")]
+        remote_model: Option<String>,
+    },
+    /// List registered models.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Forget a model (its files are left alone).
+    Remove { name: String },
+}
+
+pub fn run(args: ModelsArgs) -> anyhow::Result<()> {
+    let client = args.data.client()?;
+    match args.command {
+        ModelsCommand::Add {
+            name,
+            path,
+            url,
+            api_key,
+            remote_model,
+        } => {
+            let body = match (path, url) {
+                (Some(p), None) => {
+                    let p = std::fs::canonicalize(&p).unwrap_or(p);
+                    json!({ "name": name, "path": p })
+                }
+                (None, Some(u)) => {
+                    json!({ "name": name, "url": u, "api_key": api_key, "remote_model": remote_model })
+                }
+                _ => bail!("give a model folder PATH or --url"),
+            };
+            let m: Value = client.post("/api/models", &body)?;
+            println!("registered `{}`", m["name"].as_str().unwrap_or(&name));
+        }
+        ModelsCommand::List { json } => {
+            let v: Value = client.get("/api/models")?;
+            if json {
+                println!("{v}");
+            } else {
+                let models = v["models"].as_array().cloned().unwrap_or_default();
+                if models.is_empty() {
+                    println!("no models yet: `longhaul models add NAME PATH`");
+                }
+                for m in models {
+                    let place = m["path"].as_str().or(m["url"].as_str()).unwrap_or("?");
+                    println!(
+                        "{:20} {:7} {place}",
+                        m["name"].as_str().unwrap_or("?"),
+                        m["kind"].as_str().unwrap_or("?")
+                    );
+                }
+            }
+        }
+        ModelsCommand::Remove { name } => {
+            client.delete(&format!("/api/models/{name}"))?;
+            println!("removed `{name}`");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,94 @@
+//! `longhaul serve`: the job service with its HTTP API.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use longhaul_service::client::{DEFAULT_PORT, ENDPOINT_FILE};
+use longhaul_service::http::{ServeConfig, serve};
+use longhaul_service::runner::RunnerConfig;
+
+use super::size::parse_size;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    data: super::DataDirArgs,
+    /// Port to listen on (0 picks a free one).
+    #[arg(long, default_value_t = DEFAULT_PORT)]
+    port: u16,
+    /// Address to listen on; anything but loopback needs --allow-remote.
+    #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST))]
+    host: IpAddr,
+    /// Serve beyond this machine (any Host header; the token still applies).
+    #[arg(long)]
+    allow_remote: bool,
+    /// RAM for routed experts of packed models (e.g. 512M, 4G).
+    #[arg(long, value_parser = parse_size, default_value = "1G")]
+    budget: u64,
+    #[command(flatten)]
+    cache: super::CacheArgs,
+    /// A built web UI to serve at / (default: ui/dist beside the binary's project, if present).
+    #[arg(long)]
+    ui_dir: Option<PathBuf>,
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let data_dir = args.data.data_dir();
+    let mut runner = RunnerConfig::default();
+    runner.streaming.budget_bytes = args.budget;
+    args.cache.apply(&mut runner.streaming);
+    let config = ServeConfig {
+        data_dir: data_dir.clone(),
+        addr: SocketAddr::new(args.host, args.port),
+        allow_remote: args.allow_remote,
+        runner,
+        ui_dir: args.ui_dir,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let endpoint = data_dir.join(ENDPOINT_FILE);
+    let result = runtime.block_on(serve(
+        config,
+        |addr, token| {
+            let url = format!("http://{addr}");
+            if let Err(e) = std::fs::write(&endpoint, &url) {
+                eprintln!("warning: cannot write {}: {e}", endpoint.display());
+            }
+            eprintln!(
+                "Longhaul is serving on {url} (data in {})",
+                data_dir.display()
+            );
+            eprintln!("Open {url}/#token={token} in a browser, or use `longhaul jobs`.");
+        },
+        shutdown_signal(),
+    ));
+    let _ = std::fs::remove_file(&endpoint);
+    result.context("the service stopped with an error")
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    eprintln!("stopping: the running job keeps its output and resumes at the next start");
+}

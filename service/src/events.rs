@@ -1,0 +1,77 @@
+//! Events the service publishes: job progress as it happens and engine
+//! metrics once a second. The HTTP layer streams them as server-sent events;
+//! subscribers that fall behind lose old events, never block the runner.
+
+use serde::Serialize;
+use tokio::sync::broadcast;
+
+use crate::queue::JobState;
+
+/// Events kept for a slow subscriber before it starts losing them.
+pub const EVENT_BACKLOG: usize = 4096;
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    /// A job produced text or changed state.
+    Job(JobProgress),
+    /// The queue changed (a job was added, moved or ended): lists are stale.
+    Queue,
+    /// The engine's counters, once a second while a model is loaded.
+    Metrics(Box<MetricsEvent>),
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct JobProgress {
+    pub id: i64,
+    pub state: JobState,
+    /// Tokens of the answer so far.
+    pub tokens: usize,
+    pub max_tokens: usize,
+    /// Byte offset in the job's output where `delta` begins. A watcher whose
+    /// copy of the output is not `offset` bytes long missed or holds text
+    /// that was not committed, and should re-read the job.
+    pub offset: usize,
+    /// Text made final since the previous event of this job.
+    pub delta: String,
+    /// Over the last few seconds of decoding.
+    pub tokens_per_second: Option<f64>,
+    /// To reach `max_tokens` at the current rate (an upper bound: the model may stop sooner).
+    pub eta_seconds: Option<f64>,
+    pub queue_position: Option<usize>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct MetricsEvent {
+    pub model: String,
+    pub running_job: Option<i64>,
+    pub tokens_per_second: Option<f64>,
+    /// Drive and cache counters; absent for models held in RAM.
+    pub engine: Option<longhaul_engine::metrics::MetricsSnapshot>,
+    pub budget_bytes: u64,
+}
+
+/// The service's event channel.
+#[derive(Clone)]
+pub struct Events {
+    sender: broadcast::Sender<Event>,
+}
+
+impl Default for Events {
+    fn default() -> Self {
+        Self {
+            sender: broadcast::channel(EVENT_BACKLOG).0,
+        }
+    }
+}
+
+impl Events {
+    pub fn publish(&self, event: Event) {
+        // No subscribers is fine: nobody is watching.
+        let _ = self.sender.send(event);
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.sender.subscribe()
+    }
+}

@@ -1,0 +1,447 @@
+//! `/api/jobs` and `/api/models`: submitting, listing, steering and
+//! exporting jobs, and registering models.
+
+use std::path::PathBuf;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::error::{ApiError, ApiResult};
+use super::{ApiJson, AppState};
+use crate::attach;
+use crate::events::Event;
+use crate::queue::{
+    Input, JobState, JobView, Message, ModelEntry, ModelKind, NewJob, Request, Settings,
+};
+
+/// Longest answer a job may ask for.
+pub const MAX_TOKENS_LIMIT: usize = 1_000_000;
+/// Characters of the prompt used as a title when none is given.
+const TITLE_CHARS: usize = 60;
+const ROLES: &[&str] = &["system", "user", "assistant"];
+
+/// Generation settings as a request gives them; absent ones take defaults.
+#[derive(Debug, Default, Deserialize)]
+pub struct SettingsBody {
+    pub max_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub seed: Option<u64>,
+    pub stop: Option<Vec<String>>,
+}
+
+impl SettingsBody {
+    /// Checks ranges, naming the field at fault.
+    pub fn into_settings(self) -> Result<Settings, ApiError> {
+        let d = Settings::default();
+        let s = Settings {
+            max_tokens: self.max_tokens.unwrap_or(d.max_tokens),
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            top_k: self.top_k,
+            seed: self.seed.unwrap_or(d.seed),
+            stop: self.stop.unwrap_or_default(),
+        };
+        if s.max_tokens == 0 || s.max_tokens > MAX_TOKENS_LIMIT {
+            return Err(ApiError::bad_param(
+                "max_tokens",
+                format!("max_tokens must be between 1 and {MAX_TOKENS_LIMIT}"),
+            ));
+        }
+        if !(s.temperature.is_finite() && s.temperature >= 0.0) {
+            return Err(ApiError::bad_param(
+                "temperature",
+                "temperature must be a number ≥ 0 (0 is greedy)",
+            ));
+        }
+        if !(s.top_p > 0.0 && s.top_p <= 1.0) {
+            return Err(ApiError::bad_param("top_p", "top_p must be in (0, 1]"));
+        }
+        if s.top_k == Some(0) {
+            return Err(ApiError::bad_param("top_k", "top_k must be at least 1"));
+        }
+        if s.stop.iter().any(String::is_empty) {
+            return Err(ApiError::bad_param(
+                "stop",
+                "stop strings must not be empty",
+            ));
+        }
+        Ok(s)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitBody {
+    model: String,
+    prompt: Option<String>,
+    messages: Option<Vec<Message>>,
+    /// Files or folders on this machine, read into the prompt now.
+    attachments: Option<Vec<PathBuf>>,
+    title: Option<String>,
+    priority: Option<i64>,
+    max_tokens: Option<usize>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<usize>,
+    seed: Option<u64>,
+    stop: Option<Vec<String>>,
+}
+
+/// Checks a prompt-or-messages pair; returns the input and a default title.
+pub fn check_input(
+    prompt: Option<String>,
+    messages: Option<Vec<Message>>,
+) -> Result<(Input, String), ApiError> {
+    let shorten = |t: &str| {
+        let line = t.trim().lines().next().unwrap_or("").trim();
+        let mut title: String = line.chars().take(TITLE_CHARS).collect();
+        if line.chars().count() > TITLE_CHARS {
+            title.push('…');
+        }
+        if title.is_empty() {
+            "Untitled task".to_string()
+        } else {
+            title
+        }
+    };
+    match (prompt, messages) {
+        (Some(_), Some(_)) => Err(ApiError::bad_request(
+            "give either `prompt` or `messages`, not both",
+        )),
+        (None, None) => Err(ApiError::bad_request(
+            "give the task as `prompt` (text) or `messages` (a conversation)",
+        )),
+        (Some(p), None) => {
+            if p.trim().is_empty() {
+                return Err(ApiError::bad_param("prompt", "the prompt is empty"));
+            }
+            let title = shorten(&p);
+            Ok((Input::Prompt(p), title))
+        }
+        (None, Some(m)) => {
+            if m.is_empty() {
+                return Err(ApiError::bad_param("messages", "messages is empty"));
+            }
+            if let Some((i, bad)) = m
+                .iter()
+                .enumerate()
+                .find(|(_, m)| !ROLES.contains(&m.role.as_str()))
+            {
+                return Err(ApiError::bad_param(
+                    "messages",
+                    format!(
+                        "messages[{i}].role is `{}`; use system, user or assistant",
+                        bad.role
+                    ),
+                ));
+            }
+            let title = m
+                .iter()
+                .rev()
+                .find(|m| m.role == "user")
+                .map_or_else(|| "Untitled task".to_string(), |u| shorten(&u.content));
+            Ok((Input::Messages(m), title))
+        }
+    }
+}
+
+pub async fn submit(
+    State(app): State<AppState>,
+    ApiJson(body): ApiJson<SubmitBody>,
+) -> ApiResult<(StatusCode, Json<JobView>)> {
+    let (input, default_title) = check_input(body.prompt, body.messages)?;
+    let settings = SettingsBody {
+        max_tokens: body.max_tokens,
+        temperature: body.temperature,
+        top_p: body.top_p,
+        top_k: body.top_k,
+        seed: body.seed,
+        stop: body.stop,
+    }
+    .into_settings()?;
+    let attachments = match body.attachments.filter(|a| !a.is_empty()) {
+        None => String::new(),
+        Some(paths) => {
+            let a = attach::collect(&paths)
+                .map_err(|e| ApiError::bad_param("attachments", e.to_string()))?;
+            a.text
+        }
+    };
+    let job = NewJob {
+        title: body
+            .title
+            .filter(|t| !t.trim().is_empty())
+            .unwrap_or(default_title),
+        model: body.model,
+        request: Request {
+            input,
+            attachments,
+            settings,
+        },
+        priority: body.priority.unwrap_or(0),
+        origin: "api".into(),
+    };
+    let view = app.enqueue(job).await?;
+    Ok((StatusCode::CREATED, Json(view)))
+}
+
+pub async fn list(State(app): State<AppState>) -> ApiResult<Json<Value>> {
+    let jobs = app.blocking(|q| q.list()).await?;
+    Ok(Json(json!({ "jobs": jobs })))
+}
+
+pub async fn show(State(app): State<AppState>, Path(id): Path<i64>) -> ApiResult<Json<JobView>> {
+    Ok(Json(app.blocking(move |q| q.job(id)).await?))
+}
+
+/// `POST /api/jobs/{id}/{action}` with action cancel, pause or resume.
+pub async fn act(
+    State(app): State<AppState>,
+    Path((id, action)): Path<(i64, String)>,
+) -> ApiResult<Json<JobView>> {
+    match action.as_str() {
+        "cancel" => {
+            app.blocking(move |q| q.cancel(id)).await?;
+            app.runner.control.stop_job(id);
+        }
+        "pause" => {
+            app.blocking(move |q| q.pause(id, "paused by the user"))
+                .await?;
+            app.runner.control.stop_job(id);
+        }
+        "resume" => {
+            app.blocking(move |q| q.resume(id)).await?;
+            app.runner.control.wake();
+        }
+        other => {
+            return Err(ApiError::not_found(format!(
+                "no job action `{other}`; use cancel, pause or resume"
+            )));
+        }
+    }
+    app.events.publish(Event::Queue);
+    Ok(Json(app.blocking(move |q| q.job(id)).await?))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoveBody {
+    /// New place among the waiting jobs of the same priority, 0 first.
+    index: usize,
+}
+
+pub async fn move_job(
+    State(app): State<AppState>,
+    Path(id): Path<i64>,
+    ApiJson(body): ApiJson<MoveBody>,
+) -> ApiResult<Json<JobView>> {
+    app.blocking(move |q| q.reorder(id, body.index)).await?;
+    app.events.publish(Event::Queue);
+    Ok(Json(app.blocking(move |q| q.job(id)).await?))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ExportQuery {
+    format: Option<String>,
+}
+
+pub async fn export(
+    State(app): State<AppState>,
+    Path(id): Path<i64>,
+    Query(q): Query<ExportQuery>,
+) -> ApiResult<Response> {
+    let job = app.blocking(move |q| q.job(id)).await?;
+    let format = q.format.as_deref().unwrap_or("markdown");
+    let (body, kind, ext) = match format {
+        "markdown" | "md" => (markdown(&job), "text/markdown; charset=utf-8", "md"),
+        "json" => (
+            serde_json::to_string_pretty(&job).map_err(|e| ApiError::internal(e.to_string()))?,
+            "application/json",
+            "json",
+        ),
+        other => {
+            return Err(ApiError::bad_param(
+                "format",
+                format!("no export format `{other}`; use markdown or json"),
+            ));
+        }
+    };
+    let disposition = format!("attachment; filename=\"longhaul-job-{id}.{ext}\"");
+    Ok((
+        [
+            (header::CONTENT_TYPE, kind.to_string()),
+            (header::CONTENT_DISPOSITION, disposition),
+        ],
+        body,
+    )
+        .into_response())
+}
+
+/// A job as a Markdown document: title, settings, statistics, prompt, output.
+pub fn markdown(job: &JobView) -> String {
+    let s = &job.request.settings;
+    let mut md = format!("# {}\n\n", job.title);
+    md.push_str(&format!(
+        "- Model: {}\n- State: {}{}\n- Settings: max_tokens {}, temperature {}, top_p {}, top_k {}, seed {}{}\n",
+        job.model,
+        job.state.as_str(),
+        job.finish_reason
+            .as_deref()
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default(),
+        s.max_tokens,
+        s.temperature,
+        s.top_p,
+        s.top_k.map_or("off".to_string(), |k| k.to_string()),
+        s.seed,
+        if s.stop.is_empty() {
+            String::new()
+        } else {
+            format!(", stop {:?}", s.stop)
+        }
+    ));
+    if let Some(st) = &job.stats {
+        md.push_str(&format!(
+            "- Statistics: {} tokens, {:.2} tokens/s, {:.0} s wall, time to first token {}, expert bytes read {}, cache hit rate {}\n",
+            st.generated_tokens,
+            st.tokens_per_second,
+            st.wall_seconds,
+            st.time_to_first_token_s
+                .map_or("–".to_string(), |t| format!("{t:.2} s")),
+            st.expert_bytes_read,
+            st.cache_hit_rate
+                .map_or("–".to_string(), |h| format!("{:.1}%", 100.0 * h)),
+        ));
+    }
+    if let Some(e) = &job.error {
+        md.push_str(&format!("- Error: {e}\n"));
+    }
+    md.push_str("\n## Task\n\n");
+    match &job.request.input {
+        Input::Prompt(p) => md.push_str(p),
+        Input::Messages(m) => {
+            for msg in m {
+                md.push_str(&format!("**{}**: {}\n\n", msg.role, msg.content));
+            }
+        }
+    }
+    md.push_str("\n\n## Result\n\n");
+    md.push_str(job.output.as_deref().unwrap_or(""));
+    md.push('\n');
+    md
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelBody {
+    name: String,
+    /// A checkpoint folder or pack on this machine…
+    path: Option<PathBuf>,
+    /// …or a remote OpenAI-compatible endpoint.
+    url: Option<String>,
+    api_key: Option<String>,
+    remote_model: Option<String>,
+}
+
+pub async fn add_model(
+    State(app): State<AppState>,
+    ApiJson(body): ApiJson<ModelBody>,
+) -> ApiResult<(StatusCode, Json<ModelEntry>)> {
+    let kind = match (body.path, body.url) {
+        (Some(path), None) => {
+            if !path.join("config.json").is_file() {
+                return Err(ApiError::bad_param(
+                    "path",
+                    format!(
+                        "{} is not a model folder (no config.json): give a checkpoint or a pack",
+                        path.display()
+                    ),
+                ));
+            }
+            ModelKind::Local {
+                path: std::fs::canonicalize(&path).unwrap_or(path),
+            }
+        }
+        (None, Some(url)) => ModelKind::Remote {
+            url,
+            api_key: body.api_key,
+            remote_model: body.remote_model.unwrap_or_else(|| body.name.clone()),
+        },
+        _ => {
+            return Err(ApiError::bad_request(
+                "give either `path` (a checkpoint or pack here) or `url` (a remote server)",
+            ));
+        }
+    };
+    let entry = ModelEntry {
+        name: body.name.trim().to_string(),
+        kind,
+        created_ms: 0,
+    };
+    let stored = entry.clone();
+    app.blocking(move |q| q.add_model(&stored)).await?;
+    let name = entry.name.clone();
+    Ok((
+        StatusCode::CREATED,
+        Json(app.blocking(move |q| q.model(&name)).await?),
+    ))
+}
+
+pub async fn list_models(State(app): State<AppState>) -> ApiResult<Json<Value>> {
+    let models = app.blocking(|q| q.models()).await?;
+    Ok(Json(json!({ "models": models })))
+}
+
+pub async fn remove_model(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+) -> ApiResult<StatusCode> {
+    app.blocking(move |q| q.remove_model(&name)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /api/queue/{pause|resume}`: hold or release the whole queue.
+pub async fn queue_act(
+    State(app): State<AppState>,
+    Path(action): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let paused = match action.as_str() {
+        "pause" => true,
+        "resume" => false,
+        other => {
+            return Err(ApiError::not_found(format!(
+                "no queue action `{other}`; use pause or resume"
+            )));
+        }
+    };
+    if paused && let Some(id) = app.runner.control.running() {
+        // The running job pauses too, so it keeps its place and output.
+        let _ = app
+            .blocking(move |q| q.pause(id, "the queue was paused"))
+            .await;
+        app.runner.control.stop_job(id);
+    }
+    app.runner.control.set_queue_paused(paused);
+    app.events.publish(Event::Queue);
+    queue_status(State(app)).await
+}
+
+pub async fn queue_status(State(app): State<AppState>) -> ApiResult<Json<Value>> {
+    let jobs = app.blocking(|q| q.list()).await?;
+    let waiting = jobs.iter().filter(|j| j.queue_position.is_some()).count();
+    let running = jobs
+        .iter()
+        .find(|j| j.state == JobState::Running)
+        .map(|j| j.id);
+    Ok(Json(json!({
+        "paused": app.runner.control.queue_paused(),
+        "running": running,
+        "waiting": waiting,
+    })))
+}

@@ -1,0 +1,418 @@
+//! The HTTP API, on loopback by default: jobs, models, drives, metrics and
+//! an event stream for Longhaul's own clients, and OpenAI-compatible
+//! endpoints that run as high-priority jobs through the same queue.
+//!
+//! Every `/api` and `/v1` route needs the bearer token from the data dir. A
+//! Host header that is not loopback is refused (a web page cannot reach the
+//! service by rebinding its own name to 127.0.0.1), cross-origin requests
+//! are allowed only from the desktop shell, and bodies are bounded.
+
+pub mod error;
+pub mod jobs;
+pub mod openai;
+pub mod system;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{HeaderValue, Method, header};
+use axum::middleware::{self, Next};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use tower_http::cors::CorsLayer;
+use tower_http::limit::RequestBodyLimitLayer;
+
+use crate::events::{Event, Events, MetricsEvent};
+use crate::queue::{JobView, NewJob, Queue, QueueError};
+use crate::runner::{Runner, RunnerConfig};
+use error::{ApiError, ApiResult};
+
+/// Largest request body accepted.
+pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+/// Origins of the desktop shell's web view, the only cross-origin callers allowed.
+pub const DESKTOP_ORIGINS: &[&str] = &["tauri://localhost", "http://tauri.localhost"];
+/// Length of the bearer token, in random bytes (hex-encoded in the file).
+const TOKEN_BYTES: usize = 32;
+/// How often engine metrics are sampled and published.
+const METRICS_INTERVAL: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub data_dir: PathBuf,
+    pub addr: SocketAddr,
+    /// Serve on a non-loopback address, and accept any Host header.
+    pub allow_remote: bool,
+    pub runner: RunnerConfig,
+    /// A built web UI to serve at `/`, if present.
+    pub ui_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    #[error(
+        "{addr} is not a loopback address; pass the explicit flag to serve beyond this machine"
+    )]
+    NotLoopback { addr: SocketAddr },
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The data dir's files.
+pub fn token_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("token")
+}
+
+pub fn queue_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("queue.sqlite")
+}
+
+/// Reads the bearer token, creating it (mode 0600) at first start.
+pub fn load_or_create_token(data_dir: &Path) -> Result<String, ServeError> {
+    let path = token_path(data_dir);
+    let io = |source| ServeError::Io {
+        path: path.clone(),
+        source,
+    };
+    if let Ok(t) = std::fs::read_to_string(&path) {
+        let t = t.trim().to_string();
+        if !t.is_empty() {
+            return Ok(t);
+        }
+    }
+    let bytes: [u8; TOKEN_BYTES] = rand::random();
+    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(&path).map_err(io)?;
+    std::io::Write::write_all(&mut file, token.as_bytes()).map_err(io)?;
+    file.sync_all().map_err(io)?;
+    Ok(token)
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    pub queue: Arc<Queue>,
+    pub runner: Arc<Runner>,
+    pub events: Events,
+    token: Arc<str>,
+    allow_remote: bool,
+    metrics: Arc<Mutex<Option<MetricsEvent>>>,
+    ui_dir: Option<PathBuf>,
+}
+
+impl AppState {
+    /// Runs a queue operation off the async threads.
+    pub async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Queue) -> Result<T, QueueError> + Send + 'static,
+    ) -> ApiResult<T> {
+        let queue = Arc::clone(&self.queue);
+        tokio::task::spawn_blocking(move || f(&queue))
+            .await
+            .map_err(|e| ApiError::internal(format!("queue task failed: {e}")))?
+            .map_err(ApiError::from)
+    }
+
+    /// Adds a job and wakes the runner.
+    pub async fn enqueue(&self, job: NewJob) -> ApiResult<JobView> {
+        let view = self.blocking(move |q| q.submit(&job)).await?;
+        self.runner.control.wake();
+        self.events.publish(Event::Queue);
+        Ok(view)
+    }
+
+    pub fn latest_metrics(&self) -> Option<MetricsEvent> {
+        self.metrics.lock().ok().and_then(|m| m.clone())
+    }
+}
+
+/// JSON bodies whose errors come back in the API's error shape, naming the
+/// field serde stumbled on.
+pub struct ApiJson<T>(pub T);
+
+impl<T, S> FromRequest<S> for ApiJson<T>
+where
+    Json<T>: FromRequest<S, Rejection = JsonRejection>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(ApiJson(v)),
+            Err(rejection) => Err(ApiError::bad_request(rejection.body_text())),
+        }
+    }
+}
+
+/// Compares without stopping at the first difference.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn require_token(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let bearer = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_string);
+    // Browsers' EventSource and download links cannot set headers.
+    let query = req.uri().query().and_then(|q| {
+        q.split('&')
+            .find_map(|kv| kv.strip_prefix("token="))
+            .map(str::to_string)
+    });
+    let ok = [bearer, query]
+        .into_iter()
+        .flatten()
+        .any(|t| same(t.as_bytes(), app.token.as_bytes()));
+    if !ok {
+        return ApiError::unauthorized().into_response();
+    }
+    next.run(req).await
+}
+
+/// Whether a Host header names this machine.
+pub fn is_loopback_host(host: &str) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split(']').next().unwrap_or("")
+    } else {
+        host.rsplit_once(':').map_or(host, |(h, _)| h)
+    };
+    matches!(name, "127.0.0.1" | "localhost" | "::1")
+}
+
+async fn check_host(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    if !app.allow_remote {
+        let host = req
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("");
+        if !is_loopback_host(host) {
+            return ApiError::forbidden(format!(
+                "Host `{host}` is not this machine; the service answers only to localhost"
+            ))
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn health() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "service": "longhaul", "version": env!("CARGO_PKG_VERSION") }))
+}
+
+/// The web UI's entry page, or a pointer to the API when no UI is built.
+async fn index(State(app): State<AppState>) -> Response {
+    if let Some(dir) = &app.ui_dir
+        && let Ok(html) = tokio::fs::read_to_string(dir.join("index.html")).await
+    {
+        return Html(html).into_response();
+    }
+    Html(concat!(
+        "<!doctype html><meta charset=utf-8><title>Longhaul</title>",
+        "<h1>Longhaul</h1><p>The service is running. Its API is under <code>/api</code> ",
+        "and <code>/v1</code> (OpenAI-compatible); the bearer token is in the data dir.</p>"
+    ))
+    .into_response()
+}
+
+pub fn router(app: AppState) -> Router {
+    let api = Router::new()
+        .route("/api/models", get(jobs::list_models).post(jobs::add_model))
+        .route("/api/models/{name}", delete(jobs::remove_model))
+        .route("/api/jobs", get(jobs::list).post(jobs::submit))
+        .route("/api/jobs/{id}", get(jobs::show))
+        .route("/api/jobs/{id}/export", get(jobs::export))
+        .route("/api/jobs/{id}/move", post(jobs::move_job))
+        .route("/api/jobs/{id}/{action}", post(jobs::act))
+        .route("/api/queue", get(jobs::queue_status))
+        .route("/api/queue/{action}", post(jobs::queue_act))
+        .route("/api/drives", get(system::list_drives))
+        .route("/api/metrics", get(system::metrics))
+        .route("/api/events", get(system::events))
+        .route("/v1/models", get(openai::models))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .route_layer(middleware::from_fn_with_state(app.clone(), require_token));
+    let origins: Vec<HeaderValue> = DESKTOP_ORIGINS
+        .iter()
+        .filter_map(|o| HeaderValue::from_str(o).ok())
+        .collect();
+    let cors = CorsLayer::new()
+        .allow_origin(origins)
+        .allow_methods([Method::GET, Method::POST, Method::DELETE])
+        .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE]);
+    Router::new()
+        .route("/", get(index))
+        .route("/api/health", get(health))
+        .merge(api)
+        .layer(middleware::from_fn_with_state(app.clone(), check_host))
+        .layer(cors)
+        .layer(RequestBodyLimitLayer::new(MAX_BODY_BYTES))
+        .with_state(app)
+}
+
+/// Publishes engine metrics once a second while a model is loaded.
+async fn sample_metrics(app: AppState) {
+    let mut sampler: Option<(PathBuf, longhaul_engine::metrics::MetricsSampler)> = None;
+    let mut tick = tokio::time::interval(METRICS_INTERVAL);
+    loop {
+        tick.tick().await;
+        let Some((path, engine)) = app.runner.loaded.current() else {
+            continue;
+        };
+        let engine_metrics = engine.streaming().map(|s| {
+            if sampler.as_ref().is_none_or(|(p, _)| *p != path) {
+                sampler = Some((
+                    path.clone(),
+                    longhaul_engine::metrics::MetricsSampler::new(s),
+                ));
+            }
+            sampler.as_mut().map(|(_, m)| m.sample(s))
+        });
+        let budget = engine
+            .streaming()
+            .map_or(0, |s| s.cache_counters().budget_bytes);
+        let event = MetricsEvent {
+            model: path.display().to_string(),
+            running_job: app.runner.control.running(),
+            tokens_per_second: app.runner.rate.lock().ok().and_then(|r| *r),
+            engine: engine_metrics.flatten(),
+            budget_bytes: budget,
+        };
+        if let Ok(mut m) = app.metrics.lock() {
+            *m = Some(event.clone());
+        }
+        app.events.publish(Event::Metrics(Box::new(event)));
+    }
+}
+
+/// Opens the data dir and queue, recovers interrupted jobs, starts the runner
+/// and serves until `shutdown` resolves. `ready` gets the bound address.
+pub async fn serve(
+    config: ServeConfig,
+    ready: impl FnOnce(SocketAddr, &str),
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    if !config.allow_remote && !config.addr.ip().is_loopback() {
+        return Err(ServeError::NotLoopback { addr: config.addr });
+    }
+    std::fs::create_dir_all(&config.data_dir).map_err(|source| ServeError::Io {
+        path: config.data_dir.clone(),
+        source,
+    })?;
+    let token = load_or_create_token(&config.data_dir)?;
+    let queue = Arc::new(Queue::open(&queue_path(&config.data_dir))?);
+    let recovered = queue.recover()?;
+    if !recovered.is_empty() {
+        tracing::info!("{} interrupted job(s) will resume", recovered.len());
+    }
+    let events = Events::default();
+    let runner = Arc::new(Runner::new(
+        Arc::clone(&queue),
+        events.clone(),
+        config.runner.clone(),
+    ));
+    let handle = runner.spawn().map_err(|source| ServeError::Io {
+        path: config.data_dir.clone(),
+        source,
+    })?;
+    let app = AppState {
+        queue,
+        runner: Arc::clone(&runner),
+        events,
+        token: Arc::from(token.as_str()),
+        allow_remote: config.allow_remote,
+        metrics: Arc::new(Mutex::new(None)),
+        ui_dir: config.ui_dir.clone(),
+    };
+    let listener = tokio::net::TcpListener::bind(config.addr)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: config.addr,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| ServeError::Bind {
+        addr: config.addr,
+        source,
+    })?;
+    tokio::spawn(sample_metrics(app.clone()));
+    ready(addr, &token);
+    let served = axum::serve(listener, router(app))
+        .with_graceful_shutdown(shutdown)
+        .await;
+    runner.control.shutdown();
+    let _ = tokio::task::spawn_blocking(move || handle.join()).await;
+    served.map_err(|source| ServeError::Io {
+        path: config.data_dir,
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_hosts_are_this_machine() {
+        for ok in [
+            "127.0.0.1",
+            "127.0.0.1:7433",
+            "localhost:1",
+            "[::1]:80",
+            "[::1]",
+        ] {
+            assert!(is_loopback_host(ok), "{ok}");
+        }
+        for bad in [
+            "evil.com",
+            "evil.com:7433",
+            "192.168.1.2:7433",
+            "localhost.evil.com",
+            "",
+        ] {
+            assert!(!is_loopback_host(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_token_is_created_once_and_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = load_or_create_token(dir.path()).unwrap();
+        let b = load_or_create_token(dir.path()).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.len(), 2 * TOKEN_BYTES);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(token_path(dir.path()))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+    }
+}

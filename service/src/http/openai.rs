@@ -1,0 +1,454 @@
+//! OpenAI-compatible endpoints. Each request becomes a high-priority job in
+//! the same durable queue, so an answer survives a restart of the service
+//! like any other job; the handler waits for it (or streams it) and answers
+//! in OpenAI's shapes. Parameters Longhaul cannot honour are refused with
+//! an OpenAI-shaped 400 naming them, never ignored.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use tokio::sync::broadcast;
+
+use super::error::{ApiError, ApiResult};
+use super::jobs::{SettingsBody, check_input};
+use super::{ApiJson, AppState};
+use crate::events::Event;
+use crate::queue::{JobState, JobView, Message, NewJob, Request};
+
+/// Priority of OpenAI requests: ahead of queued long-form tasks.
+pub const OPENAI_PRIORITY: i64 = 100;
+/// OpenAI's default `max_tokens` for `/v1/completions`.
+const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;
+/// How often a waiting handler re-reads its job when no event arrives.
+const POLL: Duration = Duration::from_millis(500);
+
+/// Fields that are accepted and mean nothing to generation.
+const INERT_FIELDS: &[&str] = &["user"];
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatBody {
+    model: String,
+    messages: Vec<Message>,
+    max_tokens: Option<usize>,
+    max_completion_tokens: Option<usize>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<usize>,
+    seed: Option<u64>,
+    stop: Option<Stop>,
+    #[serde(default)]
+    stream: bool,
+    stream_options: Option<StreamOptions>,
+    n: Option<u32>,
+    #[serde(flatten)]
+    other: Map<String, Value>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CompletionBody {
+    model: String,
+    prompt: Value,
+    max_tokens: Option<usize>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<usize>,
+    seed: Option<u64>,
+    stop: Option<Stop>,
+    #[serde(default)]
+    stream: bool,
+    stream_options: Option<StreamOptions>,
+    n: Option<u32>,
+    #[serde(flatten)]
+    other: Map<String, Value>,
+}
+
+/// Refuses fields that would change the answer in ways Longhaul does not do.
+/// Nulls, and values equal to what Longhaul does anyway, are accepted.
+fn refuse_unsupported(other: &Map<String, Value>, n: Option<u32>) -> Result<(), ApiError> {
+    if n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad_param("n", "only n = 1 is supported"));
+    }
+    for (key, value) in other {
+        let harmless = value.is_null()
+            || INERT_FIELDS.contains(&key.as_str())
+            || match key.as_str() {
+                "frequency_penalty" | "presence_penalty" => value.as_f64() == Some(0.0),
+                "logprobs" | "echo" => value.as_bool() == Some(false),
+                "best_of" => value.as_u64() == Some(1),
+                "parallel_tool_calls" => true,
+                _ => false,
+            };
+        if !harmless {
+            return Err(ApiError::bad_param(
+                key,
+                format!(
+                    "`{key}` is not supported by Longhaul; remove it or leave it at its default"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn stop_list(stop: Option<Stop>) -> Option<Vec<String>> {
+    stop.map(|s| match s {
+        Stop::One(s) => vec![s],
+        Stop::Many(v) => v,
+    })
+}
+
+fn finish_reason(job: &JobView) -> &'static str {
+    match job.finish_reason.as_deref() {
+        Some("length") => "length",
+        _ => "stop",
+    }
+}
+
+fn usage(job: &JobView) -> Value {
+    let prompt = job.stats.as_ref().map_or(0, |s| s.prompt_tokens);
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": job.tokens,
+        "total_tokens": prompt + job.tokens,
+    })
+}
+
+fn unix_seconds(ms: i64) -> i64 {
+    ms / 1000
+}
+
+/// Waits for job `id` to end, reading it again on every event about it.
+async fn wait_done(
+    app: &AppState,
+    id: i64,
+    rx: &mut broadcast::Receiver<Event>,
+) -> ApiResult<JobView> {
+    loop {
+        let job = app.blocking(move |q| q.job(id)).await?;
+        if job.state.is_final() {
+            return Ok(job);
+        }
+        let _ = tokio::time::timeout(POLL, async {
+            loop {
+                match rx.recv().await {
+                    Ok(Event::Job(p)) if p.id == id => return,
+                    Err(broadcast::error::RecvError::Closed) => return,
+                    _ => {}
+                }
+            }
+        })
+        .await;
+    }
+}
+
+/// The job's end as an error, when it did not finish.
+fn ended_badly(job: &JobView) -> Option<ApiError> {
+    match job.state {
+        JobState::Failed => Some(ApiError::internal(format!(
+            "job {} failed: {}",
+            job.id,
+            job.error.as_deref().unwrap_or("unknown error")
+        ))),
+        JobState::Cancelled => Some(ApiError::conflict(format!("job {} was cancelled", job.id))),
+        _ => None,
+    }
+}
+
+struct Submitted {
+    id: i64,
+    model: String,
+    created: i64,
+    rx: broadcast::Receiver<Event>,
+}
+
+async fn submit(app: &AppState, job: NewJob) -> ApiResult<Submitted> {
+    // Subscribe first so no event of the new job is missed.
+    let rx = app.events.subscribe();
+    let model = job.model.clone();
+    let view = app.enqueue(job).await?;
+    Ok(Submitted {
+        id: view.id,
+        model,
+        created: unix_seconds(view.created_ms),
+        rx,
+    })
+}
+
+pub async fn models(State(app): State<AppState>) -> ApiResult<Json<Value>> {
+    let models = app.blocking(|q| q.models()).await?;
+    let data: Vec<Value> = models
+        .iter()
+        .map(|m| {
+            json!({
+                "id": m.name,
+                "object": "model",
+                "created": unix_seconds(m.created_ms),
+                "owned_by": "longhaul",
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "object": "list", "data": data })))
+}
+
+pub async fn chat_completions(
+    State(app): State<AppState>,
+    ApiJson(body): ApiJson<ChatBody>,
+) -> ApiResult<Response> {
+    refuse_unsupported(&body.other, body.n)?;
+    let (input, _) = check_input(None, Some(body.messages))?;
+    let settings = SettingsBody {
+        max_tokens: body.max_completion_tokens.or(body.max_tokens),
+        temperature: body.temperature,
+        top_p: body.top_p,
+        top_k: body.top_k,
+        seed: body.seed,
+        stop: stop_list(body.stop),
+    }
+    .into_settings()?;
+    let job = NewJob {
+        title: "OpenAI chat completion".into(),
+        model: body.model,
+        request: Request {
+            input,
+            attachments: String::new(),
+            settings,
+        },
+        priority: OPENAI_PRIORITY,
+        origin: "openai".into(),
+    };
+    let sub = submit(&app, job).await?;
+    let id_text = format!("chatcmpl-{}", sub.id);
+    let include_usage = body.stream_options.is_some_and(|o| o.include_usage);
+    if body.stream {
+        return Ok(
+            stream(app, sub, id_text, "chat.completion.chunk", include_usage).into_response(),
+        );
+    }
+    let Submitted {
+        id,
+        model,
+        created,
+        mut rx,
+    } = sub;
+    let job = wait_done(&app, id, &mut rx).await?;
+    if let Some(e) = ended_badly(&job) {
+        return Err(e);
+    }
+    Ok(Json(json!({
+        "id": id_text,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": { "role": "assistant", "content": job.output.clone().unwrap_or_default() },
+            "finish_reason": finish_reason(&job),
+        }],
+        "usage": usage(&job),
+    }))
+    .into_response())
+}
+
+pub async fn completions(
+    State(app): State<AppState>,
+    ApiJson(body): ApiJson<CompletionBody>,
+) -> ApiResult<Response> {
+    refuse_unsupported(&body.other, body.n)?;
+    let prompt = match body.prompt {
+        Value::String(s) => s,
+        Value::Array(a) if a.len() == 1 && a[0].is_string() => {
+            a[0].as_str().unwrap_or_default().to_string()
+        }
+        _ => {
+            return Err(ApiError::bad_param(
+                "prompt",
+                "prompt must be one string (batches and token arrays are not supported)",
+            ));
+        }
+    };
+    let (input, _) = check_input(Some(prompt), None)?;
+    let settings = SettingsBody {
+        max_tokens: Some(body.max_tokens.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS)),
+        temperature: body.temperature,
+        top_p: body.top_p,
+        top_k: body.top_k,
+        seed: body.seed,
+        stop: stop_list(body.stop),
+    }
+    .into_settings()?;
+    let job = NewJob {
+        title: "OpenAI completion".into(),
+        model: body.model,
+        request: Request {
+            input,
+            attachments: String::new(),
+            settings,
+        },
+        priority: OPENAI_PRIORITY,
+        origin: "openai".into(),
+    };
+    let sub = submit(&app, job).await?;
+    let id_text = format!("cmpl-{}", sub.id);
+    let include_usage = body.stream_options.is_some_and(|o| o.include_usage);
+    if body.stream {
+        return Ok(stream(app, sub, id_text, "text_completion", include_usage).into_response());
+    }
+    let Submitted {
+        id,
+        model,
+        created,
+        mut rx,
+    } = sub;
+    let job = wait_done(&app, id, &mut rx).await?;
+    if let Some(e) = ended_badly(&job) {
+        return Err(e);
+    }
+    Ok(Json(json!({
+        "id": id_text,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "text": job.output.clone().unwrap_or_default(),
+            "logprobs": null,
+            "finish_reason": finish_reason(&job),
+        }],
+        "usage": usage(&job),
+    }))
+    .into_response())
+}
+
+/// One streamed chunk carrying `text` (or the end, with `finish`).
+fn chunk(
+    object: &str,
+    id: &str,
+    created: i64,
+    model: &str,
+    text: &str,
+    finish: Option<&str>,
+) -> Value {
+    if object == "text_completion" {
+        json!({
+            "id": id, "object": object, "created": created, "model": model,
+            "choices": [{ "index": 0, "text": text, "logprobs": null, "finish_reason": finish }],
+        })
+    } else {
+        let delta = if finish.is_some() {
+            json!({})
+        } else {
+            json!({ "role": "assistant", "content": text })
+        };
+        json!({
+            "id": id, "object": object, "created": created, "model": model,
+            "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }],
+        })
+    }
+}
+
+/// Streams a job's text as OpenAI chunks. Progress events carry text as it
+/// is produced; when one does not line up with what was sent (a missed
+/// event, or text regenerated after a pause) the committed output is read
+/// and only what was not yet sent goes out.
+fn stream(
+    app: AppState,
+    sub: Submitted,
+    id_text: String,
+    object: &'static str,
+    include_usage: bool,
+) -> Sse<impl tokio_stream::Stream<Item = Result<SseEvent, Infallible>>> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(64);
+    tokio::spawn(async move {
+        let Submitted {
+            id,
+            model,
+            created,
+            rx: mut events,
+        } = sub;
+        let mut sent = String::new();
+        let send = |text: String| {
+            let data = chunk(object, &id_text, created, &model, &text, None).to_string();
+            Ok(SseEvent::default().data(data))
+        };
+        loop {
+            let event = tokio::time::timeout(POLL, events.recv()).await;
+            let mut reread = matches!(event, Err(_) | Ok(Err(_)));
+            if let Ok(Ok(Event::Job(p))) = &event
+                && p.id == id
+            {
+                let end = p.offset + p.delta.len();
+                if p.offset <= sent.len()
+                    && end > sent.len()
+                    && p.delta.is_char_boundary(sent.len() - p.offset)
+                {
+                    let fresh = p.delta[sent.len() - p.offset..].to_string();
+                    sent.push_str(&fresh);
+                    if tx.send(send(fresh)).await.is_err() {
+                        return;
+                    }
+                } else if p.offset > sent.len() || p.state.is_final() {
+                    reread = true;
+                }
+            }
+            if !reread {
+                continue;
+            }
+            let Ok(job) = app.blocking(move |q| q.job(id)).await else {
+                return;
+            };
+            let output = job.output.clone().unwrap_or_default();
+            if output.len() > sent.len() && output.starts_with(&sent) {
+                let fresh = output[sent.len()..].to_string();
+                sent.push_str(&fresh);
+                if tx.send(send(fresh)).await.is_err() {
+                    return;
+                }
+            }
+            if job.state.is_final() {
+                if let Some(e) = ended_badly(&job) {
+                    let data = json!({ "error": { "message": e.message, "type": e.kind } });
+                    let _ = tx
+                        .send(Ok(SseEvent::default().data(data.to_string())))
+                        .await;
+                } else {
+                    let mut last = chunk(
+                        object,
+                        &id_text,
+                        created,
+                        &model,
+                        "",
+                        Some(finish_reason(&job)),
+                    );
+                    if include_usage {
+                        last["usage"] = usage(&job);
+                    }
+                    let _ = tx
+                        .send(Ok(SseEvent::default().data(last.to_string())))
+                        .await;
+                }
+                let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
+                return;
+            }
+        }
+    });
+    Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default())
+}

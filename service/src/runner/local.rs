@@ -1,0 +1,144 @@
+//! Running jobs on this machine: one engine, kept loaded between jobs and
+//! replaced when a job needs another model.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use longhaul_engine::cache::StreamingOptions;
+use longhaul_engine::generate::{FinishReason, Flow, GenerationSettings, SamplingParams};
+use longhaul_engine::tokenizer::ChatMessage;
+use longhaul_engine::{Engine, EngineError, EngineOptions};
+
+use super::{Outcome, RunError};
+use crate::queue::{Input, Runnable};
+
+/// The loaded model, shared with the metrics sampler.
+#[derive(Default)]
+pub struct LoadedModel {
+    pub slot: Mutex<Option<(PathBuf, Arc<Engine>)>>,
+}
+
+impl LoadedModel {
+    pub fn current(&self) -> Option<(PathBuf, Arc<Engine>)> {
+        self.slot.lock().ok().and_then(|s| s.clone())
+    }
+}
+
+pub struct LocalBackend {
+    pub streaming: StreamingOptions,
+    pub loaded: Arc<LoadedModel>,
+}
+
+fn engine_error(e: EngineError) -> RunError {
+    if e.is_storage_fault() {
+        RunError::Fault(e.to_string())
+    } else {
+        RunError::Failed(e.to_string())
+    }
+}
+
+impl LocalBackend {
+    /// The engine for `path`, loading it (and dropping the previous one) if needed.
+    fn engine(&self, path: &Path) -> Result<Arc<Engine>, RunError> {
+        if let Some((p, e)) = self.loaded.current()
+            && p == path
+        {
+            return Ok(e);
+        }
+        // Let go of the old model before loading the next: RAM holds one.
+        if let Ok(mut slot) = self.loaded.slot.lock() {
+            *slot = None;
+        }
+        let options = EngineOptions {
+            streaming: self.streaming.clone(),
+        };
+        let engine = Engine::open_with(path, &options, &|_| {}).map_err(|e| {
+            let text = format!("cannot load the model at {}: {e}", path.display());
+            if e.is_storage_fault() {
+                RunError::Fault(text)
+            } else {
+                RunError::Failed(text)
+            }
+        })?;
+        let engine = Arc::new(engine);
+        if let Ok(mut slot) = self.loaded.slot.lock() {
+            *slot = Some((path.to_path_buf(), Arc::clone(&engine)));
+        }
+        Ok(engine)
+    }
+
+    pub fn run(
+        &self,
+        path: &Path,
+        job: &Runnable,
+        sink: &mut dyn FnMut(&[u32], &str) -> Flow,
+    ) -> Result<Outcome, RunError> {
+        let engine = self.engine(path)?;
+        let request = &job.request;
+        let prompt = match &request.input {
+            Input::Prompt(p) => engine.prompt_ids(&format!("{}{p}", request.attachments), false),
+            Input::Messages(messages) => {
+                let mut chat: Vec<ChatMessage> = messages
+                    .iter()
+                    .map(|m| ChatMessage {
+                        role: m.role.clone(),
+                        content: m.content.clone(),
+                    })
+                    .collect();
+                if let Some(first) = chat.iter_mut().find(|m| m.role == "user") {
+                    first.content = format!("{}{}", request.attachments, first.content);
+                }
+                engine.chat_ids(&chat)
+            }
+        }
+        .map_err(engine_error)?;
+        let s = &request.settings;
+        let settings = GenerationSettings {
+            max_tokens: s.max_tokens,
+            sampling: SamplingParams {
+                temperature: s.temperature,
+                top_k: s.top_k,
+                top_p: s.top_p,
+                seed: s.seed,
+            },
+            stop_strings: s.stop.clone(),
+            eos_token_ids: engine.eos_token_ids().to_vec(),
+        };
+        let before = counters(&engine);
+        let generation = engine
+            .generate_resumed(&prompt, &job.committed_tokens, &settings, |piece| {
+                let tokens: Vec<u32> = piece.token.into_iter().collect();
+                sink(&tokens, piece.text)
+            })
+            .map_err(engine_error)?;
+        let after = counters(&engine);
+        if let Some(streaming) = engine.streaming()
+            && let Err(e) = streaming.save_heat()
+        {
+            tracing::warn!("cannot save the heat histogram: {e}");
+        }
+        Ok(Outcome {
+            finish_reason: match generation.finish_reason {
+                FinishReason::Eos => "eos",
+                FinishReason::StopString => "stop",
+                FinishReason::MaxTokens => "length",
+                FinishReason::Cancelled => "stopped",
+            },
+            prompt_tokens: prompt.len(),
+            expert_bytes_read: after.0.saturating_sub(before.0),
+            lookups: (
+                after.1.saturating_sub(before.1),
+                after.2.saturating_sub(before.2),
+            ),
+        })
+    }
+}
+
+/// (expert bytes read, cache hits, cache misses) so far.
+fn counters(engine: &Engine) -> (u64, u64, u64) {
+    engine.streaming().map_or((0, 0, 0), |s| {
+        let c = s.cache_counters();
+        let bytes = s.drive_snapshots().iter().map(|d| d.bytes).sum();
+        (bytes, c.hits, c.misses)
+    })
+}

@@ -1,0 +1,426 @@
+//! The runner: one thread that takes jobs from the queue one at a time
+//! (decoding is bound by the drives, so two jobs would only share them),
+//! generates with the loaded model, and commits output as it goes.
+//!
+//! Output is committed every [`RunnerConfig::commit_tokens`] tokens or
+//! [`RunnerConfig::commit_interval`], whichever comes first, and at every
+//! state change, so a crash loses at most that much — and nothing a resumed
+//! run will not produce again identically.
+
+pub mod local;
+pub mod rate;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use longhaul_engine::cache::StreamingOptions;
+use longhaul_engine::generate::Flow;
+
+use crate::events::{Event, Events, JobProgress};
+use crate::queue::{JobState, ModelKind, Queue, QueueError, Runnable};
+use local::{LoadedModel, LocalBackend};
+use rate::RollingRate;
+
+/// Commit at least every this many tokens.
+pub const COMMIT_TOKENS: usize = 16;
+/// Commit at least this often while tokens arrive.
+pub const COMMIT_INTERVAL: Duration = Duration::from_secs(2);
+/// Progress events per job at most this often.
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
+/// How long the idle runner sleeps before looking at the queue again.
+const IDLE_POLL: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone)]
+pub struct RunnerConfig {
+    pub streaming: StreamingOptions,
+    pub commit_tokens: usize,
+    pub commit_interval: Duration,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        Self {
+            streaming: StreamingOptions::default(),
+            commit_tokens: COMMIT_TOKENS,
+            commit_interval: COMMIT_INTERVAL,
+        }
+    }
+}
+
+/// How a backend's run ended.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// `eos`, `stop`, `length`, or `stopped` (asked to stop).
+    pub finish_reason: &'static str,
+    pub prompt_tokens: usize,
+    pub expert_bytes_read: u64,
+    /// Expert cache (hits, misses) during the run.
+    pub lookups: (u64, u64),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Storage trouble (a drive missing or failing): the job pauses and can go on later.
+    #[error("{0}")]
+    Fault(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+#[derive(Debug, Default)]
+struct ControlState {
+    running: Option<i64>,
+    stop_running: bool,
+    queue_paused: bool,
+    shutdown: bool,
+    wake: bool,
+}
+
+/// How the rest of the service steers the runner.
+#[derive(Default)]
+pub struct Control {
+    state: Mutex<ControlState>,
+    changed: Condvar,
+}
+
+impl Control {
+    fn with<T>(&self, f: impl FnOnce(&mut ControlState) -> T) -> T {
+        let mut s = match self.state.lock() {
+            Ok(s) => s,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let out = f(&mut s);
+        self.changed.notify_all();
+        out
+    }
+
+    /// Something was queued or changed: look again.
+    pub fn wake(&self) {
+        self.with(|s| s.wake = true);
+    }
+
+    /// Stops job `id` if it is the one running (after its state has been changed).
+    pub fn stop_job(&self, id: i64) {
+        self.with(|s| {
+            if s.running == Some(id) {
+                s.stop_running = true;
+            }
+        });
+    }
+
+    /// Holds the queue: the running job pauses and no other starts.
+    pub fn set_queue_paused(&self, paused: bool) {
+        self.with(|s| {
+            s.queue_paused = paused;
+            s.wake = true;
+        });
+    }
+
+    pub fn queue_paused(&self) -> bool {
+        self.with(|s| s.queue_paused)
+    }
+
+    pub fn running(&self) -> Option<i64> {
+        self.with(|s| s.running)
+    }
+
+    pub fn shutdown(&self) {
+        self.with(|s| {
+            s.shutdown = true;
+            s.stop_running = true;
+        });
+    }
+
+    fn should_stop(&self) -> bool {
+        self.with(|s| s.stop_running || s.shutdown)
+    }
+
+    /// Waits until there may be work; false once shutting down.
+    fn wait_for_work(&self) -> bool {
+        let mut s = match self.state.lock() {
+            Ok(s) => s,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        loop {
+            if s.shutdown {
+                return false;
+            }
+            if !s.queue_paused && s.wake {
+                s.wake = false;
+                return true;
+            }
+            let (next, timeout) = match self.changed.wait_timeout(s, IDLE_POLL) {
+                Ok(r) => r,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            s = next;
+            if timeout.timed_out() && !s.queue_paused {
+                return !s.shutdown;
+            }
+        }
+    }
+}
+
+/// What the runner shares with the HTTP layer.
+pub struct Runner {
+    pub queue: Arc<Queue>,
+    pub events: Events,
+    pub control: Arc<Control>,
+    pub loaded: Arc<LoadedModel>,
+    /// Rolling decode rate of the running job, for the metrics stream.
+    pub rate: Arc<Mutex<Option<f64>>>,
+    config: RunnerConfig,
+}
+
+impl Runner {
+    pub fn new(queue: Arc<Queue>, events: Events, config: RunnerConfig) -> Self {
+        Self {
+            queue,
+            events,
+            control: Arc::new(Control::default()),
+            loaded: Arc::new(LoadedModel::default()),
+            rate: Arc::new(Mutex::new(None)),
+            config,
+        }
+    }
+
+    /// Starts the runner thread.
+    pub fn spawn(self: &Arc<Self>) -> std::io::Result<JoinHandle<()>> {
+        let me = Arc::clone(self);
+        std::thread::Builder::new()
+            .name("longhaul-runner".into())
+            .spawn(move || me.run_loop())
+    }
+
+    fn run_loop(&self) {
+        self.control.wake();
+        while self.control.wait_for_work() {
+            loop {
+                if self.control.queue_paused() {
+                    break;
+                }
+                let job = match self.queue.next_runnable() {
+                    Ok(Some(job)) => job,
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::error!("cannot read the queue: {e}");
+                        break;
+                    }
+                };
+                self.run_job(job);
+                if self.control.with(|s| s.shutdown) {
+                    return;
+                }
+            }
+        }
+    }
+
+    fn publish_progress(
+        &self,
+        job: &Runnable,
+        state: JobState,
+        tokens: usize,
+        offset: usize,
+        delta: String,
+    ) {
+        let rate = self.rate.lock().ok().and_then(|r| *r);
+        let max = job.request.settings.max_tokens;
+        self.events.publish(Event::Job(JobProgress {
+            id: job.id,
+            state,
+            tokens,
+            max_tokens: max,
+            offset,
+            delta,
+            tokens_per_second: rate,
+            eta_seconds: rate
+                .filter(|r| *r > 0.0)
+                .map(|r| max.saturating_sub(tokens) as f64 / r),
+            queue_position: None,
+        }));
+    }
+
+    fn run_job(&self, job: Runnable) {
+        let id = job.id;
+        if let Err(e) = self.queue.start(id) {
+            tracing::warn!("job {id} could not start: {e}");
+            return;
+        }
+        self.control.with(|s| {
+            s.running = Some(id);
+            s.stop_running = false;
+        });
+        self.events.publish(Event::Queue);
+        if job.resumed {
+            let _ = self.queue.log(
+                id,
+                &format!(
+                    "resumed with {} committed tokens",
+                    job.committed_tokens.len()
+                ),
+            );
+        }
+        let mut shown = job.committed_text.len();
+        self.publish_progress(
+            &job,
+            JobState::Running,
+            job.committed_tokens.len(),
+            shown,
+            String::new(),
+        );
+
+        let started = Instant::now();
+        let mut first_token: Option<f64> = None;
+        let mut pending_tokens: Vec<u32> = Vec::new();
+        let mut pending_text = String::new();
+        let mut unsent = String::new();
+        let mut last_commit = Instant::now();
+        let mut last_event = Instant::now();
+        let mut total = job.committed_tokens.len();
+        let mut new_tokens = 0usize;
+        let mut rate = RollingRate::default();
+        let mut lost_job = false;
+
+        let mut sink = |tokens: &[u32], text: &str| -> Flow {
+            let now = Instant::now();
+            if !tokens.is_empty() {
+                first_token.get_or_insert(started.elapsed().as_secs_f64());
+                rate.tick(now);
+                if let Ok(mut r) = self.rate.lock() {
+                    *r = rate.per_second();
+                }
+            }
+            total += tokens.len();
+            new_tokens += tokens.len();
+            pending_tokens.extend_from_slice(tokens);
+            pending_text.push_str(text);
+            unsent.push_str(text);
+            shown += text.len();
+            if pending_tokens.len() >= self.config.commit_tokens
+                || now.duration_since(last_commit) >= self.config.commit_interval
+            {
+                if let Err(e) = self.queue.commit(id, &pending_tokens, &pending_text) {
+                    // Paused or cancelled meanwhile: what was not committed
+                    // is produced again on resume.
+                    if !matches!(e, QueueError::Illegal { .. }) {
+                        tracing::error!("job {id}: cannot commit output: {e}");
+                    }
+                    lost_job = true;
+                    return Flow::Stop;
+                }
+                pending_tokens.clear();
+                pending_text.clear();
+                last_commit = now;
+            }
+            if now.duration_since(last_event) >= PROGRESS_INTERVAL {
+                let offset = shown - unsent.len();
+                self.publish_progress(
+                    &job,
+                    JobState::Running,
+                    total,
+                    offset,
+                    std::mem::take(&mut unsent),
+                );
+                last_event = now;
+            }
+            if self.control.should_stop() {
+                return Flow::Stop;
+            }
+            Flow::Continue
+        };
+
+        let result = match self.queue.model(&job.model) {
+            Err(e) => Err(RunError::Failed(e.to_string())),
+            Ok(entry) => match &entry.kind {
+                ModelKind::Local { path } => LocalBackend {
+                    streaming: self.config.streaming.clone(),
+                    loaded: Arc::clone(&self.loaded),
+                }
+                .run(&PathBuf::from(path), &job, &mut sink),
+                ModelKind::Remote { .. } => Err(RunError::Failed(
+                    "remote models are not supported by this runner yet".into(),
+                )),
+            },
+        };
+        if let Ok(mut r) = self.rate.lock() {
+            *r = None;
+        }
+        let wall = started.elapsed().as_secs_f64();
+        let mut stats = job.stats.clone().unwrap_or_default();
+        stats.resumes += u32::from(job.resumed);
+        stats.generated_tokens = total;
+        stats.wall_seconds += wall;
+        if stats.time_to_first_token_s.is_none() {
+            stats.time_to_first_token_s = first_token;
+        }
+        let decode_seconds = first_token.map_or(0.0, |f| wall - f);
+        if new_tokens > 1 && decode_seconds > 0.0 {
+            stats.tokens_per_second = (new_tokens - 1) as f64 / decode_seconds;
+        }
+        if let Ok(o) = &result {
+            stats.prompt_tokens = o.prompt_tokens - job.committed_tokens.len().min(o.prompt_tokens);
+            stats.expert_bytes_read += o.expert_bytes_read;
+            let (hits, misses) = o.lookups;
+            if hits + misses > 0 {
+                stats.cache_hit_rate = Some(hits as f64 / (hits + misses) as f64);
+            }
+        }
+
+        let end_state = match result {
+            Ok(outcome) if outcome.finish_reason != "stopped" && !lost_job => {
+                match self.queue.finish(
+                    id,
+                    &pending_tokens,
+                    &pending_text,
+                    outcome.finish_reason,
+                    &stats,
+                ) {
+                    Ok(()) => JobState::Done,
+                    Err(e) => {
+                        tracing::warn!("job {id}: cannot finish: {e}");
+                        self.state_of(id)
+                    }
+                }
+            }
+            Ok(_) => {
+                // Asked to stop: paused, cancelled, or the service is stopping.
+                if self.state_of(id) == JobState::Running {
+                    let _ = self.queue.commit(id, &pending_tokens, &pending_text);
+                }
+                let _ = self.queue.save_stats(id, &stats);
+                self.state_of(id)
+            }
+            Err(RunError::Fault(reason)) => {
+                let _ = self.queue.commit(id, &pending_tokens, &pending_text);
+                let _ = self.queue.save_stats(id, &stats);
+                let _ = self.queue.log(id, &format!("paused: {reason}"));
+                if let Err(e) = self.queue.pause(id, &format!("storage fault: {reason}")) {
+                    tracing::warn!("job {id}: cannot pause: {e}");
+                }
+                self.state_of(id)
+            }
+            Err(RunError::Failed(reason)) => {
+                let _ = self.queue.commit(id, &pending_tokens, &pending_text);
+                if let Err(e) = self.queue.fail(id, &reason, &stats) {
+                    tracing::warn!("job {id}: cannot record the failure: {e}");
+                }
+                self.state_of(id)
+            }
+        };
+        self.control.with(|s| {
+            s.running = None;
+            s.stop_running = false;
+        });
+        // The last event carries no text: `offset` is the committed output's
+        // length, and a watcher that holds a different length re-reads the job.
+        let committed = self.queue.committed(id).map_or(0, |(_, t)| t.len());
+        self.publish_progress(&job, end_state, total, committed, String::new());
+        self.events.publish(Event::Queue);
+    }
+
+    fn state_of(&self, id: i64) -> JobState {
+        self.queue.job(id).map_or(JobState::Failed, |v| v.state)
+    }
+}
