@@ -251,6 +251,8 @@ pub fn write_synthetic(
     .map_err(io(&config))?;
     let tokenizer = out.join("tokenizer.json");
     fs::write(&tokenizer, tokenizer_json(spec.vocab).to_string()).map_err(io(&tokenizer))?;
+    let template = out.join("chat_template.jinja");
+    fs::write(&template, CHAT_TEMPLATE).map_err(io(&template))?;
     let expert_bytes =
         spec.expert_bytes() * spec.experts as u64 * (spec.layers - spec.dense_prefix()) as u64;
     Ok(SynthSummary {
@@ -520,6 +522,9 @@ fn config_json(s: &SynthSpec) -> Value {
     }
     merged
 }
+
+/// A plain chat template, so conversations can be sent to synthetic models.
+const CHAT_TEMPLATE: &str = "{% for m in messages %}<{{ m.role }}>\n{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>\n{% endif %}";
 
 /// A byte-level tokenizer: the 256 byte symbols, then placeholder tokens up to `vocab`.
 fn tokenizer_json(vocab: usize) -> Value {

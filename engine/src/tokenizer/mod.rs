@@ -24,7 +24,7 @@ pub enum TokenizerError {
     #[error("decoding failed: {0}")]
     Decode(String),
     #[error(
-        "{dir}: this checkpoint has no chat template (tokenizer_config.json `chat_template` or chat_template.jinja); run without --chat"
+        "{dir}: this checkpoint has no chat template (tokenizer_config.json `chat_template` or chat_template.jinja); send a plain prompt instead"
     )]
     NoChatTemplate { dir: PathBuf },
     #[error(transparent)]

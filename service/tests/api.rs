@@ -1,0 +1,388 @@
+//! The service end to end: the real binary, real HTTP, real SQLite.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::{Service, expected, fixture};
+
+const FIXTURE: &str = "deepseek_v3_released";
+const WAIT: Duration = Duration::from_secs(60);
+
+fn started() -> (tempfile::TempDir, Service) {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Service::start(&dir.path().join("data"));
+    s.add_model("tiny", &fixture(FIXTURE));
+    (dir, s)
+}
+
+#[test]
+fn the_api_needs_the_token_and_a_local_host() {
+    let (_dir, s) = started();
+    let (status, body) = s.call_text("GET", "/api/jobs", None, false);
+    assert_eq!(status, 401, "{body}");
+    let err: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(err["error"]["type"], "authentication_error");
+    let (status, _) = s.call_text("GET", "/api/health", None, false);
+    assert_eq!(status, 200, "health needs no token");
+    // A page on another name that resolves here (DNS rebinding) is refused.
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let r = agent
+        .get(format!("{}/api/jobs", s.url))
+        .header("Host", "evil.example:80")
+        .header("Authorization", &format!("Bearer {}", s.token))
+        .call()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    // CORS: the desktop shell's origin is allowed, others get no grant.
+    let allowed = agent
+        .get(format!("{}/api/health", s.url))
+        .header("Origin", "tauri://localhost")
+        .call()
+        .unwrap();
+    assert_eq!(
+        allowed.headers()["access-control-allow-origin"],
+        "tauri://localhost"
+    );
+    let other = agent
+        .get(format!("{}/api/health", s.url))
+        .header("Origin", "https://evil.example")
+        .call()
+        .unwrap();
+    assert!(other.headers().get("access-control-allow-origin").is_none());
+    // Bodies are bounded: a declared 20 MB body is refused before it is read.
+    use std::io::{Read, Write};
+    let host = s.url.trim_start_matches("http://");
+    let mut conn = std::net::TcpStream::connect(host).unwrap();
+    write!(
+        conn,
+        "POST /api/jobs HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: 20000000\r\nConnection: close\r\n\r\n",
+        s.token
+    )
+    .unwrap();
+    let mut reply = String::new();
+    let _ = conn.read_to_string(&mut reply);
+    assert!(reply.starts_with("HTTP/1.1 413"), "{reply}");
+}
+
+#[test]
+fn a_job_runs_through_the_queue_and_matches_transformers() {
+    let (_dir, s) = started();
+    let exp = expected(FIXTURE);
+    let (status, job) = s.call(
+        "POST",
+        "/api/jobs",
+        Some(&json!({
+            "model": "tiny",
+            "prompt": exp["prompt"],
+            "max_tokens": 32,
+            "title": "reference prompt",
+        })),
+    );
+    assert_eq!(status, 201, "{job}");
+    assert!(["queued", "running"].contains(&job["state"].as_str().unwrap()));
+    let id = job["id"].as_i64().unwrap();
+    let done = s.wait_final(id, WAIT);
+    assert_eq!(done["state"], "done", "{done}");
+    assert_eq!(
+        done["output"], exp["greedy_text"],
+        "greedy output as transformers"
+    );
+    assert_eq!(done["title"], "reference prompt");
+    let stats = &done["stats"];
+    assert!(
+        stats["tokens_per_second"].as_f64().unwrap() > 0.0,
+        "{stats}"
+    );
+    assert!(stats["time_to_first_token_s"].as_f64().is_some(), "{stats}");
+    assert!(stats["wall_seconds"].as_f64().unwrap() > 0.0);
+
+    let (status, md) = s.call_text(
+        "GET",
+        &format!("/api/jobs/{id}/export?format=markdown"),
+        None,
+        true,
+    );
+    assert_eq!(status, 200);
+    assert!(md.starts_with("# reference prompt"), "{md}");
+    assert!(md.contains(exp["greedy_text"].as_str().unwrap()));
+    assert!(md.contains("max_tokens 32"));
+    let (status, exported) = s.call("GET", &format!("/api/jobs/{id}/export?format=json"), None);
+    assert_eq!(status, 200);
+    assert_eq!(exported["output"], done["output"]);
+    assert_eq!(exported["request"]["settings"]["max_tokens"], 32);
+    let list = s.get("/api/jobs");
+    assert_eq!(list["jobs"].as_array().unwrap().len(), 1);
+    assert!(
+        list["jobs"][0].get("output").is_none(),
+        "lists leave output out"
+    );
+}
+
+#[test]
+fn bad_requests_say_what_is_wrong() {
+    let (_dir, s) = started();
+    let cases = [
+        (
+            json!({ "model": "tiny", "prompt": "hi", "temperature": -1 }),
+            "temperature",
+        ),
+        (
+            json!({ "model": "tiny", "prompt": "hi", "top_p": 0 }),
+            "top_p",
+        ),
+        (
+            json!({ "model": "tiny", "prompt": "hi", "max_tokens": 0 }),
+            "max_tokens",
+        ),
+        (json!({ "model": "nope", "prompt": "hi" }), "model"),
+        (json!({ "model": "tiny", "prompt": "  " }), "prompt"),
+        (
+            json!({ "model": "tiny", "messages": [{ "role": "robot", "content": "hi" }] }),
+            "messages",
+        ),
+        (
+            json!({ "model": "tiny", "prompt": "hi", "attachments": ["/no/such/dir"] }),
+            "attachments",
+        ),
+    ];
+    for (body, param) in cases {
+        let (status, err) = s.call("POST", "/api/jobs", Some(&body));
+        assert_eq!(status, 400, "{body}: {err}");
+        assert_eq!(err["error"]["param"], param, "{err}");
+    }
+    let (status, err) = s.call(
+        "POST",
+        "/api/jobs",
+        Some(&json!({ "model": "tiny", "prompt": "hi", "temprature": 1 })),
+    );
+    assert_eq!(status, 400);
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("temprature"),
+        "{err}"
+    );
+    let (status, _) = s.call("GET", "/api/jobs/999", None);
+    assert_eq!(status, 404);
+    assert_eq!(
+        s.get("/api/jobs")["jobs"].as_array().unwrap().len(),
+        0,
+        "nothing queued"
+    );
+    let (status, err) = s.call(
+        "POST",
+        "/api/models",
+        Some(&json!({ "name": "x", "path": "/no/such/model" })),
+    );
+    assert_eq!(status, 400);
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("config.json")
+    );
+}
+
+#[test]
+fn attachments_become_part_of_the_prompt() {
+    let (dir, s) = started();
+    let folder = dir.path().join("project");
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::write(folder.join("main.rs"), "fn main() {}").unwrap();
+    std::fs::write(folder.join("blob.bin"), [0u8, 1, 2]).unwrap();
+    let job = s.post(
+        "/api/jobs",
+        json!({ "model": "tiny", "prompt": "Audit this.", "attachments": [folder], "max_tokens": 4 }),
+    );
+    let attached = job["request"]["attachments"].as_str().unwrap();
+    assert!(attached.contains("main.rs ===\nfn main() {}"), "{attached}");
+    assert!(!attached.contains("blob.bin"));
+    let id = job["id"].as_i64().unwrap();
+    assert_eq!(s.wait_final(id, WAIT)["state"], "done");
+}
+
+#[test]
+fn pause_resume_and_cancel_keep_the_answer_whole() {
+    let (dir, s) = started();
+    s.add_model("long", &support::synth_model(dir.path()));
+    let body = json!({ "model": "long", "prompt": "Draft an architecture", "max_tokens": 600, "temperature": 0.8, "seed": 3 });
+    let reference = s.post("/api/jobs", body.clone());
+    let reference = s.wait_final(reference["id"].as_i64().unwrap(), WAIT);
+    assert_eq!(reference["state"], "done");
+
+    let total = reference["tokens"].as_u64().unwrap();
+    assert!(
+        total >= 100,
+        "a long enough answer to pause in: {total} tokens"
+    );
+
+    let id = s.post("/api/jobs", body.clone())["id"].as_i64().unwrap();
+    let queued = s.post("/api/jobs", body)["id"].as_i64().unwrap();
+    s.wait_state(id, "running", WAIT);
+    while s.get(&format!("/api/jobs/{id}"))["tokens"]
+        .as_u64()
+        .unwrap()
+        == 0
+    {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let paused = s.post(&format!("/api/jobs/{id}/pause"), json!({}));
+    assert_eq!(paused["state"], "paused");
+    let at_pause = paused["tokens"].as_u64().unwrap();
+    assert!(
+        at_pause > 0 && at_pause < total,
+        "paused part-way: {at_pause} of {total}"
+    );
+    assert_eq!(paused["pause_reason"], "paused by the user");
+    // The waiting job cannot be paused twice nor resumed while queued.
+    let (status, err) = s.call(
+        "POST",
+        &format!("/api/jobs/{queued}/resume"),
+        Some(&json!({})),
+    );
+    assert_eq!(status, 409, "{err}");
+    let cancelled = s.post(&format!("/api/jobs/{queued}/cancel"), json!({}));
+    assert_eq!(cancelled["state"], "cancelled");
+    s.post(&format!("/api/jobs/{id}/resume"), json!({}));
+    let done = s.wait_final(id, WAIT);
+    assert_eq!(done["state"], "done");
+    assert_eq!(
+        done["output"], reference["output"],
+        "paused and resumed = uninterrupted"
+    );
+    assert_eq!(done["tokens"], reference["tokens"]);
+    assert!(
+        done["log"].as_str().unwrap().contains("resumed"),
+        "{}",
+        done["log"]
+    );
+}
+
+#[test]
+fn openai_clients_get_openai_answers_through_the_queue() {
+    let (_dir, s) = started();
+    let models = s.get("/v1/models");
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], "tiny");
+
+    let messages = json!([{ "role": "user", "content": "Draft an architecture" }]);
+    let chat = s.post(
+        "/v1/chat/completions",
+        json!({ "model": "tiny", "messages": messages, "max_tokens": 24 }),
+    );
+    assert_eq!(chat["object"], "chat.completion");
+    let content = chat["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(!content.is_empty());
+    let finish = chat["choices"][0]["finish_reason"].clone();
+    assert!(finish == "length" || finish == "stop", "{chat}");
+    // The same request as a job gives the same text: one queue, one engine.
+    let job = s.post(
+        "/api/jobs",
+        json!({ "model": "tiny", "messages": messages, "max_tokens": 24 }),
+    );
+    let job = s.wait_final(job["id"].as_i64().unwrap(), WAIT);
+    assert_eq!(job["output"], content);
+    assert_eq!(chat["usage"]["completion_tokens"], job["tokens"]);
+    let jobs = s.get("/api/jobs");
+    assert!(
+        jobs["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|j| j["origin"] == "openai" && j["priority"] == 100)
+    );
+
+    // Streaming: the chunks add up to the same text, then [DONE].
+    let (status, body) = s.call_text(
+        "POST",
+        "/v1/chat/completions",
+        Some(&json!({ "model": "tiny", "messages": messages, "max_tokens": 24, "stream": true, "stream_options": { "include_usage": true } })),
+        true,
+    );
+    assert_eq!(status, 200);
+    let datas: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(datas.last(), Some(&"[DONE]"), "{body}");
+    let mut streamed = String::new();
+    for d in &datas[..datas.len() - 1] {
+        let v: Value = serde_json::from_str(d).unwrap();
+        assert_eq!(v["object"], "chat.completion.chunk");
+        streamed.push_str(v["choices"][0]["delta"]["content"].as_str().unwrap_or(""));
+    }
+    assert_eq!(streamed, content);
+    let last: Value = serde_json::from_str(datas[datas.len() - 2]).unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], finish);
+    assert_eq!(last["usage"]["completion_tokens"], job["tokens"]);
+
+    let completion = s.post(
+        "/v1/completions",
+        json!({ "model": "tiny", "prompt": "Draft an architecture", "max_tokens": 8, "seed": 1 }),
+    );
+    assert_eq!(completion["object"], "text_completion");
+    assert!(completion["usage"]["completion_tokens"].as_u64().unwrap() <= 8);
+    assert!(completion["choices"][0]["text"].is_string());
+
+    // What cannot be honoured is refused, OpenAI-style, never ignored.
+    for (field, value) in [
+        ("logit_bias", json!({"1": 5})),
+        ("tools", json!([])),
+        ("n", json!(2)),
+        ("frequency_penalty", json!(0.5)),
+    ] {
+        let mut body = json!({ "model": "tiny", "messages": messages });
+        body[field] = value;
+        let (status, err) = s.call("POST", "/v1/chat/completions", Some(&body));
+        assert_eq!(status, 400, "{field}: {err}");
+        assert_eq!(err["error"]["param"], field);
+        assert_eq!(err["error"]["type"], "invalid_request_error");
+    }
+}
+
+#[test]
+fn the_queue_can_be_held_and_reordered() {
+    let (_dir, s) = started();
+    s.post("/api/queue/pause", json!({}));
+    let ids: Vec<i64> = (0..3)
+        .map(|i| {
+            s.post(
+                "/api/jobs",
+                json!({ "model": "tiny", "prompt": format!("task {i}"), "max_tokens": 4 }),
+            )["id"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        s.get(&format!("/api/jobs/{}", ids[0]))["state"],
+        "queued",
+        "held"
+    );
+    let moved = s.post(&format!("/api/jobs/{}/move", ids[2]), json!({ "index": 0 }));
+    assert_eq!(moved["queue_position"], 1);
+    let status = s.get("/api/queue");
+    assert_eq!(status["paused"], true);
+    assert_eq!(status["waiting"], 3);
+    s.post("/api/queue/resume", json!({}));
+    for id in &ids {
+        assert_eq!(s.wait_final(*id, WAIT)["state"], "done");
+    }
+    // Reordered: the last submitted ran first.
+    let started_at = |id: i64| {
+        s.get(&format!("/api/jobs/{id}"))["started_ms"]
+            .as_i64()
+            .unwrap()
+    };
+    assert!(started_at(ids[2]) <= started_at(ids[0]));
+}

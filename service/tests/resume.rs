@@ -1,0 +1,121 @@
+//! Durability: the service is SIGKILLed at random moments while it works
+//! through a queue, restarted each time, and in the end every job is there
+//! once, done, with exactly the text an uninterrupted run gives, in a
+//! database that passes `PRAGMA integrity_check`.
+//!
+//! `LONGHAUL_KILLS` sets the number of kills (default 30; the stress run uses 300).
+
+mod support;
+
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+use support::{Service, synth_model};
+
+const DEFAULT_KILLS: usize = 30;
+/// Longest a service lives before it is killed, in milliseconds.
+const MAX_LIFE_MS: u64 = 400;
+const WAIT: Duration = Duration::from_secs(300);
+
+fn jobs() -> Vec<Value> {
+    vec![
+        json!({ "model": "m", "prompt": "Audit the storage layer", "max_tokens": 900, "title": "greedy" }),
+        json!({ "model": "m", "prompt": "Draft an architecture", "max_tokens": 900, "temperature": 0.9, "top_p": 0.95, "seed": 17, "title": "sampled" }),
+        json!({ "model": "m", "messages": [{ "role": "user", "content": "Plan the migration" }], "max_tokens": 900, "temperature": 0.7, "top_k": 40, "seed": 5, "title": "chat" }),
+        json!({ "model": "m", "prompt": "Summarise the findings", "max_tokens": 900, "temperature": 1.0, "seed": 99, "stop": ["zq"], "title": "stop string" }),
+    ]
+}
+
+/// Outputs of the jobs run without interruption.
+fn reference(root: &std::path::Path, model: &std::path::Path) -> Vec<Value> {
+    let s = Service::start(&root.join("reference"));
+    s.add_model("m", model);
+    let ids: Vec<i64> = jobs()
+        .into_iter()
+        .map(|j| s.post("/api/jobs", j)["id"].as_i64().unwrap())
+        .collect();
+    ids.iter().map(|&id| s.wait_final(id, WAIT)).collect()
+}
+
+#[test]
+fn killed_at_random_moments_no_job_is_lost_duplicated_or_changed() {
+    let kills: usize = std::env::var("LONGHAUL_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_KILLS);
+    let tmp = tempfile::tempdir().unwrap();
+    let model = synth_model(tmp.path());
+    let want = reference(tmp.path(), &model);
+    for w in &want {
+        assert_eq!(w["state"], "done", "{w}");
+    }
+
+    let data = tmp.path().join("killed");
+    let s = Service::start(&data);
+    s.add_model("m", &model);
+    let ids: Vec<i64> = jobs()
+        .into_iter()
+        .map(|j| s.post("/api/jobs", j)["id"].as_i64().unwrap())
+        .collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(2026);
+    let mut s = Some(s);
+    let mut mid_job = 0;
+    for _ in 0..kills {
+        let service = s.take().unwrap_or_else(|| Service::start(&data));
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..MAX_LIFE_MS)));
+        let running = service
+            .get("/api/queue")
+            .get("running")
+            .is_some_and(|r| !r.is_null());
+        mid_job += usize::from(running);
+        service.kill();
+    }
+
+    let s = Service::start(&data);
+    for (id, w) in ids.iter().zip(&want) {
+        let got = s.wait_final(*id, WAIT);
+        assert_eq!(got["state"], "done", "{got}");
+        let (a, b) = (
+            got["output"].as_str().unwrap(),
+            w["output"].as_str().unwrap(),
+        );
+        let same = a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count();
+        assert!(
+            a == b,
+            "job {id} ({}) differs from the uninterrupted run: {} vs {} chars, first difference at char {same}",
+            w["title"],
+            a.chars().count(),
+            b.chars().count()
+        );
+        assert_eq!(got["tokens"], w["tokens"]);
+        assert_eq!(got["finish_reason"], w["finish_reason"]);
+    }
+    let all = s.get("/api/jobs");
+    assert_eq!(
+        all["jobs"].as_array().unwrap().len(),
+        ids.len(),
+        "no job lost or duplicated"
+    );
+    let interrupted: usize = ids
+        .iter()
+        .map(|id| {
+            s.get(&format!("/api/jobs/{id}"))["log"]
+                .as_str()
+                .unwrap()
+                .matches("interrupted")
+                .count()
+        })
+        .sum();
+    s.stop();
+    let conn = rusqlite::Connection::open(data.join("queue.sqlite")).unwrap();
+    let check: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+    println!("{kills} kills, {mid_job} while a job ran, {interrupted} interruptions recovered");
+    assert!(
+        mid_job > kills / 3,
+        "most kills should land mid-job: {mid_job} of {kills}"
+    );
+}

@@ -1,0 +1,242 @@
+//! Running the real `longhaul serve` for end-to-end tests, and talking to it
+//! over real HTTP.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// How long a service may take to start listening.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../engine/tests/fixtures")
+        .join(name)
+}
+
+pub fn expected(name: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture(name).join("expected.json")).unwrap())
+        .unwrap()
+}
+
+pub struct Service {
+    pub child: Child,
+    pub url: String,
+    pub token: String,
+    pub data_dir: PathBuf,
+    agent: ureq::Agent,
+}
+
+impl Service {
+    /// Starts `longhaul serve` on a free port with `data_dir`, waiting until it listens.
+    pub fn start(data_dir: &Path) -> Self {
+        Self::start_with(data_dir, &[])
+    }
+
+    pub fn start_with(data_dir: &Path, extra: &[&str]) -> Self {
+        std::fs::create_dir_all(data_dir).unwrap();
+        let endpoint = data_dir.join("endpoint");
+        let _ = std::fs::remove_file(&endpoint);
+        let child = Command::new(env!("CARGO_BIN_EXE_longhaul"))
+            .args(["serve", "--port", "0", "--data-dir"])
+            .arg(data_dir)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start longhaul serve");
+        let started = Instant::now();
+        let url = loop {
+            if let Ok(u) = std::fs::read_to_string(&endpoint)
+                && !u.trim().is_empty()
+            {
+                break u.trim().to_string();
+            }
+            assert!(
+                started.elapsed() < START_TIMEOUT,
+                "the service did not start"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let token = std::fs::read_to_string(data_dir.join("token"))
+            .unwrap()
+            .trim()
+            .to_string();
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(120)))
+            .build()
+            .into();
+        Self {
+            child,
+            url,
+            token,
+            data_dir: data_dir.to_path_buf(),
+            agent,
+        }
+    }
+
+    /// (status, JSON body) of a request with the token.
+    pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let (status, text) = self.call_text(method, path, body, true);
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    pub fn call_text(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        with_token: bool,
+    ) -> (u16, String) {
+        let url = format!("{}{path}", self.url);
+        let auth = format!("Bearer {}", self.token);
+        let result = match (method, body) {
+            ("GET", _) => {
+                let mut r = self.agent.get(&url);
+                if with_token {
+                    r = r.header("Authorization", &auth);
+                }
+                r.call()
+            }
+            ("DELETE", _) => {
+                let mut r = self.agent.delete(&url);
+                if with_token {
+                    r = r.header("Authorization", &auth);
+                }
+                r.call()
+            }
+            (_, b) => {
+                let mut r = self.agent.post(&url);
+                if with_token {
+                    r = r.header("Authorization", &auth);
+                }
+                r.send_json(b.cloned().unwrap_or(Value::Null))
+            }
+        };
+        let mut response = result.expect("the service answers");
+        let status = response.status().as_u16();
+        (status, response.body_mut().read_to_string().unwrap())
+    }
+
+    pub fn get(&self, path: &str) -> Value {
+        let (status, v) = self.call("GET", path, None);
+        assert_eq!(status, 200, "GET {path}: {v}");
+        v
+    }
+
+    pub fn post(&self, path: &str, body: Value) -> Value {
+        let (status, v) = self.call("POST", path, Some(&body));
+        assert!(status < 300, "POST {path}: {status} {v}");
+        v
+    }
+
+    pub fn add_model(&self, name: &str, path: &Path) {
+        self.post(
+            "/api/models",
+            serde_json::json!({ "name": name, "path": path }),
+        );
+    }
+
+    /// Waits until job `id` is done, failed or cancelled, and returns it.
+    pub fn wait_final(&self, id: i64, timeout: Duration) -> Value {
+        let started = Instant::now();
+        loop {
+            let job = self.get(&format!("/api/jobs/{id}"));
+            if ["done", "failed", "cancelled"].contains(&job["state"].as_str().unwrap()) {
+                return job;
+            }
+            assert!(
+                started.elapsed() < timeout,
+                "job {id} still {} after {timeout:?}",
+                job["state"]
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until job `id` is in `state`.
+    pub fn wait_state(&self, id: i64, state: &str, timeout: Duration) -> Value {
+        let started = Instant::now();
+        loop {
+            let job = self.get(&format!("/api/jobs/{id}"));
+            if job["state"] == state {
+                return job;
+            }
+            assert!(
+                started.elapsed() < timeout,
+                "job {id} is {} not {state}",
+                job["state"]
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// SIGKILL: no chance to clean up.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then wait for a clean exit.
+    pub fn stop(mut self) {
+        terminate(self.child.id());
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends SIGTERM through the `kill` command (no unsafe code in tests).
+fn terminate(pid: u32) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+}
+
+/// A small random-weight MoE checkpoint with no end-of-sequence token, so
+/// answers run to `max_tokens`.
+pub fn synth_model(dir: &Path) -> PathBuf {
+    let out = dir.join("synth");
+    let status = Command::new(env!("CARGO_BIN_EXE_longhaul"))
+        .args([
+            "synth",
+            "--arch",
+            "qwen3_moe",
+            "--hidden",
+            "64",
+            "--heads",
+            "4",
+            "--kv-heads",
+            "2",
+            "--layers",
+            "2",
+            "--experts",
+            "8",
+            "--top-k",
+            "2",
+            "--moe-intermediate",
+            "32",
+            "--vocab",
+            "512",
+            "--out",
+        ])
+        .arg(&out)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    out
+}
