@@ -54,8 +54,11 @@ fn killed_at_random_moments_no_job_is_lost_duplicated_or_changed() {
     let data = tmp.path().join("killed");
     let s = Service::start(&data);
     s.add_model("m", &model);
-    let ids: Vec<i64> = jobs()
-        .into_iter()
+    // Enough work that kills keep landing mid-job: one round of the jobs
+    // per DEFAULT_KILLS kills.
+    let rounds = kills.div_ceil(DEFAULT_KILLS).max(1);
+    let ids: Vec<i64> = (0..rounds)
+        .flat_map(|_| jobs())
         .map(|j| s.post("/api/jobs", j)["id"].as_i64().unwrap())
         .collect();
     let mut rng = rand::rngs::StdRng::seed_from_u64(2026);
@@ -73,7 +76,7 @@ fn killed_at_random_moments_no_job_is_lost_duplicated_or_changed() {
     }
 
     let s = Service::start(&data);
-    for (id, w) in ids.iter().zip(&want) {
+    for (id, w) in ids.iter().zip(want.iter().cycle()) {
         let got = s.wait_final(*id, WAIT);
         assert_eq!(got["state"], "done", "{got}");
         let (a, b) = (

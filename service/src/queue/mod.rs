@@ -83,6 +83,9 @@ pub struct Runnable {
     pub request: Request,
     pub committed_tokens: Vec<u32>,
     pub committed_text: String,
+    /// Tokens committed (equal to `committed_tokens.len()` for local models;
+    /// remote servers report counts, not ids).
+    pub committed_count: usize,
     /// Set when the job ran before (interrupted or paused and resumed).
     pub resumed: bool,
     pub stats: Option<JobStats>,
@@ -192,6 +195,7 @@ impl Queue {
             model: view.model,
             request: view.request,
             resumed: view.started_ms.is_some(),
+            committed_count: view.tokens,
             committed_tokens,
             committed_text,
             stats: view.stats,
@@ -213,7 +217,15 @@ impl Queue {
 
     /// Appends output to a running job. Refused once the job is no longer
     /// running, which tells the runner to stop.
-    pub fn commit(&self, id: i64, tokens: &[u32], text: &str) -> Result<(), QueueError> {
+    /// `count` is the number of tokens the output holds: `tokens.len()` when
+    /// the ids are known, or what a remote server reported.
+    pub fn commit(
+        &self,
+        id: i64,
+        tokens: &[u32],
+        count: usize,
+        text: &str,
+    ) -> Result<(), QueueError> {
         self.write("commit output", |tx| {
             let state = state_of(tx, id)?;
             if state != JobState::Running {
@@ -223,7 +235,7 @@ impl Queue {
                     transition: "take more output",
                 });
             }
-            append_chunk(tx, id, tokens, text)
+            append_chunk(tx, id, tokens, count, text)
         })
     }
 
@@ -232,13 +244,14 @@ impl Queue {
         &self,
         id: i64,
         tokens: &[u32],
+        count: usize,
         text: &str,
         reason: &str,
         stats: &JobStats,
     ) -> Result<(), QueueError> {
         self.write("finish a job", |tx| {
-            if !tokens.is_empty() || !text.is_empty() {
-                append_chunk(tx, id, tokens, text)?;
+            if count > 0 || !text.is_empty() {
+                append_chunk(tx, id, tokens, count, text)?;
             }
             Self::transition(tx, id, Transition::Finish)?;
             set_end(tx, id, Some(reason), None, stats)
@@ -319,6 +332,20 @@ impl Queue {
                 append_log(tx, id, "interrupted: the service stopped while it ran")?;
             }
             Ok(ids)
+        })
+    }
+
+    /// Drops a running job's output, for a backend that must start over.
+    pub fn discard_output(&self, id: i64) -> Result<(), QueueError> {
+        self.write("discard output", |tx| {
+            tx.execute("DELETE FROM chunks WHERE job_id = ?1", [id])
+                .map_err(sql("discarding output"))?;
+            tx.execute(
+                "UPDATE jobs SET token_count = 0, updated_ms = ?2 WHERE id = ?1",
+                params![id, now_ms()],
+            )
+            .map_err(sql("discarding output"))?;
+            Ok(())
         })
     }
 
@@ -483,6 +510,7 @@ fn append_chunk(
     tx: &Transaction<'_>,
     id: i64,
     tokens: &[u32],
+    count: usize,
     text: &str,
 ) -> Result<(), QueueError> {
     let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
@@ -494,7 +522,7 @@ fn append_chunk(
     .map_err(sql("appending output"))?;
     tx.execute(
         "UPDATE jobs SET token_count = token_count + ?2, updated_ms = ?3 WHERE id = ?1",
-        params![id, tokens.len() as i64, now_ms()],
+        params![id, count as i64, now_ms()],
     )
     .map_err(sql("counting output"))?;
     Ok(())

@@ -38,7 +38,7 @@ fn new_job(title: &str, priority: i64) -> NewJob {
 fn apply(q: &Queue, id: i64, t: Transition) -> Result<(), QueueError> {
     match t {
         Transition::Start => q.start(id),
-        Transition::Finish => q.finish(id, &[], "", "eos", &JobStats::default()),
+        Transition::Finish => q.finish(id, &[], 0, "", "eos", &JobStats::default()),
         Transition::Fail => q.fail(id, "boom", &JobStats::default()),
         Transition::Cancel => q.cancel(id).map(|_| ()),
         Transition::Pause => q.pause(id, "asked").map(|_| ()),
@@ -73,7 +73,7 @@ proptest! {
                 }
             }
             if write {
-                let committed = q.commit(ids[j], &[7, 8], "ab");
+                let committed = q.commit(ids[j], &[7, 8], 2, "ab");
                 prop_assert_eq!(committed.is_ok(), model[j] == JobState::Running);
                 if committed.is_ok() { tokens[j] += 2; }
             }
@@ -96,7 +96,7 @@ fn interrupted_jobs_run_first_then_priority_then_order() {
     let c = q.submit(&new_job("c", 0)).unwrap().id;
     assert_eq!(q.next_runnable().unwrap().unwrap().id, b, "higher priority");
     q.start(c).unwrap();
-    q.commit(c, &[1, 2, 3], "xyz").unwrap();
+    q.commit(c, &[1, 2, 3], 3, "xyz").unwrap();
     assert_eq!(q.recover().unwrap(), vec![c]);
     let next = q.next_runnable().unwrap().unwrap();
     assert_eq!(next.id, c, "an interrupted job goes first");

@@ -5,11 +5,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use longhaul_engine::cache::StreamingOptions;
-use longhaul_engine::generate::{FinishReason, Flow, GenerationSettings, SamplingParams};
+use longhaul_engine::generate::{FinishReason, GenerationSettings, SamplingParams};
 use longhaul_engine::tokenizer::ChatMessage;
 use longhaul_engine::{Engine, EngineError, EngineOptions};
 
-use super::{Outcome, RunError};
+use super::{Outcome, Produced, RunError, Sink};
 use crate::queue::{Input, Runnable};
 
 /// The loaded model, shared with the metrics sampler.
@@ -71,7 +71,7 @@ impl LocalBackend {
         &self,
         path: &Path,
         job: &Runnable,
-        sink: &mut dyn FnMut(&[u32], &str) -> Flow,
+        sink: &mut Sink<'_>,
     ) -> Result<Outcome, RunError> {
         let engine = self.engine(path)?;
         let request = &job.request;
@@ -108,7 +108,11 @@ impl LocalBackend {
         let generation = engine
             .generate_resumed(&prompt, &job.committed_tokens, &settings, |piece| {
                 let tokens: Vec<u32> = piece.token.into_iter().collect();
-                sink(&tokens, piece.text)
+                sink(Produced {
+                    tokens: &tokens,
+                    count: tokens.len(),
+                    text: piece.text,
+                })
             })
             .map_err(engine_error)?;
         let after = counters(&engine);
@@ -130,6 +134,7 @@ impl LocalBackend {
                 after.1.saturating_sub(before.1),
                 after.2.saturating_sub(before.2),
             ),
+            reported_tokens: None,
         })
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod local;
 pub mod rate;
+pub mod remote;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
@@ -49,6 +50,18 @@ impl Default for RunnerConfig {
     }
 }
 
+/// Output a backend produced: token ids when the model runs here (kept for
+/// resuming), or only a count when a remote server produced it.
+#[derive(Debug, Clone, Copy)]
+pub struct Produced<'a> {
+    pub tokens: &'a [u32],
+    pub count: usize,
+    pub text: &'a str,
+}
+
+/// Where a backend sends its output; it returns whether to go on.
+pub type Sink<'a> = dyn FnMut(Produced<'_>) -> Flow + 'a;
+
 /// How a backend's run ended.
 #[derive(Debug, Clone)]
 pub struct Outcome {
@@ -58,6 +71,9 @@ pub struct Outcome {
     pub expert_bytes_read: u64,
     /// Expert cache (hits, misses) during the run.
     pub lookups: (u64, u64),
+    /// Tokens the run produced, as a remote server reported them (its
+    /// stream chunks need not be one token each).
+    pub reported_tokens: Option<usize>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -242,11 +258,34 @@ impl Runner {
         }));
     }
 
-    fn run_job(&self, job: Runnable) {
+    fn run_job(&self, mut job: Runnable) {
         let id = job.id;
         if let Err(e) = self.queue.start(id) {
             tracing::warn!("job {id} could not start: {e}");
             return;
+        }
+        let remote = self
+            .queue
+            .model(&job.model)
+            .is_ok_and(|m| matches!(m.kind, ModelKind::Remote { .. }));
+        if remote && job.committed_count > 0 {
+            if remote::can_continue(&job.request.input) {
+                let _ = self.queue.log(
+                    id,
+                    &format!(
+                        "continuing on the remote server from {} committed characters",
+                        job.committed_text.chars().count()
+                    ),
+                );
+            } else if self.queue.discard_output(id).is_ok() {
+                let _ = self.queue.log(
+                    id,
+                    "restarted: the remote server cannot continue a chat answer from part of it",
+                );
+                job.committed_tokens.clear();
+                job.committed_text.clear();
+                job.committed_count = 0;
+            }
         }
         self.control.with(|s| {
             s.running = Some(id);
@@ -256,17 +295,14 @@ impl Runner {
         if job.resumed {
             let _ = self.queue.log(
                 id,
-                &format!(
-                    "resumed with {} committed tokens",
-                    job.committed_tokens.len()
-                ),
+                &format!("resumed with {} committed tokens", job.committed_count),
             );
         }
         let mut shown = job.committed_text.len();
         self.publish_progress(
             &job,
             JobState::Running,
-            job.committed_tokens.len(),
+            job.committed_count,
             shown,
             String::new(),
         );
@@ -278,30 +314,36 @@ impl Runner {
         let mut unsent = String::new();
         let mut last_commit = Instant::now();
         let mut last_event = Instant::now();
-        let mut total = job.committed_tokens.len();
+        let mut total = job.committed_count;
         let mut new_tokens = 0usize;
         let mut rate = RollingRate::default();
         let mut lost_job = false;
 
-        let mut sink = |tokens: &[u32], text: &str| -> Flow {
+        let mut pending_count = 0usize;
+        let mut sink = |p: Produced<'_>| -> Flow {
+            let (tokens, text) = (p.tokens, p.text);
             let now = Instant::now();
-            if !tokens.is_empty() {
+            if p.count > 0 {
                 first_token.get_or_insert(started.elapsed().as_secs_f64());
                 rate.tick(now);
                 if let Ok(mut r) = self.rate.lock() {
                     *r = rate.per_second();
                 }
             }
-            total += tokens.len();
-            new_tokens += tokens.len();
+            total += p.count;
+            new_tokens += p.count;
+            pending_count += p.count;
             pending_tokens.extend_from_slice(tokens);
             pending_text.push_str(text);
             unsent.push_str(text);
             shown += text.len();
-            if pending_tokens.len() >= self.config.commit_tokens
+            if pending_count >= self.config.commit_tokens
                 || now.duration_since(last_commit) >= self.config.commit_interval
             {
-                if let Err(e) = self.queue.commit(id, &pending_tokens, &pending_text) {
+                if let Err(e) = self
+                    .queue
+                    .commit(id, &pending_tokens, pending_count, &pending_text)
+                {
                     // Paused or cancelled meanwhile: what was not committed
                     // is produced again on resume.
                     if !matches!(e, QueueError::Illegal { .. }) {
@@ -312,6 +354,7 @@ impl Runner {
                 }
                 pending_tokens.clear();
                 pending_text.clear();
+                pending_count = 0;
                 last_commit = now;
             }
             if now.duration_since(last_event) >= PROGRESS_INTERVAL {
@@ -339,9 +382,16 @@ impl Runner {
                     loaded: Arc::clone(&self.loaded),
                 }
                 .run(&PathBuf::from(path), &job, &mut sink),
-                ModelKind::Remote { .. } => Err(RunError::Failed(
-                    "remote models are not supported by this runner yet".into(),
-                )),
+                ModelKind::Remote {
+                    url,
+                    api_key,
+                    remote_model,
+                } => remote::RemoteBackend {
+                    url,
+                    api_key: api_key.as_deref(),
+                    remote_model,
+                }
+                .run(&job, &mut sink),
             },
         };
         if let Ok(mut r) = self.rate.lock() {
@@ -370,9 +420,16 @@ impl Runner {
 
         let end_state = match result {
             Ok(outcome) if outcome.finish_reason != "stopped" && !lost_job => {
+                if let Some(reported) = outcome.reported_tokens {
+                    // Trust the server's count over the chunks counted so far.
+                    let committed = new_tokens - pending_count;
+                    pending_count = reported.saturating_sub(committed);
+                    stats.generated_tokens = job.committed_count + committed + pending_count;
+                }
                 match self.queue.finish(
                     id,
                     &pending_tokens,
+                    pending_count,
                     &pending_text,
                     outcome.finish_reason,
                     &stats,
@@ -387,13 +444,17 @@ impl Runner {
             Ok(_) => {
                 // Asked to stop: paused, cancelled, or the service is stopping.
                 if self.state_of(id) == JobState::Running {
-                    let _ = self.queue.commit(id, &pending_tokens, &pending_text);
+                    let _ = self
+                        .queue
+                        .commit(id, &pending_tokens, pending_count, &pending_text);
                 }
                 let _ = self.queue.save_stats(id, &stats);
                 self.state_of(id)
             }
             Err(RunError::Fault(reason)) => {
-                let _ = self.queue.commit(id, &pending_tokens, &pending_text);
+                let _ = self
+                    .queue
+                    .commit(id, &pending_tokens, pending_count, &pending_text);
                 let _ = self.queue.save_stats(id, &stats);
                 let _ = self.queue.log(id, &format!("paused: {reason}"));
                 if let Err(e) = self.queue.pause(id, &format!("storage fault: {reason}")) {
@@ -402,7 +463,9 @@ impl Runner {
                 self.state_of(id)
             }
             Err(RunError::Failed(reason)) => {
-                let _ = self.queue.commit(id, &pending_tokens, &pending_text);
+                let _ = self
+                    .queue
+                    .commit(id, &pending_tokens, pending_count, &pending_text);
                 if let Err(e) = self.queue.fail(id, &reason, &stats) {
                     tracing::warn!("job {id}: cannot record the failure: {e}");
                 }
