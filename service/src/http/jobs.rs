@@ -445,3 +445,81 @@ pub async fn queue_status(State(app): State<AppState>) -> ApiResult<Json<Value>>
         "waiting": waiting,
     })))
 }
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PreviewBody {
+    model: String,
+    prompt: Option<String>,
+    messages: Option<Vec<Message>>,
+    attachments: Option<Vec<PathBuf>>,
+}
+
+/// Characters per token when a remote model's tokenizer is not at hand.
+const CHARS_PER_TOKEN_ESTIMATE: usize = 4;
+
+/// `POST /api/jobs/preview`: what a submission would send, before sending
+/// it — the prompt's token count and which attached files are read or skipped.
+pub async fn preview(
+    State(app): State<AppState>,
+    ApiJson(body): ApiJson<PreviewBody>,
+) -> ApiResult<Json<Value>> {
+    let model_name = body.model.clone();
+    let model = app.blocking(move |q| q.model(&model_name)).await?;
+    let prompt = body.prompt.unwrap_or_default();
+    let messages = body.messages.unwrap_or_default();
+    let paths = body.attachments.unwrap_or_default();
+    let result = tokio::task::spawn_blocking(move || -> Result<Value, ApiError> {
+        let attached = attach::collect(&paths)
+            .map_err(|e| ApiError::bad_param("attachments", e.to_string()))?;
+        let skipped: Vec<Value> = attached
+            .skipped
+            .iter()
+            .map(|(p, why)| json!({ "path": p, "reason": why }))
+            .collect();
+        let (tokens, estimate) = match &model.kind {
+            ModelKind::Local { path } => {
+                let tokenizer = longhaul_engine::tokenizer::TextTokenizer::from_dir(path)
+                    .map_err(|e| ApiError::bad_param("model", e.to_string()))?;
+                let ids = if messages.is_empty() {
+                    tokenizer.encode(&format!("{}{prompt}", attached.text), true)
+                } else {
+                    let mut chat: Vec<longhaul_engine::tokenizer::ChatMessage> = messages
+                        .iter()
+                        .map(|m| longhaul_engine::tokenizer::ChatMessage {
+                            role: m.role.clone(),
+                            content: m.content.clone(),
+                        })
+                        .collect();
+                    if let Some(first) = chat.iter_mut().find(|m| m.role == "user") {
+                        first.content = format!("{}{}", attached.text, first.content);
+                    }
+                    tokenizer
+                        .render_chat(&chat, true)
+                        .and_then(|t| tokenizer.encode(&t, false))
+                }
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+                (ids.len(), false)
+            }
+            ModelKind::Remote { .. } => {
+                let chars = attached.text.chars().count()
+                    + prompt.chars().count()
+                    + messages
+                        .iter()
+                        .map(|m| m.content.chars().count())
+                        .sum::<usize>();
+                (chars.div_ceil(CHARS_PER_TOKEN_ESTIMATE), true)
+            }
+        };
+        Ok(json!({
+            "prompt_tokens": tokens,
+            "estimate": estimate,
+            "attachment_files": attached.files,
+            "attachment_bytes": attached.text.len(),
+            "skipped": skipped,
+        }))
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))??;
+    Ok(Json(result))
+}

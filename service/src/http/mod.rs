@@ -244,6 +244,7 @@ pub fn router(app: AppState) -> Router {
         .route("/api/models", get(jobs::list_models).post(jobs::add_model))
         .route("/api/models/{name}", delete(jobs::remove_model))
         .route("/api/jobs", get(jobs::list).post(jobs::submit))
+        .route("/api/jobs/preview", post(jobs::preview))
         .route("/api/jobs/{id}", get(jobs::show))
         .route("/api/jobs/{id}/export", get(jobs::export))
         .route("/api/jobs/{id}/move", post(jobs::move_job))

@@ -452,6 +452,10 @@ impl Runner {
                 self.state_of(id)
             }
             Err(RunError::Fault(reason)) => {
+                // Reload on resume, so the drives are checked afresh.
+                if let Ok(mut slot) = self.loaded.slot.lock() {
+                    *slot = None;
+                }
                 let _ = self
                     .queue
                     .commit(id, &pending_tokens, pending_count, &pending_text);

@@ -170,6 +170,12 @@ impl Service {
             if job["state"] == state {
                 return job;
             }
+            let st = job["state"].as_str().unwrap_or("");
+            assert!(
+                !["done", "failed", "cancelled"].contains(&st),
+                "job {id} ended {st} instead of becoming {state}: {}",
+                job["error"]
+            );
             assert!(
                 started.elapsed() < timeout,
                 "job {id} is {} not {state}",

@@ -1,0 +1,208 @@
+//! What the dashboards and the drives view read: drives, metrics and the
+//! event stream from a packed model that really streams; a missing drive
+//! pausing a job until it is repaired; the prompt preview.
+
+mod support;
+
+use std::io::BufRead;
+use std::path::Path;
+use std::process::Command;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::{Service, synth_model};
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// Packs `model` over two drive folders under `root`.
+fn pack(root: &Path, model: &Path) -> std::path::PathBuf {
+    let drives: Vec<String> = (0..2)
+        .map(|i| {
+            let d = root.join(format!("drive{i}"));
+            std::fs::create_dir_all(&d).unwrap();
+            d.to_str().unwrap().to_string()
+        })
+        .collect();
+    let out = root.join("pack");
+    let status = Command::new(env!("CARGO_BIN_EXE_longhaul"))
+        .arg("pack")
+        .arg(model)
+        .arg("--out")
+        .arg(&out)
+        .args(["--drives", &drives.join(","), "--split-threshold", "4K"])
+        .stderr(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    out
+}
+
+/// Follows the event stream on a thread, sending (event name, data).
+fn follow_events(s: &Service) -> mpsc::Receiver<(String, Value)> {
+    let (tx, rx) = mpsc::channel();
+    let url = format!("{}/api/events?token={}", s.url, s.token);
+    std::thread::spawn(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder().build().into();
+        let Ok(response) = agent.get(&url).call() else {
+            return;
+        };
+        let reader = std::io::BufReader::new(response.into_body().into_reader());
+        let mut name = String::new();
+        for line in reader.lines().map_while(Result::ok) {
+            if let Some(n) = line.strip_prefix("event:") {
+                name = n.trim().to_string();
+            } else if let Some(d) = line.strip_prefix("data:") {
+                let v: Value = serde_json::from_str(d.trim()).unwrap_or(Value::Null);
+                if tx.send((name.clone(), v)).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
+
+#[test]
+fn drives_metrics_and_events_show_a_streaming_model_at_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    let packed = pack(tmp.path(), &synth_model(tmp.path()));
+    let s = Service::start_with(&tmp.path().join("data"), &["--budget", "0"]);
+    s.add_model("packed", &packed);
+    let events = follow_events(&s);
+    let job = s.post(
+        "/api/jobs",
+        json!({ "model": "packed", "prompt": "Audit the storage layer", "max_tokens": 1500 }),
+    );
+    let id = job["id"].as_i64().unwrap();
+    let (mut metrics, mut progress) = (Vec::new(), Vec::new());
+    loop {
+        let (name, data) = events.recv_timeout(WAIT).expect("events keep coming");
+        match name.as_str() {
+            "metrics" => metrics.push(data),
+            "job" if data["id"] == id => {
+                let state = data["state"].as_str().unwrap().to_string();
+                progress.push(data);
+                if state == "done" {
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    let done = s.get(&format!("/api/jobs/{id}"));
+    assert_eq!(done["state"], "done");
+    assert!(progress.len() >= 3, "{} progress events", progress.len());
+    // Deltas placed at their offsets rebuild the output.
+    let mut text = String::new();
+    for p in &progress {
+        let offset = p["offset"].as_u64().unwrap() as usize;
+        text.truncate(offset);
+        text.push_str(p["delta"].as_str().unwrap());
+    }
+    assert!(done["output"].as_str().unwrap().starts_with(&text));
+    assert!(
+        progress
+            .iter()
+            .any(|p| p["tokens_per_second"].as_f64().is_some_and(|r| r > 0.0))
+    );
+    assert!(progress.iter().any(|p| p["eta_seconds"].as_f64().is_some()));
+    // With no budget every expert is read: the drives show traffic.
+    assert!(!metrics.is_empty(), "metrics arrive once a second");
+    let engine = &metrics.last().unwrap()["engine"];
+    let drives = engine["drives"].as_array().unwrap();
+    assert_eq!(drives.len(), 2);
+    assert!(
+        drives.iter().all(|d| d["bytes"].as_u64().unwrap() > 0),
+        "{engine}"
+    );
+    assert_eq!(engine["cache"]["budget_bytes"], 0);
+    let stats = &done["stats"];
+    assert!(stats["expert_bytes_read"].as_u64().unwrap() > 0, "{stats}");
+    assert_eq!(stats["cache_hit_rate"], 0.0);
+
+    let listed = s.get("/api/drives");
+    let drives = listed["drives"].as_array().unwrap();
+    assert_eq!(drives.len(), 2, "{listed}");
+    for d in drives {
+        assert_eq!(d["present"], true);
+        assert!(d["model_bytes"].as_u64().unwrap() > 0);
+        assert!(d["total_bytes"].as_u64().unwrap() >= d["free_bytes"].as_u64().unwrap());
+        assert_eq!(d["models"], json!(["packed"]));
+    }
+    let m = s.get("/api/metrics");
+    assert!(m["metrics"]["engine"]["drives"].is_array(), "{m}");
+}
+
+#[test]
+fn a_failing_drive_pauses_the_job_until_it_is_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let packed = pack(tmp.path(), &synth_model(tmp.path()));
+    let s = Service::start_with(&tmp.path().join("data"), &["--budget", "0"]);
+    s.add_model("packed", &packed);
+    let body = json!({ "model": "packed", "prompt": "Draft an architecture", "max_tokens": 200, "temperature": 0.8, "seed": 4 });
+    let reference = s.post("/api/jobs", body.clone());
+    let reference = s.wait_final(reference["id"].as_i64().unwrap(), WAIT);
+    assert_eq!(reference["state"], "done");
+
+    // The drive starts failing: its extent files read short, as a drive
+    // that drops out mid-read does.
+    let drive = tmp.path().join("drive1").join("pack");
+    let mut saved = Vec::new();
+    for entry in std::fs::read_dir(&drive).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "bin") {
+            saved.push((path.clone(), std::fs::read(&path).unwrap()));
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_len(0)
+                .unwrap();
+        }
+    }
+    assert!(!saved.is_empty());
+    let job = s.post("/api/jobs", body.clone());
+    let id = job["id"].as_i64().unwrap();
+    let paused = s.wait_state(id, "paused", WAIT);
+    let reason = paused["pause_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("storage fault") && reason.contains("drive 1"),
+        "{reason}"
+    );
+
+    for (path, bytes) in saved {
+        std::fs::write(path, bytes).unwrap();
+    }
+    s.post(&format!("/api/jobs/{id}/resume"), json!({}));
+    let done = s.wait_final(id, WAIT);
+    assert_eq!(done["state"], "done", "{}", done["error"]);
+    assert_eq!(done["output"], reference["output"]);
+}
+
+#[test]
+fn a_preview_counts_the_prompt_and_lists_skipped_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = synth_model(tmp.path());
+    let s = Service::start(&tmp.path().join("data"));
+    s.add_model("m", &model);
+    let folder = tmp.path().join("src");
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::write(folder.join("a.txt"), "abc").unwrap();
+    std::fs::write(folder.join("b.bin"), [0u8, 0, 0]).unwrap();
+    let p = s.post(
+        "/api/jobs/preview",
+        json!({ "model": "m", "prompt": "hello", "attachments": [folder] }),
+    );
+    // Byte-level tokenizer: one token per byte of header, file and prompt.
+    let attached = format!("=== {} ===\nabc\n\n", folder.join("a.txt").display());
+    assert_eq!(
+        p["prompt_tokens"].as_u64().unwrap() as usize,
+        attached.len() + "hello".len(),
+        "{p}"
+    );
+    assert_eq!(p["estimate"], false);
+    assert_eq!(p["skipped"][0]["reason"], "binary");
+    assert_eq!(p["attachment_files"].as_array().unwrap().len(), 1);
+}
