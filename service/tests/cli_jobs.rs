@@ -61,6 +61,14 @@ fn the_cli_submits_watches_and_exports_jobs() {
         "watch prints the answer"
     );
     assert!(err(&o).contains("done (length)"), "{}", err(&o));
+    assert!(
+        err(&o).contains(&format!(
+            "prompt: {} tokens",
+            exp["prompt_ids"].as_array().unwrap().len()
+        )),
+        "{}",
+        err(&o)
+    );
 
     let o = longhaul(&data, &["jobs", "list"]);
     assert!(
@@ -99,4 +107,12 @@ fn without_a_service_the_cli_says_how_to_start_one() {
     let o = longhaul(tmp.path(), &["jobs", "list"]);
     assert!(!o.status.success());
     assert!(err(&o).contains("longhaul serve"), "{}", err(&o));
+}
+
+#[test]
+fn serving_beyond_this_machine_needs_the_explicit_flag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = longhaul(tmp.path(), &["serve", "--host", "0.0.0.0", "--port", "0"]);
+    assert!(!o.status.success());
+    assert!(err(&o).contains("add --allow-remote"), "{}", err(&o));
 }

@@ -189,6 +189,34 @@ fn submit(client: &Client, s: SubmitArgs) -> anyhow::Result<()> {
     } else {
         body["prompt"] = json!(prompt);
     }
+    // Say what is being sent before sending it.
+    let mut preview = json!({ "model": body["model"], "attachments": body["attachments"] });
+    for key in ["prompt", "messages"] {
+        if !body[key].is_null() {
+            preview[key] = body[key].clone();
+        }
+    }
+    let p: Value = client.post("/api/jobs/preview", &preview)?;
+    if !s.json {
+        let files = p["attachment_files"].as_array().map_or(0, Vec::len);
+        eprintln!(
+            "prompt: {}{} tokens{}",
+            if p["estimate"] == true { "about " } else { "" },
+            p["prompt_tokens"],
+            if files > 0 {
+                format!(", {files} attached files")
+            } else {
+                String::new()
+            }
+        );
+        for skipped in p["skipped"].as_array().into_iter().flatten() {
+            eprintln!(
+                "skipped {} ({})",
+                skipped["path"].as_str().unwrap_or("?"),
+                skipped["reason"].as_str().unwrap_or("?")
+            );
+        }
+    }
     let job: Value = client.post("/api/jobs", &body)?;
     if s.json {
         println!("{job}");

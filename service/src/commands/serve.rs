@@ -35,6 +35,12 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    if !args.allow_remote && !args.host.is_loopback() {
+        anyhow::bail!(
+            "--host {} is not a loopback address; add --allow-remote to serve beyond this machine (the token still applies)",
+            args.host
+        );
+    }
     let data_dir = args.data.data_dir();
     let mut runner = RunnerConfig::default();
     runner.streaming.budget_bytes = args.budget;
