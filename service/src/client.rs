@@ -52,6 +52,19 @@ pub fn service_url(data_dir: &Path, given: Option<&str>) -> String {
         .unwrap_or_else(|| format!("http://127.0.0.1:{DEFAULT_PORT}"))
 }
 
+/// `text` made safe as one URL path segment.
+pub fn path_segment(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
 impl Client {
     /// A client for the service using `data_dir`'s token.
     pub fn new(data_dir: &Path, url: Option<&str>) -> Result<Self, ClientError> {
@@ -90,10 +103,11 @@ impl Client {
         }
     }
 
-    fn finish<T: DeserializeOwned>(
+    /// The body of a successful response, or the API's error message.
+    fn body_text(
         &self,
         response: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
-    ) -> Result<T, ClientError> {
+    ) -> Result<String, ClientError> {
         let mut response = response.map_err(|e| self.unreachable(e))?;
         let status = response.status().as_u16();
         let text = response
@@ -107,6 +121,14 @@ impl Client {
                 .unwrap_or(text);
             return Err(ClientError::Api { status, message });
         }
+        Ok(text)
+    }
+
+    fn finish<T: DeserializeOwned>(
+        &self,
+        response: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> Result<T, ClientError> {
+        let text = self.body_text(response)?;
         let text = if text.is_empty() { "null".into() } else { text };
         serde_json::from_str(&text).map_err(|e| ClientError::Protocol(e.to_string()))
     }
@@ -127,20 +149,7 @@ impl Client {
             .get(format!("{}{path}", self.base))
             .header("Authorization", &format!("Bearer {}", self.token))
             .call();
-        let mut response = r.map_err(|e| self.unreachable(e))?;
-        let status = response.status().as_u16();
-        let text = response
-            .body_mut()
-            .read_to_string()
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        if status >= 400 {
-            let message = serde_json::from_str::<Value>(&text)
-                .ok()
-                .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
-                .unwrap_or(text);
-            return Err(ClientError::Api { status, message });
-        }
-        Ok(text)
+        self.body_text(r)
     }
 
     pub fn post<T: DeserializeOwned>(&self, path: &str, body: &Value) -> Result<T, ClientError> {
@@ -196,5 +205,14 @@ impl Client {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn names_become_safe_path_segments() {
+        assert_eq!(super::path_segment("big model/v2"), "big%20model%2Fv2");
+        assert_eq!(super::path_segment("kimi-k2.5_q8"), "kimi-k2.5_q8");
     }
 }

@@ -81,7 +81,10 @@ pub fn run(args: ModelsArgs) -> anyhow::Result<()> {
             }
         }
         ModelsCommand::Remove { name } => {
-            client.delete(&format!("/api/models/{name}"))?;
+            client.delete(&format!(
+                "/api/models/{}",
+                longhaul_service::client::path_segment(&name)
+            ))?;
             println!("removed `{name}`");
         }
     }
