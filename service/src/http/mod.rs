@@ -9,6 +9,7 @@
 
 pub mod error;
 pub mod jobs;
+pub mod models;
 pub mod openai;
 pub mod system;
 
@@ -241,8 +242,11 @@ async fn index(State(app): State<AppState>) -> Response {
 
 pub fn router(app: AppState) -> Router {
     let api = Router::new()
-        .route("/api/models", get(jobs::list_models).post(jobs::add_model))
-        .route("/api/models/{name}", delete(jobs::remove_model))
+        .route(
+            "/api/models",
+            get(models::list_models).post(models::add_model),
+        )
+        .route("/api/models/{name}", delete(models::remove_model))
         .route("/api/jobs", get(jobs::list).post(jobs::submit))
         .route("/api/jobs/preview", post(jobs::preview))
         .route("/api/jobs/{id}", get(jobs::show))
