@@ -30,8 +30,9 @@ pub struct JobProgress {
     pub max_tokens: usize,
     /// Byte offset in the job's output where `delta` begins. A watcher whose
     /// copy of the output is not `offset` bytes long missed or holds text
-    /// that was not committed, and should re-read the job.
-    pub offset: usize,
+    /// that was not committed, and should re-read the job. Absent from
+    /// events that only report a waiting job's place.
+    pub offset: Option<usize>,
     /// Text made final since the previous event of this job.
     pub delta: String,
     /// Over the last few seconds of decoding.

@@ -369,8 +369,19 @@ fn the_queue_can_be_held_and_reordered() {
         "queued",
         "held"
     );
+    let events = support::follow_events(&s);
+    std::thread::sleep(Duration::from_millis(200));
     let moved = s.post(&format!("/api/jobs/{}/move", ids[2]), json!({ "index": 0 }));
     assert_eq!(moved["queue_position"], 1);
+    // Watchers hear each waiting job's new place.
+    loop {
+        let (name, data) = events.recv_timeout(WAIT).expect("a queue-position event");
+        if name == "job" && data["id"] == ids[2] {
+            assert_eq!(data["queue_position"], 1, "{data}");
+            assert!(data["offset"].is_null());
+            break;
+        }
+    }
     let status = s.get("/api/queue");
     assert_eq!(status["paused"], true);
     assert_eq!(status["waiting"], 3);

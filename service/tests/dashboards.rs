@@ -4,14 +4,12 @@
 
 mod support;
 
-use std::io::BufRead;
 use std::path::Path;
 use std::process::Command;
-use std::sync::mpsc;
 use std::time::Duration;
 
-use serde_json::{Value, json};
-use support::{Service, synth_model};
+use serde_json::json;
+use support::{Service, follow_events, synth_model};
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -39,31 +37,6 @@ fn pack(root: &Path, model: &Path) -> std::path::PathBuf {
     out
 }
 
-/// Follows the event stream on a thread, sending (event name, data).
-fn follow_events(s: &Service) -> mpsc::Receiver<(String, Value)> {
-    let (tx, rx) = mpsc::channel();
-    let url = format!("{}/api/events?token={}", s.url, s.token);
-    std::thread::spawn(move || {
-        let agent: ureq::Agent = ureq::Agent::config_builder().build().into();
-        let Ok(response) = agent.get(&url).call() else {
-            return;
-        };
-        let reader = std::io::BufReader::new(response.into_body().into_reader());
-        let mut name = String::new();
-        for line in reader.lines().map_while(Result::ok) {
-            if let Some(n) = line.strip_prefix("event:") {
-                name = n.trim().to_string();
-            } else if let Some(d) = line.strip_prefix("data:") {
-                let v: Value = serde_json::from_str(d.trim()).unwrap_or(Value::Null);
-                if tx.send((name.clone(), v)).is_err() {
-                    return;
-                }
-            }
-        }
-    });
-    rx
-}
-
 #[test]
 fn drives_metrics_and_events_show_a_streaming_model_at_work() {
     let tmp = tempfile::tempdir().unwrap();
@@ -81,7 +54,7 @@ fn drives_metrics_and_events_show_a_streaming_model_at_work() {
         let (name, data) = events.recv_timeout(WAIT).expect("events keep coming");
         match name.as_str() {
             "metrics" => metrics.push(data),
-            "job" if data["id"] == id => {
+            "job" if data["id"] == id && data["offset"].is_u64() => {
                 let state = data["state"].as_str().unwrap().to_string();
                 progress.push(data);
                 if state == "done" {

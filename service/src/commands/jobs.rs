@@ -295,7 +295,13 @@ fn watch(client: &Client, id: i64) -> anyhow::Result<()> {
             if name != "job" || data["id"].as_i64() != Some(id) {
                 return true;
             }
-            let offset = data["offset"].as_u64().unwrap_or(0) as usize;
+            let Some(offset) = data["offset"].as_u64().map(|o| o as usize) else {
+                // Only the job's place in the queue.
+                if let Some(pos) = data["queue_position"].as_u64() {
+                    bar.set_message(format!("waiting, number {pos} in the queue"));
+                }
+                return true;
+            };
             let delta = data["delta"].as_str().unwrap_or("");
             if offset == shown.len() && !delta.is_empty() {
                 shown.push_str(delta);

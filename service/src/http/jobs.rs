@@ -13,7 +13,6 @@ use serde_json::{Value, json};
 use super::error::{ApiError, ApiResult};
 use super::{ApiJson, AppState};
 use crate::attach;
-use crate::events::Event;
 use crate::queue::{Input, JobState, JobView, Message, ModelKind, NewJob, Request, Settings};
 
 /// Longest answer a job may ask for.
@@ -223,7 +222,7 @@ pub async fn act(
             )));
         }
     }
-    app.events.publish(Event::Queue);
+    app.runner.announce_queue();
     Ok(Json(app.blocking(move |q| q.job(id)).await?))
 }
 
@@ -240,7 +239,7 @@ pub async fn move_job(
     ApiJson(body): ApiJson<MoveBody>,
 ) -> ApiResult<Json<JobView>> {
     app.blocking(move |q| q.reorder(id, body.index)).await?;
-    app.events.publish(Event::Queue);
+    app.runner.announce_queue();
     Ok(Json(app.blocking(move |q| q.job(id)).await?))
 }
 
@@ -357,7 +356,7 @@ pub async fn queue_act(
         app.runner.control.stop_job(id);
     }
     app.runner.control.set_queue_paused(paused);
-    app.events.publish(Event::Queue);
+    app.runner.announce_queue();
     queue_status(State(app)).await
 }
 

@@ -138,7 +138,7 @@ impl AppState {
     pub async fn enqueue(&self, job: NewJob) -> ApiResult<JobView> {
         let view = self.blocking(move |q| q.submit(&job)).await?;
         self.runner.control.wake();
-        self.events.publish(Event::Queue);
+        self.runner.announce_queue();
         Ok(view)
     }
 

@@ -394,18 +394,19 @@ fn stream(
             let mut reread = matches!(event, Err(_) | Ok(Err(_)));
             if let Ok(Ok(Event::Job(p))) = &event
                 && p.id == id
+                && let Some(offset) = p.offset
             {
-                let end = p.offset + p.delta.len();
-                if p.offset <= sent.len()
+                let end = offset + p.delta.len();
+                if offset <= sent.len()
                     && end > sent.len()
-                    && p.delta.is_char_boundary(sent.len() - p.offset)
+                    && p.delta.is_char_boundary(sent.len() - offset)
                 {
-                    let fresh = p.delta[sent.len() - p.offset..].to_string();
+                    let fresh = p.delta[sent.len() - offset..].to_string();
                     sent.push_str(&fresh);
                     if tx.send(send(fresh)).await.is_err() {
                         return;
                     }
-                } else if p.offset > sent.len() || p.state.is_final() {
+                } else if offset > sent.len() || p.state.is_final() {
                     reread = true;
                 }
             }

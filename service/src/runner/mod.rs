@@ -233,6 +233,27 @@ impl Runner {
         }
     }
 
+    /// Publishes that the queue changed, with each waiting job's place.
+    pub fn announce_queue(&self) {
+        self.events.publish(Event::Queue);
+        let Ok(jobs) = self.queue.list() else {
+            return;
+        };
+        for j in jobs.into_iter().filter(|j| j.queue_position.is_some()) {
+            self.events.publish(Event::Job(JobProgress {
+                id: j.id,
+                state: j.state,
+                tokens: j.tokens,
+                max_tokens: j.request.settings.max_tokens,
+                offset: None,
+                delta: String::new(),
+                tokens_per_second: None,
+                eta_seconds: None,
+                queue_position: j.queue_position,
+            }));
+        }
+    }
+
     fn publish_progress(
         &self,
         job: &Runnable,
@@ -248,7 +269,7 @@ impl Runner {
             state,
             tokens,
             max_tokens: max,
-            offset,
+            offset: Some(offset),
             delta,
             tokens_per_second: rate,
             eta_seconds: rate
@@ -291,7 +312,7 @@ impl Runner {
             s.running = Some(id);
             s.stop_running = false;
         });
-        self.events.publish(Event::Queue);
+        self.announce_queue();
         if job.resumed {
             let _ = self.queue.log(
                 id,
@@ -484,7 +505,7 @@ impl Runner {
         // length, and a watcher that holds a different length re-reads the job.
         let committed = self.queue.committed(id).map_or(0, |(_, t)| t.len());
         self.publish_progress(&job, end_state, total, committed, String::new());
-        self.events.publish(Event::Queue);
+        self.announce_queue();
     }
 
     fn state_of(&self, id: i64) -> JobState {

@@ -3,8 +3,10 @@
 
 #![allow(dead_code)]
 
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -245,4 +247,29 @@ pub fn synth_model(dir: &Path) -> PathBuf {
         .unwrap();
     assert!(status.success());
     out
+}
+
+/// Follows the event stream on a thread, sending (event name, data).
+pub fn follow_events(s: &Service) -> mpsc::Receiver<(String, Value)> {
+    let (tx, rx) = mpsc::channel();
+    let url = format!("{}/api/events?token={}", s.url, s.token);
+    std::thread::spawn(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder().build().into();
+        let Ok(response) = agent.get(&url).call() else {
+            return;
+        };
+        let reader = std::io::BufReader::new(response.into_body().into_reader());
+        let mut name = String::new();
+        for line in reader.lines().map_while(Result::ok) {
+            if let Some(n) = line.strip_prefix("event:") {
+                name = n.trim().to_string();
+            } else if let Some(d) = line.strip_prefix("data:") {
+                let v: Value = serde_json::from_str(d.trim()).unwrap_or(Value::Null);
+                if tx.send((name.clone(), v)).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    rx
 }
