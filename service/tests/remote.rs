@@ -49,7 +49,7 @@ fn jobs_run_on_a_remote_service_and_survive_a_restart() {
     // Killed mid-answer, the near service continues from its committed text.
     let long = near.post(
         "/api/jobs",
-        json!({ "model": "remote", "prompt": "Draft an architecture", "max_tokens": 1200 }),
+        json!({ "model": "remote", "prompt": "Draft an architecture", "max_tokens": 4000 }),
     );
     let id = long["id"].as_i64().unwrap();
     let before = loop {
@@ -101,7 +101,7 @@ fn a_remote_chat_answer_starts_over_after_a_restart() {
     let messages = json!([{ "role": "user", "content": "Plan the migration" }]);
     let direct = far.post(
         "/api/jobs",
-        json!({ "model": "m", "messages": messages, "max_tokens": 1200 }),
+        json!({ "model": "m", "messages": messages, "max_tokens": 4000 }),
     );
     let direct = far.wait_final(direct["id"].as_i64().unwrap(), WAIT);
 
@@ -113,7 +113,7 @@ fn a_remote_chat_answer_starts_over_after_a_restart() {
     );
     let job = near.post(
         "/api/jobs",
-        json!({ "model": "remote", "messages": messages, "max_tokens": 1200 }),
+        json!({ "model": "remote", "messages": messages, "max_tokens": 4000 }),
     );
     let id = job["id"].as_i64().unwrap();
     while near.get(&format!("/api/jobs/{id}"))["tokens"]
