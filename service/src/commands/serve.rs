@@ -29,7 +29,7 @@ pub struct ServeArgs {
     budget: u64,
     #[command(flatten)]
     cache: super::CacheArgs,
-    /// A built web UI to serve at / (default: ui/dist beside the binary's project, if present).
+    /// A built web UI to serve at / (default: `ui/` beside the binary, else the source tree's `ui/dist`).
     #[arg(long)]
     ui_dir: Option<PathBuf>,
 }
@@ -50,7 +50,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         addr: SocketAddr::new(args.host, args.port),
         allow_remote: args.allow_remote,
         runner,
-        ui_dir: args.ui_dir,
+        ui_dir: args.ui_dir.or_else(default_ui_dir),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -74,6 +74,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     ));
     let _ = std::fs::remove_file(&endpoint);
     result.context("the service stopped with an error")
+}
+
+/// The built web UI: `ui/` beside the binary when installed, else the
+/// source tree's `ui/dist` this binary was built from.
+fn default_ui_dir() -> Option<PathBuf> {
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join("ui")));
+    let built = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../ui/dist"));
+    [beside, Some(built)]
+        .into_iter()
+        .flatten()
+        .find(|d| d.join("index.html").is_file())
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

@@ -119,6 +119,8 @@ pub struct AppState {
     allow_remote: bool,
     metrics: Arc<Mutex<Option<MetricsEvent>>>,
     ui_dir: Option<PathBuf>,
+    data_dir: PathBuf,
+    address: String,
 }
 
 impl AppState {
@@ -221,20 +223,30 @@ async fn check_host(State(app): State<AppState>, req: Request, next: Next) -> Re
     next.run(req).await
 }
 
+async fn info(State(app): State<AppState>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "data_dir": app.data_dir,
+        "address": app.address,
+        "budget_bytes": app.runner.config().streaming.budget_bytes,
+        "policy": match app.runner.config().streaming.policy {
+            longhaul_engine::cache::EvictionPolicy::LeastFrequentlyUsed => "least frequently used",
+            longhaul_engine::cache::EvictionPolicy::LeastRecentlyUsed => "least recently used",
+        },
+        "cache_dtype": if app.runner.config().streaming.keep_stored_dtype { "stored" } else { "f32" },
+    }))
+}
+
 async fn health() -> Json<serde_json::Value> {
     Json(serde_json::json!({ "service": "longhaul", "version": env!("CARGO_PKG_VERSION") }))
 }
 
-/// The web UI's entry page, or a pointer to the API when no UI is built.
-async fn index(State(app): State<AppState>) -> Response {
-    if let Some(dir) = &app.ui_dir
-        && let Ok(html) = tokio::fs::read_to_string(dir.join("index.html")).await
-    {
-        return Html(html).into_response();
-    }
+/// Shown at `/` when no built web UI is found.
+async fn no_ui() -> Response {
     Html(concat!(
         "<!doctype html><meta charset=utf-8><title>Longhaul</title>",
-        "<h1>Longhaul</h1><p>The service is running. Its API is under <code>/api</code> ",
+        "<h1>Longhaul</h1><p>The service is running, but its web UI is not built here ",
+        "(<code>cd ui && npm ci && npm run build</code>). The API is under <code>/api</code> ",
         "and <code>/v1</code> (OpenAI-compatible); the bearer token is in the data dir.</p>"
     ))
     .into_response()
@@ -256,6 +268,8 @@ pub fn router(app: AppState) -> Router {
         .route("/api/queue", get(jobs::queue_status))
         .route("/api/queue/{action}", post(jobs::queue_act))
         .route("/api/drives", get(system::list_drives))
+        .route("/api/heat/{model}", get(system::heat))
+        .route("/api/info", get(info))
         .route("/api/metrics", get(system::metrics))
         .route("/api/events", get(system::events))
         .route("/v1/models", get(openai::models))
@@ -270,10 +284,17 @@ pub fn router(app: AppState) -> Router {
         .allow_origin(origins)
         .allow_methods([Method::GET, Method::POST, Method::DELETE])
         .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE]);
+    let ui = match app.ui_dir.clone().filter(|d| d.join("index.html").is_file()) {
+        Some(dir) => Router::new().fallback_service(
+            tower_http::services::ServeDir::new(&dir)
+                .fallback(tower_http::services::ServeFile::new(dir.join("index.html"))),
+        ),
+        None => Router::new().route("/", get(no_ui)),
+    };
     Router::new()
-        .route("/", get(index))
         .route("/api/health", get(health))
         .merge(api)
+        .merge(ui)
         .layer(middleware::from_fn_with_state(app.clone(), check_host))
         .layer(cors)
         .layer(RequestBodyLimitLayer::new(MAX_BODY_BYTES))
@@ -353,6 +374,8 @@ pub async fn serve(
         allow_remote: config.allow_remote,
         metrics: Arc::new(Mutex::new(None)),
         ui_dir: config.ui_dir.clone(),
+        data_dir: config.data_dir.clone(),
+        address: String::new(),
     };
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
@@ -364,6 +387,10 @@ pub async fn serve(
         addr: config.addr,
         source,
     })?;
+    let app = AppState {
+        address: format!("http://{addr}"),
+        ..app
+    };
     tokio::spawn(sample_metrics(app.clone()));
     ready(addr, &token);
     let served = axum::serve(listener, router(app))

@@ -146,3 +146,51 @@ pub async fn events(
     });
     Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
 }
+
+/// `GET /api/heat/{model}`: the pack's heat histogram as a layers × experts matrix.
+pub async fn heat(
+    State(app): State<AppState>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> ApiResult<Json<Value>> {
+    let model = app.blocking(move |q| q.model(&name)).await?;
+    let ModelKind::Local { path } = model.kind else {
+        return Err(super::error::ApiError::bad_param(
+            "model",
+            "a remote model keeps no heat histogram here",
+        ));
+    };
+    let result = tokio::task::spawn_blocking(move || {
+        let Ok(manifest) = longhaul_engine::pack::Manifest::read(&path) else {
+            // A checkpoint held in RAM streams nothing, so it has no heat.
+            return json!({ "layers": [], "experts": 0, "heat": [] });
+        };
+        let heat = longhaul_engine::cache::heat::HeatMap::load(&path);
+        let values: std::collections::HashMap<(usize, usize), f64> =
+            heat.hottest().into_iter().collect();
+        let layers: Vec<usize> = manifest.experts.layers.iter().map(|l| l.layer).collect();
+        let experts = manifest
+            .experts
+            .layers
+            .iter()
+            .map(|l| l.records.len())
+            .max()
+            .unwrap_or(0);
+        let rows: Vec<Vec<f64>> = if values.is_empty() {
+            Vec::new()
+        } else {
+            layers
+                .iter()
+                .map(|&l| {
+                    (0..experts)
+                        .map(|e| values.get(&(l, e)).copied().unwrap_or(0.0))
+                        .collect()
+                })
+                .collect()
+        };
+        let layers = if rows.is_empty() { Vec::new() } else { layers };
+        json!({ "layers": layers, "experts": experts, "heat": rows })
+    })
+    .await
+    .map_err(|e| super::error::ApiError::internal(e.to_string()))?;
+    Ok(Json(result))
+}

@@ -202,6 +202,10 @@ impl Runner {
         }
     }
 
+    pub fn config(&self) -> &RunnerConfig {
+        &self.config
+    }
+
     /// Starts the runner thread.
     pub fn spawn(self: &Arc<Self>) -> std::io::Result<JoinHandle<()>> {
         let me = Arc::clone(self);

@@ -1,0 +1,192 @@
+// The service's HTTP API: every call carries the bearer token, every error
+// comes back in one shape ({error: {message, param}}) and is thrown as ApiError.
+
+const TOKEN_KEY = "longhaul.token";
+
+export class ApiError extends Error {
+  constructor(
+    message: string,
+    readonly status: number,
+    readonly param: string | null,
+  ) {
+    super(message);
+  }
+}
+
+/** Takes a token handed over in the URL (`#token=…`) and keeps it. */
+export function adoptToken(): void {
+  const m = location.hash.match(/token=([0-9a-f]+)/i);
+  if (m) {
+    localStorage.setItem(TOKEN_KEY, m[1]);
+    history.replaceState(null, "", location.pathname + "#/tasks");
+  }
+}
+
+export function token(): string | null {
+  return localStorage.getItem(TOKEN_KEY);
+}
+
+export function setToken(t: string): void {
+  localStorage.setItem(TOKEN_KEY, t.trim());
+}
+
+export async function call<T>(method: string, path: string, body?: unknown): Promise<T> {
+  let res: Response;
+  try {
+    res = await fetch(path, {
+      method,
+      headers: {
+        Authorization: `Bearer ${token() ?? ""}`,
+        ...(body === undefined ? {} : { "Content-Type": "application/json" }),
+      },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+  } catch {
+    throw new ApiError("The Longhaul service is not reachable. Is it running?", 0, null);
+  }
+  const text = await res.text();
+  let data: unknown = null;
+  try {
+    data = text ? JSON.parse(text) : null;
+  } catch {
+    data = text;
+  }
+  if (!res.ok) {
+    const err = (data as { error?: { message?: string; param?: string | null } } | null)?.error;
+    throw new ApiError(err?.message ?? `HTTP ${res.status}`, res.status, err?.param ?? null);
+  }
+  return data as T;
+}
+
+export const get = <T>(path: string) => call<T>("GET", path);
+export const post = <T>(path: string, body: unknown = {}) => call<T>("POST", path, body);
+export const del = <T>(path: string) => call<T>("DELETE", path);
+
+/** A URL that carries the token in the query, for downloads and event streams. */
+export function withToken(path: string): string {
+  const sep = path.includes("?") ? "&" : "?";
+  return `${path}${sep}token=${encodeURIComponent(token() ?? "")}`;
+}
+
+export interface Settings {
+  max_tokens: number;
+  temperature: number;
+  top_p: number;
+  top_k: number | null;
+  seed: number;
+  stop: string[];
+}
+
+export interface JobStats {
+  prompt_tokens: number;
+  generated_tokens: number;
+  time_to_first_token_s: number | null;
+  tokens_per_second: number;
+  wall_seconds: number;
+  expert_bytes_read: number;
+  cache_hit_rate: number | null;
+  resumes: number;
+}
+
+export type JobState = "queued" | "running" | "paused" | "interrupted" | "done" | "failed" | "cancelled";
+
+export interface Job {
+  id: number;
+  title: string;
+  model: string;
+  state: JobState;
+  priority: number;
+  queue_position: number | null;
+  origin: string;
+  request: {
+    input: { prompt?: string; messages?: { role: string; content: string }[] };
+    attachments?: string;
+    settings: Settings;
+  };
+  output?: string;
+  tokens: number;
+  stats: JobStats | null;
+  error: string | null;
+  pause_reason: string | null;
+  finish_reason: string | null;
+  log: string;
+  created_ms: number;
+  started_ms: number | null;
+  finished_ms: number | null;
+}
+
+export interface Model {
+  name: string;
+  kind: "local" | "remote";
+  path?: string;
+  url?: string;
+  remote_model?: string;
+  created_ms: number;
+}
+
+export interface DriveMetrics {
+  path: string;
+  bytes: number;
+  reads: number;
+  errors: number;
+  mb_per_s: number;
+  latency_p50_ms: number | null;
+  latency_p90_ms: number | null;
+  latency_p99_ms: number | null;
+}
+
+export interface MetricsEvent {
+  model: string;
+  running_job: number | null;
+  tokens_per_second: number | null;
+  budget_bytes: number;
+  engine: {
+    drives: DriveMetrics[];
+    cache: { hits: number; misses: number; evictions: number; held_bytes: number; pinned_bytes: number; budget_bytes: number };
+    hit_rate: number;
+    stall_seconds: number;
+    interval_seconds: number;
+  } | null;
+}
+
+export interface JobProgress {
+  id: number;
+  state: JobState;
+  tokens: number;
+  max_tokens: number;
+  offset: number | null;
+  delta: string;
+  tokens_per_second: number | null;
+  eta_seconds: number | null;
+  queue_position: number | null;
+}
+
+export interface Drive {
+  path: string;
+  present: boolean;
+  free_bytes: number | null;
+  total_bytes: number | null;
+  model_bytes: number;
+  models: string[];
+  mb_per_s: number | null;
+  latency_p50_ms: number | null;
+  errors: number | null;
+}
+
+type Handlers = {
+  job?: (p: JobProgress) => void;
+  queue?: () => void;
+  metrics?: (m: MetricsEvent) => void;
+  status?: (connected: boolean) => void;
+};
+
+/** Follows the service's event stream; reconnects by itself. */
+export function events(handlers: Handlers): () => void {
+  const source = new EventSource(withToken("/api/events"));
+  source.addEventListener("job", (e) => handlers.job?.(JSON.parse((e as MessageEvent).data)));
+  source.addEventListener("queue", () => handlers.queue?.());
+  source.addEventListener("metrics", (e) => handlers.metrics?.(JSON.parse((e as MessageEvent).data)));
+  source.onopen = () => handlers.status?.(true);
+  source.onerror = () => handlers.status?.(false);
+  return () => source.close();
+}

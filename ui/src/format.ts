@@ -1,0 +1,38 @@
+// Numbers for people.
+
+export function bytes(n: number | null | undefined): string {
+  if (n === null || n === undefined) return "–";
+  const units = ["B", "KB", "MB", "GB", "TB"];
+  let v = n;
+  let i = 0;
+  while (v >= 1000 && i < units.length - 1) {
+    v /= 1000;
+    i++;
+  }
+  return `${v.toFixed(v >= 100 || i === 0 ? 0 : 1)} ${units[i]}`;
+}
+
+export function duration(seconds: number | null | undefined): string {
+  if (seconds === null || seconds === undefined || !isFinite(seconds)) return "–";
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ${String(s % 60).padStart(2, "0")}s`;
+  return `${Math.floor(s / 3600)}h ${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
+}
+
+export function rate(r: number | null | undefined): string {
+  return r === null || r === undefined ? "–" : `${r.toFixed(r < 10 ? 2 : 1)} tok/s`;
+}
+
+export function percent(x: number | null | undefined): string {
+  return x === null || x === undefined ? "–" : `${(100 * x).toFixed(1)}%`;
+}
+
+export function when(ms: number | null | undefined): string {
+  return ms ? new Date(ms).toLocaleString() : "–";
+}
+
+/** Escapes text for insertion into HTML. */
+export function esc(s: string): string {
+  return s.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c] ?? c);
+}

@@ -1,0 +1,97 @@
+// Longhaul's web UI: a hash-routed single page over the service's API.
+// Served by `longhaul serve` at `/` and shown by the desktop shell.
+
+import "./style.css";
+
+import { adoptToken, get, Job, token } from "./api";
+import { toast } from "./dom";
+import { store } from "./store";
+import * as dashboard from "./views/dashboard";
+import * as drives from "./views/drives";
+import * as jobView from "./views/job";
+import * as models from "./views/models";
+import * as settings from "./views/settings";
+import * as tasks from "./views/tasks";
+
+const VIEWS: [string, string][] = [
+  ["tasks", "Tasks"],
+  ["dashboard", "Dashboard"],
+  ["drives", "Drives"],
+  ["models", "Models"],
+  ["settings", "Settings"],
+];
+
+adoptToken();
+
+const app = document.getElementById("app") as HTMLElement;
+app.innerHTML = `
+  <header class="top">
+    <a class="brand" href="#/tasks">Longhaul</a>
+    <nav>${VIEWS.map(([id, label]) => `<a href="#/${id}" data-view="${id}">${label}</a>`).join("")}</nav>
+    <span id="conn" class="conn" title="Connection to the service">connecting…</span>
+  </header>
+  <main id="view"></main>
+  <div id="toasts" class="toasts" aria-live="polite"></div>`;
+const view = document.getElementById("view") as HTMLElement;
+const conn = document.getElementById("conn") as HTMLElement;
+
+let cleanup: () => void = () => {};
+let generation = 0;
+
+async function route(): Promise<void> {
+  const [, name = "tasks", arg] = location.hash.replace(/^#/, "").split("/");
+  cleanup();
+  cleanup = () => {};
+  const mine = ++generation;
+  document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", (a as HTMLElement).dataset.view === (name === "job" ? "tasks" : name)));
+  const container = document.createElement("div");
+  container.className = `view view-${name}`;
+  view.replaceChildren(container);
+  if (!token()) {
+    container.innerHTML = `<div class="card"><h2>Connect to the service</h2><p>Open the address <code>longhaul serve</code> printed (it carries the access token), or paste the token from the data dir's <code>token</code> file in <a href="#/settings">Settings</a>.</p></div>`;
+    if (name !== "settings") return;
+  }
+  const render =
+    name === "job"
+      ? () => jobView.render(container, Number(arg))
+      : { dashboard: dashboard.render, drives: drives.render, models: models.render, settings: settings.render }[name as "dashboard"]?.bind(null, container) ??
+        (() => tasks.render(container));
+  const done = await render();
+  if (mine === generation) cleanup = done;
+  else done();
+}
+
+window.addEventListener("hashchange", () => void route());
+
+// Keyboard: n = new task, / = search (in the task list), g d = dashboard.
+document.addEventListener("keydown", (e) => {
+  const typing = ["INPUT", "TEXTAREA", "SELECT"].includes(document.activeElement?.tagName ?? "");
+  if (typing || e.metaKey || e.ctrlKey || e.altKey) return;
+  if (e.key === "n") {
+    e.preventDefault();
+    if (!location.hash.startsWith("#/tasks")) location.hash = "#/tasks";
+    setTimeout(() => (document.querySelector('#new-task textarea[name="prompt"]') as HTMLElement | null)?.focus(), 50);
+  }
+});
+
+// Connection state, and notifications when a task ends.
+store.onStatus(() => {
+  conn.textContent = store.connected ? "connected" : "reconnecting…";
+  conn.classList.toggle("down", !store.connected);
+});
+const announced = new Set<number>();
+store.onJob(async (p) => {
+  if (!["done", "failed"].includes(p.state) || p.offset === null || announced.has(p.id)) return;
+  announced.add(p.id);
+  try {
+    const j = await get<Job>(`/api/jobs/${p.id}`);
+    const text = p.state === "done" ? `Finished: ${j.title}` : `Failed: ${j.title}`;
+    if (settings.notificationsOn()) new Notification("Longhaul", { body: text });
+    toast(text, p.state === "done" ? "info" : "error");
+  } catch {
+    // The list will show it.
+  }
+});
+
+if (token()) store.start();
+void route();

@@ -1,0 +1,98 @@
+// State shared by the views: the event stream, followed from start-up so the
+// dashboard has the last ten minutes whichever view is open, and the latest
+// progress of each job.
+
+import { events, JobProgress, MetricsEvent } from "./api";
+
+/** Samples kept for the charts: ten minutes at one per second. */
+export const HISTORY = 600;
+
+export interface Sample {
+  t: number;
+  drives: Record<string, number>;
+  total: number;
+  hitRate: number | null;
+  tokensPerSecond: number | null;
+  held: number;
+  budget: number;
+}
+
+type Listener = () => void;
+
+class Store {
+  samples: Sample[] = [];
+  latest: MetricsEvent | null = null;
+  progress = new Map<number, JobProgress>();
+  connected = false;
+  private jobListeners = new Set<(p: JobProgress) => void>();
+  private queueListeners = new Set<Listener>();
+  private metricsListeners = new Set<Listener>();
+  private statusListeners = new Set<Listener>();
+  private lastCounters: { hits: number; misses: number } | null = null;
+
+  start(): void {
+    events({
+      job: (p) => {
+        this.progress.set(p.id, { ...this.progress.get(p.id), ...p });
+        this.jobListeners.forEach((l) => l(p));
+      },
+      queue: () => this.queueListeners.forEach((l) => l()),
+      metrics: (m) => this.addMetrics(m),
+      status: (c) => {
+        this.connected = c;
+        this.statusListeners.forEach((l) => l());
+      },
+    });
+  }
+
+  private addMetrics(m: MetricsEvent): void {
+    this.latest = m;
+    const drives: Record<string, number> = {};
+    let total = 0;
+    for (const d of m.engine?.drives ?? []) {
+      drives[d.path] = d.mb_per_s;
+      total += d.mb_per_s;
+    }
+    // Hit rate over the last interval, from the growing counters.
+    let hitRate: number | null = null;
+    const c = m.engine?.cache;
+    if (c) {
+      const prev = this.lastCounters;
+      if (prev) {
+        const lookups = c.hits + c.misses - prev.hits - prev.misses;
+        hitRate = lookups > 0 ? (c.hits - prev.hits) / lookups : null;
+      }
+      this.lastCounters = { hits: c.hits, misses: c.misses };
+    }
+    this.samples.push({
+      t: Date.now() / 1000,
+      drives,
+      total,
+      hitRate,
+      tokensPerSecond: m.tokens_per_second,
+      held: c?.held_bytes ?? 0,
+      budget: c?.budget_bytes ?? m.budget_bytes,
+    });
+    if (this.samples.length > HISTORY) this.samples.splice(0, this.samples.length - HISTORY);
+    this.metricsListeners.forEach((l) => l());
+  }
+
+  onJob(l: (p: JobProgress) => void): () => void {
+    this.jobListeners.add(l);
+    return () => this.jobListeners.delete(l);
+  }
+  onQueue(l: Listener): () => void {
+    this.queueListeners.add(l);
+    return () => this.queueListeners.delete(l);
+  }
+  onMetrics(l: Listener): () => void {
+    this.metricsListeners.add(l);
+    return () => this.metricsListeners.delete(l);
+  }
+  onStatus(l: Listener): () => void {
+    this.statusListeners.add(l);
+    return () => this.statusListeners.delete(l);
+  }
+}
+
+export const store = new Store();

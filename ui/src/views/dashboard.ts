@@ -1,0 +1,151 @@
+// Dashboard: the last ten minutes of per-drive read rates, cache hit rate,
+// token rate and cache memory against the budget, and the expert heat map.
+
+import uPlot from "uplot";
+import "uplot/dist/uPlot.min.css";
+
+import { get, Model } from "../api";
+import { bytes, esc, percent, rate } from "../format";
+import { Sample, store } from "../store";
+
+const COLORS = ["#2f7dd1", "#d1792f", "#3aa35b", "#b04ac9", "#c9a227", "#c94a4a", "#4ac9c0", "#7a7a7a"];
+
+interface Heat {
+  layers: number[];
+  experts: number;
+  heat: number[][];
+}
+
+function chart(el: HTMLElement, title: string, series: { label: string; color: string }[], yLabel: string): uPlot {
+  const opts: uPlot.Options = {
+    title,
+    width: Math.max(300, el.clientWidth - 8),
+    height: 200,
+    scales: { x: { time: true } },
+    axes: [{}, { label: yLabel, size: 60 }],
+    series: [{}, ...series.map((s) => ({ label: s.label, stroke: s.color, width: 2, spanGaps: true }))],
+  };
+  return new uPlot(opts, [[], ...series.map(() => [])], el);
+}
+
+function columns(samples: Sample[], pick: ((s: Sample) => number | null)[]): uPlot.AlignedData {
+  return [samples.map((s) => s.t), ...pick.map((f) => samples.map(f))] as uPlot.AlignedData;
+}
+
+function drawHeat(canvas: HTMLCanvasElement, h: Heat): void {
+  const cell = Math.max(2, Math.min(12, Math.floor(900 / Math.max(1, h.experts))));
+  canvas.width = h.experts * cell;
+  canvas.height = h.layers.length * cell;
+  const ctx = canvas.getContext("2d");
+  if (!ctx) return;
+  const max = Math.max(1e-9, ...h.heat.flat());
+  h.heat.forEach((row, y) =>
+    row.forEach((v, x) => {
+      const a = Math.sqrt(v / max);
+      ctx.fillStyle = `rgba(209, 90, 47, ${a.toFixed(3)})`;
+      ctx.fillRect(x * cell, y * cell, cell - (cell > 3 ? 1 : 0), cell - (cell > 3 ? 1 : 0));
+    }),
+  );
+}
+
+export async function render(root: HTMLElement): Promise<() => void> {
+  root.innerHTML = `
+    <div class="summary card" id="summary"></div>
+    <div class="charts">
+      <section class="card"><div id="c-drives" class="chart"></div></section>
+      <section class="card"><div id="c-hit" class="chart"></div></section>
+      <section class="card"><div id="c-tok" class="chart"></div></section>
+      <section class="card"><div id="c-ram" class="chart"></div></section>
+    </div>
+    <section class="card"><h2>Expert heat</h2>
+      <div class="row"><label class="inline">Model <select id="heat-model"></select></label></div>
+      <p class="hint">Layers (rows) × experts (columns): how often the router chose each expert, decayed over time.</p>
+      <div class="heat"><canvas id="heat" aria-label="Expert heat map"></canvas></div>
+      <p id="heat-note" class="empty"></p>
+    </section>`;
+  const summary = root.querySelector("#summary") as HTMLElement;
+  let drivePaths: string[] = [];
+  let drivesChart: uPlot | null = null;
+  const hit = chart(root.querySelector("#c-hit") as HTMLElement, "Cache hit rate", [{ label: "hit rate", color: COLORS[2] }], "share");
+  const tok = chart(root.querySelector("#c-tok") as HTMLElement, "Tokens per second", [{ label: "tok/s", color: COLORS[0] }], "tok/s");
+  const ram = chart(
+    root.querySelector("#c-ram") as HTMLElement,
+    "Expert cache memory",
+    [
+      { label: "held", color: COLORS[1] },
+      { label: "budget", color: COLORS[7] },
+    ],
+    "bytes",
+  );
+
+  const update = () => {
+    const samples = store.samples;
+    const paths = Array.from(new Set(samples.flatMap((s) => Object.keys(s.drives)))).sort();
+    if (!drivesChart || paths.join() !== drivePaths.join()) {
+      drivesChart?.destroy();
+      drivePaths = paths;
+      const el = root.querySelector("#c-drives") as HTMLElement;
+      el.innerHTML = "";
+      drivesChart = chart(
+        el,
+        "Drive reads (MB/s)",
+        [...paths.map((p, i) => ({ label: p.split("/").slice(-2).join("/"), color: COLORS[i % COLORS.length] })), { label: "total", color: "#222" }],
+        "MB/s",
+      );
+    }
+    drivesChart.setData(columns(samples, [...drivePaths.map((p) => (s: Sample) => s.drives[p] ?? null), (s) => s.total]));
+    hit.setData(columns(samples, [(s) => s.hitRate]));
+    tok.setData(columns(samples, [(s) => s.tokensPerSecond]));
+    ram.setData(columns(samples, [(s) => s.held, (s) => s.budget]));
+    const m = store.latest;
+    summary.innerHTML = m
+      ? `<span><b>${esc(m.model.split("/").pop() ?? m.model)}</b> loaded</span>
+         <span>${m.running_job ? `running task <a href="#/job/${m.running_job}">${m.running_job}</a>` : "idle"}</span>
+         <span>${rate(m.tokens_per_second)}</span>
+         <span>hit rate ${percent(m.engine?.hit_rate)}</span>
+         <span>cache ${bytes(m.engine?.cache.held_bytes)} of ${bytes(m.budget_bytes)}</span>
+         <span>${samples.length} s of history</span>`
+      : `<span class="empty">No model is loaded yet: the charts fill once a task runs.</span>`;
+  };
+  update();
+  const off = store.onMetrics(update);
+
+  // The heat map, per local model.
+  const select = root.querySelector("#heat-model") as HTMLSelectElement;
+  const note = root.querySelector("#heat-note") as HTMLElement;
+  const canvas = root.querySelector("#heat") as HTMLCanvasElement;
+  const loadHeat = async () => {
+    if (!select.value) return;
+    try {
+      const h = await get<Heat>(`/api/heat/${encodeURIComponent(select.value)}`);
+      if (h.layers.length === 0) {
+        canvas.width = canvas.height = 0;
+        note.textContent = "No routing recorded for this model yet; it fills as tasks run.";
+      } else {
+        note.textContent = "";
+        drawHeat(canvas, h);
+      }
+    } catch (e) {
+      note.textContent = (e as Error).message;
+    }
+  };
+  try {
+    const { models } = await get<{ models: Model[] }>("/api/models");
+    const local = models.filter((m) => m.kind === "local");
+    select.innerHTML = local.map((m) => `<option>${esc(m.name)}</option>`).join("");
+    if (local.length === 0) note.textContent = "No local models yet.";
+    select.addEventListener("change", loadHeat);
+    await loadHeat();
+  } catch (e) {
+    note.textContent = (e as Error).message;
+  }
+  const heatTimer = setInterval(loadHeat, 10_000);
+  return () => {
+    off();
+    clearInterval(heatTimer);
+    drivesChart?.destroy();
+    hit.destroy();
+    tok.destroy();
+    ram.destroy();
+  };
+}

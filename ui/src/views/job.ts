@@ -1,0 +1,140 @@
+// Results: one job's output rendered as sanitised Markdown, live while it
+// runs, with its statistics, copy and export, and its controls.
+
+import DOMPurify from "dompurify";
+import { marked } from "marked";
+
+import { get, Job, post, withToken } from "../api";
+import { stateBadge, toast } from "../dom";
+import { bytes, duration, esc, percent, rate, when } from "../format";
+import { store } from "../store";
+
+function markdown(text: string): string {
+  return DOMPurify.sanitize(marked.parse(text, { async: false }) as string);
+}
+
+function statsGrid(j: Job): string {
+  const s = j.stats;
+  const cell = (k: string, v: string) => `<div><dt>${k}</dt><dd>${v}</dd></div>`;
+  return `<dl class="stats">
+    ${cell("Tokens", `${j.tokens} / ${j.request.settings.max_tokens}`)}
+    ${cell("Speed", rate(s?.tokens_per_second))}
+    ${cell("First token", s?.time_to_first_token_s != null ? duration(s.time_to_first_token_s) : "–")}
+    ${cell("Wall time", duration(s?.wall_seconds))}
+    ${cell("Expert bytes read", bytes(s?.expert_bytes_read))}
+    ${cell("Cache hit rate", percent(s?.cache_hit_rate))}
+    ${cell("Prompt tokens", s ? String(s.prompt_tokens) : "–")}
+    ${cell("Resumed", s ? `${s.resumes}×` : "–")}
+  </dl>`;
+}
+
+function task(j: Job): string {
+  const i = j.request.input;
+  const text = i.prompt ?? (i.messages ?? []).map((m) => `${m.role}: ${m.content}`).join("\n\n");
+  const s = j.request.settings;
+  return `<details class="card"><summary>Task and settings</summary>
+    <pre class="task">${esc(text)}</pre>
+    <p class="hint">max_tokens ${s.max_tokens} · temperature ${s.temperature} · top_p ${s.top_p} · top_k ${s.top_k ?? "off"} · seed ${s.seed}${s.stop.length ? ` · stop ${esc(JSON.stringify(s.stop))}` : ""}${j.request.attachments ? ` · ${j.request.attachments.length} characters attached` : ""}</p>
+    <p class="hint">Created ${when(j.created_ms)} · started ${when(j.started_ms)} · finished ${when(j.finished_ms)}</p>
+    ${j.log ? `<pre class="log">${esc(j.log)}</pre>` : ""}
+  </details>`;
+}
+
+export async function render(root: HTMLElement, id: number): Promise<() => void> {
+  root.innerHTML = `<div class="card loading">Loading task ${id}…</div>`;
+  let job: Job;
+  try {
+    job = await get<Job>(`/api/jobs/${id}`);
+  } catch (e) {
+    root.innerHTML = `<div class="card error">${esc((e as Error).message)} <a href="#/tasks">Back to tasks</a></div>`;
+    return () => {};
+  }
+  let output = job.output ?? "";
+  // Event offsets count UTF-8 bytes.
+  const utf8 = new TextEncoder();
+  let outputBytes = utf8.encode(output).length;
+
+  const draw = () => {
+    const controls = [
+      ["queued", "running", "interrupted"].includes(job.state) ? `<button data-act="pause" class="secondary">Pause</button>` : "",
+      job.state === "paused" ? `<button data-act="resume">Resume</button>` : "",
+      ["queued", "running", "paused", "interrupted"].includes(job.state) ? `<button data-act="cancel" class="secondary">Cancel</button>` : "",
+    ].join("");
+    root.innerHTML = `
+      <div class="card">
+        <div class="job-head"><h2>${esc(job.title)}</h2>${stateBadge(job.state)}</div>
+        <p class="hint">${esc(job.model)}${job.finish_reason ? ` · finished by ${esc(job.finish_reason)}` : ""}</p>
+        ${job.pause_reason ? `<p class="reason">${esc(job.pause_reason)}</p>` : ""}
+        ${job.error ? `<p class="reason error">${esc(job.error)}</p>` : ""}
+        ${statsGrid(job)}
+        <div class="row">
+          ${controls}
+          <button data-act="copy" class="secondary">Copy</button>
+          <a class="button secondary" href="${withToken(`/api/jobs/${id}/export?format=markdown`)}" download>Export Markdown</a>
+          <a class="button secondary" href="${withToken(`/api/jobs/${id}/export?format=json`)}" download>Export JSON</a>
+        </div>
+      </div>
+      ${task(job)}
+      <article class="card output" id="output">${output ? markdown(output) : `<p class="empty">${job.state === "queued" ? "Waiting in the queue." : "No output yet."}</p>`}</article>`;
+  };
+  draw();
+
+  root.addEventListener("click", async (ev) => {
+    const b = (ev.target as HTMLElement).closest("button[data-act]") as HTMLButtonElement | null;
+    if (!b) return;
+    const act = b.dataset.act;
+    if (act === "copy") {
+      try {
+        await navigator.clipboard.writeText(output);
+        toast("Copied the result");
+      } catch {
+        toast("The browser did not allow copying; select the text instead.", "error");
+      }
+      return;
+    }
+    try {
+      job = await post<Job>(`/api/jobs/${id}/${act}`);
+      output = job.output ?? output;
+      outputBytes = utf8.encode(output).length;
+      draw();
+    } catch (e) {
+      toast((e as Error).message, "error");
+    }
+  });
+
+  const reload = async () => {
+    job = await get<Job>(`/api/jobs/${id}`);
+    output = job.output ?? "";
+    outputBytes = utf8.encode(output).length;
+    draw();
+  };
+  let scheduled = false;
+  const off = store.onJob((p) => {
+    if (p.id !== id || p.offset === null) return;
+    if (p.offset === outputBytes) {
+      output += p.delta;
+      outputBytes += utf8.encode(p.delta).length;
+      job.tokens = p.tokens;
+      job.state = p.state;
+    } else {
+      // Missed or regenerated text: the job itself is the truth.
+      void reload();
+      return;
+    }
+    if (["done", "failed", "cancelled", "paused"].includes(p.state)) {
+      void reload();
+      return;
+    }
+    if (!scheduled) {
+      scheduled = true;
+      requestAnimationFrame(() => {
+        scheduled = false;
+        const out = root.querySelector("#output");
+        if (out) out.innerHTML = markdown(output);
+        const stats = root.querySelector(".stats");
+        if (stats) stats.outerHTML = statsGrid(job);
+      });
+    }
+  });
+  return off;
+}

@@ -1,0 +1,224 @@
+// Tasks: submit a long-form task, and the queue with progress, speed, ETA,
+// place in line, and the controls to reorder, pause, resume and cancel.
+
+import { ApiError, get, Job, Model, post } from "../api";
+import { clearFormErrors, showFormError, stateBadge, toast } from "../dom";
+import { duration, esc, rate } from "../format";
+import { store } from "../store";
+
+const ACTIVE = new Set(["queued", "running", "paused", "interrupted"]);
+
+function form(models: Model[]): string {
+  const options = models.map((m) => `<option value="${esc(m.name)}">${esc(m.name)}</option>`).join("");
+  return `
+  <form id="new-task" class="card" novalidate>
+    <h2>New task</h2>
+    ${models.length === 0 ? `<p class="empty">No models yet. <a href="#/models">Add one</a> to submit tasks.</p>` : ""}
+    <label data-field="title">Title <input name="title" placeholder="Audit the storage layer" /></label>
+    <label data-field="model">Model <select name="model" required>${options}</select></label>
+    <div class="row">
+      <label class="inline"><input type="radio" name="mode" value="chat" checked /> Chat</label>
+      <label class="inline"><input type="radio" name="mode" value="prompt" /> Plain prompt</label>
+    </div>
+    <label data-field="prompt">Task <textarea name="prompt" rows="7" placeholder="What should the model work on tonight?"></textarea></label>
+    <label data-field="attachments">Attach files or folders on this machine (one path per line)
+      <textarea name="attachments" rows="2" placeholder="/home/me/project/src"></textarea></label>
+    <p class="hint" id="token-count" aria-live="polite"></p>
+    <div class="grid3">
+      <label data-field="max_tokens">Max tokens <input name="max_tokens" type="number" min="1" value="2048" /></label>
+      <label data-field="temperature">Temperature <input name="temperature" type="number" step="0.05" min="0" value="0" /></label>
+      <label data-field="priority">Priority <input name="priority" type="number" value="0" /></label>
+    </div>
+    <div class="row">
+      <button type="button" id="count" class="secondary">Count tokens</button>
+      <button type="submit" id="submit" ${models.length === 0 ? "disabled" : ""}>Queue task</button>
+    </div>
+  </form>`;
+}
+
+function body(f: HTMLFormElement): Record<string, unknown> {
+  const v = (n: string) => (f.elements.namedItem(n) as HTMLInputElement | null)?.value ?? "";
+  const text = v("prompt");
+  const attachments = v("attachments")
+    .split("\n")
+    .map((s) => s.trim())
+    .filter(Boolean);
+  const num = (n: string) => (v(n).trim() === "" ? undefined : Number(v(n)));
+  const mode = (f.querySelector('input[name="mode"]:checked') as HTMLInputElement | null)?.value;
+  return {
+    model: v("model"),
+    title: v("title").trim() || undefined,
+    ...(mode === "chat" ? { messages: [{ role: "user", content: text }] } : { prompt: text }),
+    attachments: attachments.length ? attachments : undefined,
+    max_tokens: num("max_tokens"),
+    temperature: num("temperature"),
+    priority: num("priority"),
+  };
+}
+
+function jobRow(j: Job): string {
+  const p = store.progress.get(j.id);
+  const tokens = p?.tokens ?? j.tokens;
+  const max = j.request.settings.max_tokens;
+  const pct = Math.min(100, (100 * tokens) / Math.max(1, max));
+  const running = j.state === "running";
+  const speed = running ? rate(p?.tokens_per_second) : "";
+  const eta = running && p?.eta_seconds != null ? `ETA ≤ ${duration(p.eta_seconds)}` : "";
+  const place = j.queue_position ? `#${j.queue_position} in line` : "";
+  const reason = j.pause_reason ? `<span class="reason">${esc(j.pause_reason)}</span>` : "";
+  const err = j.error ? `<span class="reason error">${esc(j.error)}</span>` : "";
+  const act = (a: string, label: string) => `<button class="small secondary" data-act="${a}" data-id="${j.id}">${label}</button>`;
+  const actions = [
+    j.state === "queued" ? act("up", "↑") + act("down", "↓") : "",
+    ["queued", "running", "interrupted"].includes(j.state) ? act("pause", "Pause") : "",
+    j.state === "paused" ? act("resume", "Resume") : "",
+    ACTIVE.has(j.state) ? act("cancel", "Cancel") : "",
+  ].join("");
+  return `
+  <li class="job" data-id="${j.id}" data-state="${j.state}">
+    <div class="job-head">
+      <a href="#/job/${j.id}" class="job-title">${esc(j.title)}</a>
+      ${stateBadge(j.state)}
+    </div>
+    <div class="job-meta">${esc(j.model)} · ${tokens} / ${max} tokens ${speed ? "· " + speed : ""} ${eta ? "· " + eta : ""} ${place ? "· " + place : ""}</div>
+    <div class="progress" role="progressbar" aria-valuenow="${tokens}" aria-valuemax="${max}"><div style="width:${pct}%"></div></div>
+    ${reason}${err}
+    <div class="actions">${actions}</div>
+  </li>`;
+}
+
+export async function render(root: HTMLElement): Promise<() => void> {
+  root.innerHTML = `<div class="two-col"><div id="form-slot"><div class="card loading">Loading models…</div></div>
+    <section class="card" id="queue"><div class="queue-head"><h2>Queue</h2>
+    <input id="search" type="search" placeholder="Search tasks  ( / )" aria-label="Search tasks" /></div>
+    <ul id="jobs" class="jobs"><li class="loading">Loading…</li></ul></section></div>`;
+  const slot = root.querySelector("#form-slot") as HTMLElement;
+  const list = root.querySelector("#jobs") as HTMLElement;
+  const search = root.querySelector("#search") as HTMLInputElement;
+  let jobs: Job[] = [];
+
+  try {
+    const { models } = await get<{ models: Model[] }>("/api/models");
+    slot.innerHTML = form(models);
+  } catch (e) {
+    slot.innerHTML = `<div class="card error">${esc((e as Error).message)}</div>`;
+  }
+  const f = root.querySelector("#new-task") as HTMLFormElement | null;
+
+  const draw = () => {
+    const q = search.value.trim().toLowerCase();
+    const shown = jobs.filter((j) => !q || j.title.toLowerCase().includes(q) || j.model.toLowerCase().includes(q));
+    const active = shown.filter((j) => ACTIVE.has(j.state)).sort((a, b) => (a.queue_position ?? 0) - (b.queue_position ?? 0));
+    const finished = shown.filter((j) => !ACTIVE.has(j.state));
+    if (jobs.length === 0) {
+      list.innerHTML = `<li class="empty">No tasks yet. Describe one on the left; it runs in the background and its result waits here.</li>`;
+    } else if (shown.length === 0) {
+      list.innerHTML = `<li class="empty">No task matches “${esc(q)}”.</li>`;
+    } else {
+      list.innerHTML = [...active, ...finished].map(jobRow).join("");
+    }
+  };
+  const refresh = async () => {
+    try {
+      jobs = (await get<{ jobs: Job[] }>("/api/jobs")).jobs;
+      draw();
+    } catch (e) {
+      list.innerHTML = `<li class="error">${esc((e as Error).message)}</li>`;
+    }
+  };
+  await refresh();
+
+  search.addEventListener("input", draw);
+  list.addEventListener("click", async (ev) => {
+    const b = (ev.target as HTMLElement).closest("button[data-act]") as HTMLButtonElement | null;
+    if (!b) return;
+    const id = Number(b.dataset.id);
+    const act = b.dataset.act;
+    try {
+      if (act === "up" || act === "down") {
+        const waiting = jobs.filter((j) => j.state === "queued" && j.priority === jobs.find((x) => x.id === id)?.priority)
+          .sort((a, c) => (a.queue_position ?? 0) - (c.queue_position ?? 0));
+        const i = waiting.findIndex((j) => j.id === id);
+        await post(`/api/jobs/${id}/move`, { index: Math.max(0, act === "up" ? i - 1 : i + 1) });
+      } else {
+        await post(`/api/jobs/${id}/${act}`);
+      }
+      await refresh();
+    } catch (e) {
+      toast((e as Error).message, "error");
+    }
+  });
+
+  if (f) {
+    const count = root.querySelector("#count") as HTMLButtonElement;
+    const counted = root.querySelector("#token-count") as HTMLElement;
+    count.addEventListener("click", async () => {
+      clearFormErrors(f);
+      const b = body(f);
+      try {
+        const p = await post<{ prompt_tokens: number; estimate: boolean; attachment_files: string[]; skipped: { path: string; reason: string }[] }>(
+          "/api/jobs/preview",
+          { model: b.model, prompt: b.prompt, messages: b.messages, attachments: b.attachments },
+        );
+        const skipped = p.skipped.length ? ` · skipped ${p.skipped.map((s) => `${s.path} (${s.reason})`).join(", ")}` : "";
+        counted.textContent = `${p.estimate ? "about " : ""}${p.prompt_tokens} prompt tokens · ${p.attachment_files.length} attached files${skipped}`;
+      } catch (e) {
+        showFormError(f, e);
+      }
+    });
+    f.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      clearFormErrors(f);
+      const b = body(f);
+      const text = (b.prompt as string | undefined) ?? (b.messages as { content: string }[] | undefined)?.[0]?.content ?? "";
+      if (!text.trim()) {
+        showFormError(f, new ApiError("Describe the task first.", 400, "prompt"));
+        return;
+      }
+      const submit = root.querySelector("#submit") as HTMLButtonElement;
+      submit.disabled = true;
+      try {
+        const job = await post<Job>("/api/jobs", b);
+        toast(`Queued “${job.title}”`);
+        (f.elements.namedItem("prompt") as HTMLTextAreaElement).value = "";
+        (f.elements.namedItem("title") as HTMLInputElement).value = "";
+        counted.textContent = "";
+        await refresh();
+      } catch (e) {
+        showFormError(f, e);
+      } finally {
+        submit.disabled = false;
+      }
+    });
+  }
+
+  const offQueue = store.onQueue(refresh);
+  let pending = false;
+  const offJob = store.onJob((p) => {
+    const j = jobs.find((x) => x.id === p.id);
+    if (!j) return;
+    if (p.offset !== null) {
+      j.tokens = p.tokens;
+      j.state = p.state;
+    }
+    if (!pending) {
+      pending = true;
+      requestAnimationFrame(() => {
+        pending = false;
+        draw();
+      });
+    }
+  });
+  const onKey = (e: KeyboardEvent) => {
+    if (e.key === "/" && document.activeElement?.tagName !== "TEXTAREA" && document.activeElement?.tagName !== "INPUT") {
+      e.preventDefault();
+      search.focus();
+    }
+  };
+  document.addEventListener("keydown", onKey);
+  return () => {
+    offQueue();
+    offJob();
+    document.removeEventListener("keydown", onKey);
+  };
+}
