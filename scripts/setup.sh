@@ -3,12 +3,16 @@
 # nothing that is already there. Sourced by the other scripts.
 set -euo pipefail
 
-# Debian packages the build needs (C compiler for the tokenizer's regex engine).
+# Debian packages the build needs (C compiler for the tokenizer's regex engine
+# and SQLite).
 LONGHAUL_APT_PACKAGES=(build-essential pkg-config)
+# Node.js builds the web UI; Vite needs version 20 or later.
+LONGHAUL_NODE_MAJOR=20
 
-longhaul_setup() {
+# Installs the given Debian packages that are not installed yet.
+longhaul_apt() {
     local missing=()
-    for pkg in "${LONGHAUL_APT_PACKAGES[@]}"; do
+    for pkg in "$@"; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
     done
     if ((${#missing[@]})); then
@@ -18,6 +22,26 @@ longhaul_setup() {
         $sudo apt-get update -qq
         DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
     fi
+}
+
+# Builds the web UI into ui/dist from the npm lock file.
+longhaul_build_ui() {
+    if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+        echo "error: Node.js $LONGHAUL_NODE_MAJOR or later (with npm) is needed to build the web UI; install it and rerun" >&2
+        exit 1
+    fi
+    local major
+    major="$(node -p 'process.versions.node.split(".")[0]')"
+    if ((major < LONGHAUL_NODE_MAJOR)); then
+        echo "error: Node.js $(node --version) is too old for the web UI's build; install $LONGHAUL_NODE_MAJOR or later" >&2
+        exit 1
+    fi
+    echo "== web UI"
+    (cd ui && npm ci --no-audit --no-fund --loglevel=error && npm run build --silent)
+}
+
+longhaul_setup() {
+    longhaul_apt "${LONGHAUL_APT_PACKAGES[@]}"
     if ! command -v cargo >/dev/null; then
         echo "error: Rust (cargo) is not installed; install the stable toolchain from rustup.rs and rerun" >&2
         exit 1

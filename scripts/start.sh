@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 longhaul_setup
+longhaul_build_ui
 
 cargo build --release --locked -p longhaul-service
 LONGHAUL="$CARGO_TARGET_DIR/release/longhaul"

@@ -4,6 +4,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 longhaul_setup
+# The browser tests drive Debian's Chromium.
+longhaul_apt chromium
+longhaul_build_ui
 
 echo "== format"
 cargo fmt --all --check
@@ -12,7 +15,13 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== tests"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
-cargo test --workspace --locked --all-targets 2>&1 | tee "$log"
-# One closing line for the whole run: the sum over every test binary.
+status=0
+cargo test --workspace --locked --all-targets 2>&1 | tee "$log" || status=1
+echo "== browser tests"
+# Against the debug binary the Rust tests just built.
+LONGHAUL_BIN="$CARGO_TARGET_DIR/debug/longhaul" node --test ui/tests/ 2>&1 | tee -a "$log" || status=1
+# One closing line for the whole run: the sum over every test binary and the browser tests.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p += $(i-1); if ($i ~ /^failed/) f += $(i-1) } }
+     /^# pass / { p += $3 } /^# fail / { f += $3 }
      END { printf "%d passed, %d failed\n", p, f }' "$log"
+exit "$status"

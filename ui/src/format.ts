@@ -2,11 +2,12 @@
 
 export function bytes(n: number | null | undefined): string {
   if (n === null || n === undefined) return "–";
-  const units = ["B", "KB", "MB", "GB", "TB"];
+  // Binary units, as sizes are given to `longhaul` (4G = 4 GiB).
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
   let v = n;
   let i = 0;
-  while (v >= 1000 && i < units.length - 1) {
-    v /= 1000;
+  while (v >= 1024 && i < units.length - 1) {
+    v /= 1024;
     i++;
   }
   return `${v.toFixed(v >= 100 || i === 0 ? 0 : 1)} ${units[i]}`;

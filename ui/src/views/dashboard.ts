@@ -16,13 +16,19 @@ interface Heat {
   heat: number[][];
 }
 
-function chart(el: HTMLElement, title: string, series: { label: string; color: string }[], yLabel: string): uPlot {
+function chart(
+  el: HTMLElement,
+  title: string,
+  series: { label: string; color: string }[],
+  yLabel: string,
+  format?: (v: number) => string,
+): uPlot {
   const opts: uPlot.Options = {
     title,
     width: Math.max(300, el.clientWidth - 8),
     height: 200,
     scales: { x: { time: true } },
-    axes: [{}, { label: yLabel, size: 60 }],
+    axes: [{}, { label: yLabel, size: 70, ...(format ? { values: (_u: uPlot, vals: number[]) => vals.map(format) } : {}) }],
     series: [{}, ...series.map((s) => ({ label: s.label, stroke: s.color, width: 2, spanGaps: true }))],
   };
   return new uPlot(opts, [[], ...series.map(() => [])], el);
@@ -64,6 +70,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
       <p id="heat-note" class="empty"></p>
     </section>`;
   const summary = root.querySelector("#summary") as HTMLElement;
+  let names = new Map<string, string>();
   let drivePaths: string[] = [];
   let drivesChart: uPlot | null = null;
   const hit = chart(root.querySelector("#c-hit") as HTMLElement, "Cache hit rate", [{ label: "hit rate", color: COLORS[2] }], "share");
@@ -75,7 +82,8 @@ export async function render(root: HTMLElement): Promise<() => void> {
       { label: "held", color: COLORS[1] },
       { label: "budget", color: COLORS[7] },
     ],
-    "bytes",
+    "RAM",
+    (v) => bytes(v),
   );
 
   const update = () => {
@@ -99,7 +107,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
     ram.setData(columns(samples, [(s) => s.held, (s) => s.budget]));
     const m = store.latest;
     summary.innerHTML = m
-      ? `<span><b>${esc(m.model.split("/").pop() ?? m.model)}</b> loaded</span>
+      ? `<span><b>${esc(names.get(m.model) ?? m.model.split("/").pop() ?? m.model)}</b> loaded</span>
          <span>${m.running_job ? `running task <a href="#/job/${m.running_job}">${m.running_job}</a>` : "idle"}</span>
          <span>${rate(m.tokens_per_second)}</span>
          <span>hit rate ${percent(m.engine?.hit_rate)}</span>
@@ -132,6 +140,8 @@ export async function render(root: HTMLElement): Promise<() => void> {
   try {
     const { models } = await get<{ models: Model[] }>("/api/models");
     const local = models.filter((m) => m.kind === "local");
+    names = new Map(local.map((m) => [m.path ?? "", m.name]));
+    update();
     select.innerHTML = local.map((m) => `<option>${esc(m.name)}</option>`).join("");
     if (local.length === 0) note.textContent = "No local models yet.";
     select.addEventListener("change", loadHeat);

@@ -62,7 +62,11 @@ function jobRow(j: Job): string {
   const max = j.request.settings.max_tokens;
   const pct = Math.min(100, (100 * tokens) / Math.max(1, max));
   const running = j.state === "running";
-  const speed = running ? rate(p?.tokens_per_second) : "";
+  const speed = running
+    ? rate(p?.tokens_per_second)
+    : j.stats && j.stats.tokens_per_second > 0
+      ? `${rate(j.stats.tokens_per_second)} · ${duration(j.stats.wall_seconds)}`
+      : "";
   const eta = running && p?.eta_seconds != null ? `ETA ≤ ${duration(p.eta_seconds)}` : "";
   const place = j.queue_position ? `#${j.queue_position} in line` : "";
   const reason = j.pause_reason ? `<span class="reason">${esc(j.pause_reason)}</span>` : "";

@@ -1,0 +1,202 @@
+// The web UI end to end: a real `longhaul serve` with a small packed model
+// whose experts stream from two drive folders, driven in Debian's Chromium.
+// Screenshots of every view are kept in ui/test-artifacts/.
+
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn, execFileSync } from "node:child_process";
+import { mkdtempSync, mkdirSync, readFileSync, existsSync, rmSync } from "node:fs";
+import { tmpdir, homedir } from "node:os";
+import { join, dirname } from "node:path";
+import { fileURLToPath } from "node:url";
+import { chromium } from "playwright-core";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const uiDir = join(here, "..");
+const artifacts = join(uiDir, "test-artifacts");
+const bin =
+  process.env.LONGHAUL_BIN ??
+  join(process.env.CARGO_TARGET_DIR ?? join(homedir(), ".cache/longhaul/target"), "debug/longhaul");
+const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium";
+const WAIT = 120_000;
+
+let root, service, browser, page, url, token, packPath;
+
+function sleep(ms) {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+async function api(method, path, body) {
+  const res = await fetch(url + path, {
+    method,
+    headers: { Authorization: `Bearer ${token}`, "Content-Type": "application/json" },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  return res.json();
+}
+
+async function waitFor(check, what, timeout = WAIT) {
+  const start = Date.now();
+  for (;;) {
+    const v = await check();
+    if (v) return v;
+    if (Date.now() - start > timeout) throw new Error(`timed out waiting for ${what}`);
+    await sleep(100);
+  }
+}
+
+async function shot(name) {
+  await page.screenshot({ path: join(artifacts, `${name}.png`), fullPage: true });
+}
+
+before(async () => {
+  assert.ok(existsSync(bin), `the longhaul binary is built at ${bin}`);
+  assert.ok(existsSync(join(uiDir, "dist/index.html")), "the UI is built (npm run build)");
+  rmSync(artifacts, { recursive: true, force: true });
+  mkdirSync(artifacts, { recursive: true });
+  root = mkdtempSync(join(tmpdir(), "longhaul-ui-"));
+  const model = join(root, "model");
+  execFileSync(bin, [
+    "synth", "--arch", "qwen3_moe", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--layers", "3",
+    "--experts", "16", "--top-k", "4", "--moe-intermediate", "64", "--vocab", "512", "--popularity", "zipf:1",
+    "--out", model,
+  ], { stdio: "ignore" });
+  const drives = [0, 1].map((i) => join(root, `drive${i}`));
+  drives.forEach((d) => mkdirSync(d));
+  packPath = join(root, "pack");
+  execFileSync(bin, ["pack", model, "--out", packPath, "--drives", drives.join(","), "--split-threshold", "4K"], { stdio: "ignore" });
+  const data = join(root, "data");
+  // A budget of a few experts: most lookups read from the drives.
+  service = spawn(bin, ["serve", "--data-dir", data, "--port", "0", "--budget", "200K", "--ui-dir", join(uiDir, "dist")], { stdio: "ignore" });
+  url = await waitFor(() => existsSync(join(data, "endpoint")) && readFileSync(join(data, "endpoint"), "utf8").trim(), "the service");
+  token = readFileSync(join(data, "token"), "utf8").trim();
+  browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"],
+  });
+  page = await browser.newPage({ viewport: { width: 1360, height: 900 } });
+  page.on("pageerror", (e) => console.error("page error:", e.message));
+  await page.goto(`${url}/#token=${token}`);
+});
+
+after(async () => {
+  await browser?.close();
+  service?.kill("SIGTERM");
+  if (root) rmSync(root, { recursive: true, force: true });
+});
+
+test("models: an empty list, then a pack added through the form", async () => {
+  await page.click("nav a[data-view=models]");
+  await page.waitForSelector("#models .empty");
+  await page.fill('#add-model input[name="name"]', "demo");
+  await page.fill('#add-model input[name="path"]', join(root, "nowhere"));
+  await page.click("#add-model button[type=submit]");
+  const err = await page.waitForSelector('#add-model [data-field="path"] .field-error');
+  assert.match(await err.textContent(), /not a model folder/);
+  await page.fill('#add-model input[name="path"]', packPath);
+  await page.click("#add-model button[type=submit]");
+  await page.waitForSelector("#models li b:text('demo')");
+  await shot("models");
+});
+
+test("tasks: bad input is explained inline, a task is queued and finishes", async () => {
+  await page.click("nav a[data-view=tasks]");
+  await page.waitForSelector("#new-task");
+  await page.waitForSelector("#jobs .empty");
+  await page.click("#submit");
+  const empty = await page.waitForSelector('[data-field="prompt"] .field-error');
+  assert.match(await empty.textContent(), /Describe the task/);
+  await page.fill('textarea[name="prompt"]', "Draft an architecture for a storage engine");
+  await page.fill('input[name="temperature"]', "-1");
+  await page.click("#submit");
+  const bad = await page.waitForSelector('[data-field="temperature"] .field-error');
+  assert.match(await bad.textContent(), /temperature/);
+  await shot("tasks-error");
+  assert.equal((await api("GET", "/api/jobs")).jobs.length, 0, "nothing queued by bad input");
+
+  await page.fill('input[name="temperature"]', "0");
+  await page.fill('input[name="title"]', "Storage engine draft");
+  await page.fill('input[name="max_tokens"]', "300");
+  await page.click("#count");
+  await page.waitForSelector("#token-count:has-text('prompt tokens')");
+  await page.click("#submit");
+  await page.waitForSelector("#jobs li.job a:text('Storage engine draft')");
+  await page.waitForSelector("#jobs li.job[data-state=done]", { timeout: WAIT });
+  await shot("tasks");
+});
+
+test("pause and resume a long task from the queue", async () => {
+  await page.fill('input[name="title"]', "Long audit");
+  await page.fill('textarea[name="prompt"]', "Audit every module");
+  await page.fill('input[name="max_tokens"]', "4000");
+  await page.click("#submit");
+  const row = "#jobs li.job:has(a:text('Long audit'))";
+  await page.waitForSelector(`${row}[data-state=running]`, { timeout: WAIT });
+  await waitFor(async () => (await api("GET", "/api/jobs")).jobs.find((j) => j.title === "Long audit")?.tokens > 0, "tokens");
+  await page.click(`${row} button[data-act=pause]`);
+  await page.waitForSelector(`${row}[data-state=paused]`);
+  await page.waitForSelector(`${row} .reason:has-text('paused by the user')`);
+  await shot("tasks-paused");
+  await page.click(`${row} button[data-act=resume]`);
+  await page.waitForSelector(`${row}[data-state=running], ${row}[data-state=done]`, { timeout: WAIT });
+});
+
+test("results: the output renders with statistics while the task runs", async () => {
+  const job = (await api("GET", "/api/jobs")).jobs.find((j) => j.title === "Long audit");
+  await page.click(`#jobs li.job a:text('Long audit')`);
+  await page.waitForSelector(".view-job .stats");
+  await page.waitForFunction(() => (document.querySelector("#output")?.textContent ?? "").length > 20, null, { timeout: WAIT });
+  const before = (await page.textContent("#output")).length;
+  await waitFor(async () => (await page.textContent("#output")).length > before || (await api("GET", `/api/jobs/${job.id}`)).state === "done", "output to grow");
+  await shot("results");
+  const first = (await api("GET", "/api/jobs")).jobs.find((j) => j.title === "Storage engine draft");
+  await page.goto(`${url}/#/job/${first.id}`);
+  await page.waitForSelector(".view-job .badge.state-done");
+  const text = await page.textContent("#output");
+  const stored = (await api("GET", `/api/jobs/${first.id}`)).output;
+  assert.ok(text.trim().length > 0 && stored.length > 0);
+  const exportLink = await page.getAttribute("a:text('Export Markdown')", "href");
+  const md = await (await fetch(url + exportLink)).text();
+  assert.match(md, /^# Storage engine draft/);
+});
+
+test("dashboard: charts fill with live drive, cache and token data", async () => {
+  await page.click("nav a[data-view=dashboard]");
+  await page.waitForSelector("#c-drives .uplot");
+  // A few seconds of samples while the long task streams experts.
+  await waitFor(async () => {
+    const s = await page.textContent("#summary");
+    const m = s.match(/(\d+) s of history/);
+    return m && Number(m[1]) >= 5;
+  }, "five seconds of metrics");
+  const legend = await page.$$eval("#c-drives .u-legend .u-series", (rows) => rows.length);
+  assert.ok(legend >= 4, `two drives and a total in the drive chart (${legend} legend rows)`);
+  const m = await api("GET", "/api/metrics");
+  assert.ok(m.metrics.engine.drives.every((d) => d.bytes > 0), "both drives read");
+  await page.waitForFunction(() => (document.querySelector("#heat")?.width ?? 0) > 0, null, { timeout: 20_000 });
+  await shot("dashboard");
+});
+
+test("drives: both drive folders with space and model bytes", async () => {
+  await page.click("nav a[data-view=drives]");
+  await page.waitForSelector("#drives table");
+  const rows = await page.$$("#drives tbody tr");
+  assert.equal(rows.length, 2);
+  assert.equal(await page.$$eval("#drives .badge.state-done", (b) => b.length), 2);
+  await shot("drives");
+});
+
+test("settings and keyboard shortcuts", async () => {
+  await page.click("nav a[data-view=settings]");
+  await page.waitForSelector("#info dl");
+  assert.match(await page.textContent("#info"), /200 KiB/);
+  await shot("settings");
+  await page.keyboard.press("n");
+  await page.waitForSelector("#new-task");
+  await page.waitForFunction(() => document.activeElement?.getAttribute("name") === "prompt");
+  await page.click("body");
+  await page.keyboard.press("/");
+  await page.waitForFunction(() => document.activeElement?.id === "search");
+  await page.keyboard.type("zzz-no-match");
+  await page.waitForSelector("#jobs .empty:has-text('No task matches')");
+});
