@@ -284,7 +284,11 @@ pub fn router(app: AppState) -> Router {
         .allow_origin(origins)
         .allow_methods([Method::GET, Method::POST, Method::DELETE])
         .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE]);
-    let ui = match app.ui_dir.clone().filter(|d| d.join("index.html").is_file()) {
+    let ui = match app
+        .ui_dir
+        .clone()
+        .filter(|d| d.join("index.html").is_file())
+    {
         Some(dir) => Router::new().fallback_service(
             tower_http::services::ServeDir::new(&dir)
                 .fallback(tower_http::services::ServeFile::new(dir.join("index.html"))),
