@@ -8,3 +8,4 @@ pub mod events;
 pub mod http;
 pub mod queue;
 pub mod runner;
+pub mod supervisor;

@@ -1,0 +1,376 @@
+//! What the desktop shell needs from the service, kept here so the shell
+//! holds no logic of its own: start `longhaul serve` (or attach to one already
+//! answering on the port), restart it if it dies, sum up the queue for the
+//! tray, notice jobs that ended, and keep the machine awake while a job runs.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::client::{Client, ENDPOINT_FILE};
+
+/// How long a starting service may take to answer.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+const POLL: Duration = Duration::from_millis(50);
+
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    #[error("cannot start {binary}: {source}")]
+    Spawn {
+        binary: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the service did not start within {0:?}; see its log at {1}")]
+    Timeout(Duration, PathBuf),
+    #[error(transparent)]
+    Client(#[from] crate::client::ClientError),
+}
+
+#[derive(Debug, Clone)]
+pub struct SupervisorConfig {
+    /// The `longhaul` binary.
+    pub binary: PathBuf,
+    pub data_dir: PathBuf,
+    pub port: u16,
+    /// More `serve` arguments (budget, cache options).
+    pub serve_args: Vec<String>,
+}
+
+/// The queue at a glance, for the tray icon and its tooltip.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TrayState {
+    Idle,
+    Running,
+    Paused,
+    /// The service does not answer.
+    Error,
+}
+
+#[derive(Debug, Clone)]
+pub struct TrayStatus {
+    pub state: TrayState,
+    /// One line: what is running, how fast, what waits.
+    pub text: String,
+    /// Jobs that ended since the previous status: (id, title, state).
+    pub ended: Vec<(i64, String, String)>,
+}
+
+pub struct Supervisor {
+    config: SupervisorConfig,
+    child: Mutex<Option<Child>>,
+    client: Mutex<Option<Client>>,
+    /// Last seen state of each job, to notice endings.
+    seen: Mutex<HashMap<i64, String>>,
+    awake: Mutex<Option<Child>>,
+}
+
+fn log_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("service.log")
+}
+
+impl Supervisor {
+    /// Attaches to a service answering on the port, or starts one.
+    pub fn start(config: SupervisorConfig) -> Result<Self, SupervisorError> {
+        let me = Self {
+            config,
+            child: Mutex::new(None),
+            client: Mutex::new(None),
+            seen: Mutex::new(HashMap::new()),
+            awake: Mutex::new(None),
+        };
+        if !me.attach() {
+            me.spawn()?;
+        }
+        me.remember_current_jobs();
+        Ok(me)
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.config.port)
+    }
+
+    /// Uses a service already answering on the configured port.
+    fn attach(&self) -> bool {
+        let Ok(client) = Client::new(&self.config.data_dir, Some(&self.url())) else {
+            return false;
+        };
+        if client.get::<Value>("/api/queue").is_err() {
+            return false;
+        }
+        if let Ok(mut c) = self.client.lock() {
+            *c = Some(client);
+        }
+        true
+    }
+
+    fn spawn(&self) -> Result<(), SupervisorError> {
+        let dir = &self.config.data_dir;
+        let _ = std::fs::create_dir_all(dir);
+        let _ = std::fs::remove_file(dir.join(ENDPOINT_FILE));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log_path(dir))
+            .ok();
+        let stderr = log.map_or_else(Stdio::null, Stdio::from);
+        let child = Command::new(&self.config.binary)
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(dir)
+            .args(["--port", &self.config.port.to_string()])
+            .args(&self.config.serve_args)
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .map_err(|source| SupervisorError::Spawn {
+                binary: self.config.binary.clone(),
+                source,
+            })?;
+        if let Ok(mut c) = self.child.lock() {
+            *c = Some(child);
+        }
+        let started = Instant::now();
+        while started.elapsed() < START_TIMEOUT {
+            if dir.join(ENDPOINT_FILE).is_file() && self.attach() {
+                return Ok(());
+            }
+            if self.child_exited() {
+                break;
+            }
+            std::thread::sleep(POLL);
+        }
+        Err(SupervisorError::Timeout(START_TIMEOUT, log_path(dir)))
+    }
+
+    fn child_exited(&self) -> bool {
+        self.child
+            .lock()
+            .ok()
+            .and_then(|mut c| c.as_mut().map(|c| !matches!(c.try_wait(), Ok(None))))
+            .unwrap_or(false)
+    }
+
+    /// Restarts the service if the one this supervisor started has died.
+    /// Returns true when it restarted it.
+    pub fn keep_alive(&self) -> Result<bool, SupervisorError> {
+        let ours = self.child.lock().map(|c| c.is_some()).unwrap_or(false);
+        if ours && self.child_exited() {
+            tracing::warn!("the Longhaul service stopped; starting it again");
+            self.spawn()?;
+            return Ok(true);
+        }
+        if !ours && !self.attach() {
+            // The service we attached to is gone: run our own.
+            self.spawn()?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    fn with_client<T>(&self, f: impl FnOnce(&Client) -> T) -> Option<T> {
+        self.client.lock().ok()?.as_ref().map(f)
+    }
+
+    /// The address the UI opens, token included (in the fragment, which
+    /// never leaves the machine).
+    pub fn ui_url(&self) -> Option<String> {
+        self.with_client(|c| format!("{}/#token={}", c.base(), c.token()))
+    }
+
+    pub fn set_queue_paused(&self, paused: bool) -> Result<(), SupervisorError> {
+        let action = if paused { "pause" } else { "resume" };
+        self.with_client(|c| {
+            c.post::<Value>(&format!("/api/queue/{action}"), &serde_json::json!({}))
+        })
+        .transpose()?;
+        Ok(())
+    }
+
+    fn jobs(&self) -> Option<Vec<Value>> {
+        let v = self.with_client(|c| c.get::<Value>("/api/jobs"))?.ok()?;
+        v["jobs"].as_array().cloned()
+    }
+
+    fn remember_current_jobs(&self) {
+        let jobs = self.jobs().unwrap_or_default();
+        if let Ok(mut seen) = self.seen.lock() {
+            for j in jobs {
+                if let (Some(id), Some(s)) = (j["id"].as_i64(), j["state"].as_str()) {
+                    seen.insert(id, s.to_string());
+                }
+            }
+        }
+    }
+
+    /// The queue at a glance; also keeps the machine awake while a job runs.
+    pub fn status(&self) -> TrayStatus {
+        let queue = self
+            .with_client(|c| c.get::<Value>("/api/queue"))
+            .and_then(Result::ok);
+        let (Some(queue), Some(jobs)) = (queue, self.jobs()) else {
+            self.hold_awake(false);
+            return TrayStatus {
+                state: TrayState::Error,
+                text: "Longhaul: the service is not answering".into(),
+                ended: Vec::new(),
+            };
+        };
+        let mut ended = Vec::new();
+        if let Ok(mut seen) = self.seen.lock() {
+            for j in &jobs {
+                let (Some(id), Some(state)) = (j["id"].as_i64(), j["state"].as_str()) else {
+                    continue;
+                };
+                let before = seen.insert(id, state.to_string());
+                if matches!(state, "done" | "failed") && before.as_deref() != Some(state) {
+                    ended.push((
+                        id,
+                        j["title"].as_str().unwrap_or("").to_string(),
+                        state.to_string(),
+                    ));
+                }
+            }
+        }
+        let waiting = queue["waiting"].as_u64().unwrap_or(0);
+        let running = jobs.iter().find(|j| j["state"] == "running");
+        let rate = self
+            .with_client(|c| c.get::<Value>("/api/metrics"))
+            .and_then(Result::ok)
+            .and_then(|m| m["metrics"]["tokens_per_second"].as_f64());
+        self.hold_awake(running.is_some());
+        let (state, text) = if queue["paused"] == true {
+            (
+                TrayState::Paused,
+                format!("Longhaul: queue paused, {waiting} waiting"),
+            )
+        } else if let Some(j) = running {
+            let max = j["request"]["settings"]["max_tokens"].as_u64().unwrap_or(0);
+            let speed = rate.map_or(String::new(), |r| format!(", {r:.2} tok/s"));
+            (
+                TrayState::Running,
+                format!(
+                    "Longhaul: {} — {} of {max} tokens{speed}{}",
+                    j["title"].as_str().unwrap_or(""),
+                    j["tokens"],
+                    if waiting > 0 {
+                        format!(", {waiting} waiting")
+                    } else {
+                        String::new()
+                    }
+                ),
+            )
+        } else if jobs.iter().any(|j| {
+            j["state"] == "paused"
+                && j["pause_reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("fault"))
+        }) {
+            (
+                TrayState::Error,
+                "Longhaul: a task is paused by a drive or server fault".into(),
+            )
+        } else {
+            (
+                TrayState::Idle,
+                format!("Longhaul: idle, {waiting} waiting"),
+            )
+        };
+        TrayStatus { state, text, ended }
+    }
+
+    /// Keeps the machine from sleeping while `hold` (a job runs), and lets it
+    /// sleep again when idle.
+    fn hold_awake(&self, hold: bool) {
+        let Ok(mut awake) = self.awake.lock() else {
+            return;
+        };
+        match (hold, awake.is_some()) {
+            (true, false) => *awake = inhibit_sleep(),
+            (false, true) => {
+                if let Some(mut c) = awake.take() {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The process id of the service this supervisor started, if it did.
+    pub fn service_pid(&self) -> Option<u32> {
+        self.child.lock().ok()?.as_ref().map(Child::id)
+    }
+
+    /// Whether sleep is being held off now.
+    pub fn holding_awake(&self) -> bool {
+        self.awake.lock().map(|a| a.is_some()).unwrap_or(false)
+    }
+
+    /// Stops the service if this supervisor started it (jobs resume next time).
+    pub fn shutdown(&self) {
+        self.hold_awake(false);
+        if let Ok(mut c) = self.child.lock()
+            && let Some(mut child) = c.take()
+        {
+            terminate(&mut child);
+        }
+    }
+}
+
+/// Holds off sleep with the platform's tool, if it has one.
+fn inhibit_sleep() -> Option<Child> {
+    let pid = std::process::id().to_string();
+    let command = if cfg!(target_os = "macos") {
+        // -i: no idle sleep; -w: until this process exits.
+        Some(("caffeinate", vec!["-i", "-w", pid.as_str()]))
+    } else if cfg!(target_os = "linux") {
+        Some((
+            "systemd-inhibit",
+            vec![
+                "--what=idle:sleep",
+                "--who=Longhaul",
+                "--why=A task is running",
+                "--mode=block",
+                "sleep",
+                "infinity",
+            ],
+        ))
+    } else {
+        None
+    };
+    let (program, args) = command?;
+    Command::new(program)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()
+}
+
+/// SIGTERM, so the service stops cleanly; SIGKILL after a grace period.
+fn terminate(child: &mut Child) {
+    const GRACE: Duration = Duration::from_secs(10);
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let started = Instant::now();
+    while started.elapsed() < GRACE {
+        if !matches!(child.try_wait(), Ok(None)) {
+            return;
+        }
+        std::thread::sleep(POLL);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

@@ -1,0 +1,91 @@
+//! The desktop shell's supervisor without the shell: it starts the service,
+//! restarts it when it dies, sums up the queue for the tray and notices jobs
+//! that ended.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use longhaul_service::supervisor::{Supervisor, SupervisorConfig, TrayState};
+use serde_json::json;
+use support::synth_model;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !check() {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn the_supervisor_starts_restarts_and_reports_the_service() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let sup = Supervisor::start(SupervisorConfig {
+        binary: env!("CARGO_BIN_EXE_longhaul").into(),
+        data_dir: data.clone(),
+        port: free_port(),
+        serve_args: vec![],
+    })
+    .unwrap();
+    let url = sup.ui_url().unwrap();
+    let token = std::fs::read_to_string(data.join("token")).unwrap();
+    assert!(url.ends_with(&format!("/#token={}", token.trim())), "{url}");
+    let status = sup.status();
+    assert_eq!(status.state, TrayState::Idle, "{}", status.text);
+
+    let client = longhaul_service::client::Client::new(&data, None).unwrap();
+    let model = synth_model(tmp.path());
+    client
+        .post::<serde_json::Value>("/api/models", &json!({ "name": "m", "path": model }))
+        .unwrap();
+    let job: serde_json::Value = client
+        .post("/api/jobs", &json!({ "model": "m", "prompt": "Audit", "max_tokens": 2500, "title": "nightly audit" }))
+        .unwrap();
+    let id = job["id"].as_i64().unwrap();
+    wait_for("the job to run", || {
+        sup.status().state == TrayState::Running
+    });
+    let status = sup.status();
+    assert!(
+        status.text.contains("nightly audit") && status.text.contains("of 2500 tokens"),
+        "{}",
+        status.text
+    );
+
+    // The service dies; the supervisor brings it back and the job resumes.
+    let pid = sup.service_pid().unwrap();
+    std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    wait_for("the service to die", || sup.keep_alive().unwrap());
+    assert_ne!(sup.service_pid(), Some(pid));
+    let mut ended = Vec::new();
+    wait_for("the job to end", || {
+        ended.extend(sup.status().ended);
+        !ended.is_empty()
+    });
+    assert_eq!(
+        ended,
+        vec![(id, "nightly audit".to_string(), "done".to_string())]
+    );
+    assert!(!sup.holding_awake(), "idle again: sleep allowed");
+
+    sup.set_queue_paused(true).unwrap();
+    assert_eq!(sup.status().state, TrayState::Paused);
+    sup.shutdown();
+    assert_eq!(sup.status().state, TrayState::Error, "stopped");
+}
