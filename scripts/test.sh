@@ -4,8 +4,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 longhaul_setup
-# The browser tests drive Debian's Chromium.
-longhaul_apt chromium
+# The desktop shell (Tauri) builds against WebKitGTK; its smoke test runs it
+# under Xvfb with a D-Bus session and takes a screenshot with ImageMagick; the
+# browser tests drive Debian's Chromium.
+longhaul_apt libwebkit2gtk-4.1-dev libayatana-appindicator3-dev librsvg2-dev libssl-dev libxdo-dev \
+    xvfb dbus-daemon imagemagick chromium
 longhaul_build_ui
 
 echo "== format"

@@ -75,4 +75,9 @@ impl Events {
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.sender.subscribe()
     }
+
+    /// How many are listening now (event streams open in UIs, waiting handlers).
+    pub fn subscribers(&self) -> usize {
+        self.sender.receiver_count()
+    }
 }

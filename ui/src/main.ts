@@ -1,6 +1,7 @@
 // Longhaul's web UI: a hash-routed single page over the service's API.
 // Served by `longhaul serve` at `/` and shown by the desktop shell.
 
+import "./locale";
 import "./style.css";
 
 import { adoptToken, get, Job, token } from "./api";
@@ -43,7 +44,8 @@ async function route(): Promise<void> {
   cleanup();
   cleanup = () => {};
   const mine = ++generation;
-  document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", (a as HTMLElement).dataset.view === (name === "job" ? "tasks" : name)));
+  const tab = name === "job" || name === "new" ? "tasks" : name;
+  document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", (a as HTMLElement).dataset.view === tab));
   const container = document.createElement("div");
   container.className = `view view-${name}`;
   view.replaceChildren(container);
@@ -59,6 +61,8 @@ async function route(): Promise<void> {
   const done = await render();
   if (mine === generation) cleanup = done;
   else done();
+  // `#/new` (the tray's "New task…") opens the task form ready to type.
+  if (name === "new") (document.querySelector('#new-task textarea[name="prompt"]') as HTMLElement | null)?.focus();
 }
 
 window.addEventListener("hashchange", () => void route());

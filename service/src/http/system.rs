@@ -127,6 +127,7 @@ pub async fn metrics(State(app): State<AppState>) -> Json<Value> {
         "metrics": app.latest_metrics(),
         "queue_paused": app.runner.control.queue_paused(),
         "running_job": app.runner.control.running(),
+        "event_subscribers": app.events.subscribers(),
     }))
 }
 

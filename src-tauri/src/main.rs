@@ -1,0 +1,229 @@
+//! Longhaul's menu-bar app. It holds no logic of its own: the supervisor in
+//! `longhaul-service` starts and watches the service and sums up the queue;
+//! this shell draws the tray, opens the service's web UI in a window, and
+//! shows notifications. Closing the window never stops a job; Quit stops the
+//! service, and running jobs resume at the next start.
+
+#![cfg_attr(not(debug_assertions), windows_subsystem = "windows")]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use longhaul_service::client::DEFAULT_PORT;
+use longhaul_service::supervisor::{Supervisor, SupervisorConfig, TrayState};
+use tauri::menu::{Menu, MenuItem, PredefinedMenuItem};
+use tauri::tray::TrayIconBuilder;
+use tauri::{AppHandle, Manager, WebviewUrl, WebviewWindowBuilder, WindowEvent};
+use tauri_plugin_notification::NotificationExt;
+
+/// How often the tray is brought up to date.
+const STATUS_INTERVAL: Duration = Duration::from_secs(2);
+const WINDOW_LABEL: &str = "main";
+const TRAY_ID: &str = "longhaul";
+
+/// Where the service keeps its data: `$XDG_DATA_HOME/longhaul` or the platform default.
+fn data_dir() -> PathBuf {
+    if let Some(x) = std::env::var_os("LONGHAUL_DATA_DIR").filter(|x| !x.is_empty()) {
+        return PathBuf::from(x);
+    }
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|x| !x.is_empty()) {
+        return PathBuf::from(x).join("longhaul");
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+    if cfg!(target_os = "macos") {
+        home.join("Library/Application Support/Longhaul")
+    } else {
+        home.join(".local/share/longhaul")
+    }
+}
+
+/// The `longhaul` binary: `LONGHAUL_BIN`, else beside this app.
+fn service_binary() -> anyhow::Result<PathBuf> {
+    if let Some(b) = std::env::var_os("LONGHAUL_BIN") {
+        return Ok(PathBuf::from(b));
+    }
+    let exe = std::env::current_exe().context("cannot find this program's path")?;
+    let name = if cfg!(windows) {
+        "longhaul.exe"
+    } else {
+        "longhaul"
+    };
+    Ok(exe.with_file_name(name))
+}
+
+fn config() -> anyhow::Result<SupervisorConfig> {
+    let port = match std::env::var("LONGHAUL_PORT") {
+        Ok(p) => p.parse().context("LONGHAUL_PORT must be a port number")?,
+        Err(_) => DEFAULT_PORT,
+    };
+    Ok(SupervisorConfig {
+        binary: service_binary()?,
+        data_dir: data_dir(),
+        port,
+        serve_args: Vec::new(),
+    })
+}
+
+/// Shows the window (creating it the first time), at `route` of the UI.
+fn open_window(app: &AppHandle, sup: &Supervisor, route: &str) -> tauri::Result<()> {
+    let Some(base) = sup.ui_url() else {
+        return Ok(());
+    };
+    // The first load carries the token; the UI keeps it and moves to its route.
+    let url = if route.is_empty() {
+        base
+    } else {
+        format!("{}#/{route}", base.split('#').next().unwrap_or(&base))
+    };
+    let parsed: tauri::Url = match url.parse() {
+        Ok(u) => u,
+        Err(e) => {
+            tracing::error!("bad service address {url}: {e}");
+            return Ok(());
+        }
+    };
+    if let Some(w) = app.get_webview_window(WINDOW_LABEL) {
+        if !route.is_empty() {
+            w.navigate(parsed)?;
+        }
+        w.show()?;
+        w.set_focus()?;
+        return Ok(());
+    }
+    WebviewWindowBuilder::new(app, WINDOW_LABEL, WebviewUrl::External(parsed))
+        .title("Longhaul")
+        .inner_size(1280.0, 860.0)
+        .min_inner_size(720.0, 520.0)
+        .on_document_title_changed(|window, title| {
+            let _ = window.set_title(&title);
+        })
+        .build()?;
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let sup = Arc::new(Supervisor::start(config()?).context("cannot start the Longhaul service")?);
+    let app = tauri::Builder::default()
+        .plugin(tauri_plugin_notification::init())
+        .setup({
+            let sup = Arc::clone(&sup);
+            move |app| {
+                #[cfg(target_os = "macos")]
+                app.set_activation_policy(tauri::ActivationPolicy::Accessory);
+                let open = MenuItem::with_id(app, "open", "Open Longhaul", true, None::<&str>)?;
+                let new = MenuItem::with_id(app, "new", "New task…", true, None::<&str>)?;
+                let pause = MenuItem::with_id(app, "pause", "Pause queue", true, None::<&str>)?;
+                let quit = MenuItem::with_id(app, "quit", "Quit Longhaul", true, None::<&str>)?;
+                let sep = PredefinedMenuItem::separator(app)?;
+                let menu = Menu::with_items(app, &[&open, &new, &pause, &sep, &quit])?;
+                let icon = app
+                    .default_window_icon()
+                    .cloned()
+                    .context("the app has no icon")?;
+                let on_menu = Arc::clone(&sup);
+                let tray = TrayIconBuilder::with_id(TRAY_ID)
+                    .icon(icon)
+                    .menu(&menu)
+                    .tooltip("Longhaul")
+                    .on_menu_event(move |app, event| {
+                        let result = match event.id().as_ref() {
+                            "open" => open_window(app, &on_menu, ""),
+                            "new" => open_window(app, &on_menu, "new"),
+                            "pause" => {
+                                let paused = on_menu.status().state == TrayState::Paused;
+                                if let Err(e) = on_menu.set_queue_paused(!paused) {
+                                    tracing::error!("cannot change the queue: {e}");
+                                }
+                                Ok(())
+                            }
+                            "quit" => {
+                                on_menu.shutdown();
+                                app.exit(0);
+                                Ok(())
+                            }
+                            _ => Ok(()),
+                        };
+                        if let Err(e) = result {
+                            tracing::error!("tray action failed: {e}");
+                        }
+                    })
+                    .build(app)?;
+                tracing::info!("tray icon ready");
+
+                // Keep the tray current, the service alive, and say when jobs end.
+                let handle = app.handle().clone();
+                let watcher = Arc::clone(&sup);
+                std::thread::spawn(move || {
+                    loop {
+                        if let Err(e) = watcher.keep_alive() {
+                            tracing::error!("{e}");
+                        }
+                        let status = watcher.status();
+                        let _ = tray.set_tooltip(Some(&status.text));
+                        let short = match status.state {
+                            TrayState::Idle => "",
+                            TrayState::Running => "▶",
+                            TrayState::Paused => "⏸",
+                            TrayState::Error => "!",
+                        };
+                        let _ = tray.set_title(Some(short));
+                        let _ = pause.set_text(if status.state == TrayState::Paused {
+                            "Resume queue"
+                        } else {
+                            "Pause queue"
+                        });
+                        for (_, title, state) in status.ended {
+                            let body = if state == "done" {
+                                format!("Finished: {title}")
+                            } else {
+                                format!("Failed: {title}")
+                            };
+                            if let Err(e) = handle
+                                .notification()
+                                .builder()
+                                .title("Longhaul")
+                                .body(body)
+                                .show()
+                            {
+                                tracing::warn!("cannot show a notification: {e}");
+                            }
+                        }
+                        std::thread::sleep(STATUS_INTERVAL);
+                    }
+                });
+                open_window(app.handle(), &sup, "")?;
+                Ok(())
+            }
+        })
+        .on_page_load(|_, payload| {
+            tracing::info!("page {:?}: {}", payload.event(), payload.url().path());
+        })
+        .on_window_event(|window, event| {
+            // Closing the window hides it; jobs go on in the service.
+            if let WindowEvent::CloseRequested { api, .. } = event {
+                api.prevent_close();
+                let _ = window.hide();
+            }
+        })
+        .build(tauri::generate_context!())
+        .context("cannot start the desktop shell")?;
+    app.run(|_, event| {
+        if let tauri::RunEvent::ExitRequested {
+            code: None, api, ..
+        } = event
+        {
+            // The last window closing does not quit: the tray stays.
+            api.prevent_exit();
+        }
+    });
+    sup.shutdown();
+    Ok(())
+}

@@ -1,0 +1,178 @@
+//! The desktop app under Xvfb: it starts the service, its window loads the
+//! web UI (which connects to the service's event stream), the tray comes up
+//! without errors, and a screenshot of the screen is kept in
+//! `ui/test-artifacts/desktop.png`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Webkit's first start in a fresh profile can be slow on two cores.
+const START_TIMEOUT: Duration = Duration::from_secs(180);
+
+struct Killed(Vec<Child>);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn free_display() -> u32 {
+    (90..200)
+        .find(|n| {
+            !Path::new(&format!("/tmp/.X11-unix/X{n}")).exists()
+                && !Path::new(&format!("/tmp/.X{n}-lock")).exists()
+        })
+        .expect("a free X display number")
+}
+
+fn require(tool: &str) {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        found,
+        "`{tool}` is needed for the desktop test; scripts/test.sh installs it"
+    );
+}
+
+/// `event_subscribers` from the service's metrics, once it answers.
+fn subscribers(base: &str, token: &str) -> Option<u64> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(5)))
+        .build()
+        .into();
+    let mut response = agent
+        .get(format!("{base}/api/metrics"))
+        .header("Authorization", &format!("Bearer {token}"))
+        .call()
+        .ok()?;
+    let v: serde_json::Value = response.body_mut().read_json().ok()?;
+    v["event_subscribers"].as_u64()
+}
+
+#[test]
+fn the_desktop_app_shows_the_ui_and_starts_its_tray() {
+    for tool in ["Xvfb", "dbus-run-session", "import", "convert"] {
+        require(tool);
+    }
+    let app = PathBuf::from(env!("CARGO_BIN_EXE_longhaul-desktop"));
+    let service = app.with_file_name("longhaul");
+    assert!(
+        service.is_file(),
+        "the service binary is built beside the app: {}",
+        service.display()
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let port = free_port();
+    let display = free_display();
+    let artifacts = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ui/test-artifacts");
+    std::fs::create_dir_all(&artifacts).unwrap();
+    let log_path = tmp.path().join("desktop.log");
+
+    let xvfb = Command::new("Xvfb")
+        .args([
+            &format!(":{display}"),
+            "-screen",
+            "0",
+            "1360x900x24",
+            "-nolisten",
+            "tcp",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut children = Killed(vec![xvfb]);
+    std::thread::sleep(Duration::from_millis(500));
+    let log = std::fs::File::create(&log_path).unwrap();
+    let desktop = Command::new("dbus-run-session")
+        .arg("--")
+        .arg(&app)
+        .env("DISPLAY", format!(":{display}"))
+        .env("LONGHAUL_BIN", &service)
+        .env("LONGHAUL_PORT", port.to_string())
+        .env("LONGHAUL_DATA_DIR", &data)
+        .env("XDG_DATA_HOME", tmp.path().join("xdg-data"))
+        .env("XDG_CACHE_HOME", tmp.path().join("xdg-cache"))
+        .env("XDG_CONFIG_HOME", tmp.path().join("xdg-config"))
+        .env("RUST_LOG", "info")
+        .env("WEBKIT_DISABLE_COMPOSITING_MODE", "1")
+        // No desktop portals in a bare X session.
+        .env("GTK_USE_PORTAL", "0")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    children.0.push(desktop);
+
+    let base = format!("http://127.0.0.1:{port}");
+    let started = Instant::now();
+    let mut connected = false;
+    while started.elapsed() < START_TIMEOUT {
+        let token = std::fs::read_to_string(data.join("token")).ok();
+        if token
+            .as_deref()
+            .and_then(|t| subscribers(&base, t.trim()))
+            .is_some_and(|n| n >= 1)
+        {
+            connected = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let log_text = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    assert!(
+        connected,
+        "the window's UI never connected to the service; log:\n{}",
+        log_text()
+    );
+    // Let the first view render before the picture.
+    std::thread::sleep(Duration::from_secs(3));
+    let shot = artifacts.join("desktop.png");
+    let status = Command::new("import")
+        .args(["-display", &format!(":{display}"), "-window", "root"])
+        .arg(&shot)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let spread = Command::new("convert")
+        .arg(&shot)
+        .args(["-format", "%[fx:standard_deviation]", "info:"])
+        .output()
+        .unwrap();
+    let spread: f64 = String::from_utf8_lossy(&spread.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0.0);
+    assert!(
+        spread > 0.05,
+        "the screen is nearly blank (deviation {spread})"
+    );
+
+    let log = log_text();
+    assert!(log.contains("tray icon ready"), "log:\n{log}");
+    for bad in ["panicked", " ERROR "] {
+        assert!(!log.contains(bad), "`{bad}` in the log:\n{log}");
+    }
+    drop(children);
+    // The app was killed, not quit: stop the service it started.
+    let _ = Command::new("pkill")
+        .args(["-f", &data.display().to_string()])
+        .status();
+}
