@@ -151,10 +151,11 @@ pub struct Piece<'a> {
 
 /// Generates from `prompt` as if the answer had already begun with
 /// `resumed` (tokens this function produced earlier for the same prompt and
-/// settings): they are fed with the prompt in one pass and replayed through
-/// the text and stop-string state without being reported again, and sampling
-/// continues at their position. With the same settings the result is the
-/// one an uninterrupted run gives. `on_piece` sees each new token.
+/// settings): the prompt is fed in one pass and the resumed tokens one at a
+/// time, exactly as they were computed, then replayed through the text and
+/// stop-string state without being reported again, and sampling continues
+/// at their position. With the same settings the result is bitwise the one
+/// an uninterrupted run gives. `on_piece` sees each new token.
 pub fn generate_resumed(
     model: &Decoder,
     tokenizer: &TextTokenizer,
@@ -190,8 +191,14 @@ pub fn generate_resumed(
     }
 
     let started = Instant::now();
-    let fed: Vec<u32> = prompt.iter().chain(&tokens).copied().collect();
-    let mut logits = session.feed(&fed)?;
+    let mut logits = session.feed(prompt)?;
+    // The answer's tokens go in one at a time, as they did when they were
+    // generated: a batched pass sums in another order, and its last-bit
+    // differences can tip a sampled token, so only this replay makes the
+    // continuation exactly the uninterrupted one.
+    for &id in &tokens {
+        logits = session.feed(&[id])?;
+    }
     stats.prefill_seconds = started.elapsed().as_secs_f64();
     let mut decode_time = Duration::ZERO;
 
