@@ -239,6 +239,7 @@ impl Engine {
         &self,
         prompt_ids: &[u32],
         resumed: &[u32],
+        saved: &[Vec<u8>],
         settings: &GenerationSettings,
         on_piece: impl FnMut(generate::Piece<'_>) -> Flow,
     ) -> Result<Generation, EngineError> {
@@ -247,6 +248,7 @@ impl Engine {
             self.tokenizer()?,
             prompt_ids,
             resumed,
+            saved,
             settings,
             on_piece,
         )?)

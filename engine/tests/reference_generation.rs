@@ -124,18 +124,28 @@ fn chat_prompts_render_the_checkpoint_template() {
 }
 
 /// Stops a generation after `cut` tokens, then resumes it from the tokens
-/// produced so far; returns (text shown before the cut, the resumed generation,
-/// text shown after).
+/// produced so far — with the attention state saved on the way in two
+/// pieces when `with_state`, else recomputing it; returns (text shown before
+/// the cut, the resumed generation, text shown after).
 fn cut_and_resume(
     engine: &Engine,
     prompt: &[u32],
     settings: &GenerationSettings,
     cut: usize,
+    with_state: bool,
 ) -> (String, longhaul_engine::generate::Generation, String) {
     let mut before = String::new();
+    let mut saved: Vec<Vec<u8>> = Vec::new();
+    let mut saved_upto = 0;
     let first = engine
-        .generate_resumed(prompt, &[], settings, |p| {
+        .generate_resumed(prompt, &[], &[], settings, |p| {
             before.push_str(p.text);
+            // Save what the cache holds at the halfway point and at the cut.
+            if with_state && (p.tokens_so_far == cut / 2 || p.tokens_so_far >= cut) {
+                let start = p.prompt_len + saved_upto;
+                saved.push(p.cache.rows_from(start).unwrap());
+                saved_upto = p.cache.len() - p.prompt_len;
+            }
             if p.tokens_so_far >= cut {
                 Flow::Stop
             } else {
@@ -145,7 +155,7 @@ fn cut_and_resume(
         .unwrap();
     let mut after = String::new();
     let resumed = engine
-        .generate_resumed(prompt, &first.tokens, settings, |p| {
+        .generate_resumed(prompt, &first.tokens, &saved, settings, |p| {
             after.push_str(p.text);
             Flow::Continue
         })
@@ -185,11 +195,79 @@ fn a_resumed_generation_ends_as_an_uninterrupted_one() {
             .generate(&prompt, &settings, |_| Flow::Continue)
             .unwrap();
         for cut in 1..=whole.tokens.len() {
-            let (before, resumed, after) = cut_and_resume(&engine, &prompt, &settings, cut);
-            assert_eq!(resumed.tokens, whole.tokens, "{sampling:?}, cut at {cut}");
-            assert_eq!(resumed.text, whole.text, "{sampling:?}, cut at {cut}");
-            assert_eq!(resumed.finish_reason, whole.finish_reason);
-            assert_eq!(before + &after, whole.text, "nothing shown twice or lost");
+            for with_state in [false, true] {
+                let (before, resumed, after) =
+                    cut_and_resume(&engine, &prompt, &settings, cut, with_state);
+                let what = format!("{sampling:?}, cut at {cut}, saved state {with_state}");
+                assert_eq!(resumed.tokens, whole.tokens, "{what}");
+                assert_eq!(resumed.text, whole.text, "{what}");
+                assert_eq!(resumed.finish_reason, whole.finish_reason, "{what}");
+                assert_eq!(
+                    before + &after,
+                    whole.text,
+                    "nothing shown twice or lost: {what}"
+                );
+            }
         }
     }
+}
+
+#[test]
+fn saved_attention_state_replaces_recomputing_the_answer() {
+    let dir = &fixtures()[0];
+    let engine = Engine::open(dir).unwrap();
+    let prompt = engine.prompt_ids("Draft an architecture", false).unwrap();
+    let settings = GenerationSettings {
+        max_tokens: 12,
+        sampling: SamplingParams::default(),
+        stop_strings: Vec::new(),
+        eos_token_ids: Vec::new(),
+    };
+    let mut rows = Vec::new();
+    let first = engine
+        .generate_resumed(&prompt, &[], &[], &settings, |p| {
+            if p.tokens_so_far == 8 {
+                rows = p.cache.rows_from(p.prompt_len).unwrap();
+                return Flow::Stop;
+            }
+            Flow::Continue
+        })
+        .unwrap();
+    assert_eq!(first.tokens.len(), 8);
+    // The saved rows cover the 7 answer tokens fed before the 8th was chosen:
+    // resuming feeds only the 8th, so its "prefill" is the prompt plus one.
+    let resumed = engine
+        .generate_resumed(&prompt, &first.tokens, &[rows.clone()], &settings, |_| {
+            Flow::Continue
+        })
+        .unwrap();
+    let whole = engine
+        .generate(&prompt, &settings, |_| Flow::Continue)
+        .unwrap();
+    assert_eq!(resumed.tokens, whole.tokens);
+    // Rows from another model are refused and the answer is recomputed instead.
+    let other = Engine::open(&fixtures()[3]).unwrap();
+    let other_prompt = other.prompt_ids("Draft an architecture", false).unwrap();
+    let other_first = other
+        .generate_resumed(&other_prompt, &[], &[], &settings, |p| {
+            if p.tokens_so_far == 8 {
+                Flow::Stop
+            } else {
+                Flow::Continue
+            }
+        })
+        .unwrap();
+    let recomputed = other
+        .generate_resumed(
+            &other_prompt,
+            &other_first.tokens,
+            &[rows],
+            &settings,
+            |_| Flow::Continue,
+        )
+        .unwrap();
+    let other_whole = other
+        .generate(&other_prompt, &settings, |_| Flow::Continue)
+        .unwrap();
+    assert_eq!(recomputed.tokens, other_whole.tokens);
 }

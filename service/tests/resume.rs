@@ -110,6 +110,15 @@ fn killed_at_random_moments_no_job_is_lost_duplicated_or_changed() {
                 .count()
         })
         .sum();
+    // Resumes read the answer's saved attention state instead of recomputing it.
+    let restored = ids.iter().any(|id| {
+        s.get(&format!("/api/jobs/{id}"))["log"]
+            .as_str()
+            .unwrap()
+            .lines()
+            .any(|l| l.contains("attention state saved for") && !l.ends_with("saved for 0"))
+    });
+    assert!(restored, "no resume used saved attention state");
     s.stop();
     let conn = rusqlite::Connection::open(data.join("queue.sqlite")).unwrap();
     let check: String = conn

@@ -48,6 +48,11 @@ impl<'m> Session<'m> {
         self.cache.is_empty()
     }
 
+    /// The attention state so far.
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
     /// Feeds `ids` in one batched pass; returns the logits after the last one.
     pub fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
         let logits = self.model.forward(ids, &mut self.cache, LogitsFor::Last)?;
@@ -130,7 +135,7 @@ pub fn generate(
     settings: &GenerationSettings,
     mut on_text: impl FnMut(&str) -> Flow,
 ) -> Result<Generation, GenerateError> {
-    generate_resumed(model, tokenizer, prompt, &[], settings, |piece| {
+    generate_resumed(model, tokenizer, prompt, &[], &[], settings, |piece| {
         if piece.text.is_empty() {
             Flow::Continue
         } else {
@@ -147,20 +152,30 @@ pub struct Piece<'a> {
     pub text: &'a str,
     /// Tokens of the answer so far, this one included.
     pub tokens_so_far: usize,
+    /// The attention state: the prompt's positions, then the answer's tokens
+    /// fed so far (all but the newest). Saving rows of it lets a resumed
+    /// run skip recomputing them.
+    pub cache: &'a KvCache,
+    pub prompt_len: usize,
 }
 
 /// Generates from `prompt` as if the answer had already begun with
 /// `resumed` (tokens this function produced earlier for the same prompt and
-/// settings): the prompt is fed in one pass and the resumed tokens one at a
-/// time, exactly as they were computed, then replayed through the text and
-/// stop-string state without being reported again, and sampling continues
-/// at their position. With the same settings the result is bitwise the one
-/// an uninterrupted run gives. `on_piece` sees each new token.
+/// settings). The prompt is fed in one pass, as it was the first time; the
+/// attention state of the first resumed tokens is taken from `saved` (rows
+/// of [`Piece::cache`] kept by the caller, in order) where it holds them,
+/// and the other resumed tokens are fed one at a time, exactly as they were
+/// computed — a batched pass sums in another order, and its last-bit
+/// differences could tip a sampled token. The tokens are replayed through
+/// the text and stop-string state without being reported again, and sampling
+/// continues at their position: with the same settings the result is bitwise
+/// the one an uninterrupted run gives. `on_piece` sees each new token.
 pub fn generate_resumed(
     model: &Decoder,
     tokenizer: &TextTokenizer,
     prompt: &[u32],
     resumed: &[u32],
+    saved: &[Vec<u8>],
     settings: &GenerationSettings,
     mut on_piece: impl FnMut(Piece<'_>) -> Flow,
 ) -> Result<Generation, GenerateError> {
@@ -192,11 +207,20 @@ pub fn generate_resumed(
 
     let started = Instant::now();
     let mut logits = session.feed(prompt)?;
-    // The answer's tokens go in one at a time, as they did when they were
-    // generated: a batched pass sums in another order, and its last-bit
-    // differences can tip a sampled token, so only this replay makes the
-    // continuation exactly the uninterrupted one.
-    for &id in &tokens {
+    // Saved state covers at most all but the last resumed token: its logits,
+    // which pick the next token, come only from feeding it.
+    let mut restored = 0;
+    for rows in saved {
+        let mut trial = session.cache.clone();
+        match trial.extend_from_bytes(rows) {
+            Ok(n) if restored + n < tokens.len() => {
+                session.cache = trial;
+                restored += n;
+            }
+            _ => break,
+        }
+    }
+    for &id in &tokens[restored..] {
         logits = session.feed(&[id])?;
     }
     stats.prefill_seconds = started.elapsed().as_secs_f64();
@@ -223,6 +247,8 @@ pub fn generate_resumed(
             token: Some(id),
             text: &shown,
             tokens_so_far: tokens.len(),
+            cache: session.cache(),
+            prompt_len: prompt.len(),
         });
         if stopped {
             break FinishReason::StopString;
@@ -252,6 +278,8 @@ pub fn generate_resumed(
                 token: None,
                 text: &rest,
                 tokens_so_far: tokens.len(),
+                cache: session.cache(),
+                prompt_len: prompt.len(),
             });
         }
     }

@@ -42,7 +42,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         );
     }
     let data_dir = args.data.data_dir();
-    let mut runner = RunnerConfig::default();
+    let mut runner = RunnerConfig {
+        state_dir: Some(data_dir.join("state")),
+        ..RunnerConfig::default()
+    };
     runner.streaming.budget_bytes = args.budget;
     args.cache.apply(&mut runner.streaming);
     let config = ServeConfig {

@@ -71,6 +71,7 @@ impl LocalBackend {
         &self,
         path: &Path,
         job: &Runnable,
+        saved: &[Vec<u8>],
         sink: &mut Sink<'_>,
     ) -> Result<Outcome, RunError> {
         let engine = self.engine(path)?;
@@ -106,12 +107,13 @@ impl LocalBackend {
         };
         let before = counters(&engine);
         let generation = engine
-            .generate_resumed(&prompt, &job.committed_tokens, &settings, |piece| {
+            .generate_resumed(&prompt, &job.committed_tokens, saved, &settings, |piece| {
                 let tokens: Vec<u32> = piece.token.into_iter().collect();
                 sink(Produced {
                     tokens: &tokens,
                     count: tokens.len(),
                     text: piece.text,
+                    state: Some((piece.cache, piece.prompt_len)),
                 })
             })
             .map_err(engine_error)?;

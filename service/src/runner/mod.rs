@@ -10,6 +10,7 @@
 pub mod local;
 pub mod rate;
 pub mod remote;
+pub mod state_file;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
@@ -38,6 +39,9 @@ pub struct RunnerConfig {
     pub streaming: StreamingOptions,
     pub commit_tokens: usize,
     pub commit_interval: Duration,
+    /// Where answers' attention state is saved for fast resumes (none: a
+    /// resumed job recomputes its answer token by token).
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Default for RunnerConfig {
@@ -46,6 +50,7 @@ impl Default for RunnerConfig {
             streaming: StreamingOptions::default(),
             commit_tokens: COMMIT_TOKENS,
             commit_interval: COMMIT_INTERVAL,
+            state_dir: None,
         }
     }
 }
@@ -57,6 +62,9 @@ pub struct Produced<'a> {
     pub tokens: &'a [u32],
     pub count: usize,
     pub text: &'a str,
+    /// The model's attention state and the prompt's length in it, when the
+    /// model runs here.
+    pub state: Option<(&'a longhaul_engine::model::KvCache, usize)>,
 }
 
 /// Where a backend sends its output; it returns whether to go on.
@@ -317,12 +325,6 @@ impl Runner {
             s.stop_running = false;
         });
         self.announce_queue();
-        if job.resumed {
-            let _ = self.queue.log(
-                id,
-                &format!("resumed with {} committed tokens", job.committed_count),
-            );
-        }
         let mut shown = job.committed_text.len();
         self.publish_progress(
             &job,
@@ -345,6 +347,26 @@ impl Runner {
         let mut lost_job = false;
 
         let mut pending_count = 0usize;
+        let state_file = self
+            .config
+            .state_dir
+            .as_deref()
+            .map(|d| state_file::StateFile::for_job(d, id));
+        let saved: Vec<(usize, Vec<u8>)> = state_file
+            .as_ref()
+            .map(|f| f.load(job.committed_count))
+            .unwrap_or_default();
+        let mut state_saved: usize = saved.iter().map(|(n, _)| n).sum();
+        let saved: Vec<Vec<u8>> = saved.into_iter().map(|(_, rows)| rows).collect();
+        if job.resumed {
+            let _ = self.queue.log(
+                id,
+                &format!(
+                    "resumed with {} committed tokens, attention state saved for {state_saved}",
+                    job.committed_count
+                ),
+            );
+        }
         let mut sink = |p: Produced<'_>| -> Flow {
             let (tokens, text) = (p.tokens, p.text);
             let now = Instant::now();
@@ -365,6 +387,22 @@ impl Runner {
             if pending_count >= self.config.commit_tokens
                 || now.duration_since(last_commit) >= self.config.commit_interval
             {
+                // The attention rows first: they must be on disk no later
+                // than the output they belong to.
+                if let (Some(file), Some((cache, prompt_len))) = (&state_file, p.state) {
+                    let have = cache.len().saturating_sub(prompt_len);
+                    if have > state_saved {
+                        match cache.rows_from(prompt_len + state_saved) {
+                            Ok(rows) => match file.append(state_saved, have - state_saved, &rows) {
+                                Ok(()) => state_saved = have,
+                                Err(e) => {
+                                    tracing::warn!("job {id}: cannot save attention state: {e}")
+                                }
+                            },
+                            Err(e) => tracing::warn!("job {id}: cannot read attention state: {e}"),
+                        }
+                    }
+                }
                 if let Err(e) = self
                     .queue
                     .commit(id, &pending_tokens, pending_count, &pending_text)
@@ -406,7 +444,7 @@ impl Runner {
                     streaming: self.config.streaming.clone(),
                     loaded: Arc::clone(&self.loaded),
                 }
-                .run(&PathBuf::from(path), &job, &mut sink),
+                .run(&PathBuf::from(path), &job, &saved, &mut sink),
                 ModelKind::Remote {
                     url,
                     api_key,
@@ -501,6 +539,11 @@ impl Runner {
                 self.state_of(id)
             }
         };
+        if end_state.is_final()
+            && let Some(f) = &state_file
+        {
+            f.remove();
+        }
         self.control.with(|s| {
             s.running = None;
             s.stop_running = false;

@@ -149,6 +149,7 @@ impl RemoteBackend<'_> {
                 tokens: &[],
                 count: 1,
                 text,
+                state: None,
             });
             if flow == Flow::Stop {
                 self.cancel_remote(remote_id.as_deref());
