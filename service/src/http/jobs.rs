@@ -206,6 +206,7 @@ pub async fn act(
         "cancel" => {
             app.blocking(move |q| q.cancel(id)).await?;
             app.runner.control.stop_job(id);
+            app.runner.forget_state(id);
         }
         "pause" => {
             app.blocking(move |q| q.pause(id, "paused by the user"))

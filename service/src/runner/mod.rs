@@ -214,6 +214,16 @@ impl Runner {
         &self.config
     }
 
+    /// Drops a job's saved attention state (it was cancelled while waiting
+    /// or paused; a job that ends while running has its state dropped here).
+    pub fn forget_state(&self, id: i64) {
+        if self.control.running() != Some(id)
+            && let Some(dir) = &self.config.state_dir
+        {
+            state_file::StateFile::for_job(dir, id).remove();
+        }
+    }
+
     /// Starts the runner thread.
     pub fn spawn(self: &Arc<Self>) -> std::io::Result<JoinHandle<()>> {
         let me = Arc::clone(self);
