@@ -169,6 +169,7 @@ export interface Drive {
   model_bytes: number;
   models: string[];
   mb_per_s: number | null;
+  ceiling_mb_per_s: number | null;
   latency_p50_ms: number | null;
   errors: number | null;
 }

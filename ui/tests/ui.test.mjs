@@ -65,6 +65,8 @@ before(async () => {
   drives.forEach((d) => mkdirSync(d));
   packPath = join(root, "pack");
   execFileSync(bin, ["pack", model, "--out", packPath, "--drives", drives.join(","), "--split-threshold", "4K"], { stdio: "ignore" });
+  // The probe the dashboard draws as each drive's ceiling.
+  execFileSync(bin, ["drives", "probe", "--model", packPath, "--bytes", "1M"], { stdio: "ignore" });
   const data = join(root, "data");
   // A budget of a few experts: most lookups read from the drives.
   service = spawn(bin, ["serve", "--data-dir", data, "--port", "0", "--budget", "200K", "--ui-dir", join(uiDir, "dist")], { stdio: "ignore" });
@@ -81,8 +83,13 @@ before(async () => {
 
 after(async () => {
   await browser?.close();
-  service?.kill("SIGTERM");
-  if (root) rmSync(root, { recursive: true, force: true });
+  if (service && service.exitCode === null) {
+    // Let it finish writing (heat, state) before its folders go.
+    const exited = new Promise((r) => service.once("exit", r));
+    service.kill("SIGTERM");
+    await Promise.race([exited, sleep(15_000)]);
+  }
+  if (root) rmSync(root, { recursive: true, force: true, maxRetries: 3 });
 });
 
 test("models: an empty list, then a pack added through the form", async () => {
@@ -169,8 +176,9 @@ test("dashboard: charts fill with live drive, cache and token data", async () =>
     const m = s.match(/(\d+) s of history/);
     return m && Number(m[1]) >= 5;
   }, "five seconds of metrics");
-  const legend = await page.$$eval("#c-drives .u-legend .u-series", (rows) => rows.length);
-  assert.ok(legend >= 4, `two drives and a total in the drive chart (${legend} legend rows)`);
+  const legend = await page.$$eval("#c-drives .u-legend .u-series", (rows) => rows.map((r) => r.textContent ?? ""));
+  assert.equal(legend.filter((l) => l.includes("ceiling")).length, 2, `a probed ceiling per drive: ${legend.join(" | ")}`);
+  assert.ok(legend.length >= 6, `two drives, a total and two ceilings (${legend.length} legend rows)`);
   const m = await api("GET", "/api/metrics");
   assert.ok(m.metrics.engine.drives.every((d) => d.bytes > 0), "both drives read");
   await page.waitForFunction(() => (document.querySelector("#heat")?.width ?? 0) > 0, null, { timeout: 20_000 });
@@ -183,6 +191,7 @@ test("drives: both drive folders with space and model bytes", async () => {
   const rows = await page.$$("#drives tbody tr");
   assert.equal(rows.length, 2);
   assert.equal(await page.$$eval("#drives .badge.state-done", (b) => b.length), 2);
+  assert.equal(await page.locator("#drives td .hint", { hasText: "probed" }).count(), 2, "each drive's probed rate");
   await shot("drives");
 });
 

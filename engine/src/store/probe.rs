@@ -2,30 +2,52 @@
 //! parallel direct reads of a pack's own extent files — the physical ceiling
 //! a benchmark is compared against.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{DriveStore, ReadRequest, StoreConfig, StoreError};
 
 /// Reads queued per worker in each wave of the probe.
 const PROBE_WAVE_PER_WORKER: usize = 2;
 
-#[derive(Debug, Clone, Serialize)]
+/// Where a pack keeps its drives' last probe, for dashboards to draw as the ceiling.
+pub const PROBE_FILE: &str = "longhaul-probe.json";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ProbeDrive {
     pub path: PathBuf,
     pub bytes: u64,
     pub mb_per_s: f64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ProbeReport {
     pub drives: Vec<ProbeDrive>,
     /// Bytes read from all drives at once, divided by the wall time.
     pub aggregate_mb_per_s: f64,
     pub chunk_bytes: u64,
     pub seconds: f64,
+}
+
+impl ProbeReport {
+    /// Keeps the report next to the pack (a temporary file, then a rename).
+    pub fn save(&self, pack: &Path) -> std::io::Result<()> {
+        let path = pack.join(PROBE_FILE);
+        let tmp = path.with_extension("json.partial");
+        std::fs::write(
+            &tmp,
+            serde_json::to_vec(self).map_err(std::io::Error::other)?,
+        )?;
+        std::fs::rename(tmp, path)
+    }
+
+    /// The pack's last probe, if it has one that reads.
+    pub fn load(pack: &Path) -> Option<Self> {
+        let text = std::fs::read_to_string(pack.join(PROBE_FILE)).ok()?;
+        serde_json::from_str(&text).ok()
+    }
 }
 
 /// Reads up to `limit` bytes from each drive's `files` (name, size) in

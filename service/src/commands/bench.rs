@@ -97,13 +97,12 @@ pub fn probe_pack(
         direct_io: true,
         queue_depth,
     };
-    Ok(probe(
-        &manifest.drives,
-        &files,
-        PROBE_CHUNK,
-        limit,
-        &config,
-    )?)
+    let report = probe(&manifest.drives, &files, PROBE_CHUNK, limit, &config)?;
+    // Dashboards draw the last probe as each drive's ceiling.
+    if let Err(e) = report.save(pack) {
+        eprintln!("warning: cannot keep the probe in {}: {e}", pack.display());
+    }
+    Ok(report)
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {

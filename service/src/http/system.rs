@@ -32,6 +32,8 @@ pub struct DriveView {
     /// Which models have data here.
     pub models: Vec<String>,
     pub mb_per_s: Option<f64>,
+    /// The drive's read rate at the last `longhaul drives probe` (or bench).
+    pub ceiling_mb_per_s: Option<f64>,
     pub latency_p50_ms: Option<f64>,
     pub errors: Option<u64>,
 }
@@ -80,7 +82,12 @@ pub fn drives(app: &AppState) -> Vec<DriveView> {
         let Ok(manifest) = longhaul_engine::pack::Manifest::read(path) else {
             continue;
         };
+        let probe = longhaul_engine::store::probe::ProbeReport::load(path);
         for dir in &manifest.drives {
+            let ceiling = probe
+                .as_ref()
+                .and_then(|p| p.drives.iter().find(|d| d.path == *dir))
+                .map(|d| d.mb_per_s);
             let present = dir.is_dir();
             let view = by_path.entry(dir.clone()).or_insert_with(|| {
                 let sp = space(dir);
@@ -92,10 +99,12 @@ pub fn drives(app: &AppState) -> Vec<DriveView> {
                     model_bytes: 0,
                     models: Vec::new(),
                     mb_per_s: None,
+                    ceiling_mb_per_s: None,
                     latency_p50_ms: None,
                     errors: None,
                 }
             });
+            view.ceiling_mb_per_s = view.ceiling_mb_per_s.or(ceiling);
             view.model_bytes += folder_bytes(dir);
             view.models.push(m.name.clone());
         }

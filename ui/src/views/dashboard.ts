@@ -4,7 +4,7 @@
 import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
 
-import { get, Model } from "../api";
+import { Drive, get, Model } from "../api";
 import { bytes, esc, percent, rate } from "../format";
 import { Sample, store } from "../store";
 
@@ -19,7 +19,7 @@ interface Heat {
 function chart(
   el: HTMLElement,
   title: string,
-  series: { label: string; color: string }[],
+  series: { label: string; color: string; dash?: number[] }[],
   yLabel: string,
   format?: (v: number) => string,
 ): uPlot {
@@ -29,7 +29,7 @@ function chart(
     height: 200,
     scales: { x: { time: true } },
     axes: [{}, { label: yLabel, size: 70, ...(format ? { values: (_u: uPlot, vals: number[]) => vals.map(format) } : {}) }],
-    series: [{}, ...series.map((s) => ({ label: s.label, stroke: s.color, width: 2, spanGaps: true }))],
+    series: [{}, ...series.map((s) => ({ label: s.label, stroke: s.color, width: s.dash ? 1 : 2, dash: s.dash, spanGaps: true }))],
   };
   return new uPlot(opts, [[], ...series.map(() => [])], el);
 }
@@ -72,6 +72,21 @@ export async function render(root: HTMLElement): Promise<() => void> {
   const summary = root.querySelector("#summary") as HTMLElement;
   let names = new Map<string, string>();
   let drivePaths: string[] = [];
+  // Each drive's probed read rate, drawn as its ceiling.
+  let ceilings = new Map<string, number>();
+  const loadCeilings = async () => {
+    try {
+      const { drives } = await get<{ drives: Drive[] }>("/api/drives");
+      const next = new Map(drives.filter((d) => d.ceiling_mb_per_s != null).map((d) => [d.path, d.ceiling_mb_per_s as number]));
+      if ([...next].join() !== [...ceilings].join()) {
+        ceilings = next;
+        drivePaths = [];
+        update();
+      }
+    } catch {
+      // The chart works without ceilings.
+    }
+  };
   let drivesChart: uPlot | null = null;
   const hit = chart(root.querySelector("#c-hit") as HTMLElement, "Cache hit rate", [{ label: "hit rate", color: COLORS[2] }], "share");
   const tok = chart(root.querySelector("#c-tok") as HTMLElement, "Tokens per second", [{ label: "tok/s", color: COLORS[0] }], "tok/s");
@@ -89,19 +104,31 @@ export async function render(root: HTMLElement): Promise<() => void> {
   const update = () => {
     const samples = store.samples;
     const paths = Array.from(new Set(samples.flatMap((s) => Object.keys(s.drives)))).sort();
+    const capped = paths.filter((p) => ceilings.has(p));
     if (!drivesChart || paths.join() !== drivePaths.join()) {
       drivesChart?.destroy();
       drivePaths = paths;
       const el = root.querySelector("#c-drives") as HTMLElement;
       el.innerHTML = "";
+      const short = (p: string) => p.split("/").slice(-2).join("/");
       drivesChart = chart(
         el,
-        "Drive reads (MB/s)",
-        [...paths.map((p, i) => ({ label: p.split("/").slice(-2).join("/"), color: COLORS[i % COLORS.length] })), { label: "total", color: "#222" }],
+        "Drive reads (MB/s) against each drive's probed ceiling",
+        [
+          ...paths.map((p, i) => ({ label: short(p), color: COLORS[i % COLORS.length] })),
+          { label: "total", color: "#222" },
+          ...capped.map((p) => ({ label: `${short(p)} ceiling`, color: COLORS[paths.indexOf(p) % COLORS.length], dash: [6, 4] })),
+        ],
         "MB/s",
       );
     }
-    drivesChart.setData(columns(samples, [...drivePaths.map((p) => (s: Sample) => s.drives[p] ?? null), (s) => s.total]));
+    drivesChart.setData(
+      columns(samples, [
+        ...drivePaths.map((p) => (s: Sample) => s.drives[p] ?? null),
+        (s) => s.total,
+        ...drivePaths.filter((p) => ceilings.has(p)).map((p) => () => ceilings.get(p) ?? null),
+      ]),
+    );
     hit.setData(columns(samples, [(s) => s.hitRate]));
     tok.setData(columns(samples, [(s) => s.tokensPerSecond]));
     ram.setData(columns(samples, [(s) => s.held, (s) => s.budget]));
@@ -117,6 +144,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
   };
   update();
   const off = store.onMetrics(update);
+  void loadCeilings();
 
   // The heat map, per local model.
   const select = root.querySelector("#heat-model") as HTMLSelectElement;
@@ -149,7 +177,10 @@ export async function render(root: HTMLElement): Promise<() => void> {
   } catch (e) {
     note.textContent = (e as Error).message;
   }
-  const heatTimer = setInterval(loadHeat, 10_000);
+  const heatTimer = setInterval(() => {
+    void loadHeat();
+    void loadCeilings();
+  }, 10_000);
   return () => {
     off();
     clearInterval(heatTimer);

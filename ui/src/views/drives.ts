@@ -26,7 +26,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
           <td>${d.present ? `<span class="badge state-done">present</span>` : `<span class="badge state-failed">missing</span>`}</td>
           <td>${bytes(d.free_bytes)} / ${bytes(d.total_bytes)}</td>
           <td>${bytes(d.model_bytes)}</td>
-          <td>${d.mb_per_s == null ? "–" : `${d.mb_per_s.toFixed(1)} MB/s`}</td>
+          <td>${d.mb_per_s == null ? "–" : `${d.mb_per_s.toFixed(1)} MB/s`}${d.ceiling_mb_per_s == null ? "" : `<div class="hint">probed ${d.ceiling_mb_per_s.toFixed(0)} MB/s</div>`}</td>
           <td>${d.latency_p50_ms == null ? "–" : `${d.latency_p50_ms.toFixed(2)} ms`}</td>
           <td>${d.errors ?? "–"}</td></tr>`,
           )
