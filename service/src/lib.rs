@@ -6,6 +6,7 @@ pub mod attach;
 pub mod client;
 pub mod events;
 pub mod http;
+pub mod packing;
 pub mod queue;
 pub mod runner;
 pub mod supervisor;

@@ -106,6 +106,24 @@ test("models: an empty list, then a pack added through the form", async () => {
   await shot("models");
 });
 
+test("models: a checkpoint packed across two drives from the form, with progress", async () => {
+  const drives = [0, 1].map((i) => join(root, `ui-drive${i}`));
+  drives.forEach((d) => mkdirSync(d));
+  await page.fill('#pack input[name="name"]', "packed-here");
+  await page.fill('#pack input[name="source"]', join(root, "model"));
+  await page.click("#pack button[type=submit]");
+  const err = await page.waitForSelector('#pack [data-field="drives"] .field-error');
+  assert.match(await err.textContent(), /at least one drive/);
+  await page.fill('#pack textarea[name="drives"]', drives.join("\n"));
+  await page.click("#pack button[type=submit]");
+  await page.waitForSelector("#packs li.pack[data-state=done]", { timeout: WAIT });
+  assert.match(await page.textContent("#packs"), /MB\/s/);
+  await page.waitForSelector("#models li b:text('packed-here')");
+  await shot("models-packed");
+  const models = (await api("GET", "/api/models")).models;
+  assert.ok(models.some((m) => m.name === "packed-here" && m.kind === "local"));
+});
+
 test("tasks: bad input is explained inline, a task is queued and finishes", async () => {
   await page.click("nav a[data-view=tasks]");
   await page.waitForSelector("#new-task");
@@ -185,13 +203,13 @@ test("dashboard: charts fill with live drive, cache and token data", async () =>
   await shot("dashboard");
 });
 
-test("drives: both drive folders with space and model bytes", async () => {
+test("drives: every drive folder of both packs, with space, model bytes and probed rate", async () => {
   await page.click("nav a[data-view=drives]");
   await page.waitForSelector("#drives table");
   const rows = await page.$$("#drives tbody tr");
-  assert.equal(rows.length, 2);
-  assert.equal(await page.$$eval("#drives .badge.state-done", (b) => b.length), 2);
-  assert.equal(await page.locator("#drives td .hint", { hasText: "probed" }).count(), 2, "each drive's probed rate");
+  assert.equal(rows.length, 4, "two drives for each of the two packs");
+  assert.equal(await page.$$eval("#drives .badge.state-done", (b) => b.length), 4);
+  assert.equal(await page.locator("#drives td .hint", { hasText: "probed" }).count(), 2, "the probed pack's drives show their rate");
   await shot("drives");
 });
 

@@ -121,6 +121,7 @@ pub struct AppState {
     ui_dir: Option<PathBuf>,
     data_dir: PathBuf,
     address: String,
+    pub packer: Arc<crate::packing::Packer>,
 }
 
 impl AppState {
@@ -142,6 +143,11 @@ impl AppState {
         self.runner.control.wake();
         self.runner.announce_queue();
         Ok(view)
+    }
+
+    /// Where packs made from the UI keep their manifests.
+    pub fn packs_dir(&self) -> PathBuf {
+        self.data_dir.join("packs")
     }
 
     pub fn latest_metrics(&self) -> Option<MetricsEvent> {
@@ -259,6 +265,10 @@ pub fn router(app: AppState) -> Router {
             get(models::list_models).post(models::add_model),
         )
         .route("/api/models/{name}", delete(models::remove_model))
+        .route(
+            "/api/packs",
+            get(models::list_packs).post(models::start_pack),
+        )
         .route("/api/jobs", get(jobs::list).post(jobs::submit))
         .route("/api/jobs/preview", post(jobs::preview))
         .route("/api/jobs/{id}", get(jobs::show))
@@ -380,6 +390,7 @@ pub async fn serve(
         ui_dir: config.ui_dir.clone(),
         data_dir: config.data_dir.clone(),
         address: String::new(),
+        packer: Arc::new(crate::packing::Packer::default()),
     };
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await

@@ -80,3 +80,92 @@ pub async fn remove_model(
     app.blocking(move |q| q.remove_model(&name)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PackBody {
+    /// The model name the finished pack is registered under.
+    name: String,
+    /// The checkpoint folder to pack.
+    source: PathBuf,
+    /// Drive folders to stripe the experts over.
+    drives: Vec<PathBuf>,
+    /// `q8_0` or `q4k` to quantise the experts; absent keeps them as stored.
+    experts: Option<String>,
+}
+
+/// `POST /api/packs`: packs a checkpoint across drives in the background.
+pub async fn start_pack(
+    State(app): State<AppState>,
+    ApiJson(body): ApiJson<PackBody>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let name = body.name.trim().to_string();
+    if name.is_empty() || name.contains(['/', '\\']) || name.starts_with('.') {
+        return Err(ApiError::bad_param(
+            "name",
+            "give the model a name without slashes",
+        ));
+    }
+    let taken = name.clone();
+    if app.blocking(move |q| q.model(&taken)).await.is_ok() {
+        return Err(ApiError::bad_param(
+            "name",
+            format!("a model named `{name}` is already registered"),
+        ));
+    }
+    if !body.source.join("config.json").is_file() {
+        return Err(ApiError::bad_param(
+            "source",
+            format!(
+                "{} is not a checkpoint folder (no config.json)",
+                body.source.display()
+            ),
+        ));
+    }
+    if body.drives.is_empty() {
+        return Err(ApiError::bad_param(
+            "drives",
+            "choose at least one drive folder",
+        ));
+    }
+    if let Some(d) = body.drives.iter().find(|d| !d.is_dir()) {
+        return Err(ApiError::bad_param(
+            "drives",
+            format!("drive folder {} does not exist", d.display()),
+        ));
+    }
+    let quantization = match body.experts.as_deref().filter(|e| !e.is_empty()) {
+        None => None,
+        Some(e) => Some(
+            longhaul_engine::pack::encoding::Quantization::parse(e).ok_or_else(|| {
+                ApiError::bad_param(
+                    "experts",
+                    format!("`{e}` is not a quantisation; use q8_0 or q4k"),
+                )
+            })?,
+        ),
+    };
+    let out = app.packs_dir().join(&name);
+    if out.exists() {
+        return Err(ApiError::bad_param(
+            "name",
+            format!("{} already exists; choose another name", out.display()),
+        ));
+    }
+    let task = app.packer.start(
+        crate::packing::PackRequest {
+            name,
+            source: body.source,
+            drives: body.drives,
+            quantization,
+        },
+        out,
+        app.queue.clone(),
+    );
+    Ok((StatusCode::ACCEPTED, Json(json!(task))))
+}
+
+/// `GET /api/packs`: packings started here, with their progress.
+pub async fn list_packs(State(app): State<AppState>) -> Json<Value> {
+    Json(json!({ "packs": app.packer.list() }))
+}

@@ -2,7 +2,34 @@
 
 import { del, get, Model, post } from "../api";
 import { clearFormErrors, showFormError, toast } from "../dom";
-import { esc, when } from "../format";
+import { bytes, duration, esc, when } from "../format";
+
+interface PackTask {
+  id: number;
+  name: string;
+  source: string;
+  drives: string[];
+  state: "running" | "done" | "failed";
+  phase: string;
+  done_bytes: number;
+  total_bytes: number;
+  mb_per_s: number | null;
+  eta_seconds: number | null;
+  error: string | null;
+}
+
+/** How often packing progress is read while a pack is being written. */
+const PACK_POLL_MS = 500;
+
+function packRow(t: PackTask): string {
+  const pct = t.total_bytes ? Math.min(100, (100 * t.done_bytes) / t.total_bytes) : 0;
+  const speed = t.mb_per_s != null ? ` · ${t.mb_per_s.toFixed(1)} MB/s` : "";
+  const eta = t.state === "running" && t.eta_seconds != null ? ` · ETA ${duration(t.eta_seconds)}` : "";
+  return `<li class="pack" data-state="${t.state}"><div class="job-head"><b>${esc(t.name)}</b><span class="badge state-${t.state === "running" ? "running" : t.state === "done" ? "done" : "failed"}">${t.state}</span></div>
+    <div class="job-meta">${esc(t.phase)} · ${bytes(t.done_bytes)} of ${bytes(t.total_bytes)}${speed}${eta} · ${t.drives.length} drives</div>
+    <div class="progress" role="progressbar" aria-valuenow="${t.done_bytes}" aria-valuemax="${t.total_bytes}"><div style="width:${pct}%"></div></div>
+    ${t.error ? `<span class="reason error">${esc(t.error)}</span>` : ""}</li>`;
+}
 
 export async function render(root: HTMLElement): Promise<() => void> {
   root.innerHTML = `<div class="two-col">
@@ -24,6 +51,18 @@ export async function render(root: HTMLElement): Promise<() => void> {
       <button type="submit">Add model</button>
     </form>
     <section class="card"><h2>Models</h2><ul id="models" class="models"><li class="loading">Loading…</li></ul></section>
+  </div>
+  <div class="two-col">
+    <form id="pack" class="card" novalidate>
+      <h2>Pack a checkpoint across drives</h2>
+      <p class="hint">Experts are striped over the drives so every token reads from all of them at once; the rest stays in RAM.</p>
+      <label data-field="name">Model name <input name="name" placeholder="kimi-k2-4ssd" /></label>
+      <label data-field="source">Checkpoint folder <input name="source" placeholder="/models/Kimi-K2" /></label>
+      <label data-field="drives">Drive folders (one per line) <textarea name="drives" rows="4" placeholder="/mnt/ssd0\n/mnt/ssd1"></textarea></label>
+      <label data-field="experts">Experts <select name="experts"><option value="">exactly as in the checkpoint</option><option value="q8_0">quantised, Q8_0 (8.5 bits)</option><option value="q4k">quantised, Q4K (4.5 bits)</option></select></label>
+      <button type="submit">Pack and add</button>
+    </form>
+    <section class="card"><h2>Packing</h2><ul id="packs" class="models"><li class="empty">Nothing is being packed.</li></ul></section>
   </div>`;
   const list = root.querySelector("#models") as HTMLElement;
   const form = root.querySelector("#add-model") as HTMLFormElement;
@@ -78,5 +117,52 @@ export async function render(root: HTMLElement): Promise<() => void> {
       toast((e as Error).message, "error");
     }
   });
-  return () => {};
+  const packForm = root.querySelector("#pack") as HTMLFormElement;
+  const packs = root.querySelector("#packs") as HTMLElement;
+  let timer: ReturnType<typeof setTimeout> | null = null;
+  let seen = new Map<number, string>();
+  const poll = async () => {
+    timer = null;
+    try {
+      const { packs: tasks } = await get<{ packs: PackTask[] }>("/api/packs");
+      if (tasks.length) packs.innerHTML = tasks.slice().reverse().map(packRow).join("");
+      for (const t of tasks) {
+        if (seen.get(t.id) === "running" && t.state !== "running") {
+          if (t.state === "done") toast(`Packed and added ${t.name}`);
+          else toast(`Packing ${t.name} failed: ${t.error ?? ""}`, "error");
+          await refresh();
+        }
+      }
+      seen = new Map(tasks.map((t) => [t.id, t.state]));
+      if (tasks.some((t) => t.state === "running")) timer = setTimeout(poll, PACK_POLL_MS);
+    } catch (e) {
+      packs.innerHTML = `<li class="error">${esc((e as Error).message)}</li>`;
+    }
+  };
+  await poll();
+  packForm.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    clearFormErrors(packForm);
+    const v = (n: string) => ((packForm.elements.namedItem(n) as HTMLInputElement).value || "").trim();
+    const body = {
+      name: v("name"),
+      source: v("source"),
+      drives: v("drives")
+        .split("\n")
+        .map((d) => d.trim())
+        .filter(Boolean),
+      experts: v("experts") || undefined,
+    };
+    try {
+      await post("/api/packs", body);
+      packForm.reset();
+      if (timer) clearTimeout(timer);
+      await poll();
+    } catch (e) {
+      showFormError(packForm, e);
+    }
+  });
+  return () => {
+    if (timer) clearTimeout(timer);
+  };
 }
