@@ -154,7 +154,9 @@ export async function render(root: HTMLElement): Promise<() => void> {
       experts: v("experts") || undefined,
     };
     try {
-      await post("/api/packs", body);
+      const started = await post<PackTask>("/api/packs", body);
+      // Counted as running until a poll says otherwise, however fast it ends.
+      seen.set(started.id, "running");
       packForm.reset();
       if (timer) clearTimeout(timer);
       await poll();
