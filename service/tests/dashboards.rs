@@ -179,3 +179,53 @@ fn a_preview_counts_the_prompt_and_lists_skipped_files() {
     assert_eq!(p["skipped"][0]["reason"], "binary");
     assert_eq!(p["attachment_files"].as_array().unwrap().len(), 1);
 }
+
+#[test]
+fn an_unplugged_drive_pauses_the_running_job_and_its_return_is_announced() {
+    let tmp = tempfile::tempdir().unwrap();
+    let packed = pack(tmp.path(), &synth_model(tmp.path()));
+    let s = Service::start_with(&tmp.path().join("data"), &["--budget", "0"]);
+    s.add_model("packed", &packed);
+    let job = s.post(
+        "/api/jobs",
+        json!({ "model": "packed", "prompt": "Audit everything", "max_tokens": 20000 }),
+    );
+    let id = job["id"].as_i64().unwrap();
+    // Unplugged while it generates (not while the model loads).
+    while s.get(&format!("/api/jobs/{id}"))["tokens"]
+        .as_u64()
+        .unwrap()
+        == 0
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let drive = tmp.path().join("drive1");
+    let away = tmp.path().join("drive1-unplugged");
+    std::fs::rename(&drive, &away).unwrap();
+    let paused = s.wait_state(id, "paused", WAIT);
+    let reason = paused["pause_reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("drive missing: ") && reason.contains("drive1"),
+        "{reason}"
+    );
+    assert_eq!(s.get("/api/drives")["drives"][1]["present"], false);
+    std::fs::rename(&away, &drive).unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        let j = s.get(&format!("/api/jobs/{id}"));
+        if j["pause_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("drives are back"))
+        {
+            break;
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "the return is never announced: {j}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    s.post(&format!("/api/jobs/{id}/resume"), json!({}));
+    s.wait_state(id, "running", WAIT);
+    s.post(&format!("/api/jobs/{id}/cancel"), json!({}));
+}

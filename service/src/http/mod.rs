@@ -380,6 +380,10 @@ pub async fn serve(
         path: config.data_dir.clone(),
         source,
     })?;
+    crate::drive_watch::spawn(Arc::clone(&runner)).map_err(|source| ServeError::Io {
+        path: config.data_dir.clone(),
+        source,
+    })?;
     let app = AppState {
         queue,
         runner: Arc::clone(&runner),

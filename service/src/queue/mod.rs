@@ -304,6 +304,26 @@ impl Queue {
         })
     }
 
+    /// Changes the reason shown for a paused job.
+    pub fn set_pause_reason(&self, id: i64, reason: &str) -> Result<(), QueueError> {
+        self.write("update the pause reason", |tx| {
+            let state = state_of(tx, id)?;
+            if state != JobState::Paused {
+                return Err(QueueError::Illegal {
+                    id,
+                    from: state.as_str(),
+                    transition: "change its pause reason",
+                });
+            }
+            tx.execute(
+                "UPDATE jobs SET pause_reason = ?2, updated_ms = ?3 WHERE id = ?1",
+                params![id, reason, now_ms()],
+            )
+            .map_err(sql("updating the pause reason"))?;
+            Ok(())
+        })
+    }
+
     pub fn resume(&self, id: i64) -> Result<(), QueueError> {
         self.write("resume a job", |tx| {
             Self::transition(tx, id, Transition::Resume)?;

@@ -1,0 +1,85 @@
+//! Watching the drives of the running job's pack. A drive that disappears
+//! (unplugged, unmounted) pauses the job at once with that reason, before a
+//! read fails on it; when the drive is back the job's reason says so and the
+//! user can resume it. The folders are checked every couple of seconds rather
+//! than through file-system notifications, because an unmount or a vanished
+//! USB device does not reliably notify a watcher of a folder on it, while a
+//! check of the folder always tells.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::queue::{JobState, ModelKind};
+use crate::runner::Runner;
+
+/// How often the drive folders are checked.
+pub const CHECK_INTERVAL: Duration = Duration::from_secs(2);
+/// Start of the pause reason this watcher writes, to recognise its own pauses.
+const MISSING: &str = "drive missing: ";
+/// Start of the reason the runner gives when a read or load failed.
+const FAULT: &str = "storage fault: ";
+
+/// Drive folders of the local pack registered as `model`, if it is one.
+fn drives_of(runner: &Runner, model: &str) -> Vec<PathBuf> {
+    let Ok(entry) = runner.queue.model(model) else {
+        return Vec::new();
+    };
+    let ModelKind::Local { path } = entry.kind else {
+        return Vec::new();
+    };
+    longhaul_engine::pack::Manifest::read(&path)
+        .map(|m| m.drives)
+        .unwrap_or_default()
+}
+
+/// One round of checks: pause the running job if a drive of its pack is
+/// gone; say so on jobs paused for a missing or failing drive once all their
+/// drives are there again.
+pub fn check(runner: &Runner) {
+    if let Some(id) = runner.control.running()
+        && let Ok(job) = runner.queue.job(id)
+        && let Some(gone) = drives_of(runner, &job.model)
+            .into_iter()
+            .find(|d| !d.is_dir())
+    {
+        let reason = format!(
+            "{MISSING}{} is not there (unplugged or unmounted?); resume when it is back",
+            gone.display()
+        );
+        if runner.queue.pause(id, &reason).is_ok() {
+            runner.control.stop_job(id);
+            let _ = runner.queue.log(id, &format!("paused: {reason}"));
+            runner.announce_queue();
+        }
+    }
+    let Ok(jobs) = runner.queue.list() else {
+        return;
+    };
+    for job in jobs.iter().filter(|j| {
+        j.state == JobState::Paused
+            && j.pause_reason.as_deref().is_some_and(|r| {
+                r.starts_with(MISSING) || (r.starts_with(FAULT) && r.contains("missing"))
+            })
+    }) {
+        if drives_of(runner, &job.model).iter().all(|d| d.is_dir()) {
+            let reason = "its drives are back: resume to continue";
+            if runner.queue.set_pause_reason(job.id, reason).is_ok() {
+                runner.announce_queue();
+            }
+        }
+    }
+}
+
+/// Checks the drives every [`CHECK_INTERVAL`] for as long as the runner lives.
+pub fn spawn(runner: Arc<Runner>) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("longhaul-drive-watch".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(CHECK_INTERVAL);
+                check(&runner);
+            }
+        })
+        .map(|_| ())
+}
