@@ -18,6 +18,16 @@ use tauri::tray::TrayIconBuilder;
 use tauri::{AppHandle, Manager, WebviewUrl, WebviewWindowBuilder, WindowEvent};
 use tauri_plugin_notification::NotificationExt;
 
+/// The tray icon for each state of the queue.
+fn tray_icon(state: &TrayState) -> tauri::Result<tauri::image::Image<'static>> {
+    tauri::image::Image::from_bytes(match state {
+        TrayState::Idle => include_bytes!("../icons/tray-idle.png").as_slice(),
+        TrayState::Running => include_bytes!("../icons/tray-running.png").as_slice(),
+        TrayState::Paused => include_bytes!("../icons/tray-paused.png").as_slice(),
+        TrayState::Error => include_bytes!("../icons/tray-error.png").as_slice(),
+    })
+}
+
 /// How often the tray is brought up to date.
 const STATUS_INTERVAL: Duration = Duration::from_secs(2);
 const WINDOW_LABEL: &str = "main";
@@ -124,10 +134,7 @@ fn main() -> anyhow::Result<()> {
                 let quit = MenuItem::with_id(app, "quit", "Quit Longhaul", true, None::<&str>)?;
                 let sep = PredefinedMenuItem::separator(app)?;
                 let menu = Menu::with_items(app, &[&open, &new, &pause, &sep, &quit])?;
-                let icon = app
-                    .default_window_icon()
-                    .cloned()
-                    .context("the app has no icon")?;
+                let icon = tray_icon(&TrayState::Idle)?;
                 let on_menu = Arc::clone(&sup);
                 let tray = TrayIconBuilder::with_id(TRAY_ID)
                     .icon(icon)
@@ -162,11 +169,21 @@ fn main() -> anyhow::Result<()> {
                 let handle = app.handle().clone();
                 let watcher = Arc::clone(&sup);
                 std::thread::spawn(move || {
+                    let mut shown: Option<TrayState> = None;
                     loop {
                         if let Err(e) = watcher.keep_alive() {
                             tracing::error!("{e}");
                         }
                         let status = watcher.status();
+                        if shown.as_ref() != Some(&status.state) {
+                            match tray_icon(&status.state) {
+                                Ok(icon) => {
+                                    let _ = tray.set_icon(Some(icon));
+                                }
+                                Err(e) => tracing::warn!("tray icon: {e}"),
+                            }
+                            shown = Some(status.state.clone());
+                        }
                         let _ = tray.set_tooltip(Some(&status.text));
                         let short = match status.state {
                             TrayState::Idle => "",
