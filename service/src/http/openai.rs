@@ -224,48 +224,17 @@ pub async fn chat_completions(
         stop: stop_list(body.stop),
     }
     .into_settings()?;
-    let job = NewJob {
-        title: "OpenAI chat completion".into(),
-        model: body.model,
-        request: Request {
-            input,
-            attachments: String::new(),
-            settings,
-        },
-        priority: OPENAI_PRIORITY,
-        origin: "openai".into(),
-    };
-    let sub = submit(&app, job).await?;
-    let id_text = format!("chatcmpl-{}", sub.id);
     let include_usage = body.stream_options.is_some_and(|o| o.include_usage);
-    if body.stream {
-        return Ok(
-            stream(app, sub, id_text, "chat.completion.chunk", include_usage).into_response(),
-        );
-    }
-    let Submitted {
-        id,
-        model,
-        created,
-        mut rx,
-    } = sub;
-    let job = wait_done(&app, id, &mut rx).await?;
-    if let Some(e) = ended_badly(&job) {
-        return Err(e);
-    }
-    Ok(Json(json!({
-        "id": id_text,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [{
-            "index": 0,
-            "message": { "role": "assistant", "content": job.output.clone().unwrap_or_default() },
-            "finish_reason": finish_reason(&job),
-        }],
-        "usage": usage(&job),
-    }))
-    .into_response())
+    answer(
+        app,
+        Kind::Chat,
+        body.model,
+        input,
+        settings,
+        body.stream,
+        include_usage,
+    )
+    .await
 }
 
 pub async fn completions(
@@ -295,9 +264,80 @@ pub async fn completions(
         stop: stop_list(body.stop),
     }
     .into_settings()?;
+    let include_usage = body.stream_options.is_some_and(|o| o.include_usage);
+    answer(
+        app,
+        Kind::Text,
+        body.model,
+        input,
+        settings,
+        body.stream,
+        include_usage,
+    )
+    .await
+}
+
+/// Which OpenAI endpoint a request came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Text,
+}
+
+impl Kind {
+    fn title(self) -> &'static str {
+        match self {
+            Kind::Chat => "OpenAI chat completion",
+            Kind::Text => "OpenAI completion",
+        }
+    }
+
+    fn id(self, job: i64) -> String {
+        match self {
+            Kind::Chat => format!("chatcmpl-{job}"),
+            Kind::Text => format!("cmpl-{job}"),
+        }
+    }
+
+    /// The `object` of a whole answer and of a streamed chunk.
+    fn objects(self) -> (&'static str, &'static str) {
+        match self {
+            Kind::Chat => ("chat.completion", "chat.completion.chunk"),
+            Kind::Text => ("text_completion", "text_completion"),
+        }
+    }
+
+    /// The one choice of a whole answer.
+    fn choice(self, text: String, finish: &str) -> Value {
+        match self {
+            Kind::Chat => json!({
+                "index": 0,
+                "message": { "role": "assistant", "content": text },
+                "finish_reason": finish,
+            }),
+            Kind::Text => json!({
+                "index": 0,
+                "text": text,
+                "logprobs": null,
+                "finish_reason": finish,
+            }),
+        }
+    }
+}
+
+/// Queues the request as a high-priority job and answers it, whole or streamed.
+async fn answer(
+    app: AppState,
+    kind: Kind,
+    model: String,
+    input: crate::queue::Input,
+    settings: crate::queue::Settings,
+    streamed: bool,
+    include_usage: bool,
+) -> ApiResult<Response> {
     let job = NewJob {
-        title: "OpenAI completion".into(),
-        model: body.model,
+        title: kind.title().into(),
+        model,
         request: Request {
             input,
             attachments: String::new(),
@@ -307,10 +347,10 @@ pub async fn completions(
         origin: "openai".into(),
     };
     let sub = submit(&app, job).await?;
-    let id_text = format!("cmpl-{}", sub.id);
-    let include_usage = body.stream_options.is_some_and(|o| o.include_usage);
-    if body.stream {
-        return Ok(stream(app, sub, id_text, "text_completion", include_usage).into_response());
+    let id_text = kind.id(sub.id);
+    let (object, chunk_object) = kind.objects();
+    if streamed {
+        return Ok(stream(app, sub, id_text, chunk_object, include_usage).into_response());
     }
     let Submitted {
         id,
@@ -324,15 +364,10 @@ pub async fn completions(
     }
     Ok(Json(json!({
         "id": id_text,
-        "object": "text_completion",
+        "object": object,
         "created": created,
         "model": model,
-        "choices": [{
-            "index": 0,
-            "text": job.output.clone().unwrap_or_default(),
-            "logprobs": null,
-            "finish_reason": finish_reason(&job),
-        }],
+        "choices": [kind.choice(job.output.clone().unwrap_or_default(), finish_reason(&job))],
         "usage": usage(&job),
     }))
     .into_response())
