@@ -40,6 +40,24 @@ pub struct Client {
     agent: ureq::Agent,
 }
 
+/// The service's data dir: `$XDG_DATA_HOME/longhaul`, else
+/// `~/.local/share/longhaul` (macOS: `~/Library/Application Support/Longhaul`).
+/// The caller reads the two variables, so this library reads no environment.
+pub fn default_data_dir(
+    xdg_data_home: Option<std::ffi::OsString>,
+    home: Option<std::ffi::OsString>,
+) -> PathBuf {
+    if let Some(x) = xdg_data_home.filter(|x| !x.is_empty()) {
+        return PathBuf::from(x).join("longhaul");
+    }
+    let home = home.map_or_else(|| PathBuf::from("."), PathBuf::from);
+    if cfg!(target_os = "macos") {
+        home.join("Library/Application Support/Longhaul")
+    } else {
+        home.join(".local/share/longhaul")
+    }
+}
+
 /// The service URL: given, else the one a running service wrote, else the default port.
 pub fn service_url(data_dir: &Path, given: Option<&str>) -> String {
     if let Some(u) = given {

@@ -33,20 +33,15 @@ const STATUS_INTERVAL: Duration = Duration::from_secs(2);
 const WINDOW_LABEL: &str = "main";
 const TRAY_ID: &str = "longhaul";
 
-/// Where the service keeps its data: `$XDG_DATA_HOME/longhaul` or the platform default.
+/// Where the service keeps its data: `LONGHAUL_DATA_DIR`, else the same default as `longhaul`.
 fn data_dir() -> PathBuf {
     if let Some(x) = std::env::var_os("LONGHAUL_DATA_DIR").filter(|x| !x.is_empty()) {
         return PathBuf::from(x);
     }
-    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|x| !x.is_empty()) {
-        return PathBuf::from(x).join("longhaul");
-    }
-    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
-    if cfg!(target_os = "macos") {
-        home.join("Library/Application Support/Longhaul")
-    } else {
-        home.join(".local/share/longhaul")
-    }
+    longhaul_service::client::default_data_dir(
+        std::env::var_os("XDG_DATA_HOME"),
+        std::env::var_os("HOME"),
+    )
 }
 
 /// The `longhaul` binary: `LONGHAUL_BIN`, else beside this app.

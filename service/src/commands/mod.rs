@@ -44,18 +44,12 @@ impl DataDirArgs {
     }
 }
 
-/// `$XDG_DATA_HOME/longhaul`, else `~/.local/share/longhaul` (macOS:
-/// `~/Library/Application Support/Longhaul`).
+/// The data dir when none is given, from this process's environment.
 pub fn default_data_dir() -> PathBuf {
-    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|x| !x.is_empty()) {
-        return PathBuf::from(x).join("longhaul");
-    }
-    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
-    if cfg!(target_os = "macos") {
-        home.join("Library/Application Support/Longhaul")
-    } else {
-        home.join(".local/share/longhaul")
-    }
+    longhaul_service::client::default_data_dir(
+        std::env::var_os("XDG_DATA_HOME"),
+        std::env::var_os("HOME"),
+    )
 }
 
 /// How to find and hold a model: shared by every command that takes one.
