@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Builds Longhaul and runs it on the small model kept in the repository.
+# Builds Longhaul and runs `longhaul demo`: the small trained MoE model in
+# assets/ packed over four folders acting as drives, a task through the job
+# queue, the answer as it is written and the job's statistics.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
@@ -8,6 +10,5 @@ longhaul_build_ui
 
 cargo build --release --locked -p longhaul-service
 LONGHAUL="$CARGO_TARGET_DIR/release/longhaul"
-MODEL=engine/tests/fixtures/deepseek_v3_released
-echo "== longhaul run --model $MODEL (random weights: the text is noise, the pipeline is real)"
-"$LONGHAUL" run --model "$MODEL" --prompt "Audit the storage engine and" --max-tokens 48
+echo "== longhaul demo (the binary is $LONGHAUL)"
+"$LONGHAUL" demo "$@"

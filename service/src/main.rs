@@ -20,6 +20,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// See Longhaul work end to end on the small model it ships: pack, queue, stream, statistics.
+    Demo(commands::demo::DemoArgs),
     /// Generate text from a prompt, streaming it to stdout.
     Run(commands::run::RunArgs),
     /// Print the model's logits for a sequence of token ids.
@@ -51,6 +53,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Demo(args) => commands::demo::run(args),
         Command::Run(args) => commands::run::run(args),
         Command::Logits(args) => commands::logits::run(args),
         Command::Pack(args) => commands::pack::run(args),

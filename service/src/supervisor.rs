@@ -67,7 +67,12 @@ pub struct Supervisor {
     /// Last seen state of each job, to notice endings.
     seen: Mutex<HashMap<i64, String>>,
     awake: Mutex<Option<Child>>,
+    /// `longhaul demo`, while it runs on the first start.
+    demo: Mutex<Option<Child>>,
 }
+
+/// Written when the demo has been started once for a data dir.
+const DEMO_MARKER: &str = "demo-started";
 
 fn log_path(data_dir: &Path) -> PathBuf {
     data_dir.join("service.log")
@@ -82,6 +87,7 @@ impl Supervisor {
             client: Mutex::new(None),
             seen: Mutex::new(HashMap::new()),
             awake: Mutex::new(None),
+            demo: Mutex::new(None),
         };
         if !me.attach() {
             me.spawn()?;
@@ -301,6 +307,43 @@ impl Supervisor {
         }
     }
 
+    /// On the first start for a data dir, runs `longhaul demo` against the
+    /// service in the background (output in `demo.log`), so that a new user
+    /// sees a real task stream through the queue. Returns whether it started.
+    pub fn run_demo_on_first_start(&self) -> bool {
+        let dir = &self.config.data_dir;
+        let marker = dir.join(DEMO_MARKER);
+        if marker.exists() || std::fs::write(&marker, b"").is_err() {
+            return false;
+        }
+        let Ok(log) = std::fs::File::create(dir.join("demo.log")) else {
+            return false;
+        };
+        let Ok(log_err) = log.try_clone() else {
+            return false;
+        };
+        let child = Command::new(&self.config.binary)
+            .arg("demo")
+            .arg("--data-dir")
+            .arg(dir)
+            .args(["--url", &self.url()])
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log_err))
+            .spawn();
+        match child {
+            Ok(child) => {
+                if let Ok(mut d) = self.demo.lock() {
+                    *d = Some(child);
+                }
+                true
+            }
+            Err(e) => {
+                tracing::warn!("cannot start the demo: {e}");
+                false
+            }
+        }
+    }
+
     /// The process id of the service this supervisor started, if it did.
     pub fn service_pid(&self) -> Option<u32> {
         self.child.lock().ok()?.as_ref().map(Child::id)
@@ -314,6 +357,11 @@ impl Supervisor {
     /// Stops the service if this supervisor started it (jobs resume next time).
     pub fn shutdown(&self) {
         self.hold_awake(false);
+        if let Ok(mut d) = self.demo.lock()
+            && let Some(mut demo) = d.take()
+        {
+            terminate(&mut demo);
+        }
         if let Ok(mut c) = self.child.lock()
             && let Some(mut child) = c.take()
         {

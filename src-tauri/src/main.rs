@@ -116,6 +116,9 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let sup = Arc::new(Supervisor::start(config()?).context("cannot start the Longhaul service")?);
+    if sup.run_demo_on_first_start() {
+        tracing::info!("first start: running the demo");
+    }
     let app = tauri::Builder::default()
         .plugin(tauri_plugin_notification::init())
         .setup({

@@ -1,5 +1,6 @@
-// The web UI end to end: a real `longhaul serve` with a small packed model
-// whose experts stream from two drive folders, driven in Debian's Chromium.
+// The web UI end to end: a real `longhaul serve` with the trained demo model
+// (assets/) packed so that its experts stream from two drive folders, driven
+// in Debian's Chromium.
 // Screenshots of every view are kept in ui/test-artifacts/.
 
 import { test, before, after } from "node:test";
@@ -19,6 +20,7 @@ const bin =
   join(process.env.CARGO_TARGET_DIR ?? join(homedir(), ".cache/longhaul/target"), "debug/longhaul");
 const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium";
 const WAIT = 120_000;
+const demoModel = join(uiDir, "../assets/longhaul-demo-moe");
 
 let root, service, browser, page, url, token, packPath;
 
@@ -52,15 +54,11 @@ async function shot(name) {
 before(async () => {
   assert.ok(existsSync(bin), `the longhaul binary is built at ${bin}`);
   assert.ok(existsSync(join(uiDir, "dist/index.html")), "the UI is built (npm run build)");
+  assert.ok(existsSync(join(demoModel, "config.json")), `the demo model is at ${demoModel}`);
   rmSync(artifacts, { recursive: true, force: true });
   mkdirSync(artifacts, { recursive: true });
   root = mkdtempSync(join(tmpdir(), "longhaul-ui-"));
-  const model = join(root, "model");
-  execFileSync(bin, [
-    "synth", "--arch", "qwen3_moe", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--layers", "3",
-    "--experts", "16", "--top-k", "4", "--moe-intermediate", "64", "--vocab", "512", "--popularity", "zipf:1",
-    "--out", model,
-  ], { stdio: "ignore" });
+  const model = demoModel;
   const drives = [0, 1].map((i) => join(root, `drive${i}`));
   drives.forEach((d) => mkdirSync(d));
   packPath = join(root, "pack");
@@ -68,8 +66,8 @@ before(async () => {
   // The probe the dashboard draws as each drive's ceiling.
   execFileSync(bin, ["drives", "probe", "--model", packPath, "--bytes", "1M"], { stdio: "ignore" });
   const data = join(root, "data");
-  // A budget of a few experts: most lookups read from the drives.
-  service = spawn(bin, ["serve", "--data-dir", data, "--port", "0", "--budget", "200K", "--ui-dir", join(uiDir, "dist")], { stdio: "ignore" });
+  // A budget of a few experts (of 192): most lookups read from the drives.
+  service = spawn(bin, ["serve", "--data-dir", data, "--port", "0", "--budget", "2M", "--ui-dir", join(uiDir, "dist")], { stdio: "ignore" });
   url = await waitFor(() => existsSync(join(data, "endpoint")) && readFileSync(join(data, "endpoint"), "utf8").trim(), "the service");
   token = readFileSync(join(data, "token"), "utf8").trim();
   browser = await chromium.launch({
@@ -110,7 +108,7 @@ test("models: a checkpoint packed across two drives from the form, with progress
   const drives = [0, 1].map((i) => join(root, `ui-drive${i}`));
   drives.forEach((d) => mkdirSync(d));
   await page.fill('#pack input[name="name"]', "packed-here");
-  await page.fill('#pack input[name="source"]', join(root, "model"));
+  await page.fill('#pack input[name="source"]', demoModel);
   await page.click("#pack button[type=submit]");
   const err = await page.waitForSelector('#pack [data-field="drives"] .field-error');
   assert.match(await err.textContent(), /at least one drive/);

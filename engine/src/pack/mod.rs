@@ -13,7 +13,7 @@ pub use layout::{ExpertTensors, Part};
 pub use manifest::{MANIFEST_FILE, Manifest};
 pub use writer::{
     DEFAULT_ALIGNMENT, DEFAULT_EXTENT_FILE_BYTES, DEFAULT_SPLIT_THRESHOLD, PackOptions, PackPhase,
-    PackProgress, PackSummary, write_pack,
+    PackProgress, PackSummary, pack_matches_source, write_pack,
 };
 
 #[derive(Debug, thiserror::Error)]

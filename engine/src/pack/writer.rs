@@ -626,6 +626,17 @@ fn write_resident(
     })
 }
 
+/// Whether the pack at `pack` was made from the checkpoint at `source` as
+/// it is now: the same files with the same sizes and hashes. Lets a caller
+/// reuse a pack instead of writing it again.
+pub fn pack_matches_source(pack: &Path, source: &Path) -> Result<bool, PackError> {
+    let manifest = Manifest::read(pack)?;
+    let checkpoint =
+        SafetensorsCheckpoint::open(source).map_err(|e| PackError::Source(e.to_string()))?;
+    let now = hash_source(source, &checkpoint, &|_| {})?;
+    Ok(now.files == manifest.source.files)
+}
+
 fn hash_source(
     dir: &Path,
     ckpt: &SafetensorsCheckpoint,

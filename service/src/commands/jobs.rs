@@ -129,7 +129,7 @@ pub fn run(args: JobsArgs) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        JobsCommand::Watch { id } => watch(&client, id),
+        JobsCommand::Watch { id } => watch(&client, id, Echo::Text).map(drop),
         JobsCommand::Cancel { id } => act(&client, id, "cancel"),
         JobsCommand::Pause { id } => act(&client, id, "pause"),
         JobsCommand::Resume { id } => act(&client, id, "resume"),
@@ -232,7 +232,7 @@ fn submit(client: &Client, s: SubmitArgs) -> anyhow::Result<()> {
         let id = job["id"]
             .as_i64()
             .context("the service returned no job id")?;
-        watch(client, id)?;
+        watch(client, id, Echo::Text)?;
     }
     Ok(())
 }
@@ -270,8 +270,23 @@ fn act(client: &Client, id: i64, action: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Prints a job's text as it arrives and keeps a progress bar on stderr.
-fn watch(client: &Client, id: i64) -> anyhow::Result<()> {
+/// Whether `watch` prints the job's text on stdout.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Echo {
+    Text,
+    /// Only the progress bar (on stderr): stdout is kept for a JSON report.
+    Quiet,
+}
+
+/// Follows a job to its end, printing its text as it arrives (unless quiet)
+/// with a progress bar on stderr; returns the job as it ended.
+pub fn watch(client: &Client, id: i64, echo: Echo) -> anyhow::Result<Value> {
+    let out = |text: &str| {
+        if echo == Echo::Text {
+            print!("{text}");
+            let _ = std::io::stdout().flush();
+        }
+    };
     let job: Value = client.get(&format!("/api/jobs/{id}"))?;
     let max = job["request"]["settings"]["max_tokens"]
         .as_u64()
@@ -282,15 +297,10 @@ fn watch(client: &Client, id: i64) -> anyhow::Result<()> {
     );
     bar.enable_steady_tick(Duration::from_millis(200));
     let mut shown = job["output"].as_str().unwrap_or("").to_string();
-    bar.suspend(|| {
-        print!("{shown}");
-        let _ = std::io::stdout().flush();
-    });
+    bar.suspend(|| out(&shown));
     bar.set_position(job["tokens"].as_u64().unwrap_or(0));
-    let state = job["state"].as_str().unwrap_or("").to_string();
-    let mut final_state =
-        (["done", "failed", "cancelled"].contains(&state.as_str())).then_some(state);
-    if final_state.is_none() {
+    let ended = ["done", "failed", "cancelled"].contains(&job["state"].as_str().unwrap_or(""));
+    if !ended {
         client.events(|name, data| {
             if name != "job" || data["id"].as_i64() != Some(id) {
                 return true;
@@ -305,17 +315,14 @@ fn watch(client: &Client, id: i64) -> anyhow::Result<()> {
             let delta = data["delta"].as_str().unwrap_or("");
             if offset == shown.len() && !delta.is_empty() {
                 shown.push_str(delta);
-                bar.suspend(|| {
-                    print!("{delta}");
-                    let _ = std::io::stdout().flush();
-                });
+                bar.suspend(|| out(delta));
             } else if offset > shown.len() {
                 // Missed text: take it from the job.
                 if let Ok(j) = client.get::<Value>(&format!("/api/jobs/{id}")) {
-                    let out = j["output"].as_str().unwrap_or("");
-                    if out.len() > shown.len() && out.starts_with(shown.as_str()) {
-                        let fresh = out[shown.len()..].to_string();
-                        bar.suspend(|| print!("{fresh}"));
+                    let text = j["output"].as_str().unwrap_or("");
+                    if text.len() > shown.len() && text.starts_with(shown.as_str()) {
+                        let fresh = text[shown.len()..].to_string();
+                        bar.suspend(|| out(&fresh));
                         shown.push_str(&fresh);
                     }
                 }
@@ -329,21 +336,19 @@ fn watch(client: &Client, id: i64) -> anyhow::Result<()> {
                 _ => data["state"].as_str().unwrap_or("").to_string(),
             });
             let state = data["state"].as_str().unwrap_or("");
-            if ["done", "failed", "cancelled", "paused"].contains(&state) {
-                final_state = Some(state.to_string());
-                return false;
-            }
-            true
+            !["done", "failed", "cancelled", "paused"].contains(&state)
         })?;
     }
     bar.finish_and_clear();
     // The committed output is the truth; print what the events did not carry.
     let job: Value = client.get(&format!("/api/jobs/{id}"))?;
-    let out = job["output"].as_str().unwrap_or("");
-    if out.len() > shown.len() && out.starts_with(shown.as_str()) {
-        print!("{}", &out[shown.len()..]);
+    let text = job["output"].as_str().unwrap_or("");
+    if text.len() > shown.len() && text.starts_with(shown.as_str()) {
+        out(&text[shown.len()..]);
     }
-    println!();
+    if echo == Echo::Text {
+        println!();
+    }
     let state = job["state"].as_str().unwrap_or("?");
     let stats = &job["stats"];
     eprintln!(
@@ -356,17 +361,18 @@ fn watch(client: &Client, id: i64) -> anyhow::Result<()> {
         stats["tokens_per_second"].as_f64().unwrap_or(0.0),
         stats["wall_seconds"].as_f64().unwrap_or(0.0),
     );
-    match (state, final_state) {
-        ("failed", _) => bail!(
+    match state {
+        "failed" => bail!(
             "job {id} failed: {}",
             job["error"].as_str().unwrap_or("unknown error")
         ),
-        ("paused", _) => bail!(
+        "paused" => bail!(
             "job {id} paused: {}",
             job["pause_reason"].as_str().unwrap_or("")
         ),
-        _ => Ok(()),
+        _ => {}
     }
+    Ok(job)
 }
 
 fn short_duration(seconds: f64) -> String {

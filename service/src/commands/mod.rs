@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod compare;
+pub mod demo;
 pub mod drives;
 pub mod jobs;
 pub mod logits;

@@ -1,4 +1,4 @@
-//! Byte sizes on the command line: `0`, `4096`, `512M`, `4G`, `1.5G`, `2TiB`.
+//! Byte sizes on the command line (`0`, `4096`, `512M`, `4G`, `1.5G`, `2TiB`) and in its output.
 
 /// Parses a size; units are powers of 1024 (K, M, G, T, with optional `B`/`iB`).
 pub fn parse_size(text: &str) -> Result<u64, String> {
@@ -31,9 +31,31 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes.round() as u64)
 }
 
+/// A size for people, in powers of 1024: `812 B`, `8.0 MiB`, `1.50 GiB`.
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn formats_sizes_in_binary_units() {
+        assert_eq!(format_size(812), "812 B");
+        assert_eq!(format_size(8 << 20), "8.0 MiB");
+        assert_eq!(format_size(3 << 29), "1.5 GiB");
+    }
 
     #[test]
     fn parses_common_sizes() {

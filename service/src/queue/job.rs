@@ -181,9 +181,31 @@ pub struct JobStats {
     pub tokens_per_second: f64,
     pub wall_seconds: f64,
     pub expert_bytes_read: u64,
+    /// The expert bytes read from each drive folder, in the pack's drive order.
+    #[serde(default)]
+    pub drive_bytes_read: Vec<DriveBytes>,
     pub cache_hit_rate: Option<f64>,
     /// Times the job was resumed after an interruption or a pause.
     pub resumes: u32,
+}
+
+/// Bytes a job read from one drive folder.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DriveBytes {
+    pub path: std::path::PathBuf,
+    pub bytes: u64,
+}
+
+impl JobStats {
+    /// Adds one run's reads per drive to the job's totals.
+    pub fn add_drive_bytes(&mut self, reads: &[DriveBytes]) {
+        for r in reads {
+            match self.drive_bytes_read.iter_mut().find(|d| d.path == r.path) {
+                Some(d) => d.bytes += r.bytes,
+                None => self.drive_bytes_read.push(r.clone()),
+            }
+        }
+    }
 }
 
 /// A job as the API shows it.

@@ -18,7 +18,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
-pub use job::{Input, JobState, JobStats, JobView, Message, NewJob, Request, Settings, Transition};
+pub use job::{
+    DriveBytes, Input, JobState, JobStats, JobView, Message, NewJob, Request, Settings, Transition,
+};
 pub use models::{ModelEntry, ModelKind};
 
 #[derive(Debug, thiserror::Error)]

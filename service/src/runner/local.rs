@@ -10,7 +10,7 @@ use longhaul_engine::tokenizer::ChatMessage;
 use longhaul_engine::{Engine, EngineError, EngineOptions};
 
 use super::{Outcome, Produced, RunError, Sink};
-use crate::queue::{Input, Runnable};
+use crate::queue::{DriveBytes, Input, Runnable};
 
 /// The loaded model, shared with the metrics sampler.
 #[derive(Default)]
@@ -131,21 +131,52 @@ impl LocalBackend {
                 FinishReason::Cancelled => "stopped",
             },
             prompt_tokens: prompt.len(),
-            expert_bytes_read: after.0.saturating_sub(before.0),
+            expert_bytes_read: after.bytes.saturating_sub(before.bytes),
+            drive_bytes: after
+                .drives
+                .iter()
+                .map(|(path, bytes)| DriveBytes {
+                    path: path.clone(),
+                    bytes: bytes.saturating_sub(
+                        before
+                            .drives
+                            .iter()
+                            .find(|(p, _)| p == path)
+                            .map_or(0, |(_, b)| *b),
+                    ),
+                })
+                .collect(),
             lookups: (
-                after.1.saturating_sub(before.1),
-                after.2.saturating_sub(before.2),
+                after.hits.saturating_sub(before.hits),
+                after.misses.saturating_sub(before.misses),
             ),
             reported_tokens: None,
         })
     }
 }
 
-/// (expert bytes read, cache hits, cache misses) so far.
-fn counters(engine: &Engine) -> (u64, u64, u64) {
-    engine.streaming().map_or((0, 0, 0), |s| {
+/// An engine's read and cache counters at one moment.
+#[derive(Default)]
+struct Counters {
+    bytes: u64,
+    drives: Vec<(PathBuf, u64)>,
+    hits: u64,
+    misses: u64,
+}
+
+fn counters(engine: &Engine) -> Counters {
+    engine.streaming().map_or_else(Counters::default, |s| {
         let c = s.cache_counters();
-        let bytes = s.drive_snapshots().iter().map(|d| d.bytes).sum();
-        (bytes, c.hits, c.misses)
+        let drives: Vec<(PathBuf, u64)> = s
+            .drive_snapshots()
+            .into_iter()
+            .map(|d| (d.path, d.bytes))
+            .collect();
+        Counters {
+            bytes: drives.iter().map(|(_, b)| b).sum(),
+            drives,
+            hits: c.hits,
+            misses: c.misses,
+        }
     })
 }

@@ -77,6 +77,8 @@ pub struct Outcome {
     pub finish_reason: &'static str,
     pub prompt_tokens: usize,
     pub expert_bytes_read: u64,
+    /// The same bytes, per drive folder.
+    pub drive_bytes: Vec<crate::queue::DriveBytes>,
     /// Expert cache (hits, misses) during the run.
     pub lookups: (u64, u64),
     /// Tokens the run produced, as a remote server reported them (its
@@ -485,6 +487,7 @@ impl Runner {
         if let Ok(o) = &result {
             stats.prompt_tokens = o.prompt_tokens - job.committed_tokens.len().min(o.prompt_tokens);
             stats.expert_bytes_read += o.expert_bytes_read;
+            stats.add_drive_bytes(&o.drive_bytes);
             let (hits, misses) = o.lookups;
             if hits + misses > 0 {
                 stats.cache_hit_rate = Some(hits as f64 / (hits + misses) as f64);

@@ -157,6 +157,7 @@ impl RemoteBackend<'_> {
                     finish_reason: "stopped",
                     prompt_tokens: 0,
                     expert_bytes_read: 0,
+                    drive_bytes: Vec::new(),
                     lookups: (0, 0),
                     reported_tokens: None,
                 });
@@ -166,6 +167,7 @@ impl RemoteBackend<'_> {
             finish_reason: finish,
             prompt_tokens,
             expert_bytes_read: 0,
+            drive_bytes: Vec::new(),
             lookups: (0, 0),
             reported_tokens: reported,
         })

@@ -1,0 +1,114 @@
+//! The trained demo model in `assets/` against transformers' own numbers
+//! (`reference.json`, written by `tools/demo_model/train.py` from the same
+//! BF16 checkpoint), and its draft on the same tokenizer.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{LOGIT_TOLERANCE, max_abs_diff};
+use longhaul_engine::Engine;
+use longhaul_engine::generate::{FinishReason, Flow, GenerationSettings, SamplingParams};
+use longhaul_engine::model::{LogitsFor, load_checkpoint};
+use longhaul_engine::tokenizer::ChatMessage;
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct Reference {
+    ids: Vec<u32>,
+    /// Rows for the first positions of `ids` (the file stays small).
+    logits: Vec<Vec<f32>>,
+    prompt: String,
+    prompt_ids: Vec<u32>,
+    greedy_tokens: Vec<u32>,
+    greedy_text: String,
+}
+
+fn assets() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets")
+}
+
+fn demo() -> PathBuf {
+    assets().join("longhaul-demo-moe")
+}
+
+fn reference() -> Reference {
+    let text = std::fs::read_to_string(demo().join("reference.json")).expect("reference.json");
+    serde_json::from_str(&text).expect("reference.json parses")
+}
+
+#[test]
+fn demo_model_logits_match_transformers() {
+    let r = reference();
+    let (spec, model) = load_checkpoint(&demo()).expect("demo model loads");
+    let common = spec.common();
+    assert!(common.num_layers >= 2, "a real stack of layers");
+    let mut cache = model.new_cache();
+    let logits: Vec<Vec<f32>> = model
+        .forward(&r.ids, &mut cache, LogitsFor::All)
+        .unwrap()
+        .to_vec2()
+        .unwrap();
+    let diff = max_abs_diff(&logits[..r.logits.len()], &r.logits);
+    println!(
+        "demo model: max |Δlogit| = {diff:e} over {} positions",
+        r.logits.len()
+    );
+    // reference.json rounds logits to 5 decimals.
+    assert!(
+        diff <= LOGIT_TOLERANCE + 1e-5,
+        "logits differ from transformers by {diff:e}"
+    );
+}
+
+#[test]
+fn demo_model_answers_the_demo_prompt_as_transformers_does() {
+    let r = reference();
+    let engine = Engine::open(&demo()).expect("demo model opens");
+    let prompt = engine
+        .chat_ids(&[ChatMessage::user(&r.prompt)])
+        .expect("chat template renders");
+    assert_eq!(prompt, r.prompt_ids, "chat prompt tokens");
+    let settings = GenerationSettings {
+        max_tokens: r.greedy_tokens.len(),
+        sampling: SamplingParams::default(),
+        stop_strings: Vec::new(),
+        eos_token_ids: engine.eos_token_ids().to_vec(),
+    };
+    let out = engine
+        .generate(&prompt, &settings, |_| Flow::Continue)
+        .unwrap();
+    let mut want = r.greedy_tokens.clone();
+    if out.finish_reason == FinishReason::Eos {
+        want.pop();
+    }
+    assert_eq!(out.tokens, want, "greedy tokens");
+    assert_eq!(out.text.trim(), r.greedy_text.trim(), "greedy text");
+    println!("demo model, greedy: {}", out.text);
+}
+
+#[test]
+fn draft_model_shares_the_tokenizer_and_generates() {
+    let draft = assets().join("longhaul-demo-draft");
+    let same = |name: &str| {
+        std::fs::read(demo().join(name)).expect(name)
+            == std::fs::read(draft.join(name)).expect(name)
+    };
+    assert!(
+        same("tokenizer.json"),
+        "the draft uses the demo model's tokenizer"
+    );
+    let engine = Engine::open(&draft).expect("draft model opens");
+    let prompt = engine.prompt_ids("A context manager is", false).unwrap();
+    let settings = GenerationSettings {
+        max_tokens: 24,
+        sampling: SamplingParams::default(),
+        stop_strings: Vec::new(),
+        eos_token_ids: engine.eos_token_ids().to_vec(),
+    };
+    let out = engine
+        .generate(&prompt, &settings, |_| Flow::Continue)
+        .unwrap();
+    assert!(!out.tokens.is_empty(), "the draft produces tokens");
+    println!("draft model: {}", out.text);
+}
