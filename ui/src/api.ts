@@ -84,6 +84,8 @@ export interface JobStats {
   tokens_per_second: number;
   wall_seconds: number;
   expert_bytes_read: number;
+  /** The same bytes per drive folder (absent on jobs recorded before it existed). */
+  drive_bytes_read?: { path: string; bytes: number }[];
   cache_hit_rate: number | null;
   resumes: number;
 }

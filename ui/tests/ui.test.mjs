@@ -175,6 +175,7 @@ test("results: the output renders with statistics while the task runs", async ()
   const first = (await api("GET", "/api/jobs")).jobs.find((j) => j.title === "Storage engine draft");
   await page.goto(`${url}/#/job/${first.id}`);
   await page.waitForSelector(".view-job .badge.state-done");
+  assert.equal((await page.$$(".drive-reads tbody tr")).length, 2, "bytes read from each of the two drives");
   const text = await page.textContent("#output");
   const stored = (await api("GET", `/api/jobs/${first.id}`)).output;
   assert.ok(text.trim().length > 0 && stored.length > 0);

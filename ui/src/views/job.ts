@@ -25,7 +25,14 @@ function statsGrid(j: Job): string {
     ${cell("Cache hit rate", percent(s?.cache_hit_rate))}
     ${cell("Prompt tokens", s ? String(s.prompt_tokens) : "–")}
     ${cell("Resumed", s ? `${s.resumes}×` : "–")}
-  </dl>`;
+  </dl>${driveReads(s?.drive_bytes_read)}`;
+}
+
+function driveReads(reads: { path: string; bytes: number }[] | undefined): string {
+  if (!reads?.length) return "";
+  const rows = reads.map((r) => `<tr><td><code>${esc(r.path)}</code></td><td>${bytes(r.bytes)}</td></tr>`);
+  return `<table class="table drive-reads"><thead><tr><th>Drive folder</th><th>Expert bytes read</th></tr></thead>
+    <tbody>${rows.join("")}</tbody></table>`;
 }
 
 function task(j: Job): string {
