@@ -106,6 +106,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         config["num_experts_per_tok"],
     ));
 
+    let service = DemoService::attach_or_start(&data_dir, args.data.url.as_deref(), args.budget)?;
     let root = data_dir.join(DEMO_DIR);
     let (pack, reused) = ensure_pack(&checkpoint, &root, args.json)?;
     let manifest = Manifest::read(&pack)?;
@@ -125,7 +126,6 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         root.display()
     ));
 
-    let service = DemoService::attach_or_start(&data_dir, args.data.url.as_deref(), args.budget)?;
     let client = &service.client;
     let info: Value = client.get("/api/info")?;
     let budget = info["budget_bytes"].as_u64().unwrap_or(args.budget);
