@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 
 use common::{LOGIT_TOLERANCE, max_abs_diff};
 use longhaul_engine::Engine;
-use longhaul_engine::generate::{FinishReason, Flow, GenerationSettings, SamplingParams};
+use longhaul_engine::generate::{
+    FinishReason, Flow, Generation, GenerationSettings, SamplingParams,
+};
 use longhaul_engine::model::{LogitsFor, load_checkpoint};
 use longhaul_engine::tokenizer::ChatMessage;
 use serde::Deserialize;
@@ -35,6 +37,18 @@ fn demo() -> PathBuf {
 fn reference() -> Reference {
     let text = std::fs::read_to_string(demo().join("reference.json")).expect("reference.json");
     serde_json::from_str(&text).expect("reference.json parses")
+}
+
+fn greedy(engine: &Engine, prompt: &[u32], max_tokens: usize) -> Generation {
+    let settings = GenerationSettings {
+        max_tokens,
+        sampling: SamplingParams::default(),
+        stop_strings: Vec::new(),
+        eos_token_ids: engine.eos_token_ids().to_vec(),
+    };
+    engine
+        .generate(prompt, &settings, |_| Flow::Continue)
+        .unwrap()
 }
 
 #[test]
@@ -69,15 +83,7 @@ fn demo_model_answers_the_demo_prompt_as_transformers_does() {
         .chat_ids(&[ChatMessage::user(&r.prompt)])
         .expect("chat template renders");
     assert_eq!(prompt, r.prompt_ids, "chat prompt tokens");
-    let settings = GenerationSettings {
-        max_tokens: r.greedy_tokens.len(),
-        sampling: SamplingParams::default(),
-        stop_strings: Vec::new(),
-        eos_token_ids: engine.eos_token_ids().to_vec(),
-    };
-    let out = engine
-        .generate(&prompt, &settings, |_| Flow::Continue)
-        .unwrap();
+    let out = greedy(&engine, &prompt, r.greedy_tokens.len());
     let mut want = r.greedy_tokens.clone();
     if out.finish_reason == FinishReason::Eos {
         want.pop();
@@ -100,15 +106,7 @@ fn draft_model_shares_the_tokenizer_and_generates() {
     );
     let engine = Engine::open(&draft).expect("draft model opens");
     let prompt = engine.prompt_ids("A context manager is", false).unwrap();
-    let settings = GenerationSettings {
-        max_tokens: 24,
-        sampling: SamplingParams::default(),
-        stop_strings: Vec::new(),
-        eos_token_ids: engine.eos_token_ids().to_vec(),
-    };
-    let out = engine
-        .generate(&prompt, &settings, |_| Flow::Continue)
-        .unwrap();
+    let out = greedy(&engine, &prompt, 24);
     assert!(!out.tokens.is_empty(), "the draft produces tokens");
     println!("draft model: {}", out.text);
 }

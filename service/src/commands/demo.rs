@@ -18,16 +18,15 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
-use longhaul_engine::pack::{
-    Manifest, PackOptions, PackPhase, PackProgress, pack_matches_source, write_pack,
-};
+use indicatif::ProgressBar;
+use longhaul_engine::pack::{Manifest, PackOptions, pack_matches_source};
 use longhaul_service::client::Client;
 use longhaul_service::http::{ServeConfig, serve};
 use longhaul_service::runner::RunnerConfig;
 use serde_json::{Value, json};
 
 use super::jobs::{Echo, watch};
+use super::pack::{progress_bar, write_pack_showing_progress};
 use super::size::{format_size, parse_size};
 
 /// The name the demo model is registered under.
@@ -198,21 +197,9 @@ fn ensure_pack(checkpoint: &Path, root: &Path, quiet: bool) -> anyhow::Result<(P
     let bar = if quiet {
         ProgressBar::hidden()
     } else {
-        ProgressBar::new(0).with_style(
-            ProgressStyle::with_template("{msg:18} {bar:30} {bytes}/{total_bytes} eta {eta}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        )
+        progress_bar()
     };
-    let summary = write_pack(&opts, &|p: PackProgress| {
-        bar.set_message(match p.phase {
-            PackPhase::HashingSource => "hashing source",
-            PackPhase::WritingExperts => "writing experts",
-            PackPhase::WritingResident => "writing resident",
-        });
-        bar.set_length(p.total_bytes);
-        bar.set_position(p.done_bytes);
-    });
-    bar.finish_and_clear();
+    let summary = write_pack_showing_progress(&opts, bar);
     summary.with_context(|| format!("cannot pack {}", checkpoint.display()))?;
     Ok((pack, false))
 }

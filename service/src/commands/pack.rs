@@ -10,7 +10,8 @@ use longhaul_engine::cache::heat::HeatMap;
 use longhaul_engine::pack::encoding::Quantization;
 use longhaul_engine::pack::verify::verify_pack;
 use longhaul_engine::pack::{
-    DEFAULT_ALIGNMENT, DEFAULT_SPLIT_THRESHOLD, PackOptions, PackPhase, PackProgress, write_pack,
+    DEFAULT_ALIGNMENT, DEFAULT_SPLIT_THRESHOLD, PackError, PackOptions, PackPhase, PackProgress,
+    PackSummary, write_pack,
 };
 use serde_json::json;
 
@@ -59,13 +60,31 @@ fn parse_quantization(s: &str) -> Result<Quantization, String> {
     Quantization::parse(s).ok_or_else(|| format!("`{s}` is not a quantisation; use q8_0 or q4k"))
 }
 
-fn progress_bar() -> ProgressBar {
+pub fn progress_bar() -> ProgressBar {
     ProgressBar::new(0).with_style(
         ProgressStyle::with_template(
             "{msg:18} {bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
         )
         .unwrap_or_else(|_| ProgressStyle::default_bar()),
     )
+}
+
+/// Writes a pack with its phase and bytes on `bar` (hidden for no display).
+pub fn write_pack_showing_progress(
+    opts: &PackOptions,
+    bar: ProgressBar,
+) -> Result<PackSummary, PackError> {
+    let summary = write_pack(opts, &|p: PackProgress| {
+        bar.set_message(match p.phase {
+            PackPhase::HashingSource => "hashing source",
+            PackPhase::WritingExperts => "writing experts",
+            PackPhase::WritingResident => "writing resident",
+        });
+        bar.set_length(p.total_bytes);
+        bar.set_position(p.done_bytes);
+    });
+    bar.finish_and_clear();
+    summary
 }
 
 pub fn run(args: PackArgs) -> anyhow::Result<()> {
@@ -102,17 +121,7 @@ pub fn run(args: PackArgs) -> anyhow::Result<()> {
             .map(|(key, _)| key)
             .collect();
     }
-    let bar = progress_bar();
-    let summary = write_pack(&opts, &|p: PackProgress| {
-        bar.set_message(match p.phase {
-            PackPhase::HashingSource => "hashing source",
-            PackPhase::WritingExperts => "writing experts",
-            PackPhase::WritingResident => "writing resident",
-        });
-        bar.set_length(p.total_bytes);
-        bar.set_position(p.done_bytes);
-    });
-    bar.finish_and_clear();
+    let summary = write_pack_showing_progress(&opts, progress_bar());
     let summary = summary.with_context(|| format!("cannot pack {}", args.source.display()))?;
     if args.json {
         println!(
