@@ -27,7 +27,7 @@ fn demo(data: &Path, extra: &[&str]) -> Output {
 fn checked(o: Output) -> Output {
     assert!(
         o.status.success(),
-        "demo failed:\n{}",
+        "longhaul failed:\n{}",
         String::from_utf8_lossy(&o.stderr)
     );
     o
@@ -116,6 +116,14 @@ fn demo_streams_the_trained_model_and_reuses_its_pack() {
     assert_eq!(per_drive, read, "per-drive bytes add up to the total");
     let hit = first["cache_hit_rate"].as_f64().unwrap();
     assert!(hit > 0.0 && hit < 1.0, "hit rate {hit}");
+    // The cache holds experts as f32, twice their BF16 size in the pack. A
+    // real model's routing is skewed, so LFU hits far more often than the
+    // share of experts it holds (about 0.15 here).
+    let held = budget as f64 / (2.0 * experts as f64);
+    assert!(
+        hit > 2.0 * held,
+        "hit rate {hit} with {held:.2} of the experts held"
+    );
     assert!(first["tokens_per_second"].as_f64().unwrap() > 0.0);
     assert!(first["time_to_first_token_s"].as_f64().unwrap() > 0.0);
 
@@ -147,6 +155,38 @@ fn demo_uses_the_service_already_running() {
     assert_eq!(job["model"], "longhaul-demo");
     assert_eq!(job["output"], r["text"]);
     assert_reads_as_language(r["text"].as_str().unwrap());
+
+    // The trained router is skewed, as real models are, but not collapsed:
+    // in every layer the hottest quarter of the experts takes well over a
+    // quarter of the selections, and most experts are used at all. (A
+    // random-weight model of this shape sends almost everything to a few
+    // experts in its deeper layers.)
+    let heat = service.get("/api/heat/longhaul-demo");
+    let experts = heat["experts"].as_u64().unwrap() as usize;
+    assert_eq!(experts, 32);
+    let rows = heat["heat"].as_array().unwrap();
+    assert_eq!(rows.len(), 6, "a row per layer");
+    for (layer, row) in rows.iter().enumerate() {
+        let mut v: Vec<f64> = row
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        v.sort_by(|a, b| b.total_cmp(a));
+        let total: f64 = v.iter().sum();
+        let top = v[..experts / 4].iter().sum::<f64>() / total;
+        let used = v.iter().filter(|&&x| x > 0.0).count();
+        println!("layer {layer}: hottest quarter {top:.2}, {used} experts used");
+        assert!(
+            (0.3..0.9).contains(&top),
+            "layer {layer}: the hottest quarter takes {top:.2}"
+        );
+        assert!(
+            used >= experts * 2 / 3,
+            "layer {layer}: {used} experts used"
+        );
+    }
 }
 
 fn assets() -> PathBuf {
@@ -160,6 +200,9 @@ fn the_demo_model_predicts_held_out_text_and_packs_exactly() {
     let tmp = tempfile::tempdir().unwrap();
     let model = assets().join("longhaul-demo-moe");
     let pack = tmp.path().join("pack");
+    for d in ["d1", "d2"] {
+        std::fs::create_dir(tmp.path().join(d)).unwrap();
+    }
     let drives = format!(
         "{},{}",
         tmp.path().join("d1").display(),
@@ -184,10 +227,10 @@ fn the_demo_model_predicts_held_out_text_and_packs_exactly() {
     assert_eq!(r["mean_kl"], 0.0, "a pack changes nothing");
     assert_eq!(r["top1_agreement"], 1.0);
     let perplexity = r["reference_perplexity"].as_f64().unwrap();
-    let vocab = 4096.0;
-    // Uniform guessing over the vocabulary scores 4096.
+    // Guessing uniformly over the 4096-token vocabulary scores 4096, as does
+    // the untrained model near enough; the trained one scores about 56 here.
     assert!(
-        perplexity < vocab / 50.0,
+        perplexity < 100.0,
         "perplexity {perplexity} on held-out text"
     );
 }

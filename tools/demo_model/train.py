@@ -301,7 +301,7 @@ def write_validation_sample(folder: Path, val_texts: list) -> None:
             continue
         text = text.replace("<|endoftext|>", "").strip()
         if size + len(text) > VALIDATION_SAMPLE_CHARS:
-            break
+            continue
         out.append(text)
         size += len(text)
     (folder / "validation-sample.txt").write_text("\n\n".join(out) + "\n")

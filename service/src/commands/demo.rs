@@ -60,10 +60,10 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 200)]
     max_tokens: u32,
     /// Sampling temperature (0 for the most likely token each time).
-    #[arg(long, default_value_t = 0.7)]
+    #[arg(long, default_value_t = 0.8)]
     temperature: f64,
     /// Seed for sampling: the same seed gives the same answer.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 3)]
     seed: u64,
     /// Print the statistics (and the answer) as one JSON object on stdout.
     #[arg(long)]
