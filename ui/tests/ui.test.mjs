@@ -215,7 +215,7 @@ test("drives: every drive folder of both packs, with space, model bytes and prob
 test("settings and keyboard shortcuts", async () => {
   await page.click("nav a[data-view=settings]");
   await page.waitForSelector("#info dl");
-  assert.match(await page.textContent("#info"), /200 KiB/);
+  assert.match(await page.textContent("#info"), /2.0 MiB/);
   await shot("settings");
   await page.keyboard.press("n");
   await page.waitForSelector("#new-task");
