@@ -172,6 +172,7 @@ test("results: the output renders with statistics while the task runs", async ()
   const before = (await page.textContent("#output")).length;
   await waitFor(async () => (await page.textContent("#output")).length > before || (await api("GET", `/api/jobs/${job.id}`)).state === "done", "output to grow");
   await shot("results");
+  assert.ok((await page.$$(".drive-reads")).length <= 1, "live updates replace the drive table, not add to it");
   const first = (await api("GET", "/api/jobs")).jobs.find((j) => j.title === "Storage engine draft");
   await page.goto(`${url}/#/job/${first.id}`);
   await page.waitForSelector(".view-job .badge.state-done");

@@ -16,7 +16,7 @@ function markdown(text: string): string {
 function statsGrid(j: Job): string {
   const s = j.stats;
   const cell = (k: string, v: string) => `<div><dt>${k}</dt><dd>${v}</dd></div>`;
-  return `<dl class="stats">
+  return `<div class="job-stats"><dl class="stats">
     ${cell("Tokens", `${j.tokens} / ${j.request.settings.max_tokens}`)}
     ${cell("Speed", rate(s?.tokens_per_second))}
     ${cell("First token", s?.time_to_first_token_s != null ? duration(s.time_to_first_token_s) : "–")}
@@ -25,7 +25,7 @@ function statsGrid(j: Job): string {
     ${cell("Cache hit rate", percent(s?.cache_hit_rate))}
     ${cell("Prompt tokens", s ? String(s.prompt_tokens) : "–")}
     ${cell("Resumed", s ? `${s.resumes}×` : "–")}
-  </dl>${driveReads(s?.drive_bytes_read)}`;
+  </dl>${driveReads(s?.drive_bytes_read)}</div>`;
 }
 
 function driveReads(reads: { path: string; bytes: number }[] | undefined): string {
@@ -138,7 +138,7 @@ export async function render(root: HTMLElement, id: number): Promise<() => void>
         scheduled = false;
         const out = root.querySelector("#output");
         if (out) out.innerHTML = markdown(output);
-        const stats = root.querySelector(".stats");
+        const stats = root.querySelector(".job-stats");
         if (stats) stats.outerHTML = statsGrid(job);
       });
     }
