@@ -16,18 +16,23 @@ interface Heat {
   heat: number[][];
 }
 
+// Rates and sizes are read against zero, not against their own wobble.
+const fromZero: uPlot.Scale.Range = (_u, _min, max) => [0, max > 0 ? max * 1.15 : 1];
+const share: uPlot.Scale.Range = () => [0, 1];
+
 function chart(
   el: HTMLElement,
   title: string,
   series: { label: string; color: string; dash?: number[] }[],
   yLabel: string,
   format?: (v: number) => string,
+  yRange: uPlot.Scale.Range = fromZero,
 ): uPlot {
   const opts: uPlot.Options = {
     title,
     width: Math.max(300, el.clientWidth - 8),
     height: 200,
-    scales: { x: { time: true } },
+    scales: { x: { time: true }, y: { range: yRange } },
     axes: [{}, { label: yLabel, size: 70, ...(format ? { values: (_u: uPlot, vals: number[]) => vals.map(format) } : {}) }],
     series: [{}, ...series.map((s) => ({ label: s.label, stroke: s.color, width: s.dash ? 1 : 2, dash: s.dash, spanGaps: true }))],
   };
@@ -88,7 +93,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
     }
   };
   let drivesChart: uPlot | null = null;
-  const hit = chart(root.querySelector("#c-hit") as HTMLElement, "Cache hit rate", [{ label: "hit rate", color: COLORS[2] }], "share");
+  const hit = chart(root.querySelector("#c-hit") as HTMLElement, "Cache hit rate", [{ label: "hit rate", color: COLORS[2] }], "share", undefined, share);
   const tok = chart(root.querySelector("#c-tok") as HTMLElement, "Tokens per second", [{ label: "tok/s", color: COLORS[0] }], "tok/s");
   const ram = chart(
     root.querySelector("#c-ram") as HTMLElement,
