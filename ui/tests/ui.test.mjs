@@ -55,7 +55,7 @@ before(async () => {
   assert.ok(existsSync(bin), `the longhaul binary is built at ${bin}`);
   assert.ok(existsSync(join(uiDir, "dist/index.html")), "the UI is built (npm run build)");
   assert.ok(existsSync(join(demoModel, "config.json")), `the demo model is at ${demoModel}`);
-  rmSync(artifacts, { recursive: true, force: true });
+  // Kept, not cleared: the desktop smoke test leaves desktop.png here too.
   mkdirSync(artifacts, { recursive: true });
   root = mkdtempSync(join(tmpdir(), "longhaul-ui-"));
   const model = demoModel;
