@@ -33,6 +33,8 @@ use super::size::{format_size, parse_size};
 pub const DEMO_MODEL_NAME: &str = "longhaul-demo";
 /// The task the demo sends.
 pub const DEMO_PROMPT: &str = "Explain how to read and write files.";
+/// Nucleus sampling for the demo's answer: small models wander less with it.
+const DEMO_TOP_P: f64 = 0.9;
 /// Folders under the data dir that act as the demo's drives.
 const DRIVES: usize = 4;
 const DEMO_DIR: &str = "demo";
@@ -146,7 +148,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         "messages": [{ "role": "user", "content": args.prompt }],
         "max_tokens": args.max_tokens,
         "temperature": args.temperature,
-        "top_p": 0.9,
+        "top_p": DEMO_TOP_P,
         "seed": args.seed,
     });
     let job: Value = client.post("/api/jobs", &body)?;
