@@ -49,6 +49,9 @@ PLAIN_REF = re.compile(r"`([^`]+)`_*")
 EMPHASIS = re.compile(r"\*\*?([^*\s][^*]*?)\*?\*")
 SUBST = re.compile(r"\|[\w-]+\|")
 SPACES = re.compile(r"\s+")
+# A field-list item or directive option (`:param x: ...`, `:noindex:`), not
+# an inline role (`:exc:`OverflowError``) that starts a line.
+FIELD = re.compile(r"^:[\w ,.-]+:(?:\s+|$)")
 
 
 @dataclass
@@ -146,7 +149,7 @@ def parse(path: Path, name: str) -> list:
             if kind in PROSE_DIRECTIVES:
                 # Keep the body, one level in; the signature line itself is code.
                 i += 1
-                while i < len(lines) and lines[i].strip().startswith(":") and not lines[i].strip().startswith(":func"):
+                while i < len(lines) and FIELD.match(lines[i].strip()):
                     i += 1
                 continue
             skip_deeper_than = indent_of(line)
@@ -168,9 +171,9 @@ def parse(path: Path, name: str) -> list:
         if re.match(r"^([*-]|\d+\.|#\.) ", stripped):
             flush_para()
             stripped = re.sub(r"^([*-]|\d+\.|#\.) ", "", stripped)
-        if stripped.startswith(":") and re.match(r"^:[\w ]+:", stripped):
+        if FIELD.match(stripped):
             flush_para()
-            stripped = re.sub(r"^:[\w ]+:\s*", "", stripped)
+            stripped = FIELD.sub("", stripped)
             if not stripped:
                 i += 1
                 continue

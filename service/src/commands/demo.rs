@@ -65,7 +65,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 0.8)]
     temperature: f64,
     /// Seed for sampling: the same seed gives the same answer.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Print the statistics (and the answer) as one JSON object on stdout.
     #[arg(long)]
