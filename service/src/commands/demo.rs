@@ -74,10 +74,11 @@ pub struct DemoArgs {
 
 /// The demo checkpoint of the source tree this binary was built from.
 fn default_checkpoint() -> PathBuf {
-    PathBuf::from(concat!(
+    let path = PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../assets/longhaul-demo-moe"
-    ))
+    ));
+    std::fs::canonicalize(&path).unwrap_or(path)
 }
 
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
