@@ -39,6 +39,17 @@ fn reference() -> Reference {
     serde_json::from_str(&text).expect("reference.json parses")
 }
 
+/// The model's logits at every position of `ids`, fed in one pass.
+fn teacher_forced(dir: &Path, ids: &[u32]) -> Vec<Vec<f32>> {
+    let (_, model) = load_checkpoint(dir).expect("model loads");
+    let mut cache = model.new_cache();
+    model
+        .forward(ids, &mut cache, LogitsFor::All)
+        .unwrap()
+        .to_vec2()
+        .unwrap()
+}
+
 fn greedy(engine: &Engine, prompt: &[u32], max_tokens: usize) -> Generation {
     let settings = GenerationSettings {
         max_tokens,
@@ -54,15 +65,7 @@ fn greedy(engine: &Engine, prompt: &[u32], max_tokens: usize) -> Generation {
 #[test]
 fn demo_model_logits_match_transformers() {
     let r = reference();
-    let (spec, model) = load_checkpoint(&demo()).expect("demo model loads");
-    let common = spec.common();
-    assert!(common.num_layers >= 2, "a real stack of layers");
-    let mut cache = model.new_cache();
-    let logits: Vec<Vec<f32>> = model
-        .forward(&r.ids, &mut cache, LogitsFor::All)
-        .unwrap()
-        .to_vec2()
-        .unwrap();
+    let logits = teacher_forced(&demo(), &r.ids);
     let diff = max_abs_diff(&logits[..r.logits.len()], &r.logits);
     println!(
         "demo model: max |Δlogit| = {diff:e} over {} positions",
@@ -108,14 +111,8 @@ fn draft_model_shares_the_tokenizer_and_guesses_the_next_token() {
     // model's next token. Compare their choices over a validation passage.
     let r = reference();
     let argmaxes = |dir: &Path| -> Vec<usize> {
-        let (_, model) = load_checkpoint(dir).expect("model loads");
-        let mut cache = model.new_cache();
-        let rows: Vec<Vec<f32>> = model
-            .forward(&r.ids, &mut cache, LogitsFor::All)
-            .unwrap()
-            .to_vec2()
-            .unwrap();
-        rows.iter()
+        teacher_forced(dir, &r.ids)
+            .iter()
             .map(|row| {
                 row.iter()
                     .enumerate()
