@@ -202,6 +202,16 @@ mod tests {
         Tensor::from_vec(v, (2, seq, 3), &Device::Cpu).unwrap()
     }
 
+    /// A cached tensor's values, flat.
+    fn values(t: &Option<Tensor>) -> Vec<f32> {
+        t.as_ref()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    }
+
     #[test]
     fn rows_round_trip_onto_a_cache_holding_the_earlier_positions() {
         let mut full = KvCache::new(2);
@@ -224,21 +234,7 @@ mod tests {
         assert_eq!(head.len(), 5);
         for (a, b) in head.layers.iter().zip(&full.layers) {
             for (x, y) in [(&a.first, &b.first), (&a.second, &b.second)] {
-                let x: Vec<f32> = x
-                    .as_ref()
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1()
-                    .unwrap();
-                let y: Vec<f32> = y
-                    .as_ref()
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1()
-                    .unwrap();
-                assert_eq!(x, y);
+                assert_eq!(values(x), values(y));
             }
         }
         // Damaged or foreign bytes change nothing.
