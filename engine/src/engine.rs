@@ -16,7 +16,7 @@ use crate::model::{Decoder, LogitsFor, ModelError, ModelSpec, parse_token_ids};
 use crate::model::{ExpertError, ExpertProvider};
 use crate::pack::{self, Manifest, PackError};
 use crate::tokenizer::{ChatMessage, TextTokenizer, TokenizerError};
-use crate::weights::{SafetensorsCheckpoint, TensorSource, WeightsError};
+use crate::weights::{RawTensor, SafetensorsCheckpoint, TensorSource, WeightsError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -85,6 +85,17 @@ struct ProgressSource<'a> {
     report: &'a (dyn Fn(LoadProgress) + Sync),
 }
 
+impl ProgressSource<'_> {
+    fn loaded(&self, name: &str) {
+        let bytes = self.inner.stored_len(name).unwrap_or(0);
+        let loaded = self.loaded.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        (self.report)(LoadProgress {
+            loaded_bytes: loaded,
+            total_bytes: self.total,
+        });
+    }
+}
+
 impl TensorSource for ProgressSource<'_> {
     fn shape(&self, name: &str) -> Option<&[usize]> {
         self.inner.shape(name)
@@ -92,13 +103,14 @@ impl TensorSource for ProgressSource<'_> {
 
     fn load(&self, name: &str) -> Result<Tensor, WeightsError> {
         let tensor = self.inner.load(name)?;
-        let bytes = self.inner.stored_len(name).unwrap_or(0);
-        let loaded = self.loaded.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        (self.report)(LoadProgress {
-            loaded_bytes: loaded,
-            total_bytes: self.total,
-        });
+        self.loaded(name);
         Ok(tensor)
+    }
+
+    fn load_raw(&self, name: &str) -> Result<RawTensor, WeightsError> {
+        let raw = self.inner.load_raw(name)?;
+        self.loaded(name);
+        Ok(raw)
     }
 
     fn location(&self, name: &str) -> PathBuf {

@@ -5,9 +5,11 @@
 //! ([`model::ExpertProvider`]) so that they can live in RAM or be streamed
 //! from drives without the model code knowing. No UI, SQL or HTTP here.
 
+pub mod aligned;
 pub mod cache;
 pub mod engine;
 pub mod generate;
+pub mod kernels;
 pub mod metrics;
 pub mod model;
 pub mod pack;

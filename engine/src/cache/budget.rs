@@ -193,12 +193,12 @@ impl ExpertCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{Device, Tensor};
     use proptest::prelude::*;
 
     fn expert() -> Arc<Expert> {
-        let t = |r, c| Tensor::zeros((r, c), candle_core::DType::F32, &Device::Cpu).unwrap();
-        Arc::new(Expert::new(t(4, 2), t(2, 2)).unwrap())
+        let m =
+            |r: usize, c: usize| crate::kernels::Matrix::from_f32(r, c, &vec![0.0; r * c]).unwrap();
+        Arc::new(Expert::new(m(4, 2), m(2, 2)).unwrap())
     }
 
     #[test]

@@ -83,7 +83,8 @@ pub struct StreamingOptions {
     /// How the unpinned part of the cache makes room.
     pub policy: EvictionPolicy,
     /// Hold cached experts as the pack stores them (BF16 or F16: half the
-    /// bytes of f32; Q8_0 about a quarter) and widen them at each use.
+    /// bytes of f32; Q8_0 about a quarter); the kernels compute from them as
+    /// they are. Otherwise they are widened to f32 when read.
     pub keep_stored_dtype: bool,
 }
 
@@ -97,7 +98,7 @@ impl Default for StreamingOptions {
             pinned_fraction: DEFAULT_PINNED_FRACTION,
             warm_start: true,
             policy: EvictionPolicy::default(),
-            keep_stored_dtype: false,
+            keep_stored_dtype: true,
         }
     }
 }
@@ -287,7 +288,7 @@ impl StreamingExperts {
                         .filter_map(Option::take)
                         .flatten()
                         .collect();
-                    out[pos] = Some(self.convert(layer, ids[pos], chosen[pos], &record)?);
+                    out[pos] = Some(self.convert(layer, ids[pos], chosen[pos], record)?);
                 }
                 Ok(())
             })?;
@@ -306,10 +307,10 @@ impl StreamingExperts {
         layer: &ExpertLayer,
         id: usize,
         segments: &[Segment],
-        bytes: &[u8],
+        bytes: Vec<u8>,
     ) -> Result<Arc<Expert>, ExpertError> {
         let record = &layer.records[id];
-        if self.verify && hash_hex(bytes) != record.xxh3_128 {
+        if self.verify && hash_hex(&bytes) != record.xxh3_128 {
             let places: Vec<String> = segments
                 .iter()
                 .map(|s| format!("drive {} {} at offset {}", s.drive, s.file, s.offset))
@@ -323,7 +324,7 @@ impl StreamingExperts {
         let name = format!("layer {} expert {id}", layer.layer);
         self.encoding
             .decode(
-                bytes,
+                Arc::new(bytes),
                 layer.hidden,
                 layer.intermediate,
                 self.keep_stored,

@@ -142,7 +142,6 @@ fn load_attention(c: &Config, w: &Weights, rope: &Rope) -> Result<LatentAttentio
     )?;
     Ok(LatentAttention {
         absorbed: split_kv_b(&kv_b, c.heads, c.qk_nope_head_dim, c.v_head_dim)?,
-        kv_b,
         q,
         kv_a: Linear::load(
             w,

@@ -30,6 +30,8 @@ pub enum ModelError {
     Experts(#[from] ExpertError),
     #[error("tensor computation failed: {0}")]
     Compute(#[from] candle_core::Error),
+    #[error("kernel: {0}")]
+    Kernel(#[from] crate::kernels::KernelError),
     #[error("token id {id} is outside the vocabulary of {vocab_size}")]
     TokenOutOfRange { id: u32, vocab_size: usize },
     #[error("no input tokens")]
@@ -178,10 +180,10 @@ pub(crate) fn assemble(
     rope: layers::rope::Rope,
     experts: layers::experts::ExpertSetup,
 ) -> Result<Decoder, ModelError> {
-    let embed = w.get("model.embed_tokens.weight", &[c.vocab_size, c.hidden_size])?;
+    let embed = w.matrix("model.embed_tokens.weight", c.vocab_size, c.hidden_size)?;
     // Tied means tied: as in the reference, a stray `lm_head.weight` is ignored.
     let lm_head = if c.tie_word_embeddings {
-        Linear::from_weight(embed.clone())
+        Linear::from_matrix(embed.clone())
     } else {
         Linear::load(w, "lm_head", c.hidden_size, c.vocab_size, false)?
     };

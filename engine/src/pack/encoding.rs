@@ -7,14 +7,15 @@
 //! bytes per token read from the drives; the manifest labels them and records
 //! how far the stored weights are from the originals.
 
-use std::borrow::Cow;
 use std::path::Path;
+use std::sync::Arc;
 
-use candle_core::quantized::{GgmlDType, QStorage, QTensor};
-use candle_core::{DType, Device, Tensor};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
 
+use crate::kernels::{Format, KernelError, Matrix};
 use crate::model::Expert;
-use crate::weights::{Dtype, tensor_from_bytes};
+use crate::weights::{Dtype, matrix_format, tensor_from_bytes};
 
 /// Expert quantisations a pack can be written with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +77,12 @@ pub enum EncodingError {
     },
     #[error("{0}")]
     Weights(#[from] crate::weights::WeightsError),
+    #[error("{what}: {source}")]
+    Kernel {
+        what: String,
+        #[source]
+        source: KernelError,
+    },
 }
 
 impl ExpertEncoding {
@@ -131,12 +138,22 @@ impl ExpertEncoding {
         Ok(())
     }
 
-    /// Turns one record into an expert. `keep_stored` holds the weights as
-    /// stored (narrow float or quantised blocks) and widens them at each use;
-    /// otherwise they become f32 now. Both give the same numbers.
+    /// The kernel format the records are stored in.
+    pub fn format(self) -> Option<Format> {
+        match self {
+            ExpertEncoding::Plain(d) => matrix_format(d),
+            ExpertEncoding::Quantized(Quantization::Q8_0) => Some(Format::Q8_0),
+            ExpertEncoding::Quantized(Quantization::Q4K) => Some(Format::Q4K),
+        }
+    }
+
+    /// Turns one record into an expert. With `keep_stored` its matrices are
+    /// views of the record's own bytes (narrow float or quantised blocks,
+    /// computed from as they are); otherwise they are widened to f32 now.
+    /// Both give the same numbers.
     pub fn decode(
         self,
-        bytes: &[u8],
+        record: Arc<dyn AsRef<[u8]> + Send + Sync>,
         hidden: usize,
         intermediate: usize,
         keep_stored: bool,
@@ -144,65 +161,36 @@ impl ExpertEncoding {
     ) -> Result<Expert, EncodingError> {
         let (h, i) = (hidden, intermediate);
         let want = self.record_len(h, i);
-        if bytes.len() as u64 != want {
+        let len = (*record).as_ref().len();
+        if len as u64 != want {
             return Err(EncodingError::Shape(format!(
-                "{name}: record holds {} bytes, expected {want}",
-                bytes.len()
+                "{name}: record holds {len} bytes, expected {want}"
             )));
         }
-        let split = self.matrix_bytes(2 * i, h) as usize;
-        let (gate_up, down) = bytes.split_at(split);
-        let tensor_err = |source| EncodingError::Tensor {
+        let format = self.format().ok_or_else(|| {
+            EncodingError::Shape(format!(
+                "{name}: records are stored in an unsupported dtype"
+            ))
+        })?;
+        let kernel = |e| EncodingError::Kernel {
             what: name.to_string(),
-            source,
+            source: e,
         };
-        match self {
-            ExpertEncoding::Plain(dtype) => {
-                let kept = match dtype {
-                    Dtype::BF16 if keep_stored => Some(DType::BF16),
-                    Dtype::F16 if keep_stored => Some(DType::F16),
-                    _ => None,
-                };
-                let convert = |b: &[u8], shape: &[usize]| match kept {
-                    Some(d) => {
-                        Tensor::from_raw_buffer(b, d, shape, &Device::Cpu).map_err(tensor_err)
-                    }
-                    None => Ok(tensor_from_bytes(name, b, dtype, shape, Path::new(""))?),
-                };
-                let expert = Expert::new(convert(gate_up, &[2 * i, h])?, convert(down, &[h, i])?);
-                expert.map_err(|e| EncodingError::Shape(format!("{name}: {e}")))
-            }
-            ExpertEncoding::Quantized(q) => {
-                let load = |b: &[u8], shape: &[usize]| -> Result<QTensor, EncodingError> {
-                    // Block structs are read in place, so the slice must meet
-                    // their alignment; copy the rare misaligned one.
-                    let data: Cow<'_, [u8]> = if (b.as_ptr() as usize).is_multiple_of(BLOCK_ALIGN) {
-                        Cow::Borrowed(b)
-                    } else {
-                        Cow::Owned(b.to_vec())
-                    };
-                    let storage =
-                        QStorage::from_data(data, &Device::Cpu, q.ggml()).map_err(tensor_err)?;
-                    QTensor::new(storage, shape).map_err(tensor_err)
-                };
-                let gate_up = load(gate_up, &[2 * i, h])?;
-                let down = load(down, &[h, i])?;
-                let expert = if keep_stored {
-                    Expert::quantized(gate_up, down)
-                } else {
-                    Expert::new(
-                        gate_up.dequantize(&Device::Cpu).map_err(tensor_err)?,
-                        down.dequantize(&Device::Cpu).map_err(tensor_err)?,
-                    )
-                };
-                expert.map_err(|e| EncodingError::Shape(format!("{name}: {e}")))
-            }
-        }
+        let split = self.matrix_bytes(2 * i, h) as usize;
+        let gate_up = Matrix::shared(2 * i, h, format, Arc::clone(&record), 0).map_err(kernel)?;
+        let down = Matrix::shared(h, i, format, record, split).map_err(kernel)?;
+        let (gate_up, down) = if keep_stored {
+            (gate_up, down)
+        } else {
+            let widen = |m: &Matrix| Matrix::from_f32(m.rows(), m.cols(), &m.to_f32());
+            (
+                widen(&gate_up).map_err(kernel)?,
+                widen(&down).map_err(kernel)?,
+            )
+        };
+        Expert::new(gate_up, down).map_err(|e| EncodingError::Shape(format!("{name}: {e}")))
     }
 }
-
-/// Alignment of the GGML block structs (their f16 scales).
-const BLOCK_ALIGN: usize = 2;
 
 /// Squared error and squared magnitude of a quantised matrix, summed, for a
 /// relative RMS error over the whole pack.
@@ -305,12 +293,15 @@ mod tests {
                 err.relative_rms()
             );
             // Held quantised or widened now, an expert computes the same.
-            let x = Tensor::ones((2, h), DType::F32, &Device::Cpu).unwrap();
-            let wide = enc.decode(&bytes, h, i, false, "e").unwrap();
-            let kept = enc.decode(&bytes, h, i, true, "e").unwrap();
-            let a: Vec<Vec<f32>> = wide.forward(&x).unwrap().to_vec2().unwrap();
-            let b: Vec<Vec<f32>> = kept.forward(&x).unwrap().to_vec2().unwrap();
-            assert_eq!(a, b);
+            let x: Vec<f32> = (0..2 * h).map(|k| (k as f32 * 0.01).sin()).collect();
+            let record: Arc<Vec<u8>> = Arc::new(bytes);
+            let wide = enc.decode(record.clone(), h, i, false, "e").unwrap();
+            let kept = enc.decode(record, h, i, true, "e").unwrap();
+            let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(wide.forward(&x, 2).unwrap()),
+                bits(kept.forward(&x, 2).unwrap())
+            );
             assert!(kept.ram_bytes() < wide.ram_bytes() / 3);
         }
     }
@@ -332,7 +323,7 @@ mod tests {
     #[test]
     fn a_short_record_is_an_error() {
         let enc = ExpertEncoding::Quantized(Quantization::Q8_0);
-        let err = enc.decode(&[0u8; 10], 32, 32, false, "layer 1 expert 2");
+        let err = enc.decode(Arc::new(vec![0u8; 10]), 32, 32, false, "layer 1 expert 2");
         assert!(err.unwrap_err().to_string().contains("layer 1 expert 2"));
     }
 }

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 
 use candle_core::Tensor;
 
-use super::{SafetensorsFile, TensorInfo, TensorSource, WeightsError, tensor_from_bytes};
+use super::{
+    RawTensor, SafetensorsFile, TensorInfo, TensorSource, WeightsError, tensor_from_bytes,
+};
 
 const SINGLE_FILE: &str = "model.safetensors";
 const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -137,6 +139,17 @@ impl TensorSource for SafetensorsCheckpoint {
         })?;
         let bytes = file.read_bytes(info)?;
         tensor_from_bytes(name, &bytes, info.dtype, &info.shape, file.path())
+    }
+
+    fn load_raw(&self, name: &str) -> Result<RawTensor, WeightsError> {
+        let (file, info) = self.info(name).ok_or_else(|| WeightsError::Missing {
+            name: name.to_string(),
+            dir: self.dir.clone(),
+        })?;
+        Ok(RawTensor {
+            dtype: info.dtype,
+            bytes: file.read_bytes(info)?,
+        })
     }
 
     fn location(&self, name: &str) -> PathBuf {

@@ -12,6 +12,8 @@ use std::path::PathBuf;
 use candle_core::{Device, Tensor};
 
 pub use checkpoint::SafetensorsCheckpoint;
+
+use crate::kernels::{Format, Matrix};
 pub use safetensors::{Dtype, SafetensorsFile, TensorInfo};
 
 #[derive(Debug, thiserror::Error)]
@@ -59,13 +61,22 @@ pub enum WeightsError {
     },
 }
 
-/// Anything that can hand out named f32 tensors: a checkpoint folder today,
-/// the resident file of a pack later.
+/// A tensor's bytes as stored.
+#[derive(Debug)]
+pub struct RawTensor {
+    pub dtype: Dtype,
+    pub bytes: Vec<u8>,
+}
+
+/// Anything that can hand out named tensors: a checkpoint folder, or the
+/// resident file of a pack.
 pub trait TensorSource: Send + Sync {
     /// The stored shape of `name`, if the source has it.
     fn shape(&self, name: &str) -> Option<&[usize]>;
     /// Reads `name` as an f32 tensor on the CPU.
     fn load(&self, name: &str) -> Result<Tensor, WeightsError>;
+    /// Reads `name`'s bytes as stored.
+    fn load_raw(&self, name: &str) -> Result<RawTensor, WeightsError>;
     /// Where `name` is stored, for error messages.
     fn location(&self, name: &str) -> PathBuf;
     /// The folder or file the source was opened from, for error messages.
@@ -113,6 +124,59 @@ impl<'a> Weights<'a> {
 
     /// Loads `name`, checking that its shape is `expected`.
     pub fn get(&self, name: &str, expected: &[usize]) -> Result<Tensor, WeightsError> {
+        let full = self.check_shape(name, expected)?;
+        self.source.load(&full)
+    }
+
+    /// Loads `name` (shape `[rows, cols]`) at its stored width.
+    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, WeightsError> {
+        Ok(self.matrices(name, &[rows, cols], 1)?.remove(0))
+    }
+
+    /// Loads `name` (shape `[count, rows, cols]`) at its stored width as
+    /// `count` matrices.
+    pub fn matrix_stack(
+        &self,
+        name: &str,
+        count: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Vec<Matrix>, WeightsError> {
+        self.matrices(name, &[count, rows, cols], count)
+    }
+
+    fn matrices(
+        &self,
+        name: &str,
+        shape: &[usize],
+        count: usize,
+    ) -> Result<Vec<Matrix>, WeightsError> {
+        let full = self.check_shape(name, shape)?;
+        let raw = self.source.load_raw(&full)?;
+        let path = self.source.location(&full);
+        let format = matrix_format(raw.dtype).ok_or_else(|| WeightsError::UnsupportedDtype {
+            name: full.clone(),
+            path: path.clone(),
+            dtype: raw.dtype,
+        })?;
+        let [rows, cols] = [shape[shape.len() - 2], shape[shape.len() - 1]];
+        let each = raw.bytes.len() / count.max(1);
+        raw.bytes
+            .chunks(each.max(1))
+            .take(count)
+            .map(|bytes| {
+                Matrix::from_bytes(rows, cols, format, bytes).map_err(|e| {
+                    WeightsError::InvalidFile {
+                        path: path.clone(),
+                        reason: format!("tensor `{full}`: {e}"),
+                    }
+                })
+            })
+            .collect()
+    }
+
+    /// Checks that `name` exists with shape `expected`; returns its full name.
+    fn check_shape(&self, name: &str, expected: &[usize]) -> Result<String, WeightsError> {
         let full = self.full_name(name);
         let Some(actual) = self.source.shape(&full) else {
             return Err(WeightsError::Missing {
@@ -128,7 +192,17 @@ impl<'a> Weights<'a> {
                 name: full,
             });
         }
-        self.source.load(&full)
+        Ok(full)
+    }
+}
+
+/// The kernel format of a float dtype.
+pub fn matrix_format(dtype: Dtype) -> Option<Format> {
+    match dtype {
+        Dtype::F32 => Some(Format::F32),
+        Dtype::F16 => Some(Format::F16),
+        Dtype::BF16 => Some(Format::BF16),
+        Dtype::Unsupported(_) => None,
     }
 }
 

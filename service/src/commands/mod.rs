@@ -78,9 +78,9 @@ pub struct CacheArgs {
     /// Share of the budget pinned to the hottest experts of earlier runs (0 to 1).
     #[arg(long, default_value_t = DEFAULT_PINNED_FRACTION)]
     pub pinned_fraction: f64,
-    /// Hold cached experts as stored in the pack (e.g. BF16: twice the experts
-    /// per budget, widened at each use) or as f32 (no widening work).
-    #[arg(long, default_value = "f32", value_parser = ["stored", "f32"])]
+    /// Hold cached experts as stored in the pack (BF16/F16: twice the experts
+    /// per budget of f32; kernels compute from them as they are) or widened to f32.
+    #[arg(long, default_value = "stored", value_parser = ["stored", "f32"])]
     pub cache_dtype: String,
 }
 

@@ -3,13 +3,15 @@
 
 use candle_core::{D, Device, Tensor};
 
-use super::{Linear, RmsNorm, rope::Rope};
+use super::{Linear, RmsNorm, rope::Rope, values};
+use crate::kernels::ops::{self, AttentionShape};
 use crate::model::{ModelError, kv_cache::KvCache};
 use crate::weights::Weights;
 
-/// Softmax(q·kᵀ·scale + mask)·v over `[heads, seq, dim]` tensors. Keys and
-/// values with fewer heads than the queries are shared by consecutive query
-/// heads (grouped-query attention).
+/// Softmax(q·kᵀ·scale + causal mask)·v over `[heads, seq, dim]` queries and
+/// `[kv_heads, total, _]` keys and values. Keys and values with fewer heads
+/// than the queries are shared by consecutive query heads (grouped-query
+/// attention). Each query row is computed on its own (see [`ops::attention`]).
 pub fn attend(
     q: &Tensor,
     k: &Tensor,
@@ -18,69 +20,25 @@ pub fn attend(
     start: usize,
     window: Option<usize>,
 ) -> Result<Tensor, ModelError> {
-    let (heads, seq, _) = q.dims3()?;
-    let kv_heads = k.dim(0)?;
-    let total = k.dim(1)?;
-    let (k, v) = if kv_heads == heads {
-        (k.clone(), v.clone())
-    } else {
-        (
-            repeat_heads(k, heads / kv_heads)?,
-            repeat_heads(v, heads / kv_heads)?,
-        )
+    let (heads, seq, dim) = q.dims3()?;
+    let (kv_heads, total, _) = k.dims3()?;
+    let value_dim = v.dim(2)?;
+    let shape = AttentionShape {
+        heads,
+        kv_heads,
+        seq,
+        total,
+        dim,
+        value_dim,
+        start,
+        window,
     };
-    let scores = (q.contiguous()?.matmul(&k.t()?.contiguous()?)? * scale)?;
-    let probs = masked_softmax(&scores, seq, start, total, window)?;
-    Ok(probs.matmul(&v.contiguous()?)?)
-}
-
-/// Causal (and optionally windowed) softmax over scores `[heads, seq, total]`.
-pub fn masked_softmax(
-    scores: &Tensor,
-    seq: usize,
-    start: usize,
-    total: usize,
-    window: Option<usize>,
-) -> Result<Tensor, ModelError> {
-    let scores = match causal_mask(seq, start, total, window)? {
-        Some(mask) => scores.broadcast_add(&mask)?,
-        None => scores.clone(),
-    };
-    Ok(candle_nn::ops::softmax_last_dim(&scores)?)
-}
-
-fn repeat_heads(x: &Tensor, times: usize) -> Result<Tensor, ModelError> {
-    let (h, t, d) = x.dims3()?;
-    Ok(x.unsqueeze(1)?
-        .expand((h, times, t, d))?
-        .reshape((h * times, t, d))?)
-}
-
-/// Additive mask `[seq, total]` for queries at positions `start..start+seq`
-/// over keys `0..total`; `None` when nothing is masked. A window of `w` lets a
-/// query see the `w` most recent positions, itself included.
-fn causal_mask(
-    seq: usize,
-    start: usize,
-    total: usize,
-    window: Option<usize>,
-) -> Result<Option<Tensor>, ModelError> {
-    let visible = |q: usize, k: usize| k <= q && window.is_none_or(|w| k + w > q);
-    let all_visible = (start..start + seq).all(|q| (0..total).all(|k| visible(q, k)));
-    if all_visible {
-        return Ok(None);
-    }
-    let mut mask = Vec::with_capacity(seq * total);
-    for q in start..start + seq {
-        mask.extend((0..total).map(|k| {
-            if visible(q, k) {
-                0.0f32
-            } else {
-                f32::NEG_INFINITY
-            }
-        }));
-    }
-    Ok(Some(Tensor::from_vec(mask, (seq, total), &Device::Cpu)?))
+    let out = ops::attention(&values(q)?, &values(k)?, &values(v)?, &shape, scale as f32);
+    Ok(Tensor::from_vec(
+        out,
+        (heads, seq, value_dim),
+        &Device::Cpu,
+    )?)
 }
 
 /// Multi-head attention with fewer key/value heads than query heads.
@@ -175,22 +133,4 @@ pub fn split_last(x: &Tensor, sizes: &[usize]) -> Result<Vec<Tensor>, ModelError
         at += s;
     }
     Ok(parts)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mask_is_skipped_for_a_single_decode_step() {
-        assert!(causal_mask(1, 5, 6, None).unwrap().is_none());
-    }
-
-    #[test]
-    fn sliding_window_hides_old_positions() {
-        let m = causal_mask(1, 5, 6, Some(2)).unwrap().unwrap();
-        let row: Vec<f32> = m.flatten_all().unwrap().to_vec1().unwrap();
-        assert_eq!(row[..4], [f32::NEG_INFINITY; 4]);
-        assert_eq!(row[4..], [0.0, 0.0]);
-    }
 }

@@ -11,6 +11,7 @@ use super::mla::LatentAttention;
 use super::moe::MoeBlock;
 use super::rope::Rope;
 use super::{Linear, Mlp, RmsNorm};
+use crate::kernels::Matrix;
 use crate::model::{ModelError, kv_cache::KvCache};
 use crate::weights::Weights;
 
@@ -60,7 +61,8 @@ pub enum LogitsFor {
 }
 
 pub struct Decoder {
-    pub embed: Tensor,
+    /// `[vocab, hidden]` at its stored width.
+    pub embed: Matrix,
     pub layers: Vec<DecoderLayer>,
     pub norm: RmsNorm,
     pub lm_head: Linear,
@@ -93,9 +95,12 @@ impl Decoder {
         }
         let seq = ids.len();
         let tables = self.rope.tables(cache.len(), seq)?;
-        let mut x = self
-            .embed
-            .index_select(&Tensor::from_slice(ids, seq, &Device::Cpu)?, 0)?;
+        let hidden = self.embed.cols();
+        let mut rows = vec![0f32; seq * hidden];
+        for (&id, row) in ids.iter().zip(rows.chunks_exact_mut(hidden.max(1))) {
+            self.embed.row_into(id as usize, row)?;
+        }
+        let mut x = Tensor::from_vec(rows, (seq, hidden), &Device::Cpu)?;
         for (index, layer) in self.layers.iter().enumerate() {
             let h = layer.input_norm.forward(&x)?;
             let h = match &layer.attention {

@@ -8,68 +8,32 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use candle_core::quantized::QTensor;
-use candle_core::{DType, Device, Tensor};
-
+use crate::kernels::Matrix;
+use crate::kernels::ops::swiglu;
 use crate::model::ModelError;
 use crate::weights::Weights;
 
-/// A weight matrix as held in RAM: a float tensor (f32, or BF16/F16 kept
-/// narrow) or GGML quantised blocks from a quantised pack.
-#[derive(Debug)]
-enum Weight {
-    Dense(Tensor),
-    Quantized(QTensor),
-}
-
-impl Weight {
-    /// The matrix in f32. Widening a narrow float and dequantising blocks are
-    /// both deterministic, so a weight gives the same f32 values however held.
-    fn to_f32(&self) -> candle_core::Result<Tensor> {
-        match self {
-            Weight::Dense(t) if t.dtype() == DType::F32 => Ok(t.clone()),
-            Weight::Dense(t) => t.to_dtype(DType::F32),
-            Weight::Quantized(q) => q.dequantize(&Device::Cpu),
-        }
-    }
-
-    fn rows(&self) -> candle_core::Result<usize> {
-        match self {
-            Weight::Dense(t) => Ok(t.dims2()?.0),
-            Weight::Quantized(q) => Ok(q.shape().dims2()?.0),
-        }
-    }
-
-    fn bytes(&self) -> u64 {
-        match self {
-            Weight::Dense(t) => (t.elem_count() * t.dtype().size_in_bytes()) as u64,
-            Weight::Quantized(q) => q.storage_size_in_bytes() as u64,
-        }
-    }
-}
-
-/// One routed expert's SwiGLU weights, with gate and up fused for one matmul.
+/// One routed expert's SwiGLU weights, with gate and up fused for one product.
 #[derive(Debug)]
 pub struct Expert {
     /// `[2 × intermediate, hidden]`: gate rows first, then up rows.
-    gate_up: Weight,
+    gate_up: Matrix,
     /// `[hidden, intermediate]`.
-    down: Weight,
+    down: Matrix,
     intermediate: usize,
 }
 
 impl Expert {
-    pub fn new(gate_up: Tensor, down: Tensor) -> Result<Self, ModelError> {
-        Self::from_weights(Weight::Dense(gate_up), Weight::Dense(down))
-    }
-
-    /// An expert held as quantised blocks, dequantised at each use.
-    pub fn quantized(gate_up: QTensor, down: QTensor) -> Result<Self, ModelError> {
-        Self::from_weights(Weight::Quantized(gate_up), Weight::Quantized(down))
-    }
-
-    fn from_weights(gate_up: Weight, down: Weight) -> Result<Self, ModelError> {
-        let intermediate = gate_up.rows()? / 2;
+    pub fn new(gate_up: Matrix, down: Matrix) -> Result<Self, ModelError> {
+        let intermediate = gate_up.rows() / 2;
+        let consistent = gate_up.rows() == 2 * intermediate
+            && down.cols() == intermediate
+            && down.rows() == gate_up.cols();
+        if !consistent {
+            return Err(ModelError::Internal(
+                "expert matrices do not fit together (gate/up [2I, H], down [H, I])",
+            ));
+        }
         Ok(Self {
             gate_up,
             down,
@@ -79,18 +43,19 @@ impl Expert {
 
     /// Bytes the weights take in RAM.
     pub fn ram_bytes(&self) -> u64 {
-        self.gate_up.bytes() + self.down.bytes()
+        self.gate_up.stored_bytes() + self.down.stored_bytes()
     }
 
-    /// `down(silu(gate(x)) * up(x))` for `x` of shape `[tokens, hidden]`.
-    /// Weights kept narrow or quantised (a cache holding more experts) are
-    /// turned into f32 first, which gives the same values every time.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
-        let h = x.matmul(&self.gate_up.to_f32()?.t()?)?;
-        let gate = h.narrow(1, 0, self.intermediate)?;
-        let up = h.narrow(1, self.intermediate, self.intermediate)?;
-        let act = (candle_nn::ops::silu(&gate)? * up)?;
-        Ok(act.matmul(&self.down.to_f32()?.t()?)?)
+    /// `down(silu(gate(x)) * up(x))` for the `n` rows of `x` (`n × hidden`),
+    /// computed from the weights as stored.
+    pub fn forward(&self, x: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
+        let i = self.intermediate;
+        let h = self.gate_up.matmul(x, n)?;
+        let mut act = Vec::with_capacity(n * i);
+        for row in h.chunks_exact((2 * i).max(1)) {
+            act.extend(swiglu(&row[..i], &row[i..]));
+        }
+        Ok(self.down.matmul(&act, n)?)
     }
 }
 
@@ -234,19 +199,21 @@ pub fn load_layer_experts(
     } = shape;
     let experts = w.pp(names.folder);
     if experts.has("gate_up_proj") {
-        let gate_up = experts.get("gate_up_proj", &[count, 2 * intermediate, hidden])?;
-        let down = experts.get("down_proj", &[count, hidden, intermediate])?;
-        return (0..count)
-            .map(|e| Ok(Arc::new(Expert::new(gate_up.get(e)?, down.get(e)?)?)))
+        let gate_up = experts.matrix_stack("gate_up_proj", count, 2 * intermediate, hidden)?;
+        let down = experts.matrix_stack("down_proj", count, hidden, intermediate)?;
+        return gate_up
+            .into_iter()
+            .zip(down)
+            .map(|(gu, d)| Ok(Arc::new(Expert::new(gu, d)?)))
             .collect();
     }
     (0..count)
         .map(|e| {
             let one = experts.pp(e);
-            let gate = one.get(&format!("{}.weight", names.gate), &[intermediate, hidden])?;
-            let up = one.get(&format!("{}.weight", names.up), &[intermediate, hidden])?;
-            let down = one.get(&format!("{}.weight", names.down), &[hidden, intermediate])?;
-            Ok(Arc::new(Expert::new(Tensor::cat(&[&gate, &up], 0)?, down)?))
+            let gate = one.matrix(&format!("{}.weight", names.gate), intermediate, hidden)?;
+            let up = one.matrix(&format!("{}.weight", names.up), intermediate, hidden)?;
+            let down = one.matrix(&format!("{}.weight", names.down), hidden, intermediate)?;
+            Ok(Arc::new(Expert::new(Matrix::stack(&[&gate, &up])?, down)?))
         })
         .collect()
 }

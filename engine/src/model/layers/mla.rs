@@ -1,19 +1,20 @@
 //! Multi-head latent attention (DeepSeek-V3, Kimi K2).
 //!
 //! Keys and values are stored in the cache as one compressed latent per
-//! position plus a single rotary key shared by all heads, and expanded per
-//! head at attention time, as in the reference. That keeps the cache small
-//! (the reason MLA exists). Expanding the whole cache for every new token
-//! would cost O(context × heads × head size × latent) per layer, so when few
-//! queries meet a long cache (decoding) the up-projections are folded into the
-//! queries and outputs instead ("weight absorption") and attention runs on the
-//! latents directly. Both paths compute the same function; they differ only
-//! in rounding.
+//! position plus a single rotary key shared by all heads (the reason MLA
+//! exists: a small cache). Attention always runs on the latents, with the
+//! key and value up-projections folded into the queries and outputs ("weight
+//! absorption"): expanding the cache into per-head keys costs
+//! O(context × heads × head size × latent) for every new token, and one path
+//! for every batch size keeps a row's result independent of the rows computed
+//! with it (a prompt fed in one pass and token by token agree bitwise).
 
-use candle_core::Tensor;
+use candle_core::{Device, Tensor};
 
-use super::attention::{attend, masked_softmax, split_last};
-use super::{Linear, RmsNorm, rope::Rope};
+use super::attention::split_last;
+use super::{Linear, RmsNorm, rope::Rope, values};
+use crate::kernels::Matrix;
+use crate::kernels::ops::{LatentShape, latent_attention};
 use crate::model::{ModelError, kv_cache::KvCache};
 
 /// The query path: one projection, or a low-rank pair with a norm between.
@@ -22,11 +23,17 @@ pub enum QueryProjection {
     LowRank { a: Linear, norm: RmsNorm, b: Linear },
 }
 
+/// One head's slices of `kv_b`: key up-projection `[nope, latent]` and value
+/// up-projection `[v, latent]`, sharing `kv_b`'s storage.
+pub struct HeadProjections {
+    pub key: Matrix,
+    pub value: Matrix,
+}
+
 pub struct LatentAttention {
     pub q: QueryProjection,
     pub kv_a: Linear,
     pub kv_a_norm: RmsNorm,
-    pub kv_b: Linear,
     pub o_proj: Linear,
     pub heads: usize,
     pub kv_lora_rank: usize,
@@ -35,24 +42,26 @@ pub struct LatentAttention {
     pub v_dim: usize,
     pub rope: Rope,
     pub scale: f64,
-    /// `kv_b` split per head: keys `[heads, nope, latent]`, values `[heads, v, latent]`.
-    pub absorbed: (Tensor, Tensor),
+    /// `kv_b` split per head.
+    pub absorbed: Vec<HeadProjections>,
 }
 
-/// `kv_b`'s weight split into per-head key and value up-projections.
+/// `kv_b`'s weight (`[heads × (nope + v), latent]`) split per head.
 pub fn split_kv_b(
     kv_b: &Linear,
     heads: usize,
     nope: usize,
     v: usize,
-) -> Result<(Tensor, Tensor), ModelError> {
+) -> Result<Vec<HeadProjections>, ModelError> {
     let w = kv_b.weight();
-    let latent = w.dim(1)?;
-    let w = w.reshape((heads, nope + v, latent))?;
-    Ok((
-        w.narrow(1, 0, nope)?.contiguous()?,
-        w.narrow(1, nope, v)?.contiguous()?,
-    ))
+    (0..heads)
+        .map(|h| {
+            Ok(HeadProjections {
+                key: w.row_range(h * (nope + v), nope)?,
+                value: w.row_range(h * (nope + v) + nope, v)?,
+            })
+        })
+        .collect()
 }
 
 impl LatentAttention {
@@ -85,73 +94,57 @@ impl LatentAttention {
         let q_rot = self.rope.apply(&q_rot, &tables.0, &tables.1)?;
         let k_rot = self.rope.apply(&k_rot, &tables.0, &tables.1)?;
         let (latent, k_rot) = cache.append(layer, &latent, &k_rot)?;
-        let total = latent.dim(1)?;
-        let out = if self.absorption_pays(seq, total) {
-            self.attend_absorbed(&q_pass, &q_rot, &latent, &k_rot, start)?
-        } else {
-            self.attend_expanded(&q_pass, &q_rot, &latent, &k_rot, start)?
-        };
-        let out = out
-            .transpose(0, 1)?
-            .reshape((seq, self.heads * self.v_dim))?;
+        let out = self.attend(
+            &values(&q_pass)?,
+            &values(&q_rot)?,
+            &values(&latent)?,
+            &values(&k_rot)?,
+            start,
+        )?;
+        let out = Tensor::from_vec(out, (seq, self.heads * self.v_dim), &Device::Cpu)?;
         self.o_proj.forward(&out)
     }
 
-    /// Whether attending on latents costs fewer multiply-adds than expanding
-    /// every cached position into per-head keys and values.
-    fn absorption_pays(&self, seq: usize, total: usize) -> bool {
-        let (l, n, r, v) = (
-            self.kv_lora_rank,
-            self.qk_nope_dim,
-            self.qk_rope_dim,
-            self.v_dim,
-        );
-        let expanded = total * (n + v) * l + seq * total * (n + r + v);
-        let absorbed = seq * (n * l + v * l + total * (2 * l + r));
-        absorbed < expanded
-    }
-
-    fn attend_absorbed(
+    /// Attention of `[heads, seq, nope]` / `[heads, seq, rope]` queries on
+    /// `[total, latent]` latents and `[total, rope]` rotary keys; output
+    /// `[seq, heads × v]`.
+    fn attend(
         &self,
-        q_pass: &Tensor,
-        q_rot: &Tensor,
-        latent: &Tensor,
-        k_rot: &Tensor,
+        q_pass: &[f32],
+        q_rot: &[f32],
+        latent: &[f32],
+        k_rot: &[f32],
         start: usize,
-    ) -> Result<Tensor, ModelError> {
-        let (w_uk, w_uv) = &self.absorbed;
-        let (seq, total) = (q_pass.dim(1)?, latent.dim(1)?);
-        let latent = latent.squeeze(0)?;
-        let q_latent = q_pass.contiguous()?.matmul(w_uk)?;
-        let scores = (q_latent.broadcast_matmul(&latent.t()?)?
-            + q_rot
-                .contiguous()?
-                .broadcast_matmul(&k_rot.squeeze(0)?.t()?)?)?;
-        let probs = masked_softmax(&(scores * self.scale)?, seq, start, total, None)?;
-        let out_latent = probs.broadcast_matmul(&latent)?;
-        Ok(out_latent.matmul(&w_uv.transpose(1, 2)?)?)
-    }
-
-    fn attend_expanded(
-        &self,
-        q_pass: &Tensor,
-        q_rot: &Tensor,
-        latent: &Tensor,
-        k_rot: &Tensor,
-        start: usize,
-    ) -> Result<Tensor, ModelError> {
-        let total = latent.dim(1)?;
-
-        let kv = self
-            .kv_b
-            .forward(&latent.squeeze(0)?)?
-            .reshape((total, self.heads, self.qk_nope_dim + self.v_dim))?
-            .transpose(0, 1)?;
-        let [k_nope, v] = take2(split_last(&kv, &[self.qk_nope_dim, self.v_dim])?)?;
-        let k_rot = k_rot.broadcast_as((self.heads, total, self.qk_rope_dim))?;
-        let k = Tensor::cat(&[&k_nope, &k_rot], 2)?;
-        let q = Tensor::cat(&[q_pass, q_rot], 2)?;
-        attend(&q, &k, &v, self.scale, start, None)
+    ) -> Result<Vec<f32>, ModelError> {
+        let (nope, l, v) = (self.qk_nope_dim, self.kv_lora_rank, self.v_dim);
+        let seq = q_pass.len() / (self.heads * nope).max(1);
+        let mut q_latent = Vec::with_capacity(self.heads * seq * l);
+        for (h, p) in self.absorbed.iter().enumerate() {
+            q_latent.extend(
+                p.key
+                    .vecmat(&q_pass[h * seq * nope..(h + 1) * seq * nope], seq)?,
+            );
+        }
+        let shape = LatentShape {
+            heads: self.heads,
+            seq,
+            total: latent.len() / l.max(1),
+            latent: l,
+            rope: self.qk_rope_dim,
+            start,
+        };
+        let out_latent =
+            latent_attention(&q_latent, q_rot, latent, k_rot, &shape, self.scale as f32);
+        let mut out = vec![0f32; seq * self.heads * v];
+        for (h, p) in self.absorbed.iter().enumerate() {
+            let y = p
+                .value
+                .matmul(&out_latent[h * seq * l..(h + 1) * seq * l], seq)?;
+            for (i, row) in y.chunks_exact(v.max(1)).enumerate() {
+                out[(i * self.heads + h) * v..(i * self.heads + h + 1) * v].copy_from_slice(row);
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -164,8 +157,9 @@ fn take2(parts: Vec<Tensor>) -> Result<[Tensor; 2], ModelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::layers::attention::attend;
     use crate::model::layers::rope::{RopeKind, RopeParams};
-    use candle_core::{DType, Device};
+    use candle_core::DType;
 
     fn random(shape: &[usize], seed: u64) -> Tensor {
         // A small deterministic generator keeps the test free of global RNG state.
@@ -184,28 +178,30 @@ mod tests {
         Tensor::from_vec(values, shape, &Device::Cpu).unwrap()
     }
 
+    /// Attention on latents equals attention with every cached position
+    /// expanded into per-head keys and values, as the reference computes it.
     #[test]
-    fn absorbed_and_expanded_attention_agree() {
+    fn absorbed_attention_equals_the_expanded_form() {
         let (heads, latent_dim, nope, rope_dim, v) = (3, 10, 6, 4, 5);
-        let kv_b = Linear::from_weight(random(&[heads * (nope + v), latent_dim], 1));
+        let kv_b_w = random(&[heads * (nope + v), latent_dim], 1);
+        let kv_b = Linear::from_tensor(&kv_b_w).unwrap();
         let params = RopeParams {
             theta: 10000.0,
             partial_rotary_factor: 1.0,
             kind: RopeKind::Default,
         };
         let attention = LatentAttention {
-            q: QueryProjection::Direct(Linear::from_weight(random(
-                &[heads * (nope + rope_dim), 8],
-                2,
-            ))),
-            kv_a: Linear::from_weight(random(&[latent_dim + rope_dim, 8], 3)),
+            q: QueryProjection::Direct(
+                Linear::from_tensor(&random(&[heads * (nope + rope_dim), 8], 2)).unwrap(),
+            ),
+            kv_a: Linear::from_tensor(&random(&[latent_dim + rope_dim, 8], 3)).unwrap(),
             kv_a_norm: RmsNorm::from_weight(
                 Tensor::ones(latent_dim, DType::F32, &Device::Cpu).unwrap(),
                 1e-6,
-            ),
+            )
+            .unwrap(),
             absorbed: split_kv_b(&kv_b, heads, nope, v).unwrap(),
-            kv_b,
-            o_proj: Linear::from_weight(random(&[8, heads * v], 4)),
+            o_proj: Linear::from_tensor(&random(&[8, heads * v], 4)).unwrap(),
             heads,
             kv_lora_rank: latent_dim,
             qk_nope_dim: nope,
@@ -217,24 +213,46 @@ mod tests {
         let (seq, total, start) = (3, 7, 4);
         let q_pass = random(&[heads, seq, nope], 5);
         let q_rot = random(&[heads, seq, rope_dim], 6);
-        let latent = random(&[1, total, latent_dim], 7);
-        let k_rot = random(&[1, total, rope_dim], 8);
-        let a = attention
-            .attend_absorbed(&q_pass, &q_rot, &latent, &k_rot, start)
+        let latent = random(&[total, latent_dim], 7);
+        let k_rot = random(&[total, rope_dim], 8);
+        let absorbed = attention
+            .attend(
+                &values(&q_pass).unwrap(),
+                &values(&q_rot).unwrap(),
+                &values(&latent).unwrap(),
+                &values(&k_rot).unwrap(),
+                start,
+            )
             .unwrap();
-        let b = attention
-            .attend_expanded(&q_pass, &q_rot, &latent, &k_rot, start)
+
+        let kv = latent
+            .matmul(&kv_b_w.t().unwrap())
+            .unwrap()
+            .reshape((total, heads, nope + v))
+            .unwrap()
+            .transpose(0, 1)
             .unwrap();
-        let diff: f32 = (a - b)
+        let k_nope = kv.narrow(2, 0, nope).unwrap();
+        let values_t = kv.narrow(2, nope, v).unwrap().contiguous().unwrap();
+        let k_rot_all = k_rot
+            .unsqueeze(0)
             .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar()
+            .broadcast_as((heads, total, rope_dim))
             .unwrap();
+        let k = Tensor::cat(&[&k_nope, &k_rot_all], 2).unwrap();
+        let q = Tensor::cat(&[&q_pass, &q_rot], 2).unwrap();
+        let expanded = attend(&q, &k.contiguous().unwrap(), &values_t, 0.3, start, None)
+            .unwrap()
+            .transpose(0, 1)
+            .unwrap()
+            .reshape((seq, heads * v))
+            .unwrap();
+        let expanded: Vec<f32> = values(&expanded).unwrap();
+        let diff = absorbed
+            .iter()
+            .zip(&expanded)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
         assert!(diff < 1e-5, "paths differ by {diff}");
-        assert!(attention.absorption_pays(1, 4096));
-        assert!(!attention.absorption_pays(4096, 4096));
     }
 }

@@ -9,16 +9,32 @@ pub mod moe;
 pub mod rope;
 pub mod router;
 
-use candle_core::Tensor;
+use candle_core::{Device, Tensor};
 
+use crate::kernels::Matrix;
+use crate::kernels::ops::{rms_norm, swiglu};
 use crate::model::ModelError;
 use crate::weights::Weights;
 
-/// `y = x·Wᵀ (+ b)`.
+/// The values of `x` (any shape), row-major.
+pub(crate) fn values(x: &Tensor) -> Result<Vec<f32>, ModelError> {
+    Ok(x.flatten_all()?.to_vec1::<f32>()?)
+}
+
+/// `x`'s dims with the last one replaced by `last`.
+fn with_last(x: &Tensor, last: usize) -> Vec<usize> {
+    let mut dims = x.dims().to_vec();
+    if let Some(d) = dims.last_mut() {
+        *d = last;
+    }
+    dims
+}
+
+/// `y = x·Wᵀ (+ b)`, with `W` at its stored width.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    weight: Tensor,
-    bias: Option<Tensor>,
+    weight: Matrix,
+    bias: Option<Vec<f32>>,
 }
 
 impl Linear {
@@ -30,60 +46,86 @@ impl Linear {
         output: usize,
         bias: bool,
     ) -> Result<Self, ModelError> {
-        let weight = w.get(&format!("{name}.weight"), &[output, input])?;
+        let weight = w.matrix(&format!("{name}.weight"), output, input)?;
         let bias = if bias {
-            Some(w.get(&format!("{name}.bias"), &[output])?)
+            Some(values(&w.get(&format!("{name}.bias"), &[output])?)?)
         } else {
             None
         };
         Ok(Self { weight, bias })
     }
 
-    pub fn from_weight(weight: Tensor) -> Self {
+    pub fn from_matrix(weight: Matrix) -> Self {
         Self { weight, bias: None }
     }
 
-    pub fn weight(&self) -> &Tensor {
+    /// A layer over an f32 `[out, in]` tensor.
+    pub fn from_tensor(weight: &Tensor) -> Result<Self, ModelError> {
+        let (rows, cols) = weight.dims2()?;
+        Ok(Self::from_matrix(Matrix::from_f32(
+            rows,
+            cols,
+            &values(weight)?,
+        )?))
+    }
+
+    pub fn weight(&self) -> &Matrix {
         &self.weight
     }
 
+    /// `y` for the `n` rows of `x` (`n × in`), as `n × out` values.
+    pub fn forward_values(&self, x: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
+        let mut y = self.weight.matmul(x, n)?;
+        if let Some(b) = &self.bias {
+            for row in y.chunks_mut(b.len().max(1)) {
+                for (v, b) in row.iter_mut().zip(b) {
+                    *v += b;
+                }
+            }
+        }
+        Ok(y)
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
-        let y = x.matmul(&self.weight.t()?)?;
-        Ok(match &self.bias {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        })
+        let n = x.elem_count() / self.weight.cols().max(1);
+        let y = self.forward_values(&values(x)?, n)?;
+        Ok(Tensor::from_vec(
+            y,
+            with_last(x, self.weight.rows()),
+            &Device::Cpu,
+        )?)
     }
 }
 
 /// Root-mean-square normalisation over the last dimension, computed in f32.
 #[derive(Debug, Clone)]
 pub struct RmsNorm {
-    weight: Tensor,
+    weight: Vec<f32>,
     eps: f32,
 }
 
 impl RmsNorm {
     pub fn load(w: &Weights, name: &str, dim: usize, eps: f64) -> Result<Self, ModelError> {
         Ok(Self {
-            weight: w.get(&format!("{name}.weight"), &[dim])?,
+            weight: values(&w.get(&format!("{name}.weight"), &[dim])?)?,
             eps: eps as f32,
         })
     }
 
-    pub fn from_weight(weight: Tensor, eps: f64) -> Self {
-        Self {
-            weight,
+    pub fn from_weight(weight: Tensor, eps: f64) -> Result<Self, ModelError> {
+        Ok(Self {
+            weight: values(&weight)?,
             eps: eps as f32,
-        }
+        })
+    }
+
+    pub fn forward_values(&self, x: &[f32]) -> Vec<f32> {
+        rms_norm(x, &self.weight, self.eps)
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
-        Ok(candle_nn::ops::rms_norm(
-            &x.contiguous()?,
-            &self.weight,
-            self.eps,
-        )?)
+        let y = self.forward_values(&values(x)?);
+        Ok(Tensor::from_vec(y, x.dims(), &Device::Cpu)?)
     }
 }
 
@@ -105,8 +147,18 @@ impl Mlp {
         })
     }
 
+    /// The block on `n` rows of `x`.
+    pub fn forward_values(&self, x: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
+        let act = swiglu(
+            &self.gate.forward_values(x, n)?,
+            &self.up.forward_values(x, n)?,
+        );
+        self.down.forward_values(&act, n)
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
-        let act = (candle_nn::ops::silu(&self.gate.forward(x)?)? * self.up.forward(x)?)?;
-        self.down.forward(&act)
+        let n = x.elem_count() / self.gate.weight.cols().max(1);
+        let y = self.forward_values(&values(x)?, n)?;
+        Ok(Tensor::from_vec(y, x.dims(), &Device::Cpu)?)
     }
 }

@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 
-use super::experts::ExpertProvider;
+use super::experts::{Expert, ExpertProvider};
 use super::router::{Router, Scoring};
-use super::{Linear, Mlp};
+use super::{Linear, Mlp, values};
 use crate::model::ModelError;
 use crate::weights::Weights;
 
@@ -42,13 +42,15 @@ impl MoeBlock {
     }
 
     pub fn forward(&self, x: &Tensor, experts: &dyn ExpertProvider) -> Result<Tensor, ModelError> {
-        let routes = self.router.route(x)?;
+        let (n, hidden) = x.dims2()?;
+        let xs = values(x)?;
+        let routes = self.router.route_values(&xs, n)?;
         // expert id → (token rows, weights)
-        let mut by_expert: BTreeMap<usize, (Vec<u32>, Vec<f32>)> = BTreeMap::new();
+        let mut by_expert: BTreeMap<usize, (Vec<usize>, Vec<f32>)> = BTreeMap::new();
         for (token, route) in routes.iter().enumerate() {
             for &(expert, weight) in route {
                 let entry = by_expert.entry(expert).or_default();
-                entry.0.push(token as u32);
+                entry.0.push(token);
                 entry.1.push(weight);
             }
         }
@@ -56,23 +58,48 @@ impl MoeBlock {
         // groups of top-k bounds the experts held outside the cache at once.
         let ids: Vec<usize> = by_expert.keys().copied().collect();
         let group = self.router.top_k().max(1);
-        let mut out = x.zeros_like()?;
+        let mut outputs: Vec<Vec<f32>> = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(group) {
             let handles = experts.experts(self.layer, chunk)?;
             for (id, expert) in chunk.iter().zip(handles.iter().map(Arc::as_ref)) {
                 let (rows, weights) = &by_expert[id];
-                let n = rows.len();
-                let rows = Tensor::from_slice(rows, n, &Device::Cpu)?;
-                let weights = Tensor::from_slice(weights, (n, 1), &Device::Cpu)?;
-                let y = expert
-                    .forward(&x.index_select(&rows, 0)?)?
-                    .broadcast_mul(&weights)?;
-                out = out.index_add(&rows, &y, 0)?;
+                outputs.push(weighted_output(expert, &xs, hidden, rows, weights)?);
+            }
+        }
+        let mut out = vec![0f32; n * hidden];
+        for ((rows, _), y) in by_expert.values().zip(&outputs) {
+            for (&row, part) in rows.iter().zip(y.chunks_exact(hidden.max(1))) {
+                for (o, v) in out[row * hidden..(row + 1) * hidden].iter_mut().zip(part) {
+                    *o += v;
+                }
             }
         }
         if let Some(shared) = &self.shared {
-            out = (out + shared.forward(x)?)?;
+            let s = shared.forward_values(&xs, n)?;
+            for (o, v) in out.iter_mut().zip(&s) {
+                *o += v;
+            }
         }
-        Ok(out)
+        Ok(Tensor::from_vec(out, (n, hidden), &Device::Cpu)?)
     }
+}
+
+/// One expert applied to the given rows of `x`, each output row scaled by
+/// its routing weight.
+fn weighted_output(
+    expert: &Expert,
+    x: &[f32],
+    hidden: usize,
+    rows: &[usize],
+    weights: &[f32],
+) -> Result<Vec<f32>, ModelError> {
+    let mut gathered = Vec::with_capacity(rows.len() * hidden);
+    for &r in rows {
+        gathered.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
+    }
+    let mut y = expert.forward(&gathered, rows.len())?;
+    for (row, &w) in y.chunks_exact_mut(hidden.max(1)).zip(weights) {
+        row.iter_mut().for_each(|v| *v *= w);
+    }
+    Ok(y)
 }

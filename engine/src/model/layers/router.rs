@@ -2,8 +2,6 @@
 //! expert matmuls, and exact control over top-k and tie order is what keeps
 //! the chosen experts identical to the reference.
 
-use candle_core::Tensor;
-
 use super::Linear;
 use crate::model::ModelError;
 
@@ -54,10 +52,13 @@ impl Router {
         self.top_k
     }
 
-    /// Routes every row of `x` `[tokens, hidden]`.
-    pub fn route(&self, x: &Tensor) -> Result<Vec<Route>, ModelError> {
-        let logits: Vec<Vec<f32>> = self.gate.forward(x)?.to_vec2()?;
-        Ok(logits.iter().map(|row| self.route_one(row)).collect())
+    /// Routes the `n` rows of `x` (`n × hidden`).
+    pub fn route_values(&self, x: &[f32], n: usize) -> Result<Vec<Route>, ModelError> {
+        let logits = self.gate.forward_values(x, n)?;
+        Ok(logits
+            .chunks_exact(self.experts.max(1))
+            .map(|row| self.route_one(row))
+            .collect())
     }
 
     fn route_one(&self, logits: &[f32]) -> Route {
@@ -135,9 +136,10 @@ mod tests {
     use candle_core::Device;
 
     fn router(scoring: Scoring, experts: usize, top_k: usize) -> Router {
-        let gate = Linear::from_weight(
-            Tensor::eye(experts, candle_core::DType::F32, &Device::Cpu).unwrap(),
-        );
+        let gate = Linear::from_tensor(
+            &candle_core::Tensor::eye(experts, candle_core::DType::F32, &Device::Cpu).unwrap(),
+        )
+        .unwrap();
         Router::new(gate, experts, top_k, scoring)
     }
 

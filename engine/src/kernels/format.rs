@@ -1,0 +1,267 @@
+//! Weight storage formats and their exact conversion to f32.
+//!
+//! Every format turns into f32 the same way wherever it is used: a narrow
+//! float widens exactly, and quantised blocks follow GGML's dequantisation
+//! formulas operation by operation (a product, then a difference, never fused),
+//! so a weight gives the same f32 values whether it was widened once when
+//! loaded or at every use.
+
+use half::f16;
+
+/// How a matrix's elements are stored, row by row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Format {
+    F32,
+    F16,
+    BF16,
+    /// GGML Q8_0: blocks of 32 signed bytes with one f16 scale.
+    Q8_0,
+    /// GGML Q4_K: super-blocks of 256 nibbles with 6-bit scales and minimums.
+    Q4K,
+}
+
+/// Elements per Q8_0 block.
+const Q8_0_BLOCK: usize = 32;
+/// Bytes per Q8_0 block: the f16 scale, then 32 signed bytes.
+const Q8_0_BYTES: usize = 2 + Q8_0_BLOCK;
+/// Elements per Q4_K super-block.
+const Q4K_BLOCK: usize = 256;
+/// Bytes of a Q4_K super-block's packed scales and minimums.
+const Q4K_SCALE_BYTES: usize = 12;
+/// Bytes per Q4_K super-block: d, dmin, scales, then 128 bytes of nibbles.
+const Q4K_BYTES: usize = 2 + 2 + Q4K_SCALE_BYTES + Q4K_BLOCK / 2;
+/// 2^112: moves an f16 exponent (bias 15) placed in an f32 (bias 127) home.
+const F16_EXPONENT_SHIFT: f32 = f32::from_bits((127 + 112) << 23);
+
+impl Format {
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::F32 => "F32",
+            Format::F16 => "F16",
+            Format::BF16 => "BF16",
+            Format::Q8_0 => "Q8_0",
+            Format::Q4K => "Q4K",
+        }
+    }
+
+    /// Elements decoded together; a row is a whole number of blocks.
+    pub fn block(self) -> usize {
+        match self {
+            Format::F32 | Format::F16 | Format::BF16 => 1,
+            Format::Q8_0 => Q8_0_BLOCK,
+            Format::Q4K => Q4K_BLOCK,
+        }
+    }
+
+    /// Bytes of one block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            Format::F32 => 4,
+            Format::F16 | Format::BF16 => 2,
+            Format::Q8_0 => Q8_0_BYTES,
+            Format::Q4K => Q4K_BYTES,
+        }
+    }
+
+    /// Bytes of a row of `cols` elements, or `None` when `cols` is not a
+    /// whole number of blocks.
+    pub fn row_bytes(self, cols: usize) -> Option<usize> {
+        cols.is_multiple_of(self.block())
+            .then(|| cols / self.block() * self.block_bytes())
+    }
+
+    /// Whether the format is a plain float type (no blocks, no scales).
+    pub fn is_float(self) -> bool {
+        matches!(self, Format::F32 | Format::F16 | Format::BF16)
+    }
+}
+
+/// An IEEE half as f32, exactly: normal and subnormal values are rebased by
+/// one multiplication by a power of two; infinities and NaNs keep their payload.
+#[inline(always)]
+pub fn f16_to_f32(h: u16) -> f32 {
+    let h = u32::from(h);
+    let sign = (h & 0x8000) << 16;
+    let rest = (h & 0x7fff) << 13;
+    let magnitude = if rest >= 0x7c00 << 13 {
+        rest | 0x7f80_0000
+    } else {
+        (f32::from_bits(rest) * F16_EXPONENT_SHIFT).to_bits()
+    };
+    f32::from_bits(sign | magnitude)
+}
+
+/// A bfloat16 as f32: its bits are the f32's upper half.
+#[inline(always)]
+pub fn bf16_to_f32(b: u16) -> f32 {
+    f32::from_bits(u32::from(b) << 16)
+}
+
+#[inline(always)]
+fn le_u16(b: &[u8; 2]) -> u16 {
+    u16::from_le_bytes(*b)
+}
+
+/// Decodes one row (`bytes` holds exactly the row) into `out` (`cols` long).
+/// The caller checked that `bytes` is `format.row_bytes(out.len())` long.
+#[inline(always)]
+pub fn decode_row(format: Format, bytes: &[u8], out: &mut [f32]) {
+    match format {
+        Format::F32 => {
+            let (words, _) = bytes.as_chunks::<4>();
+            for (o, w) in out.iter_mut().zip(words) {
+                *o = f32::from_le_bytes(*w);
+            }
+        }
+        Format::F16 => {
+            let (halves, _) = bytes.as_chunks::<2>();
+            for (o, h) in out.iter_mut().zip(halves) {
+                *o = f16_to_f32(le_u16(h));
+            }
+        }
+        Format::BF16 => {
+            let (halves, _) = bytes.as_chunks::<2>();
+            for (o, h) in out.iter_mut().zip(halves) {
+                *o = bf16_to_f32(le_u16(h));
+            }
+        }
+        Format::Q8_0 => {
+            let (blocks, _) = bytes.as_chunks::<Q8_0_BYTES>();
+            let (outs, _) = out.as_chunks_mut::<Q8_0_BLOCK>();
+            for (o, b) in outs.iter_mut().zip(blocks) {
+                decode_q8_0(b, o);
+            }
+        }
+        Format::Q4K => {
+            let (blocks, _) = bytes.as_chunks::<Q4K_BYTES>();
+            let (outs, _) = out.as_chunks_mut::<Q4K_BLOCK>();
+            for (o, b) in outs.iter_mut().zip(blocks) {
+                decode_q4k(b, o);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn decode_q8_0(b: &[u8; Q8_0_BYTES], out: &mut [f32; Q8_0_BLOCK]) {
+    let d = f16_to_f32(le_u16(&[b[0], b[1]]));
+    for (o, &q) in out.iter_mut().zip(&b[2..]) {
+        *o = f32::from(q as i8) * d;
+    }
+}
+
+/// Scale and minimum `j` (0..8) of a Q4_K super-block, 6 bits each.
+#[inline(always)]
+fn q4k_scale_min(j: usize, s: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (s[j] & 63, s[j + 4] & 63)
+    } else {
+        (
+            (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4),
+            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+        )
+    }
+}
+
+#[inline(always)]
+fn decode_q4k(b: &[u8; Q4K_BYTES], out: &mut [f32; Q4K_BLOCK]) {
+    let d = f16_to_f32(le_u16(&[b[0], b[1]]));
+    let dmin = f16_to_f32(le_u16(&[b[2], b[3]]));
+    let scales = &b[4..4 + Q4K_SCALE_BYTES];
+    let qs = &b[4 + Q4K_SCALE_BYTES..];
+    for group in 0..4 {
+        let q = &qs[group * 32..group * 32 + 32];
+        let (sc, m) = q4k_scale_min(2 * group, scales);
+        let (d1, m1) = (d * f32::from(sc), dmin * f32::from(m));
+        let (sc, m) = q4k_scale_min(2 * group + 1, scales);
+        let (d2, m2) = (d * f32::from(sc), dmin * f32::from(m));
+        let o = &mut out[group * 64..group * 64 + 64];
+        for (i, &byte) in q.iter().enumerate() {
+            o[i] = d1 * f32::from(byte & 0xF) - m1;
+            o[32 + i] = d2 * f32::from(byte >> 4) - m2;
+        }
+    }
+}
+
+/// f32 values as little-endian F16 bytes (rounded to nearest), for tests and
+/// synthetic weights.
+pub fn f32_to_f16_bytes(values: &[f32]) -> Vec<u8> {
+    values
+        .iter()
+        .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::quantized::{GgmlDType, QTensor};
+    use candle_core::{Device, Tensor};
+
+    #[test]
+    fn f16_widening_is_exact_for_every_half() {
+        for h in 0..=u16::MAX {
+            let want = f16::from_bits(h).to_f32();
+            let got = f16_to_f32(h);
+            if want.is_nan() {
+                assert!(got.is_nan(), "{h:#06x}");
+            } else {
+                assert_eq!(got.to_bits(), want.to_bits(), "{h:#06x}");
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_widening_is_exact() {
+        for b in [0u16, 0x3f80, 0xbf80, 0x0001, 0x7f80, 0x7fc0, 0xffff] {
+            let want = half::bf16::from_bits(b).to_f32();
+            assert!(bf16_to_f32(b).to_bits() == want.to_bits() || want.is_nan());
+        }
+    }
+
+    /// Quantised rows decode to exactly the values candle's dequantisation gives.
+    #[test]
+    fn quantised_rows_decode_as_ggml_does() {
+        let cols = 512;
+        let values: Vec<f32> = (0..2 * cols)
+            .map(|i| ((i * 7919) % 1000) as f32 / 250.0 - 2.0)
+            .collect();
+        let t = Tensor::from_vec(values, (2, cols), &Device::Cpu).unwrap();
+        for (dtype, format) in [
+            (GgmlDType::Q8_0, Format::Q8_0),
+            (GgmlDType::Q4K, Format::Q4K),
+        ] {
+            let q = QTensor::quantize(&t, dtype).unwrap();
+            let bytes = q.data().unwrap();
+            let want: Vec<f32> = q
+                .dequantize(&Device::Cpu)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let row = format.row_bytes(cols).unwrap();
+            let mut got = vec![0f32; 2 * cols];
+            for r in 0..2 {
+                decode_row(
+                    format,
+                    &bytes[r * row..(r + 1) * row],
+                    &mut got[r * cols..(r + 1) * cols],
+                );
+            }
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{format:?} decodes differently from candle");
+        }
+    }
+
+    #[test]
+    fn rows_must_be_whole_blocks() {
+        assert_eq!(Format::F16.row_bytes(3), Some(6));
+        assert_eq!(Format::Q8_0.row_bytes(64), Some(68));
+        assert_eq!(Format::Q8_0.row_bytes(48), None);
+        assert_eq!(Format::Q4K.row_bytes(512), Some(288));
+    }
+}

@@ -1,0 +1,570 @@
+//! A weight matrix at its stored width, and products with it.
+//!
+//! `matmul` computes `y[t][r] = Σ_k W[r][k] · x[t][k]` for a batch of rows
+//! `x[t]`. Each weight row is decoded once into f32 (in L1/L2-sized tiles) and
+//! then dotted with up to four input rows at a time in the canonical order of
+//! [`super::dot`], so every output is what a one-row product gives: batched
+//! prefill and one-token steps agree bitwise. Rows of `W` are split among the
+//! compute threads; which thread computes a row changes nothing either.
+
+use std::sync::Arc;
+
+use pulp::{Simd, WithSimd};
+use rayon::prelude::*;
+
+use super::dot::{Acc, LANES, axpy};
+use super::format::{Format, decode_row};
+use super::{Isa, KernelError, dispatch};
+use crate::aligned::{AlignedBytes, WEIGHT_ALIGN};
+
+/// Weight rows decoded and computed together.
+const ROW_TILE: usize = 4;
+/// Input rows dotted with a decoded weight tile at once.
+const TOKEN_TILE: usize = 4;
+/// Below this many multiply-adds a product runs on the calling thread: the
+/// hand-off to the pool costs more than it saves.
+const PARALLEL_MIN_WORK: usize = 1 << 16;
+/// Row ranges per compute thread, so a thread slowed by other work (a reader
+/// checking a record) does not hold the product up.
+const PARTS_PER_THREAD: usize = 2;
+
+/// The bytes behind a matrix: its own buffer or a range of a shared one (an
+/// expert record read from a drive holds both of its matrices in one buffer).
+type Bytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// A `[rows, cols]` matrix stored row by row in one [`Format`].
+#[derive(Clone)]
+pub struct Matrix {
+    rows: usize,
+    cols: usize,
+    format: Format,
+    row_bytes: usize,
+    bytes: Bytes,
+    /// Offset of row 0 in `bytes`.
+    start: usize,
+}
+
+impl std::fmt::Debug for Matrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Matrix[{}x{} {}]",
+            self.rows,
+            self.cols,
+            self.format.name()
+        )
+    }
+}
+
+impl Matrix {
+    fn layout(rows: usize, cols: usize, format: Format) -> Result<(usize, usize), KernelError> {
+        let row_bytes = format
+            .row_bytes(cols)
+            .ok_or(KernelError::PartialBlock { cols, format })?;
+        let len = row_bytes
+            .checked_mul(rows)
+            .ok_or(KernelError::TooLarge { rows, cols })?;
+        Ok((row_bytes, len))
+    }
+
+    /// A matrix over its own copy of `bytes`.
+    pub fn from_bytes(
+        rows: usize,
+        cols: usize,
+        format: Format,
+        bytes: &[u8],
+    ) -> Result<Self, KernelError> {
+        let (row_bytes, len) = Self::layout(rows, cols, format)?;
+        if bytes.len() != len {
+            return Err(KernelError::Length {
+                rows,
+                cols,
+                format,
+                expected: len,
+                found: bytes.len(),
+            });
+        }
+        let owned = AlignedBytes::copy_from(bytes, WEIGHT_ALIGN)?;
+        Ok(Self {
+            rows,
+            cols,
+            format,
+            row_bytes,
+            bytes: Arc::new(owned),
+            start: 0,
+        })
+    }
+
+    /// A matrix over `bytes[start..]` of a buffer shared with other matrices.
+    /// The buffer should be aligned for the format's element type.
+    pub fn shared(
+        rows: usize,
+        cols: usize,
+        format: Format,
+        bytes: Bytes,
+        start: usize,
+    ) -> Result<Self, KernelError> {
+        let (row_bytes, len) = Self::layout(rows, cols, format)?;
+        let available = (*bytes).as_ref().len().saturating_sub(start);
+        if available < len {
+            return Err(KernelError::Length {
+                rows,
+                cols,
+                format,
+                expected: len,
+                found: available,
+            });
+        }
+        Ok(Self {
+            rows,
+            cols,
+            format,
+            row_bytes,
+            bytes,
+            start,
+        })
+    }
+
+    /// An f32 matrix holding `values` (`rows × cols`, row by row).
+    pub fn from_f32(rows: usize, cols: usize, values: &[f32]) -> Result<Self, KernelError> {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Self::from_bytes(rows, cols, Format::F32, &bytes)
+    }
+
+    /// The rows of `parts` (same format and width) one after another, in a
+    /// new buffer.
+    pub fn stack(parts: &[&Matrix]) -> Result<Self, KernelError> {
+        let first = parts.first().ok_or(KernelError::Shape {
+            what: "stacked matrices",
+            expected: 1,
+            found: 0,
+        })?;
+        let mut bytes = Vec::new();
+        let mut rows = 0;
+        for p in parts {
+            if p.format != first.format || p.cols != first.cols {
+                return Err(KernelError::Shape {
+                    what: "stacked matrix width",
+                    expected: first.cols,
+                    found: p.cols,
+                });
+            }
+            bytes.extend_from_slice(p.bytes());
+            rows += p.rows;
+        }
+        Self::from_bytes(rows, first.cols, first.format, &bytes)
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    /// Bytes the stored elements take.
+    pub fn stored_bytes(&self) -> u64 {
+        (self.row_bytes * self.rows) as u64
+    }
+
+    fn bytes(&self) -> &[u8] {
+        let len = self.row_bytes * self.rows;
+        &(*self.bytes).as_ref()[self.start..self.start + len]
+    }
+
+    /// Rows `first .. first + count` as a matrix sharing this one's storage.
+    pub fn row_range(&self, first: usize, count: usize) -> Result<Self, KernelError> {
+        if first.checked_add(count).is_none_or(|end| end > self.rows) {
+            return Err(KernelError::Shape {
+                what: "row range",
+                expected: self.rows,
+                found: first.saturating_add(count),
+            });
+        }
+        Ok(Self {
+            rows: count,
+            start: self.start + first * self.row_bytes,
+            bytes: Arc::clone(&self.bytes),
+            ..*self
+        })
+    }
+
+    fn row_slice(&self, r: usize) -> &[u8] {
+        &self.bytes()[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    /// Row `r` in f32 (`out` is `cols` long).
+    pub fn row_into(&self, r: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        if r >= self.rows || out.len() != self.cols {
+            return Err(KernelError::Shape {
+                what: "row",
+                expected: self.cols,
+                found: out.len(),
+            });
+        }
+        dispatch(
+            Isa::Best,
+            Decode {
+                format: self.format,
+                bytes: self.row_slice(r),
+                out,
+            },
+        );
+        Ok(())
+    }
+
+    /// The whole matrix in f32, row by row.
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        for (r, o) in out.chunks_exact_mut(self.cols.max(1)).enumerate() {
+            decode_row(self.format, self.row_slice(r), o);
+        }
+        out
+    }
+
+    /// `y[t] = W · x[t]` for the `n` rows of `x` (`n × cols`); `y` is `n × rows`.
+    pub fn matmul(&self, x: &[f32], n: usize) -> Result<Vec<f32>, KernelError> {
+        self.matmul_on(x, n, Isa::Best)
+    }
+
+    pub(crate) fn matmul_on(&self, x: &[f32], n: usize, isa: Isa) -> Result<Vec<f32>, KernelError> {
+        if x.len() != n * self.cols {
+            return Err(KernelError::Shape {
+                what: "matmul input",
+                expected: n * self.cols,
+                found: x.len(),
+            });
+        }
+        let mut by_row = vec![0f32; self.rows * n];
+        if self.rows == 0 || n == 0 {
+            return Ok(by_row);
+        }
+        let work = self.rows * self.cols * n;
+        let parts = if work < PARALLEL_MIN_WORK {
+            1
+        } else {
+            rayon::current_num_threads() * PARTS_PER_THREAD
+        };
+        let per_part = self.rows.div_ceil(parts).next_multiple_of(ROW_TILE);
+        let run = |(p, out): (usize, &mut [f32])| {
+            let first = p * per_part;
+            let op = RowRange {
+                m: self,
+                x,
+                n,
+                first,
+                count: out.len() / n,
+                out,
+            };
+            dispatch(isa, op);
+        };
+        if parts == 1 {
+            run((0, by_row.as_mut_slice()));
+        } else {
+            by_row
+                .par_chunks_mut(per_part * n)
+                .enumerate()
+                .for_each(run);
+        }
+        if n == 1 {
+            return Ok(by_row);
+        }
+        let mut y = vec![0f32; n * self.rows];
+        for (r, col) in by_row.chunks_exact(n).enumerate() {
+            for (t, v) in col.iter().enumerate() {
+                y[t * self.rows + r] = *v;
+            }
+        }
+        Ok(y)
+    }
+
+    /// `y[t] = Σ_i x[t][i] · W[i]` (a row vector times the matrix) for the `n`
+    /// rows of `x` (`n × rows`); `y` is `n × cols`. Rows of `W` are added in
+    /// increasing order, so each output row is independent of the others.
+    pub fn vecmat(&self, x: &[f32], n: usize) -> Result<Vec<f32>, KernelError> {
+        if x.len() != n * self.rows {
+            return Err(KernelError::Shape {
+                what: "vecmat input",
+                expected: n * self.rows,
+                found: x.len(),
+            });
+        }
+        let mut y = vec![0f32; n * self.cols];
+        dispatch(
+            Isa::Best,
+            VecMat {
+                m: self,
+                x,
+                n,
+                y: &mut y,
+            },
+        );
+        Ok(y)
+    }
+}
+
+struct Decode<'a> {
+    format: Format,
+    bytes: &'a [u8],
+    out: &'a mut [f32],
+}
+
+impl WithSimd for Decode<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, _: S) {
+        decode_row(self.format, self.bytes, self.out);
+    }
+}
+
+/// Computes weight rows `first .. first + count` for every input row into
+/// `out`, laid out `[count][n]`.
+struct RowRange<'a> {
+    m: &'a Matrix,
+    x: &'a [f32],
+    n: usize,
+    first: usize,
+    count: usize,
+    out: &'a mut [f32],
+}
+
+impl WithSimd for RowRange<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, _: S) {
+        let RowRange {
+            m,
+            x,
+            n,
+            first,
+            count,
+            out,
+        } = self;
+        let cols = m.cols;
+        let mut decoded = vec![0f32; ROW_TILE * cols];
+        let mut r = 0;
+        while r < count {
+            let rows = ROW_TILE.min(count - r);
+            for (i, buf) in decoded.chunks_exact_mut(cols).take(rows).enumerate() {
+                decode_row(m.format, m.row_slice(first + r + i), buf);
+            }
+            let mut t = 0;
+            while t < n {
+                let tokens = TOKEN_TILE.min(n - t);
+                let xs = |k: usize| &x[(t + k) * cols..(t + k + 1) * cols];
+                if rows == ROW_TILE {
+                    let w: [&[f32]; ROW_TILE] =
+                        std::array::from_fn(|i| &decoded[i * cols..(i + 1) * cols]);
+                    let sums = tile_rows(w, tokens, &xs);
+                    for (i, row) in sums.iter().enumerate() {
+                        out[(r + i) * n + t..(r + i) * n + t + tokens]
+                            .copy_from_slice(&row[..tokens]);
+                    }
+                } else {
+                    for i in 0..rows {
+                        let sums = tile_rows([&decoded[i * cols..(i + 1) * cols]], tokens, &xs);
+                        out[(r + i) * n + t..(r + i) * n + t + tokens]
+                            .copy_from_slice(&sums[0][..tokens]);
+                    }
+                }
+                t += tokens;
+            }
+            r += rows;
+        }
+    }
+}
+
+/// Dots `R` decoded weight rows with `tokens` (1–4) input rows.
+#[inline(always)]
+fn tile_rows<'x, const R: usize>(
+    w: [&[f32]; R],
+    tokens: usize,
+    xs: &impl Fn(usize) -> &'x [f32],
+) -> [[f32; TOKEN_TILE]; R] {
+    let mut out = [[0f32; TOKEN_TILE]; R];
+    match tokens {
+        1 => put(&mut out, tile::<R, 1>(w, [xs(0)])),
+        2 => put(&mut out, tile::<R, 2>(w, [xs(0), xs(1)])),
+        3 => put(&mut out, tile::<R, 3>(w, [xs(0), xs(1), xs(2)])),
+        _ => put(&mut out, tile::<R, 4>(w, [xs(0), xs(1), xs(2), xs(3)])),
+    }
+    out
+}
+
+#[inline(always)]
+fn put<const R: usize, const T: usize>(out: &mut [[f32; TOKEN_TILE]; R], sums: [[f32; T]; R]) {
+    for (o, s) in out.iter_mut().zip(sums) {
+        o[..T].copy_from_slice(&s);
+    }
+}
+
+/// `R × T` dot products of equal-length rows, each in the canonical order.
+#[inline(always)]
+fn tile<const R: usize, const T: usize>(w: [&[f32]; R], x: [&[f32]; T]) -> [[f32; T]; R] {
+    let mut acc = [[Acc::new(); T]; R];
+    let wc = w.map(|s| s.as_chunks::<LANES>());
+    let xc = x.map(|s| s.as_chunks::<LANES>());
+    let blocks = wc[0].0.len();
+    for i in 0..blocks {
+        for r in 0..R {
+            let wb = &wc[r].0[i];
+            for t in 0..T {
+                acc[r][t].fma(wb, &xc[t].0[i]);
+            }
+        }
+    }
+    for r in 0..R {
+        for t in 0..T {
+            acc[r][t].fma_tail(wc[r].1, xc[t].1);
+        }
+    }
+    acc.map(|row| row.map(|a| a.sum()))
+}
+
+struct VecMat<'a> {
+    m: &'a Matrix,
+    x: &'a [f32],
+    n: usize,
+    y: &'a mut [f32],
+}
+
+impl WithSimd for VecMat<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, _: S) {
+        let VecMat { m, x, n, y } = self;
+        let (rows, cols) = (m.rows, m.cols);
+        let mut row = vec![0f32; cols];
+        for i in 0..rows {
+            decode_row(m.format, m.row_slice(i), &mut row);
+            for t in 0..n {
+                axpy(&mut y[t * cols..(t + 1) * cols], x[t * rows + i], &row);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::format::f32_to_f16_bytes;
+    use proptest::prelude::*;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                let h = (i as u32)
+                    .wrapping_mul(2654435761)
+                    .wrapping_add(seed.wrapping_mul(40503));
+                (h >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+
+    fn reference(w: &[f32], x: &[f32], rows: usize, cols: usize, n: usize) -> Vec<f32> {
+        let mut y = vec![0f32; n * rows];
+        for t in 0..n {
+            for r in 0..rows {
+                y[t * rows + r] = super::super::dot::dot(
+                    &w[r * cols..(r + 1) * cols],
+                    &x[t * cols..(t + 1) * cols],
+                );
+            }
+        }
+        y
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        /// Any batch, any thread split, any instruction set: each output is
+        /// the canonical dot product of its two rows.
+        #[test]
+        fn every_output_is_its_rows_dot_product(
+            rows in 1usize..70,
+            cols in 1usize..300,
+            n in 1usize..9,
+            seed in 0u32..1000,
+        ) {
+            let w = values(rows * cols, seed);
+            let x = values(n * cols, seed + 1);
+            let m = Matrix::from_f32(rows, cols, &w).unwrap();
+            let want = bits(&reference(&w, &x, rows, cols, n));
+            prop_assert_eq!(bits(&m.matmul(&x, n).unwrap()), want.clone());
+            prop_assert_eq!(bits(&m.matmul_on(&x, n, Isa::Scalar).unwrap()), want);
+            for t in 0..n {
+                let one = m.matmul(&x[t * cols..(t + 1) * cols], 1).unwrap();
+                prop_assert_eq!(bits(&one), bits(&m.matmul(&x, n).unwrap()[t * rows..(t + 1) * rows]));
+            }
+        }
+    }
+
+    #[test]
+    fn narrow_and_quantised_weights_compute_as_their_f32_values() {
+        let (rows, cols, n) = (37, 512, 5);
+        let w = values(rows * cols, 7);
+        let x = values(n * cols, 8);
+        let f16 = Matrix::from_bytes(rows, cols, Format::F16, &f32_to_f16_bytes(&w)).unwrap();
+        let widened = Matrix::from_f32(rows, cols, &f16.to_f32()).unwrap();
+        let large = Matrix::from_f32(rows, cols * 300, &values(rows * cols * 300, 9)).unwrap();
+        let xl = values(n * cols * 300, 10);
+        assert_eq!(
+            bits(&f16.matmul(&x, n).unwrap()),
+            bits(&widened.matmul(&x, n).unwrap())
+        );
+        assert_eq!(
+            bits(&large.matmul(&xl, n).unwrap()),
+            bits(&large.matmul_on(&xl, n, Isa::Scalar).unwrap()),
+            "threads and SIMD agree with the scalar path"
+        );
+        let t = candle_core::Tensor::from_vec(w.clone(), (rows, cols), &candle_core::Device::Cpu)
+            .unwrap();
+        for (dtype, format) in [
+            (candle_core::quantized::GgmlDType::Q8_0, Format::Q8_0),
+            (candle_core::quantized::GgmlDType::Q4K, Format::Q4K),
+        ] {
+            let q = candle_core::quantized::QTensor::quantize(&t, dtype).unwrap();
+            let m = Matrix::from_bytes(rows, cols, format, &q.data().unwrap()).unwrap();
+            let widened = Matrix::from_f32(rows, cols, &m.to_f32()).unwrap();
+            assert_eq!(
+                bits(&m.matmul(&x, n).unwrap()),
+                bits(&widened.matmul(&x, n).unwrap()),
+                "{format:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn vecmat_sums_rows_in_order() {
+        let (rows, cols) = (5, 19);
+        let w = values(rows * cols, 3);
+        let x = values(2 * rows, 4);
+        let m = Matrix::from_f32(rows, cols, &w).unwrap();
+        let y = m.vecmat(&x, 2).unwrap();
+        for t in 0..2 {
+            for c in 0..cols {
+                let mut s = 0f32;
+                for i in 0..rows {
+                    s = x[t * rows + i].mul_add(w[i * cols + c], s);
+                }
+                assert_eq!(y[t * cols + c].to_bits(), s.to_bits());
+            }
+        }
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        assert!(Matrix::from_bytes(2, 48, Format::Q8_0, &[0; 100]).is_err());
+        assert!(Matrix::from_bytes(2, 3, Format::F16, &[0; 11]).is_err());
+        let m = Matrix::from_f32(2, 3, &[0.0; 6]).unwrap();
+        assert!(m.matmul(&[0.0; 5], 2).is_err());
+    }
+}

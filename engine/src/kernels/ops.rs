@@ -1,0 +1,313 @@
+//! Row-wise operations: RMS norm, softmax, SiLU and the attention core.
+//!
+//! Each works on one row (one position, one head) at a time with a fixed
+//! order of operations, so a row's result does not depend on the rows around
+//! it. Attention visits keys in increasing position and sums values in that
+//! order; masked keys are skipped (adding `exp(-inf) = 0` changes no sum).
+
+use pulp::{Simd, WithSimd};
+use rayon::prelude::*;
+
+use super::dot::{axpy, dot};
+use super::{Isa, dispatch};
+
+/// Below this many multiply-adds attention runs on the calling thread.
+const PARALLEL_MIN_WORK: usize = 1 << 15;
+
+/// `y = x / sqrt(mean(x²) + eps) · w` for each row of `x` (rows of `w.len()`).
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
+    let dim = weight.len().max(1);
+    let mut y = vec![0f32; x.len()];
+    dispatch(
+        Isa::Best,
+        RmsNorm {
+            x,
+            weight,
+            eps,
+            dim,
+            y: &mut y,
+        },
+    );
+    y
+}
+
+struct RmsNorm<'a> {
+    x: &'a [f32],
+    weight: &'a [f32],
+    eps: f32,
+    dim: usize,
+    y: &'a mut [f32],
+}
+
+impl WithSimd for RmsNorm<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, _: S) {
+        for (row, out) in self.x.chunks(self.dim).zip(self.y.chunks_mut(self.dim)) {
+            let mean = dot(row, row) / self.dim as f32;
+            let scale = 1.0 / (mean + self.eps).sqrt();
+            for ((o, &v), &w) in out.iter_mut().zip(row).zip(self.weight) {
+                *o = (v * scale) * w;
+            }
+        }
+    }
+}
+
+/// Softmax of one row in place: `exp(s − max) / Σ`, summed in order.
+pub fn softmax_in_place(row: &mut [f32]) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for s in row.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    for s in row.iter_mut() {
+        *s /= sum;
+    }
+}
+
+/// `silu(gate) · up`, elementwise.
+pub fn swiglu(gate: &[f32], up: &[f32]) -> Vec<f32> {
+    gate.iter()
+        .zip(up)
+        .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
+        .collect()
+}
+
+/// Shapes of one attention call. Queries are `[heads, seq, dim]`; keys
+/// `[kv_heads, total, dim]` and values `[kv_heads, total, value_dim]`, with
+/// each key/value head shared by `heads / kv_heads` consecutive query heads.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub seq: usize,
+    pub total: usize,
+    pub dim: usize,
+    pub value_dim: usize,
+    /// Position of the first query; query `i` sees keys `..= start + i`.
+    pub start: usize,
+    /// A query sees at most this many most recent keys, itself included.
+    pub window: Option<usize>,
+}
+
+impl AttentionShape {
+    /// Keys visible to query `i`: a range of positions.
+    pub fn visible(&self, i: usize) -> std::ops::Range<usize> {
+        let pos = self.start + i;
+        let hi = (pos + 1).min(self.total);
+        let lo = self.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        lo.min(hi)..hi
+    }
+}
+
+/// `softmax(q·kᵀ·scale)·v` for every head and query; output `[heads, seq, value_dim]`.
+pub fn attention(q: &[f32], k: &[f32], v: &[f32], s: &AttentionShape, scale: f32) -> Vec<f32> {
+    let mut out = vec![0f32; s.heads * s.seq * s.value_dim];
+    let group = (s.heads / s.kv_heads.max(1)).max(1);
+    let one = |(row, o): (usize, &mut [f32])| {
+        let (h, i) = (row / s.seq, row % s.seq);
+        let kv = h / group;
+        let qr = &q[(h * s.seq + i) * s.dim..(h * s.seq + i + 1) * s.dim];
+        let keys = &k[kv * s.total * s.dim..(kv + 1) * s.total * s.dim];
+        let values = &v[kv * s.total * s.value_dim..(kv + 1) * s.total * s.value_dim];
+        dispatch(
+            Isa::Best,
+            AttendRow {
+                q: qr,
+                keys,
+                values,
+                dim: s.dim,
+                value_dim: s.value_dim,
+                visible: s.visible(i),
+                scale,
+                out: o,
+            },
+        );
+    };
+    let work = s.heads * s.seq * s.total * (s.dim + s.value_dim);
+    if work < PARALLEL_MIN_WORK {
+        out.chunks_mut(s.value_dim.max(1)).enumerate().for_each(one);
+    } else {
+        out.par_chunks_mut(s.value_dim.max(1))
+            .enumerate()
+            .for_each(one);
+    }
+    out
+}
+
+struct AttendRow<'a> {
+    q: &'a [f32],
+    keys: &'a [f32],
+    values: &'a [f32],
+    dim: usize,
+    value_dim: usize,
+    visible: std::ops::Range<usize>,
+    scale: f32,
+    out: &'a mut [f32],
+}
+
+impl WithSimd for AttendRow<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, _: S) {
+        let mut scores: Vec<f32> = self
+            .visible
+            .clone()
+            .map(|t| dot(self.q, &self.keys[t * self.dim..(t + 1) * self.dim]) * self.scale)
+            .collect();
+        softmax_in_place(&mut scores);
+        for (p, t) in scores.iter().zip(self.visible.clone()) {
+            axpy(
+                self.out,
+                *p,
+                &self.values[t * self.value_dim..(t + 1) * self.value_dim],
+            );
+        }
+    }
+}
+
+/// Shapes of multi-head latent attention on compressed keys: per head,
+/// queries `[seq, latent]` (already through the key up-projection) and
+/// `[seq, rope]`; keys are the shared `[total, latent]` latents and
+/// `[total, rope]` rotary keys. Query `i` sees keys `..= start + i`.
+#[derive(Debug, Clone, Copy)]
+pub struct LatentShape {
+    pub heads: usize,
+    pub seq: usize,
+    pub total: usize,
+    pub latent: usize,
+    pub rope: usize,
+    pub start: usize,
+}
+
+/// Softmax((q_latent·latentᵀ + q_rot·k_rotᵀ)·scale)·latent for every head
+/// and query; output `[heads, seq, latent]`.
+pub fn latent_attention(
+    q_latent: &[f32],
+    q_rot: &[f32],
+    latent: &[f32],
+    k_rot: &[f32],
+    s: &LatentShape,
+    scale: f32,
+) -> Vec<f32> {
+    let mut out = vec![0f32; s.heads * s.seq * s.latent];
+    let one = |(row, o): (usize, &mut [f32])| {
+        let i = row % s.seq;
+        dispatch(
+            Isa::Best,
+            LatentRow {
+                q_latent: &q_latent[row * s.latent..(row + 1) * s.latent],
+                q_rot: &q_rot[row * s.rope..(row + 1) * s.rope],
+                latent,
+                k_rot,
+                shape: s,
+                visible: 0..(s.start + i + 1).min(s.total),
+                scale,
+                out: o,
+            },
+        );
+    };
+    let work = s.heads * s.seq * s.total * (2 * s.latent + s.rope);
+    if work < PARALLEL_MIN_WORK {
+        out.chunks_mut(s.latent.max(1)).enumerate().for_each(one);
+    } else {
+        out.par_chunks_mut(s.latent.max(1))
+            .enumerate()
+            .for_each(one);
+    }
+    out
+}
+
+struct LatentRow<'a> {
+    q_latent: &'a [f32],
+    q_rot: &'a [f32],
+    latent: &'a [f32],
+    k_rot: &'a [f32],
+    shape: &'a LatentShape,
+    visible: std::ops::Range<usize>,
+    scale: f32,
+    out: &'a mut [f32],
+}
+
+impl WithSimd for LatentRow<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, _: S) {
+        let (l, r) = (self.shape.latent, self.shape.rope);
+        let mut scores: Vec<f32> = self
+            .visible
+            .clone()
+            .map(|t| {
+                (dot(self.q_latent, &self.latent[t * l..(t + 1) * l])
+                    + dot(self.q_rot, &self.k_rot[t * r..(t + 1) * r]))
+                    * self.scale
+            })
+            .collect();
+        softmax_in_place(&mut scores);
+        for (p, t) in scores.iter().zip(self.visible.clone()) {
+            axpy(self.out, *p, &self.latent[t * l..(t + 1) * l]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_matches_its_definition() {
+        let x = [1.0f32, -2.0, 3.0, 0.5, 0.0, 4.0];
+        let w = [1.0f32, 0.5, 2.0];
+        let y = rms_norm(&x, &w, 1e-6);
+        for (row, out) in x.chunks(3).zip(y.chunks(3)) {
+            let ms: f32 = row.iter().map(|v| v * v).sum::<f32>() / 3.0;
+            for i in 0..3 {
+                let want = row[i] / (ms + 1e-6).sqrt() * w[i];
+                assert!((out[i] - want).abs() < 1e-6);
+            }
+        }
+    }
+
+    #[test]
+    fn attention_rows_do_not_depend_on_the_batch() {
+        let (heads, kv_heads, dim, total) = (4, 2, 8, 6);
+        let val = |n: usize, seed: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| (((i + seed) * 37 % 101) as f32) / 50.0 - 1.0)
+                .collect()
+        };
+        let k = val(kv_heads * total * dim, 1);
+        let v = val(kv_heads * total * dim, 2);
+        let q_all = val(heads * total * dim, 3);
+        let all = AttentionShape {
+            heads,
+            kv_heads,
+            seq: total,
+            total,
+            dim,
+            value_dim: dim,
+            start: 0,
+            window: Some(4),
+        };
+        let batched = attention(&q_all, &k, &v, &all, 0.3);
+        for i in 0..total {
+            let q_one: Vec<f32> = (0..heads)
+                .flat_map(|h| q_all[(h * total + i) * dim..(h * total + i + 1) * dim].to_vec())
+                .collect();
+            let one = AttentionShape {
+                seq: 1,
+                start: i,
+                ..all
+            };
+            let single = attention(&q_one, &k, &v, &one, 0.3);
+            for h in 0..heads {
+                let a = &batched[(h * total + i) * dim..(h * total + i + 1) * dim];
+                let b = &single[h * dim..(h + 1) * dim];
+                assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()));
+            }
+        }
+        assert_eq!(all.visible(5), 2..6);
+        assert_eq!(all.visible(1), 0..2);
+    }
+}
