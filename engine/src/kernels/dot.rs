@@ -6,77 +6,95 @@
 //! nothing but the length, so a row's result is the same however many rows are
 //! computed with it, in whichever thread, and on every instruction set: one
 //! 512-bit register, two 256-bit ones, four 128-bit ones and the scalar path
-//! all compute exactly these sums (a fused multiply-add rounds once everywhere).
+//! all hold exactly these sums (a fused multiply-add rounds once everywhere).
+
+use pulp::Simd;
 
 /// Running sums of one dot product, in the canonical order.
 pub const LANES: usize = 16;
 
-#[derive(Debug, Clone, Copy)]
-pub struct Acc([f32; LANES]);
+/// The sixteen running sums of one dot product, held in `LANES / S::F32_LANES`
+/// registers of the instruction set `S` (the rest of the array is unused).
+#[derive(Clone, Copy)]
+pub struct Acc<S: Simd> {
+    regs: [S::f32s; LANES],
+}
 
-impl Default for Acc {
-    fn default() -> Self {
-        Self::new()
+impl<S: Simd> Acc<S> {
+    const REGS: usize = LANES / S::F32_LANES;
+
+    #[inline(always)]
+    pub fn new(simd: S) -> Self {
+        Self {
+            regs: [simd.splat_f32s(0.0); LANES],
+        }
+    }
+
+    /// Fuses one block of sixteen products (`w` and `x` hold sixteen values).
+    #[inline(always)]
+    pub fn fma(&mut self, simd: S, w: &[f32], x: &[f32]) {
+        let (wv, _) = S::as_simd_f32s(w);
+        let (xv, _) = S::as_simd_f32s(x);
+        for j in 0..Self::REGS {
+            self.regs[j] = simd.mul_add_f32s(wv[j], xv[j], self.regs[j]);
+        }
+    }
+
+    /// Fuses the last, shorter block (fewer than sixteen products) and adds
+    /// the sums as a fixed tree.
+    #[inline(always)]
+    pub fn finish(&self, w_tail: &[f32], x_tail: &[f32]) -> f32 {
+        let mut lanes = [0f32; LANES];
+        {
+            let (out, _) = S::as_mut_simd_f32s(&mut lanes);
+            out.copy_from_slice(&self.regs[..Self::REGS]);
+        }
+        for (l, (a, b)) in w_tail.iter().zip(x_tail).enumerate().take(LANES) {
+            lanes[l] = a.mul_add(*b, lanes[l]);
+        }
+        tree_sum(lanes)
     }
 }
 
-impl Acc {
-    #[inline(always)]
-    pub fn new() -> Self {
-        Acc([0.0; LANES])
-    }
-
-    /// Fuses one block of sixteen products into the sums.
-    #[inline(always)]
-    pub fn fma(&mut self, w: &[f32; LANES], x: &[f32; LANES]) {
-        for l in 0..LANES {
-            self.0[l] = w[l].mul_add(x[l], self.0[l]);
+/// The sixteen sums added pairwise: `l + 8`, `+ 4`, `+ 2`, `+ 1`.
+#[inline(always)]
+fn tree_sum(mut s: [f32; LANES]) -> f32 {
+    let mut width = LANES / 2;
+    while width > 0 {
+        for l in 0..width {
+            s[l] += s[l + width];
         }
+        width /= 2;
     }
-
-    /// Fuses the last, shorter block (fewer than sixteen products).
-    #[inline(always)]
-    pub fn fma_tail(&mut self, w: &[f32], x: &[f32]) {
-        for (l, (a, b)) in w.iter().zip(x).enumerate().take(LANES) {
-            self.0[l] = a.mul_add(*b, self.0[l]);
-        }
-    }
-
-    /// The sums added as a fixed tree.
-    #[inline(always)]
-    pub fn sum(&self) -> f32 {
-        let mut s = self.0;
-        let mut width = LANES / 2;
-        while width > 0 {
-            for l in 0..width {
-                s[l] += s[l + width];
-            }
-            width /= 2;
-        }
-        s[0]
-    }
+    s[0]
 }
 
 /// `Σ w[k]·x[k]` in the canonical order (`w` and `x` of equal length).
 #[inline(always)]
-pub fn dot(w: &[f32], x: &[f32]) -> f32 {
-    let mut acc = Acc::new();
-    let (wb, wt) = w.as_chunks::<LANES>();
-    let (xb, xt) = x.as_chunks::<LANES>();
-    for (a, b) in wb.iter().zip(xb) {
-        acc.fma(a, b);
+pub fn dot<S: Simd>(simd: S, w: &[f32], x: &[f32]) -> f32 {
+    let mut acc = Acc::new(simd);
+    let full = w.len().min(x.len()) / LANES * LANES;
+    let mut k = 0;
+    while k < full {
+        acc.fma(simd, &w[k..k + LANES], &x[k..k + LANES]);
+        k += LANES;
     }
-    acc.fma_tail(wt, xt);
-    acc.sum()
+    acc.finish(&w[full..], &x[full..])
 }
 
 /// `out[j] += a · v[j]` for every `j`, fused: the building block of sums over
 /// rows (`Σ_i a_i · v_i`), which stay exact as long as rows are added in a
 /// fixed order.
 #[inline(always)]
-pub fn axpy(out: &mut [f32], a: f32, v: &[f32]) {
-    for (o, &x) in out.iter_mut().zip(v) {
-        *o = a.mul_add(x, *o);
+pub fn axpy<S: Simd>(simd: S, out: &mut [f32], a: f32, v: &[f32]) {
+    let (ov, ot) = S::as_mut_simd_f32s(out);
+    let (vv, vt) = S::as_simd_f32s(v);
+    let av = simd.splat_f32s(a);
+    for (o, x) in ov.iter_mut().zip(vv) {
+        *o = simd.mul_add_f32s(av, *x, *o);
+    }
+    for (o, x) in ot.iter_mut().zip(vt) {
+        *o = a.mul_add(*x, *o);
     }
 }
 
@@ -85,22 +103,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn dot_follows_the_canonical_order() {
+    fn dot_follows_the_canonical_order_on_every_instruction_set() {
         let w: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin()).collect();
         let x: Vec<f32> = (0..37).map(|i| (i as f32 * 0.11).cos()).collect();
         let mut lanes = [0f32; LANES];
         for k in 0..w.len() {
             lanes[k % LANES] = w[k].mul_add(x[k], lanes[k % LANES]);
         }
-        let mut width = LANES / 2;
-        while width > 0 {
-            for l in 0..width {
-                lanes[l] += lanes[l + width];
+        let want = tree_sum(lanes);
+        assert_eq!(dot(pulp::Scalar, &w, &x).to_bits(), want.to_bits());
+        struct Dot<'a>(&'a [f32], &'a [f32]);
+        impl pulp::WithSimd for Dot<'_> {
+            type Output = f32;
+            #[inline(always)]
+            fn with_simd<S: Simd>(self, simd: S) -> f32 {
+                dot(simd, self.0, self.1)
             }
-            width /= 2;
         }
-        assert_eq!(dot(&w, &x).to_bits(), lanes[0].to_bits());
+        assert_eq!(
+            pulp::Arch::new().dispatch(Dot(&w, &x)).to_bits(),
+            want.to_bits()
+        );
         let exact: f64 = w.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
-        assert!((dot(&w, &x) as f64 - exact).abs() < 1e-5);
+        assert!((want as f64 - exact).abs() < 1e-5);
     }
 }

@@ -336,7 +336,7 @@ struct RowRange<'a> {
 impl WithSimd for RowRange<'_> {
     type Output = ();
     #[inline(always)]
-    fn with_simd<S: Simd>(self, _: S) {
+    fn with_simd<S: Simd>(self, simd: S) {
         let RowRange {
             m,
             x,
@@ -346,6 +346,7 @@ impl WithSimd for RowRange<'_> {
             out,
         } = self;
         let cols = m.cols;
+        let token_tile = token_tile::<S>();
         let mut decoded = vec![0f32; ROW_TILE * cols];
         let mut r = 0;
         while r < count {
@@ -355,19 +356,20 @@ impl WithSimd for RowRange<'_> {
             }
             let mut t = 0;
             while t < n {
-                let tokens = TOKEN_TILE.min(n - t);
+                let tokens = token_tile.min(n - t);
                 let xs = |k: usize| &x[(t + k) * cols..(t + k + 1) * cols];
                 if rows == ROW_TILE {
                     let w: [&[f32]; ROW_TILE] =
                         std::array::from_fn(|i| &decoded[i * cols..(i + 1) * cols]);
-                    let sums = tile_rows(w, tokens, &xs);
+                    let sums = tile_rows(simd, w, tokens, &xs);
                     for (i, row) in sums.iter().enumerate() {
                         out[(r + i) * n + t..(r + i) * n + t + tokens]
                             .copy_from_slice(&row[..tokens]);
                     }
                 } else {
                     for i in 0..rows {
-                        let sums = tile_rows([&decoded[i * cols..(i + 1) * cols]], tokens, &xs);
+                        let w = [&decoded[i * cols..(i + 1) * cols]];
+                        let sums = tile_rows(simd, w, tokens, &xs);
                         out[(r + i) * n + t..(r + i) * n + t + tokens]
                             .copy_from_slice(&sums[0][..tokens]);
                     }
@@ -379,19 +381,32 @@ impl WithSimd for RowRange<'_> {
     }
 }
 
+/// Input rows per tile: as many as keep the `ROW_TILE × tokens` sums, four
+/// weight registers and an input register within the register file.
+#[inline(always)]
+fn token_tile<S: Simd>() -> usize {
+    let per_sum = (LANES / S::F32_LANES).max(1);
+    let free = S::REGISTER_COUNT.saturating_sub(ROW_TILE + 1);
+    (free / (ROW_TILE * per_sum)).clamp(1, TOKEN_TILE)
+}
+
 /// Dots `R` decoded weight rows with `tokens` (1–4) input rows.
 #[inline(always)]
-fn tile_rows<'x, const R: usize>(
+fn tile_rows<'x, S: Simd, const R: usize>(
+    simd: S,
     w: [&[f32]; R],
     tokens: usize,
     xs: &impl Fn(usize) -> &'x [f32],
 ) -> [[f32; TOKEN_TILE]; R] {
     let mut out = [[0f32; TOKEN_TILE]; R];
     match tokens {
-        1 => put(&mut out, tile::<R, 1>(w, [xs(0)])),
-        2 => put(&mut out, tile::<R, 2>(w, [xs(0), xs(1)])),
-        3 => put(&mut out, tile::<R, 3>(w, [xs(0), xs(1), xs(2)])),
-        _ => put(&mut out, tile::<R, 4>(w, [xs(0), xs(1), xs(2), xs(3)])),
+        1 => put(&mut out, tile::<S, R, 1>(simd, w, [xs(0)])),
+        2 => put(&mut out, tile::<S, R, 2>(simd, w, [xs(0), xs(1)])),
+        3 => put(&mut out, tile::<S, R, 3>(simd, w, [xs(0), xs(1), xs(2)])),
+        _ => put(
+            &mut out,
+            tile::<S, R, 4>(simd, w, [xs(0), xs(1), xs(2), xs(3)]),
+        ),
     }
     out
 }
@@ -405,25 +420,25 @@ fn put<const R: usize, const T: usize>(out: &mut [[f32; TOKEN_TILE]; R], sums: [
 
 /// `R × T` dot products of equal-length rows, each in the canonical order.
 #[inline(always)]
-fn tile<const R: usize, const T: usize>(w: [&[f32]; R], x: [&[f32]; T]) -> [[f32; T]; R] {
-    let mut acc = [[Acc::new(); T]; R];
-    let wc = w.map(|s| s.as_chunks::<LANES>());
-    let xc = x.map(|s| s.as_chunks::<LANES>());
-    let blocks = wc[0].0.len();
-    for i in 0..blocks {
+fn tile<S: Simd, const R: usize, const T: usize>(
+    simd: S,
+    w: [&[f32]; R],
+    x: [&[f32]; T],
+) -> [[f32; T]; R] {
+    let cols = w[0].len();
+    let full = cols / LANES * LANES;
+    let mut acc = [[Acc::new(simd); T]; R];
+    let mut k = 0;
+    while k < full {
         for r in 0..R {
-            let wb = &wc[r].0[i];
+            let wb = &w[r][k..k + LANES];
             for t in 0..T {
-                acc[r][t].fma(wb, &xc[t].0[i]);
+                acc[r][t].fma(simd, wb, &x[t][k..k + LANES]);
             }
         }
+        k += LANES;
     }
-    for r in 0..R {
-        for t in 0..T {
-            acc[r][t].fma_tail(wc[r].1, xc[t].1);
-        }
-    }
-    acc.map(|row| row.map(|a| a.sum()))
+    std::array::from_fn(|r| std::array::from_fn(|t| acc[r][t].finish(&w[r][full..], &x[t][full..])))
 }
 
 struct VecMat<'a> {
@@ -436,14 +451,19 @@ struct VecMat<'a> {
 impl WithSimd for VecMat<'_> {
     type Output = ();
     #[inline(always)]
-    fn with_simd<S: Simd>(self, _: S) {
+    fn with_simd<S: Simd>(self, simd: S) {
         let VecMat { m, x, n, y } = self;
         let (rows, cols) = (m.rows, m.cols);
         let mut row = vec![0f32; cols];
         for i in 0..rows {
             decode_row(m.format, m.row_slice(i), &mut row);
             for t in 0..n {
-                axpy(&mut y[t * cols..(t + 1) * cols], x[t * rows + i], &row);
+                axpy(
+                    simd,
+                    &mut y[t * cols..(t + 1) * cols],
+                    x[t * rows + i],
+                    &row,
+                );
             }
         }
     }
@@ -471,6 +491,7 @@ mod tests {
         for t in 0..n {
             for r in 0..rows {
                 y[t * rows + r] = super::super::dot::dot(
+                    pulp::Scalar,
                     &w[r * cols..(r + 1) * cols],
                     &x[t * cols..(t + 1) * cols],
                 );

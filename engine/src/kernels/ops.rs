@@ -42,9 +42,9 @@ struct RmsNorm<'a> {
 impl WithSimd for RmsNorm<'_> {
     type Output = ();
     #[inline(always)]
-    fn with_simd<S: Simd>(self, _: S) {
+    fn with_simd<S: Simd>(self, simd: S) {
         for (row, out) in self.x.chunks(self.dim).zip(self.y.chunks_mut(self.dim)) {
-            let mean = dot(row, row) / self.dim as f32;
+            let mean = dot(simd, row, row) / self.dim as f32;
             let scale = 1.0 / (mean + self.eps).sqrt();
             for ((o, &v), &w) in out.iter_mut().zip(row).zip(self.weight) {
                 *o = (v * scale) * w;
@@ -150,15 +150,16 @@ struct AttendRow<'a> {
 impl WithSimd for AttendRow<'_> {
     type Output = ();
     #[inline(always)]
-    fn with_simd<S: Simd>(self, _: S) {
+    fn with_simd<S: Simd>(self, simd: S) {
         let mut scores: Vec<f32> = self
             .visible
             .clone()
-            .map(|t| dot(self.q, &self.keys[t * self.dim..(t + 1) * self.dim]) * self.scale)
+            .map(|t| dot(simd, self.q, &self.keys[t * self.dim..(t + 1) * self.dim]) * self.scale)
             .collect();
         softmax_in_place(&mut scores);
         for (p, t) in scores.iter().zip(self.visible.clone()) {
             axpy(
+                simd,
                 self.out,
                 *p,
                 &self.values[t * self.value_dim..(t + 1) * self.value_dim],
@@ -233,20 +234,20 @@ struct LatentRow<'a> {
 impl WithSimd for LatentRow<'_> {
     type Output = ();
     #[inline(always)]
-    fn with_simd<S: Simd>(self, _: S) {
+    fn with_simd<S: Simd>(self, simd: S) {
         let (l, r) = (self.shape.latent, self.shape.rope);
         let mut scores: Vec<f32> = self
             .visible
             .clone()
             .map(|t| {
-                (dot(self.q_latent, &self.latent[t * l..(t + 1) * l])
-                    + dot(self.q_rot, &self.k_rot[t * r..(t + 1) * r]))
+                (dot(simd, self.q_latent, &self.latent[t * l..(t + 1) * l])
+                    + dot(simd, self.q_rot, &self.k_rot[t * r..(t + 1) * r]))
                     * self.scale
             })
             .collect();
         softmax_in_place(&mut scores);
         for (p, t) in scores.iter().zip(self.visible.clone()) {
-            axpy(self.out, *p, &self.latent[t * l..(t + 1) * l]);
+            axpy(simd, self.out, *p, &self.latent[t * l..(t + 1) * l]);
         }
     }
 }
