@@ -27,15 +27,17 @@ fn jobs() -> Vec<Value> {
     ]
 }
 
-/// Outputs of the jobs run without interruption.
-fn reference(root: &std::path::Path, model: &std::path::Path) -> Vec<Value> {
+/// Outputs of the jobs run without interruption, and how long they took.
+fn reference(root: &std::path::Path, model: &std::path::Path) -> (Vec<Value>, Duration) {
     let s = Service::start(&root.join("reference"));
     s.add_model("m", model);
+    let started = std::time::Instant::now();
     let ids: Vec<i64> = jobs()
         .into_iter()
         .map(|j| s.post("/api/jobs", j)["id"].as_i64().unwrap())
         .collect();
-    ids.iter().map(|&id| s.wait_final(id, WAIT)).collect()
+    let out = ids.iter().map(|&id| s.wait_final(id, WAIT)).collect();
+    (out, started.elapsed())
 }
 
 #[test]
@@ -46,7 +48,7 @@ fn killed_at_random_moments_no_job_is_lost_duplicated_or_changed() {
         .unwrap_or(DEFAULT_KILLS);
     let tmp = tempfile::tempdir().unwrap();
     let model = synth_model(tmp.path());
-    let want = reference(tmp.path(), &model);
+    let (want, one_round) = reference(tmp.path(), &model);
     for w in &want {
         assert_eq!(w["state"], "done", "{w}");
     }
@@ -54,9 +56,11 @@ fn killed_at_random_moments_no_job_is_lost_duplicated_or_changed() {
     let data = tmp.path().join("killed");
     let s = Service::start(&data);
     s.add_model("m", &model);
-    // Enough work that kills keep landing mid-job: one round of the jobs
-    // per DEFAULT_KILLS kills.
-    let rounds = kills.div_ceil(DEFAULT_KILLS).max(1);
+    // Enough work that kills keep landing mid-job: rounds of the jobs for
+    // twice the time the services live on average.
+    let lives = Duration::from_millis(kills as u64 * MAX_LIFE_MS / 2);
+    let rounds = (2.0 * lives.as_secs_f64() / one_round.as_secs_f64().max(1e-3)).ceil() as usize;
+    let rounds = rounds.max(1);
     let ids: Vec<i64> = (0..rounds)
         .flat_map(|_| jobs())
         .map(|j| s.post("/api/jobs", j)["id"].as_i64().unwrap())

@@ -2,8 +2,11 @@
 //! an eviction policy for the rest — least frequently used by default, or
 //! least recently used.
 //!
-//! The budget is a hard limit on the bytes the cache holds, pinned included.
-//! An expert that does not fit even in an empty cache is simply not kept.
+//! The budget is a hard limit on the bytes the cache holds, pinned included,
+//! and counts experts still being read: a read reserves its room before it
+//! starts. Experts the next layer is predicted to need are protected and
+//! never evicted to make room; an expert that does not fit even in an empty
+//! cache is simply not kept.
 //! Evicting drops the cache's reference at once, so the memory is freed as
 //! soon as the forward pass that is using it (if any) lets go.
 //!
@@ -34,7 +37,8 @@ pub enum EvictionPolicy {
 }
 
 struct Entry {
-    expert: Arc<Expert>,
+    /// `None` while the expert is being read into its reserved room.
+    expert: Option<Arc<Expert>>,
     bytes: u64,
     pinned: bool,
 }
@@ -63,6 +67,8 @@ pub struct ExpertCache {
     /// Experts that are kept for good once loaded.
     pin_set: HashSet<Key>,
     pinned_held: u64,
+    /// Experts predicted for the coming layers: never evicted.
+    protected: HashSet<Key>,
     counters: CacheCounters,
 }
 
@@ -82,6 +88,7 @@ impl ExpertCache {
             order: BTreeSet::new(),
             pin_set: HashSet::new(),
             pinned_held: 0,
+            protected: HashSet::new(),
             counters: CacheCounters {
                 budget_bytes: budget,
                 ..Default::default()
@@ -97,7 +104,8 @@ impl ExpertCache {
         }
     }
 
-    /// Looks up an expert, counting a hit or a miss.
+    /// Looks up an expert, counting a hit or a miss (an expert still being
+    /// read is a miss here).
     pub fn get(&mut self, layer: usize, id: usize) -> Option<Arc<Expert>> {
         let key = (layer, id);
         self.clock += 1;
@@ -105,20 +113,35 @@ impl ExpertCache {
         let after = (before.0 + 1, self.clock);
         self.uses.insert(key, after);
         let (old, new) = (self.rank(key, before), self.rank(key, after));
-        match self.entries.get(&key) {
-            Some(e) => {
-                if !e.pinned {
-                    self.order.remove(&old);
+        let ready = self.entries.get(&key).and_then(|e| {
+            let expert = e.expert.clone()?;
+            Some((expert, e.pinned))
+        });
+        match ready {
+            Some((expert, pinned)) => {
+                if !pinned && self.order.remove(&old) {
                     self.order.insert(new);
                 }
                 self.counters.hits += 1;
-                Some(Arc::clone(&e.expert))
+                Some(expert)
             }
             None => {
                 self.counters.misses += 1;
                 None
             }
         }
+    }
+
+    /// The expert if it is held and read, without counting a lookup.
+    pub fn peek(&self, layer: usize, id: usize) -> Option<Arc<Expert>> {
+        self.entries
+            .get(&(layer, id))
+            .and_then(|e| e.expert.clone())
+    }
+
+    /// Whether the cache holds or is reading `(layer, id)`.
+    pub fn contains(&self, layer: usize, id: usize) -> bool {
+        self.entries.contains_key(&(layer, id))
     }
 
     /// Starts experts off with lookup counts from earlier runs, so frequency
@@ -135,50 +158,106 @@ impl ExpertCache {
         self.pin_set = keys.into_iter().collect();
     }
 
-    /// Keeps `expert` if it fits, evicting unpinned experts in policy order
-    /// first; pinned experts are never evicted.
-    pub fn insert(&mut self, layer: usize, id: usize, expert: Arc<Expert>, bytes: u64) {
+    /// Keeps `(layer, id)` from eviction until [`ExpertCache::unprotect_layer`].
+    pub fn protect(&mut self, layer: usize, id: usize) {
+        self.protected.insert((layer, id));
+    }
+
+    /// Ends the protection of every expert of `layer`.
+    pub fn unprotect_layer(&mut self, layer: usize) {
+        self.protected.retain(|k| k.0 != layer);
+    }
+
+    /// Reserves room for `(layer, id)` before it is read, evicting unpinned,
+    /// unprotected experts in policy order. `protect` marks a predicted
+    /// expert: it is admitted whatever its use count and protected. Returns
+    /// whether the expert will be kept; if not, it is read for one use only.
+    pub fn reserve(&mut self, layer: usize, id: usize, bytes: u64, protect: bool) -> bool {
         let key = (layer, id);
         if bytes > self.budget || self.entries.contains_key(&key) {
-            return;
+            return false;
         }
         let uses = self.uses.get(&key).copied().unwrap_or((0, self.clock));
-        if self.policy == EvictionPolicy::LeastFrequentlyUsed
+        if !protect
+            && self.policy == EvictionPolicy::LeastFrequentlyUsed
             && self.held + bytes > self.budget
-            && self.order.first().is_some_and(|v| v.0 > uses.0)
+            && self.first_victim().is_some_and(|v| v.0 > uses.0)
         {
             // Frequency admission: a newcomer used less often than the
             // expert it would displace is used once and not kept.
-            return;
+            return false;
         }
         while self.held + bytes > self.budget {
-            let Some((_, _, victim)) = self.order.pop_first() else {
-                break;
+            let Some(victim) = self.first_victim() else {
+                return false;
             };
-            if let Some(old) = self.entries.remove(&victim) {
+            self.order.remove(&victim);
+            if let Some(old) = self.entries.remove(&victim.2) {
                 self.held -= old.bytes;
                 self.counters.evictions += 1;
             }
         }
-        if self.held + bytes > self.budget {
-            return;
-        }
         let pinned = self.pin_set.contains(&key);
         if pinned {
             self.pinned_held += bytes;
-        } else {
-            let rank = self.rank(key, uses);
-            self.order.insert(rank);
+        }
+        if protect {
+            self.protected.insert(key);
         }
         self.entries.insert(
             key,
             Entry {
-                expert,
+                expert: None,
                 bytes,
                 pinned,
             },
         );
         self.held += bytes;
+        true
+    }
+
+    /// The first expert eviction would take: unpinned (the order holds no
+    /// pinned ones), read, and not protected.
+    fn first_victim(&self) -> Option<(u64, u64, Key)> {
+        self.order
+            .iter()
+            .find(|(_, _, k)| !self.protected.contains(k))
+            .copied()
+    }
+
+    /// Hands a reserved expert its weights once read.
+    pub fn fill(&mut self, layer: usize, id: usize, expert: Arc<Expert>) {
+        let key = (layer, id);
+        let uses = self.uses.get(&key).copied().unwrap_or((0, self.clock));
+        let rank = self.rank(key, uses);
+        if let Some(e) = self.entries.get_mut(&key)
+            && e.expert.is_none()
+        {
+            e.expert = Some(expert);
+            if !e.pinned {
+                self.order.insert(rank);
+            }
+        }
+    }
+
+    /// Gives up a reservation whose read failed.
+    pub fn cancel(&mut self, layer: usize, id: usize) {
+        let key = (layer, id);
+        if self.entries.get(&key).is_some_and(|e| e.expert.is_none())
+            && let Some(e) = self.entries.remove(&key)
+        {
+            self.held -= e.bytes;
+            if e.pinned {
+                self.pinned_held -= e.bytes;
+            }
+        }
+    }
+
+    /// Keeps `expert` if it fits (see [`ExpertCache::reserve`]).
+    pub fn insert(&mut self, layer: usize, id: usize, expert: Arc<Expert>, bytes: u64) {
+        if self.reserve(layer, id, bytes, false) {
+            self.fill(layer, id, expert);
+        }
     }
 
     pub fn counters(&self) -> CacheCounters {

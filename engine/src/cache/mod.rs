@@ -1,13 +1,19 @@
 //! The RAM expert cache and the expert provider that streams from a pack.
 //!
 //! The model asks [`StreamingExperts`] for (layer, ids) like any provider:
-//! hits come from the cache, misses are read from every drive in parallel,
-//! checked against their checksums and converted exactly as an in-memory
-//! checkpoint would be — so logits do not depend on the budget.
+//! hits come from the cache, misses are read from every drive in parallel
+//! straight into the memory that becomes the expert, checked against their
+//! checksums and handed over as they land — computed exactly as an in-memory
+//! checkpoint would be, so logits do not depend on the budget, the drives,
+//! prefetching or the order reads complete in.
 
 mod budget;
 pub mod heat;
+mod pool;
+mod reads;
 mod streaming;
 
 pub use budget::{CacheCounters, EvictionPolicy, ExpertCache};
-pub use streaming::{DEFAULT_PINNED_FRACTION, Lookup, StreamingExperts, StreamingOptions};
+pub use streaming::{
+    DEFAULT_PINNED_FRACTION, DEFAULT_WINDOW_BYTES, Lookup, StreamingExperts, StreamingOptions,
+};

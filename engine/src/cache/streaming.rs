@@ -1,21 +1,35 @@
 //! [`StreamingExperts`]: the expert provider for packs.
+//!
+//! The model asks for a layer's experts with `fetch` and gets them one by one
+//! as they become available: cached ones at once, the rest as their reads
+//! land, so it computes each while the others are still on their way. All of
+//! a layer's missing records are queued at once, each split over the drives,
+//! so every drive has work. `prefetch` (the pilot's guess at the next layer)
+//! queues reads behind every demand read and reserves cache room for them, so
+//! the guesses are there when the layer asks and are not evicted before.
+//! The budget counts bytes being read, and the in-flight table makes a
+//! second request for a record that is on its way wait for that read.
 
-use std::collections::BTreeMap;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
 
-use crate::model::{Expert, ExpertError, ExpertProvider};
+use crate::model::{Expert, ExpertError, ExpertProvider, ExpertStream};
 use crate::pack::Manifest;
 use crate::pack::encoding::ExpertEncoding;
-use crate::pack::manifest::{ExpertLayer, Record, Segment, hash_hex};
-use crate::store::{DriveSnapshot, DriveStore, StoreConfig, StoreError};
+use crate::pack::manifest::{ExpertLayer, Record, Segment};
+use crate::pilot::PilotCounters;
+use crate::store::{
+    DriveSnapshot, DriveStore, Priority, ReadTarget, SegmentRead, StoreConfig, StoreError,
+};
 use crate::weights::Dtype;
 
 use super::budget::{CacheCounters, EvictionPolicy, ExpertCache};
 use super::heat::HeatMap;
+use super::pool::BufferPool;
+use super::reads::{Arrival, Flight, RecordRead, Shared, State, poisoned};
 
 /// The copy of `record` whose slowest segment would finish first, given the
 /// bytes each drive already has to read (drives assumed equally fast).
@@ -42,10 +56,6 @@ fn expert_ram_bytes(layer: &ExpertLayer, encoding: ExpertEncoding, keep_stored: 
     }
 }
 
-fn poisoned() -> ExpertError {
-    ExpertError::Source("the expert cache was poisoned by an earlier panic".to_string())
-}
-
 impl From<StoreError> for ExpertError {
     fn from(e: StoreError) -> Self {
         ExpertError::Source(e.to_string())
@@ -62,6 +72,10 @@ pub const DEFAULT_PINNED_FRACTION: f64 = 0.0;
 /// cache's frequency ranking: a few tokens' worth, so the current prompt
 /// soon outweighs history.
 const SEED_MAX_USES: f64 = 4.0;
+/// Bytes of records one request may have on their way beyond the cache
+/// (experts read for one use): a decode step's misses fit at once; a long
+/// prompt, which may need every expert of a layer, streams through it.
+pub const DEFAULT_WINDOW_BYTES: u64 = 64 << 20;
 
 /// One call for experts: (decoder layer, expert ids).
 pub type Lookup = (usize, Vec<usize>);
@@ -86,6 +100,10 @@ pub struct StreamingOptions {
     /// bytes of f32; Q8_0 about a quarter); the kernels compute from them as
     /// they are. Otherwise they are widened to f32 when read.
     pub keep_stored_dtype: bool,
+    /// Read the experts the pilot predicts for the next layer ahead of time.
+    pub prefetch: bool,
+    /// Bytes of one-use records a request may have on their way at once.
+    pub window_bytes: u64,
 }
 
 impl Default for StreamingOptions {
@@ -99,24 +117,23 @@ impl Default for StreamingOptions {
             warm_start: true,
             policy: EvictionPolicy::default(),
             keep_stored_dtype: true,
+            prefetch: true,
+            window_bytes: DEFAULT_WINDOW_BYTES,
         }
     }
 }
 
 pub struct StreamingExperts {
-    layers: HashMap<usize, ExpertLayer>,
-    encoding: ExpertEncoding,
+    shared: Arc<Shared>,
     store: DriveStore,
-    cache: Mutex<ExpertCache>,
-    verify: bool,
     /// Every lookup in order, when recording.
     trace: Option<Mutex<Vec<Lookup>>>,
     /// Time the model spent waiting for reads, in microseconds.
     stall_micros: AtomicU64,
     heat: Mutex<HeatMap>,
     pack: PathBuf,
-    /// Hold experts as stored rather than widened to f32.
-    keep_stored: bool,
+    prefetch: bool,
+    window_bytes: u64,
 }
 
 impl StreamingExperts {
@@ -125,34 +142,44 @@ impl StreamingExperts {
         manifest: &Manifest,
         options: &StreamingOptions,
     ) -> Result<Self, ExpertError> {
-        let encoding = ExpertEncoding::parse(&manifest.experts.dtype).ok_or_else(|| {
-            ExpertError::Source(format!(
-                "{}: expert dtype `{}` is not one Longhaul computes with",
-                pack.display(),
-                manifest.experts.dtype
-            ))
-        })?;
-        let store = DriveStore::open(&manifest.drives, &options.store)
-            .map_err(|e| ExpertError::Source(e.to_string()))?;
+        let encoding = ExpertEncoding::parse(&manifest.experts.dtype)
+            .filter(|e| e.format().is_some())
+            .ok_or_else(|| {
+                ExpertError::Source(format!(
+                    "{}: expert dtype `{}` is not one Longhaul computes with",
+                    pack.display(),
+                    manifest.experts.dtype
+                ))
+            })?;
+        let store = DriveStore::open(&manifest.drives, &options.store)?;
+        let state = State {
+            cache: ExpertCache::with_policy(options.budget_bytes, options.policy),
+            flights: HashMap::new(),
+            score: Default::default(),
+            joined_flights: 0,
+        };
         let me = Self {
-            layers: manifest
-                .experts
-                .layers
-                .iter()
-                .map(|l| (l.layer, l.clone()))
-                .collect(),
-            encoding,
+            shared: Arc::new(Shared {
+                layers: manifest
+                    .experts
+                    .layers
+                    .iter()
+                    .map(|l| (l.layer, l.clone()))
+                    .collect(),
+                encoding,
+                verify: options.verify_checksums,
+                keep_stored: options.keep_stored_dtype,
+                state: Mutex::new(state),
+                pool: Arc::new(BufferPool::default()),
+                next_ticket: AtomicU64::new(1),
+            }),
             store,
-            cache: Mutex::new(ExpertCache::with_policy(
-                options.budget_bytes,
-                options.policy,
-            )),
-            verify: options.verify_checksums,
             trace: options.record_trace.then(|| Mutex::new(Vec::new())),
             stall_micros: AtomicU64::new(0),
             heat: Mutex::new(HeatMap::default()),
             pack: pack.to_path_buf(),
-            keep_stored: options.keep_stored_dtype,
+            prefetch: options.prefetch,
+            window_bytes: options.window_bytes,
         };
         let heat = HeatMap::load(pack);
         me.apply_heat(&heat, options)?;
@@ -170,7 +197,11 @@ impl StreamingExperts {
             .hottest()
             .into_iter()
             .filter_map(|(key @ (layer, id), h)| {
-                let l = self.layers.get(&layer).filter(|l| id < l.records.len())?;
+                let l = self
+                    .shared
+                    .layers
+                    .get(&layer)
+                    .filter(|l| id < l.records.len())?;
                 Some((key, h, self.ram_bytes(l)))
             })
             .collect();
@@ -188,28 +219,41 @@ impl StreamingExperts {
         let pin_room =
             (options.budget_bytes as f64 * options.pinned_fraction.clamp(0.0, 1.0)) as u64;
         let top = hottest.first().map_or(1.0, |h| h.1.max(f64::MIN_POSITIVE));
+        let warm = if options.warm_start {
+            fits(options.budget_bytes)
+        } else {
+            Vec::new()
+        };
+        let (tx, rx) = mpsc::channel();
+        let mut waiting = 0;
         {
-            let mut cache = self.cache.lock().map_err(|_| poisoned())?;
-            cache.set_pinned(fits(pin_room));
-            cache.seed_uses(
+            let mut st = self.shared.state.lock().map_err(|_| poisoned())?;
+            st.cache.set_pinned(fits(pin_room));
+            st.cache.seed_uses(
                 hottest
                     .iter()
                     .map(|(key, h, _)| (*key, (h / top * SEED_MAX_USES).round() as u64)),
             );
-        }
-        if options.warm_start {
-            let mut by_layer: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-            for (layer, id) in fits(options.budget_bytes) {
-                by_layer.entry(layer).or_default().push(id);
-            }
-            for (layer, ids) in by_layer {
-                let l = &self.layers[&layer];
-                let loaded = self.load(l, &ids)?;
-                let mut cache = self.cache.lock().map_err(|_| poisoned())?;
-                for (id, expert) in ids.into_iter().zip(loaded) {
-                    cache.insert(layer, id, expert, self.ram_bytes(l));
+            for (pos, &(layer, id)) in warm.iter().enumerate() {
+                let Some(l) = self.shared.layers.get(&layer) else {
+                    continue;
+                };
+                if st.cache.reserve(layer, id, self.ram_bytes(l), false) {
+                    if let Err(e) = self.start_read(&mut st, l, id, Priority::Prefetch, true, false)
+                    {
+                        st.cache.cancel(layer, id);
+                        return Err(e);
+                    }
+                    if let Some(f) = st.flights.get_mut(&(layer, id)) {
+                        f.waiters.push((tx.clone(), pos));
+                        waiting += 1;
+                    }
                 }
             }
+        }
+        for _ in 0..waiting {
+            let (_, outcome) = rx.recv().map_err(|_| poisoned())?;
+            outcome?;
         }
         Ok(())
     }
@@ -224,11 +268,44 @@ impl StreamingExperts {
     }
 
     pub fn cache_counters(&self) -> CacheCounters {
-        self.cache.lock().map(|c| c.counters()).unwrap_or_default()
+        self.shared
+            .state
+            .lock()
+            .map(|s| s.cache.counters())
+            .unwrap_or_default()
+    }
+
+    /// How well the pilot's predictions matched what layers asked for.
+    pub fn pilot_counters(&self) -> PilotCounters {
+        self.shared
+            .state
+            .lock()
+            .map(|s| s.score.counters())
+            .unwrap_or_default()
+    }
+
+    /// Demand lookups that found their expert already on its way (mostly
+    /// prefetched ones not yet landed).
+    pub fn joined_flights(&self) -> u64 {
+        self.shared
+            .state
+            .lock()
+            .map(|s| s.joined_flights)
+            .unwrap_or_default()
     }
 
     pub fn drive_snapshots(&self) -> Vec<DriveSnapshot> {
         self.store.snapshot()
+    }
+
+    /// Wall time so far during which any drive was reading.
+    pub fn drives_busy(&self) -> Duration {
+        self.store.busy_any()
+    }
+
+    /// Bytes of record buffers allocated (held by the cache, in flight or free).
+    pub fn buffer_bytes(&self) -> u64 {
+        self.shared.pool.allocated_bytes()
     }
 
     /// Time spent waiting for expert reads so far.
@@ -238,7 +315,22 @@ impl StreamingExperts {
 
     /// Bytes of one expert as held in the cache, for sizing a budget in experts.
     pub fn resident_expert_bytes(&self) -> u64 {
-        self.layers.values().next().map_or(0, |l| self.ram_bytes(l))
+        self.shared
+            .layers
+            .values()
+            .next()
+            .map_or(0, |l| self.ram_bytes(l))
+    }
+
+    /// Bytes of the largest expert record, for sizing read windows.
+    pub fn largest_record_bytes(&self) -> u64 {
+        self.shared
+            .layers
+            .values()
+            .flat_map(|l| &l.records)
+            .map(|r| r.len)
+            .max()
+            .unwrap_or(0)
     }
 
     /// The lookups recorded so far (empty unless recording), leaving the record empty.
@@ -249,143 +341,308 @@ impl StreamingExperts {
             .unwrap_or_default()
     }
 
-    /// Reads, checks and converts the given experts of one layer. Each record
-    /// is checked and converted as soon as its last segment arrives, while
-    /// the other reads are still in flight.
-    fn load(&self, layer: &ExpertLayer, ids: &[usize]) -> Result<Vec<Arc<Expert>>, ExpertError> {
-        let mut requests = Vec::new();
-        // For each request: (position in `ids`, segment index within the record).
-        let mut owner = Vec::new();
-        // Bytes each drive is expected to read before a new request would finish.
-        let mut load: Vec<u64> = self.store.pending_bytes();
-        let mut chosen: Vec<&[Segment]> = Vec::with_capacity(ids.len());
-        for (pos, &id) in ids.iter().enumerate() {
-            let record = layer.records.get(id).ok_or(ExpertError::NoSuchExpert {
-                layer: layer.layer,
-                id,
-                count: layer.records.len(),
-            })?;
-            let segments = fastest_placement(record, &load);
-            for (seg, s) in segments.iter().enumerate() {
-                if let Some(l) = load.get_mut(s.drive) {
-                    *l += s.len;
-                }
-                requests.push(s.request());
-                owner.push((pos, seg));
-            }
-            chosen.push(segments);
-        }
-        let mut parts: Vec<Vec<Option<Vec<u8>>>> =
-            chosen.iter().map(|c| vec![None; c.len()]).collect();
-        let mut out: Vec<Option<Arc<Expert>>> = vec![None; ids.len()];
-        self.store
-            .read_each(&requests, |slot, bytes| -> Result<(), ExpertError> {
-                let (pos, seg) = owner[slot];
-                parts[pos][seg] = Some(bytes);
-                if parts[pos].iter().all(Option::is_some) {
-                    let record: Vec<u8> = parts[pos]
-                        .iter_mut()
-                        .filter_map(Option::take)
-                        .flatten()
-                        .collect();
-                    out[pos] = Some(self.convert(layer, ids[pos], chosen[pos], record)?);
-                }
-                Ok(())
-            })?;
-        out.into_iter()
-            .map(|e| {
-                e.ok_or(ExpertError::Source(
-                    "a record was not fully read".to_string(),
-                ))
-            })
-            .collect()
+    /// Bytes one expert of `layer` takes in the cache.
+    fn ram_bytes(&self, layer: &ExpertLayer) -> u64 {
+        expert_ram_bytes(layer, self.shared.encoding, self.shared.keep_stored)
     }
 
-    /// Checks one record's checksum and turns its bytes into an expert.
-    fn convert(
+    /// Starts reading one record, registering its flight (with no waiters
+    /// yet) under the caller's lock so that no arrival can miss it.
+    fn start_read(
+        &self,
+        st: &mut State,
+        layer: &ExpertLayer,
+        id: usize,
+        priority: Priority,
+        kept: bool,
+        speculative: bool,
+    ) -> Result<(), ExpertError> {
+        let key = (layer.layer, id);
+        let record = layer.records.get(id).ok_or(ExpertError::NoSuchExpert {
+            layer: layer.layer,
+            id,
+            count: layer.records.len(),
+        })?;
+        let segments = fastest_placement(record, &self.store.pending_bytes()).to_vec();
+        let len = usize::try_from(record.len).map_err(|_| {
+            ExpertError::Source(format!(
+                "layer {} expert {id}: record too large",
+                layer.layer
+            ))
+        })?;
+        let buf = self
+            .shared
+            .pool
+            .take(len)
+            .map_err(|e| ExpertError::Source(e.to_string()))?;
+        let ticket = self.shared.next_ticket.fetch_add(1, Ordering::Relaxed);
+        let read = Arc::new(RecordRead {
+            shared: Arc::clone(&self.shared),
+            key,
+            buf: Arc::new(buf),
+            remaining: AtomicUsize::new(segments.len()),
+            error: Mutex::new(None),
+            segments: segments.clone(),
+        });
+        st.flights.insert(
+            key,
+            Flight {
+                ticket,
+                kept,
+                speculative,
+                waiters: Vec::new(),
+            },
+        );
+        let capacity = read.buffer().capacity();
+        let mut at = 0usize;
+        for (j, s) in segments.iter().enumerate() {
+            let len = s.len as usize;
+            let room = if j + 1 == segments.len() {
+                capacity - at
+            } else {
+                len
+            };
+            let submitted = self.store.submit(
+                SegmentRead {
+                    request: s.request(),
+                    at,
+                    room,
+                    ticket,
+                    target: Arc::clone(&read) as Arc<dyn ReadTarget>,
+                },
+                priority,
+            );
+            if let Err(e) = submitted {
+                // Segments already queued land in a flight nobody waits for.
+                st.flights.remove(&key);
+                return Err(e.into());
+            }
+            at += len;
+        }
+        Ok(())
+    }
+
+    /// Gets one missing expert for a request: joins a read already on its
+    /// way, or starts one (kept if the cache admits it). Returns the bytes of
+    /// a read this request started for one use (counted against its window),
+    /// or the expert itself if it landed in the meantime.
+    fn demand(
         &self,
         layer: &ExpertLayer,
         id: usize,
-        segments: &[Segment],
-        bytes: Vec<u8>,
-    ) -> Result<Arc<Expert>, ExpertError> {
-        let record = &layer.records[id];
-        if self.verify && hash_hex(&bytes) != record.xxh3_128 {
-            let places: Vec<String> = segments
-                .iter()
-                .map(|s| format!("drive {} {} at offset {}", s.drive, s.file, s.offset))
-                .collect();
-            return Err(ExpertError::Source(format!(
-                "layer {} expert {id}: checksum mismatch in {} (the record is corrupt)",
-                layer.layer,
-                places.join(", ")
-            )));
+        pos: usize,
+        tx: &mpsc::Sender<Arrival>,
+    ) -> Result<Demand, ExpertError> {
+        let key = (layer.layer, id);
+        let mut st = self.shared.state.lock().map_err(|_| poisoned())?;
+        if let Some(f) = st.flights.get_mut(&key) {
+            f.waiters.push((tx.clone(), pos));
+            if f.speculative {
+                f.speculative = false;
+                self.store.promote(f.ticket);
+            }
+            st.joined_flights += 1;
+            return Ok(Demand::Joined);
         }
-        let name = format!("layer {} expert {id}", layer.layer);
-        self.encoding
-            .decode(
-                Arc::new(bytes),
-                layer.hidden,
-                layer.intermediate,
-                self.keep_stored,
-                &name,
-            )
-            .map(Arc::new)
-            .map_err(|e| ExpertError::Source(e.to_string()))
+        if let Some(expert) = st.cache.peek(layer.layer, id) {
+            return Ok(Demand::Ready(expert));
+        }
+        let bytes = self.ram_bytes(layer);
+        let kept = st.cache.reserve(layer.layer, id, bytes, false);
+        if let Err(e) = self.start_read(&mut st, layer, id, Priority::Demand, kept, false) {
+            st.cache.cancel(layer.layer, id);
+            return Err(e);
+        }
+        if let Some(f) = st.flights.get_mut(&key) {
+            f.waiters.push((tx.clone(), pos));
+        }
+        Ok(if kept {
+            Demand::Joined
+        } else {
+            Demand::Started(bytes)
+        })
     }
+}
 
-    /// Bytes one expert of `layer` takes in the cache.
-    fn ram_bytes(&self, layer: &ExpertLayer) -> u64 {
-        expert_ram_bytes(layer, self.encoding, self.keep_stored)
+/// What [`StreamingExperts::demand`] did.
+enum Demand {
+    /// The expert will arrive on the request's channel; its room is the cache's.
+    Joined,
+    /// Likewise, read for this one use: these bytes count against the window.
+    Started(u64),
+    /// It was already there.
+    Ready(Arc<Expert>),
+}
+
+/// A layer's experts, handed over as they become available.
+struct Fetch<'a> {
+    owner: &'a StreamingExperts,
+    layer: &'a ExpertLayer,
+    ready: VecDeque<(usize, Arc<Expert>)>,
+    /// Misses not asked of the drives yet (position, id).
+    unread: VecDeque<(usize, usize)>,
+    tx: mpsc::Sender<Arrival>,
+    rx: mpsc::Receiver<Arrival>,
+    /// Arrivals still due.
+    waiting: usize,
+    /// One-use bytes this request has on their way, by position.
+    window: BTreeMap<usize, u64>,
+    failed: bool,
+}
+
+impl Fetch<'_> {
+    /// Asks the drives for more misses while the window has room (always at
+    /// least one read).
+    fn top_up(&mut self) -> Result<(), ExpertError> {
+        while let Some(&(pos, id)) = self.unread.front() {
+            let in_window: u64 = self.window.values().sum();
+            let next = self.owner.ram_bytes(self.layer);
+            if in_window > 0 && in_window + next > self.owner.window_bytes {
+                break;
+            }
+            self.unread.pop_front();
+            match self.owner.demand(self.layer, id, pos, &self.tx)? {
+                Demand::Joined => self.waiting += 1,
+                Demand::Started(bytes) => {
+                    self.waiting += 1;
+                    self.window.insert(pos, bytes);
+                }
+                Demand::Ready(expert) => self.ready.push_back((pos, expert)),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Iterator for Fetch<'_> {
+    type Item = Result<(usize, Arc<Expert>), ExpertError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        if let Err(e) = self.top_up() {
+            self.failed = true;
+            return Some(Err(e));
+        }
+        if let Some(r) = self.ready.pop_front() {
+            return Some(Ok(r));
+        }
+        if self.waiting == 0 {
+            return None;
+        }
+        let started = Instant::now();
+        let got = self.rx.recv();
+        self.owner
+            .stall_micros
+            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        self.waiting -= 1;
+        match got {
+            Ok((pos, Ok(expert))) => {
+                self.window.remove(&pos);
+                Some(Ok((pos, expert)))
+            }
+            Ok((_, Err(e))) => {
+                self.failed = true;
+                Some(Err(e))
+            }
+            Err(_) => {
+                self.failed = true;
+                Some(Err(ExpertError::Source(
+                    "the drive readers stopped".to_string(),
+                )))
+            }
+        }
     }
 }
 
 impl ExpertProvider for StreamingExperts {
-    fn experts(&self, layer: usize, ids: &[usize]) -> Result<Vec<Arc<Expert>>, ExpertError> {
+    fn fetch<'a>(&'a self, layer: usize, ids: &[usize]) -> Result<ExpertStream<'a>, ExpertError> {
         let records = self
+            .shared
             .layers
             .get(&layer)
             .ok_or(ExpertError::NoSuchLayer { layer })?;
+        if let Some(&id) = ids.iter().find(|&&id| id >= records.records.len()) {
+            return Err(ExpertError::NoSuchExpert {
+                layer,
+                id,
+                count: records.records.len(),
+            });
+        }
         if let Some(Ok(mut trace)) = self.trace.as_ref().map(|t| t.lock()) {
             trace.push((layer, ids.to_vec()));
         }
         if let Ok(mut heat) = self.heat.lock() {
             ids.iter().for_each(|&id| heat.record(layer, id));
         }
-        let mut found: Vec<Option<Arc<Expert>>> = {
-            let mut cache = self.cache.lock().map_err(|_| poisoned())?;
-            ids.iter().map(|&id| cache.get(layer, id)).collect()
+        let (tx, rx) = mpsc::channel();
+        let mut fetch = Fetch {
+            owner: self,
+            layer: records,
+            ready: VecDeque::new(),
+            unread: VecDeque::new(),
+            tx,
+            rx,
+            waiting: 0,
+            window: BTreeMap::new(),
+            failed: false,
         };
-        let missing: Vec<usize> = ids
-            .iter()
-            .zip(&found)
-            .filter(|(_, f)| f.is_none())
-            .map(|(&id, _)| id)
-            .collect();
-        if !missing.is_empty() {
-            let started = Instant::now();
-            let loaded = self.load(records, &missing);
-            self.stall_micros
-                .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
-            let loaded = loaded?;
-            let bytes = self.ram_bytes(records);
-            let mut cache = self.cache.lock().map_err(|_| poisoned())?;
-            let mut loaded = missing.iter().zip(loaded);
-            for slot in found.iter_mut().filter(|f| f.is_none()) {
-                if let Some((&id, expert)) = loaded.next() {
-                    cache.insert(layer, id, Arc::clone(&expert), bytes);
-                    *slot = Some(expert);
+        {
+            let mut st = self.shared.state.lock().map_err(|_| poisoned())?;
+            st.score.demanded(layer, ids);
+            for (pos, &id) in ids.iter().enumerate() {
+                match st.cache.get(layer, id) {
+                    Some(expert) => fetch.ready.push_back((pos, expert)),
+                    None => fetch.unread.push_back((pos, id)),
                 }
             }
+            // What this layer needed is now held by the request.
+            st.cache.unprotect_layer(layer);
         }
-        found
-            .into_iter()
-            .map(|f| {
-                f.ok_or(ExpertError::Source(
-                    "an expert went missing while loading".to_string(),
-                ))
-            })
-            .collect()
+        // Ask the drives for everything missing before the model moves on.
+        fetch.top_up()?;
+        Ok(Box::new(fetch))
+    }
+
+    fn wants_hints(&self) -> bool {
+        self.prefetch
+    }
+
+    fn prefetch(&self, layer: usize, ids: &[usize]) {
+        if !self.prefetch {
+            return;
+        }
+        let Some(records) = self.shared.layers.get(&layer) else {
+            return;
+        };
+        let Ok(mut st) = self.shared.state.lock() else {
+            return;
+        };
+        st.score.predicted(layer, ids);
+        let bytes = self.ram_bytes(records);
+        for &id in ids.iter().filter(|&&id| id < records.records.len()) {
+            if st.cache.contains(layer, id) {
+                st.cache.protect(layer, id);
+                continue;
+            }
+            if st.flights.contains_key(&(layer, id)) {
+                continue;
+            }
+            if !st.cache.reserve(layer, id, bytes, true) {
+                // No room that is not protected or pinned: skip the guess.
+                continue;
+            }
+            if self
+                .start_read(&mut st, records, id, Priority::Prefetch, true, true)
+                .is_ok()
+            {
+                st.score
+                    .prefetch_started(layer, id, records.records[id].len);
+            } else {
+                st.cache.cancel(layer, id);
+            }
+        }
     }
 }
 

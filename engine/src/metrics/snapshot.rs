@@ -9,6 +9,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::cache::{CacheCounters, StreamingExperts};
+use crate::pilot::PilotCounters;
 use crate::store::DriveSnapshot;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -19,6 +20,8 @@ pub struct DriveMetrics {
     pub errors: u64,
     /// Read rate since the previous sample.
     pub mb_per_s: f64,
+    /// Share of the time since the previous sample the drive was reading.
+    pub busy_share: f64,
     pub latency_p50_ms: Option<f64>,
     pub latency_p90_ms: Option<f64>,
     pub latency_p99_ms: Option<f64>,
@@ -34,6 +37,10 @@ pub struct MetricsSnapshot {
     pub hit_rate: f64,
     /// Time the model spent waiting for expert reads, since it was opened.
     pub stall_seconds: f64,
+    /// How well next-layer predictions matched, since the model was opened.
+    pub pilot: PilotCounters,
+    /// Share of asked-for experts that had been predicted.
+    pub prefetch_recall: Option<f64>,
 }
 
 /// Turns growing counters into per-interval rates.
@@ -57,12 +64,15 @@ impl MetricsSampler {
             .enumerate()
             .map(|(i, d)| {
                 let before = self.last.1.get(i).map_or(0, |p| p.bytes);
+                let busy_before = self.last.1.get(i).map_or(0, |p| p.busy_micros);
                 DriveMetrics {
                     path: d.path.clone(),
                     bytes: d.bytes,
                     reads: d.reads,
                     errors: d.errors,
                     mb_per_s: d.bytes.saturating_sub(before) as f64 / 1e6 / seconds,
+                    busy_share: (d.busy_micros.saturating_sub(busy_before) as f64 / 1e6 / seconds)
+                        .min(1.0),
                     latency_p50_ms: d.latency_quantile_ms(0.5),
                     latency_p90_ms: d.latency_quantile_ms(0.9),
                     latency_p99_ms: d.latency_quantile_ms(0.99),
@@ -71,7 +81,10 @@ impl MetricsSampler {
             .collect();
         self.last = (now, drives);
         let cache = experts.cache_counters();
+        let pilot = experts.pilot_counters();
         MetricsSnapshot {
+            prefetch_recall: pilot.recall(),
+            pilot,
             interval_seconds: seconds,
             drives: metrics,
             hit_rate: cache.hits as f64 / (cache.hits + cache.misses).max(1) as f64,

@@ -15,7 +15,7 @@ use std::sync::Arc;
 pub use config::{ConfigError, RawConfig};
 pub use kv_cache::KvCache;
 pub use layers::decoder::{Decoder, LogitsFor};
-pub use layers::experts::{Expert, ExpertError, ExpertProvider};
+pub use layers::experts::{Expert, ExpertError, ExpertProvider, ExpertStream};
 
 use crate::weights::{TensorSource, Weights, WeightsError};
 use layers::{Linear, RmsNorm};

@@ -18,6 +18,7 @@ use super::manifest::{
     ResidentFile, Segment, SourceFile, SourceIdentity, VERSION, hash_file,
 };
 use crate::model::ModelSpec;
+use crate::store::DIRECT_IO_BLOCK;
 use crate::weights::safetensors::{TensorEntry, header_bytes};
 use crate::weights::{Dtype, SafetensorsCheckpoint, SafetensorsFile, TensorInfo};
 
@@ -473,9 +474,14 @@ fn split_count(len: u64, threshold: u64, drives: usize) -> usize {
     ((len / threshold.max(1)) as usize).clamp(1, drives.max(1))
 }
 
-/// `parts` nearly equal consecutive pieces of `bytes`.
+/// At most `parts` nearly equal consecutive pieces of `bytes`, each but the
+/// last a whole number of direct-I/O blocks: a reader then lands every piece
+/// block-aligned in the record's buffer, with no copy.
 fn chunks(bytes: &[u8], parts: usize) -> impl Iterator<Item = &[u8]> {
-    let size = bytes.len().div_ceil(parts.max(1));
+    let size = bytes
+        .len()
+        .div_ceil(parts.max(1))
+        .next_multiple_of(DIRECT_IO_BLOCK);
     bytes.chunks(size.max(1))
 }
 
@@ -714,6 +720,18 @@ fn write_manifest(out: &Path, manifest: &Manifest) -> Result<(), PackError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pieces_are_whole_blocks_but_the_last() {
+        let bytes = vec![0u8; 3 * DIRECT_IO_BLOCK + 100];
+        let lens: Vec<usize> = chunks(&bytes, 4).map(<[u8]>::len).collect();
+        assert_eq!(
+            lens,
+            vec![DIRECT_IO_BLOCK, DIRECT_IO_BLOCK, DIRECT_IO_BLOCK, 100]
+        );
+        let lens: Vec<usize> = chunks(&bytes, 2).map(<[u8]>::len).collect();
+        assert_eq!(lens, vec![2 * DIRECT_IO_BLOCK, DIRECT_IO_BLOCK + 100]);
+    }
 
     #[test]
     fn records_split_over_as_many_drives_as_segment_size_allows() {

@@ -1,20 +1,29 @@
 //! One reader thread of one drive.
+//!
+//! A segment whose place in its buffer is block-aligned (every segment of a
+//! pack written since segments are cut at block boundaries) is read with
+//! direct I/O straight into that place: no copy, no allocation. Other
+//! segments go through a reused aligned bounce buffer and one copy.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::{DIRECT_IO_BLOCK, DriveCounters, Job, StoreError};
+use super::queue::DriveQueue;
+use super::{Activity, DIRECT_IO_BLOCK, DriveCounters, SegmentRead, StoreError};
+use crate::aligned::AlignedBytes;
 
 pub(super) struct Context {
     pub drive: usize,
+    pub dir: PathBuf,
     pub direct_io: bool,
-    pub jobs: Arc<Mutex<mpsc::Receiver<Job>>>,
+    pub queue: Arc<DriveQueue>,
     pub counters: Arc<DriveCounters>,
+    pub any: Arc<Mutex<Activity>>,
     pub warned_buffered: Arc<AtomicBool>,
 }
 
@@ -24,85 +33,158 @@ struct Handle {
     direct: bool,
 }
 
+/// What one reader keeps between reads.
+struct Reader<'a> {
+    ctx: &'a Context,
+    files: HashMap<String, Handle>,
+    bounce: Option<AlignedBytes>,
+}
+
 pub(super) fn run(ctx: Context) {
-    let mut files: HashMap<PathBuf, Handle> = HashMap::new();
-    let mut buffer: Vec<u8> = Vec::new();
-    loop {
-        let job = {
-            let Ok(rx) = ctx.jobs.lock() else { return };
-            match rx.recv() {
-                Ok(job) => job,
-                Err(_) => return,
-            }
-        };
-        let started = Instant::now();
-        let result = read(&ctx, &mut files, &mut buffer, &job);
+    let mut reader = Reader {
+        ctx: &ctx,
+        files: HashMap::new(),
+        bounce: None,
+    };
+    while let Some(read) = ctx.queue.pop() {
         let c = &ctx.counters;
-        let micros = started.elapsed().as_micros() as u64;
-        c.busy_micros.fetch_add(micros, Ordering::Relaxed);
-        c.record_latency(micros);
-        c.pending.fetch_sub(job.len, Ordering::Relaxed);
+        let started = Instant::now();
+        activity(&c.activity, Activity::start);
+        activity(&ctx.any, Activity::start);
+        let result = reader.read(&read);
+        activity(&ctx.any, Activity::stop);
+        activity(&c.activity, Activity::stop);
+        c.record_latency(started.elapsed().as_micros() as u64);
+        c.pending.fetch_sub(read.request.len, Ordering::Relaxed);
         match &result {
-            Ok(b) => {
-                c.bytes.fetch_add(b.len() as u64, Ordering::Relaxed);
+            Ok(()) => {
+                c.bytes.fetch_add(read.request.len, Ordering::Relaxed);
                 c.reads.fetch_add(1, Ordering::Relaxed);
             }
             Err(_) => {
                 c.errors.fetch_add(1, Ordering::Relaxed);
                 // A failed handle may point at a vanished file: reopen next time.
-                files.remove(&job.path);
+                reader.files.remove(&read.request.file);
             }
         }
-        // The requester may have given up; nothing to do then.
-        let _ = job.reply.send((job.slot, result));
+        read.target.segment_done(result);
     }
 }
 
-fn read(
-    ctx: &Context,
-    files: &mut HashMap<PathBuf, Handle>,
-    buffer: &mut Vec<u8>,
-    job: &Job,
-) -> Result<Vec<u8>, StoreError> {
-    let err = |reason: String| StoreError::Read {
-        drive: ctx.drive,
-        path: job.path.clone(),
-        offset: job.offset,
-        reason,
-    };
-    if !files.contains_key(&job.path) {
-        let handle = open(ctx, &job.path).map_err(|e| err(e.to_string()))?;
-        files.insert(job.path.clone(), handle);
+fn activity(a: &Mutex<Activity>, f: impl FnOnce(&mut Activity)) {
+    if let Ok(mut a) = a.lock() {
+        f(&mut a);
     }
-    let handle = files
-        .get_mut(&job.path)
-        .ok_or_else(|| err("file handle lost".to_string()))?;
-    let len = usize::try_from(job.len).map_err(|_| err("read too large".to_string()))?;
-    let got = if handle.direct && job.offset.is_multiple_of(DIRECT_IO_BLOCK as u64) {
-        match read_direct(&handle.file, buffer, job.offset, len) {
-            Ok(got) => got,
-            // Some file systems accept O_DIRECT at open but refuse the read.
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                warn_buffered(ctx, &job.path);
-                *handle = open_buffered(&job.path).map_err(|e| err(e.to_string()))?;
-                read_buffered(&handle.file, buffer, job.offset, len)
-                    .map_err(|e| err(e.to_string()))?
-            }
-            Err(e) => return Err(err(e.to_string())),
+}
+
+impl Reader<'_> {
+    fn read(&mut self, read: &SegmentRead) -> Result<(), StoreError> {
+        let r = &read.request;
+        let path = self.ctx.dir.join(&r.file);
+        let err = |reason: String| StoreError::Read {
+            drive: self.ctx.drive,
+            path: path.clone(),
+            offset: r.offset,
+            reason,
+        };
+        let len = usize::try_from(r.len).map_err(|_| err("read too large".to_string()))?;
+        if read.room < len {
+            return Err(err(format!(
+                "a {len}-byte segment was given {} bytes of buffer",
+                read.room
+            )));
         }
-    } else {
-        read_buffered(&handle.file, buffer, job.offset, len).map_err(|e| err(e.to_string()))?
-    };
-    if got.len() < len {
-        return Err(StoreError::ShortRead {
-            drive: ctx.drive,
-            path: job.path.clone(),
-            offset: job.offset,
-            wanted: job.len,
-            got: got.len() as u64,
-        });
+        let dest = read
+            .target
+            .buffer()
+            .region_ptr(read.at, read.room)
+            .ok_or_else(|| err("segment lies outside its buffer".to_string()))?;
+        if !self.files.contains_key(&r.file) {
+            let handle = open(self.ctx, &path).map_err(|e| err(e.to_string()))?;
+            self.files.insert(r.file.clone(), handle);
+        }
+        let padded = len.next_multiple_of(DIRECT_IO_BLOCK);
+        let aligned = r.offset.is_multiple_of(DIRECT_IO_BLOCK as u64)
+            && (dest as usize).is_multiple_of(DIRECT_IO_BLOCK);
+        let direct = self.files.get(&r.file).is_some_and(|h| h.direct);
+        let got = if direct && aligned && padded <= read.room {
+            // SAFETY: `region_ptr` checked that `room` bytes from `at` lie in the
+            // buffer, and segments of one buffer own disjoint ranges of it
+            // (`SegmentRead::room`), which nobody reads before `segment_done`.
+            let region = unsafe { std::slice::from_raw_parts_mut(dest, padded) };
+            self.direct_into(&r.file, &path, region, r.offset)
+                .map_err(|e| err(e.to_string()))?
+        } else if direct {
+            let start = (r.offset % DIRECT_IO_BLOCK as u64) as usize;
+            let span = (start + len).next_multiple_of(DIRECT_IO_BLOCK);
+            let mut bounce = self.take_bounce(span).map_err(|e| err(e.to_string()))?;
+            let read = self.direct_into(
+                &r.file,
+                &path,
+                &mut bounce.padded_mut()[..span],
+                r.offset - start as u64,
+            );
+            let got = read.map(|n| n.saturating_sub(start).min(len));
+            if let Ok(got) = got {
+                // SAFETY: as above; `got <= len <= room`.
+                let region = unsafe { std::slice::from_raw_parts_mut(dest, got) };
+                region.copy_from_slice(&bounce.padded_mut()[start..start + got]);
+            }
+            self.bounce = Some(bounce);
+            got.map_err(|e| err(e.to_string()))?
+        } else {
+            // SAFETY: as above; a buffered read writes at most `len <= room` bytes.
+            let region = unsafe { std::slice::from_raw_parts_mut(dest, len) };
+            let handle = self
+                .files
+                .get(&r.file)
+                .ok_or_else(|| err("file handle lost".into()))?;
+            read_buffered(&handle.file, region, r.offset).map_err(|e| err(e.to_string()))?
+        };
+        if got < len {
+            return Err(StoreError::ShortRead {
+                drive: self.ctx.drive,
+                path,
+                offset: r.offset,
+                wanted: r.len,
+                got: got as u64,
+            });
+        }
+        Ok(())
     }
-    Ok(got[..len].to_vec())
+
+    /// A direct read into `region` (aligned, whole blocks); falls back to
+    /// buffered reads for good when the file system refuses the read.
+    fn direct_into(
+        &mut self,
+        name: &str,
+        path: &Path,
+        region: &mut [u8],
+        offset: u64,
+    ) -> std::io::Result<usize> {
+        let handle = self
+            .files
+            .get_mut(name)
+            .ok_or_else(|| std::io::Error::other("file handle lost"))?;
+        match read_direct(&handle.file, region, offset) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                // Some file systems accept O_DIRECT at open but refuse the read.
+                warn_buffered(self.ctx, path);
+                *handle = open_buffered(path)?;
+                read_buffered(&handle.file, region, offset)
+            }
+            other => other,
+        }
+    }
+
+    /// The reader's bounce buffer (at least `len` bytes), taken out until
+    /// the read is done.
+    fn take_bounce(&mut self, len: usize) -> Result<AlignedBytes, crate::aligned::AllocError> {
+        match self.bounce.take() {
+            Some(b) if b.capacity() >= len => Ok(b),
+            _ => AlignedBytes::zeroed(len, DIRECT_IO_BLOCK),
+        }
+    }
 }
 
 fn open(ctx: &Context, path: &Path) -> std::io::Result<Handle> {
@@ -136,22 +218,11 @@ fn warn_buffered(ctx: &Context, path: &Path) {
     }
 }
 
-/// Reads at least `len` bytes (rounded up to whole blocks) into an aligned
-/// part of `buffer`, which is grown and reused across reads.
-fn read_direct<'a>(
-    file: &File,
-    buffer: &'a mut Vec<u8>,
-    offset: u64,
-    len: usize,
-) -> std::io::Result<&'a [u8]> {
-    let padded = len.next_multiple_of(DIRECT_IO_BLOCK);
-    if buffer.len() < padded + DIRECT_IO_BLOCK {
-        buffer.resize(padded + DIRECT_IO_BLOCK, 0);
-    }
-    let start = buffer.as_ptr().align_offset(DIRECT_IO_BLOCK);
-    let region = &mut buffer[start..start + padded];
+/// Reads whole blocks into `region` (aligned, a multiple of the block size)
+/// until it is full or the file ends; returns the bytes read.
+fn read_direct(file: &File, region: &mut [u8], offset: u64) -> std::io::Result<usize> {
     let mut got = 0;
-    while got < padded {
+    while got < region.len() {
         let n = file.read_at(&mut region[got..], offset + got as u64)?;
         if n == 0 {
             break;
@@ -162,25 +233,18 @@ fn read_direct<'a>(
             break;
         }
     }
-    Ok(&buffer[start..start + got.min(padded)])
+    Ok(got)
 }
 
-fn read_buffered<'a>(
-    file: &File,
-    buffer: &'a mut Vec<u8>,
-    offset: u64,
-    len: usize,
-) -> std::io::Result<&'a [u8]> {
-    if buffer.len() < len {
-        buffer.resize(len, 0);
-    }
+/// Reads until `region` is full or the file ends; returns the bytes read.
+fn read_buffered(file: &File, region: &mut [u8], offset: u64) -> std::io::Result<usize> {
     let mut got = 0;
-    while got < len {
-        let n = file.read_at(&mut buffer[got..len], offset + got as u64)?;
+    while got < region.len() {
+        let n = file.read_at(&mut region[got..], offset + got as u64)?;
         if n == 0 {
             break;
         }
         got += n;
     }
-    Ok(&buffer[..got])
+    Ok(got)
 }

@@ -6,19 +6,22 @@
 //! bandwidth is probed first with the same kind of reads.
 
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
+use longhaul_engine::cache::StreamingExperts;
 use longhaul_engine::generate::Session;
 use longhaul_engine::generate::sampling::argmax;
+use longhaul_engine::memory;
 use longhaul_engine::metrics::{
     MetricsSampler, belady_hit_rate, lfu_hit_rate, lru_hit_rate, oracle_pin_hit_rate,
     routing_stats, trace,
 };
 use longhaul_engine::pack::Manifest;
-use longhaul_engine::store::StoreConfig;
+use longhaul_engine::pilot::PilotCounters;
 use longhaul_engine::store::probe::{ProbeReport, probe};
+use longhaul_engine::store::{DEFAULT_QUEUE_DEPTH, DriveSnapshot, StoreConfig};
 use longhaul_engine::{Engine, EngineOptions};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -49,7 +52,7 @@ pub struct BenchArgs {
     #[arg(long, value_parser = parse_size, default_value = "256M")]
     probe_bytes: u64,
     /// Reads in flight per drive.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = DEFAULT_QUEUE_DEPTH)]
     queue_depth: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -105,6 +108,90 @@ pub fn probe_pack(
     Ok(report)
 }
 
+/// Counters at one moment, to measure the steady decode window.
+struct Mark {
+    at: Instant,
+    wall: f64,
+    stall: f64,
+    busy_any: Duration,
+    drives: Vec<DriveSnapshot>,
+    pilot: PilotCounters,
+    joined: u64,
+    limit_hits: Option<u64>,
+}
+
+impl Mark {
+    fn take(s: &StreamingExperts) -> Self {
+        Self {
+            at: Instant::now(),
+            wall: 0.0,
+            stall: s.stall_seconds(),
+            busy_any: s.drives_busy(),
+            drives: s.drive_snapshots(),
+            pilot: s.pilot_counters(),
+            joined: s.joined_flights(),
+            limit_hits: memory::cgroup_limit_hits(),
+        }
+    }
+
+    /// What happened between `earlier` and this mark.
+    fn since(&self, earlier: &Mark) -> Mark {
+        Mark {
+            at: self.at,
+            wall: self.at.duration_since(earlier.at).as_secs_f64(),
+            stall: self.stall - earlier.stall,
+            busy_any: self.busy_any.saturating_sub(earlier.busy_any),
+            drives: self
+                .drives
+                .iter()
+                .zip(&earlier.drives)
+                .map(|(d, e)| DriveSnapshot {
+                    bytes: d.bytes - e.bytes,
+                    busy_micros: d.busy_micros.saturating_sub(e.busy_micros),
+                    ..d.clone()
+                })
+                .collect(),
+            pilot: self.pilot.since(&earlier.pilot),
+            joined: self.joined - earlier.joined,
+            limit_hits: self.limit_hits.zip(earlier.limit_hits).map(|(a, b)| a - b),
+        }
+    }
+
+    /// Share of the window each drive had a read in progress.
+    fn busy_shares(&self) -> Vec<f64> {
+        self.drives
+            .iter()
+            .map(|d| d.busy_micros as f64 / 1e6 / self.wall.max(1e-9))
+            .collect()
+    }
+
+    /// Share of the drives' busy time during which the model computed
+    /// rather than waited: how much read time the pipeline hid.
+    fn hidden_share(&self) -> f64 {
+        let busy = self.busy_any.as_secs_f64();
+        if busy <= 0.0 {
+            return 1.0;
+        }
+        (1.0 - self.stall / busy).clamp(0.0, 1.0)
+    }
+}
+
+fn memory_report(
+    start: &memory::ProcessUsage,
+    limit_hits_at_start: Option<u64>,
+    steady: &Mark,
+) -> serde_json::Value {
+    let end = memory::usage();
+    json!({
+        "limit_bytes": memory::available_limit_bytes(),
+        "cgroup_limit_bytes": memory::cgroup_limit_bytes(),
+        "cgroup_limit_hits": memory::cgroup_limit_hits().zip(limit_hits_at_start).map(|(a, b)| a - b),
+        "cgroup_limit_hits_while_decoding": steady.limit_hits,
+        "major_faults": end.major_faults.zip(start.major_faults).map(|(a, b)| a - b),
+        "peak_rss_bytes": end.peak_rss_bytes,
+    })
+}
+
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if !longhaul_engine::pack::is_pack(&args.model) {
         bail!(
@@ -115,6 +202,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.gen_tokens < 2 {
         bail!("--gen must be at least 2");
     }
+    let start_usage = memory::usage();
+    let limit_hits_at_start = memory::cgroup_limit_hits();
+    let budget = args.budget;
     let probe = probe_pack(&args.model, args.probe_bytes, args.queue_depth)?;
     let mut options = EngineOptions::default();
     options.streaming.budget_bytes = args.budget;
@@ -160,9 +250,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let decode_started = Instant::now();
     let hits_before = streaming.cache_counters();
     let mut steady_counters = hits_before;
+    let mut steady_from = Mark::take(streaming);
     for step in 0..args.gen_tokens {
         if step == warmup {
             steady_counters = streaming.cache_counters();
+            steady_from = Mark::take(streaming);
         }
         let (bytes0, stall0) = (drive_bytes(), streaming.stall_seconds());
         let t = Instant::now();
@@ -177,6 +269,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             steady_stall += stall;
         }
     }
+    let steady = Mark::take(streaming).since(&steady_from);
     let decode_seconds = decode_started.elapsed().as_secs_f64();
     let decode_trace = streaming.take_trace();
     let counters = streaming.cache_counters();
@@ -194,7 +287,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let warmup_lookups = (warmup * layers).min(decode_trace.len());
     let count_from = accesses.len() + trace::accesses(&decode_trace[..warmup_lookups]).len();
     accesses.extend(trace::accesses(&decode_trace));
-    let slots = (args.budget / streaming.resident_expert_bytes().max(1)) as usize;
+    let slots = (budget / streaming.resident_expert_bytes().max(1)) as usize;
     let steady_lookups =
         (counters.hits + counters.misses) - (steady_counters.hits + steady_counters.misses);
     let steady_hits = counters.hits - steady_counters.hits;
@@ -210,9 +303,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     streaming
         .save_heat()
         .with_context(|| format!("saving the heat histogram next to {}", args.model.display()))?;
+    let pilot = &steady.pilot;
+    let per_token_steady = |v: f64| v / steady_tokens;
     let report = json!({
         "model": args.model,
-        "budget_bytes": args.budget,
+        "budget_bytes": budget,
         "budget_experts": slots,
         "heat_warm_at_start": heat_was_warm,
         "policy": format!("{:?}", args.cache.policy),
@@ -230,6 +325,23 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "inclusive_tok_s": args.gen_tokens as f64 / decode_seconds.max(1e-9),
         "expert_bytes_per_token": missed_per_token,
         "stall_fraction": steady_stall / steady_seconds.max(1e-9),
+        "stall_seconds_per_token": per_token_steady(steady_stall),
+        "compute_seconds_per_token": per_token_steady(steady_seconds - steady_stall),
+        "drive_busy_share": steady.busy_shares(),
+        "any_drive_busy_share": steady.busy_any.as_secs_f64() / steady.wall.max(1e-9),
+        "read_time_hidden_share": steady.hidden_share(),
+        "prefetch": {
+            "enabled": !args.cache.no_prefetch,
+            "recall": pilot.recall(),
+            "precision": pilot.precision(),
+            "prefetched_bytes_per_token": per_token_steady(pilot.prefetch_bytes as f64),
+            "wasted_bytes_per_token": per_token_steady(pilot.wasted_bytes as f64),
+            "waste_per_useful_byte": pilot.waste_per_useful_byte(),
+            "demand_joined_a_read_per_token": per_token_steady(steady.joined as f64),
+            "counters": pilot,
+        },
+        "memory": memory_report(&start_usage, limit_hits_at_start, &steady),
+        "kernels": longhaul_engine::kernels::instruction_set(),
         "hit_rate": steady_hits as f64 / steady_lookups.max(1) as f64,
         "decode_hit_rate": decode_hits as f64 / decode_lookups.max(1) as f64,
         "lru_replay_hit_rate": lru_hit_rate(&accesses, slots, count_from),

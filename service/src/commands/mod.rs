@@ -82,6 +82,9 @@ pub struct CacheArgs {
     /// per budget of f32; kernels compute from them as they are) or widened to f32.
     #[arg(long, default_value = "stored", value_parser = ["stored", "f32"])]
     pub cache_dtype: String,
+    /// Do not read the experts predicted for the next layer ahead of time.
+    #[arg(long)]
+    pub no_prefetch: bool,
 }
 
 impl CacheArgs {
@@ -89,6 +92,7 @@ impl CacheArgs {
         options.policy = self.policy;
         options.pinned_fraction = self.pinned_fraction;
         options.keep_stored_dtype = self.cache_dtype == "stored";
+        options.prefetch = !self.no_prefetch;
     }
 }
 

@@ -10,7 +10,7 @@ use super::experts::ExpertProvider;
 use super::mla::LatentAttention;
 use super::moe::MoeBlock;
 use super::rope::Rope;
-use super::{Linear, Mlp, RmsNorm};
+use super::{Linear, Mlp, RmsNorm, values};
 use crate::kernels::Matrix;
 use crate::model::{ModelError, kv_cache::KvCache};
 use crate::weights::Weights;
@@ -73,6 +73,26 @@ pub struct Decoder {
 }
 
 impl Decoder {
+    /// Guesses which experts layer `layer` will ask for from the residual
+    /// stream `x` as it is now (an earlier layer's), through that layer's own
+    /// norm and router, and tells the expert provider.
+    fn pilot(&self, layer: usize, x: &Tensor) -> Result<(), ModelError> {
+        let Some(next) = self.layers.get(layer) else {
+            return Ok(());
+        };
+        let FeedForward::Sparse(moe) = &next.ffn else {
+            return Ok(());
+        };
+        if !self.experts.wants_hints() {
+            return Ok(());
+        }
+        let (n, _) = x.dims2()?;
+        let normed = next.post_attention_norm.forward_values(&values(x)?);
+        let ids = moe.predict(&normed, n)?;
+        self.experts.prefetch(layer, &ids);
+        Ok(())
+    }
+
     pub fn new_cache(&self) -> KvCache {
         KvCache::new(self.layers.len())
     }
@@ -101,6 +121,7 @@ impl Decoder {
             self.embed.row_into(id as usize, row)?;
         }
         let mut x = Tensor::from_vec(rows, (seq, hidden), &Device::Cpu)?;
+        self.pilot(0, &x)?;
         for (index, layer) in self.layers.iter().enumerate() {
             let h = layer.input_norm.forward(&x)?;
             let h = match &layer.attention {
@@ -110,8 +131,17 @@ impl Decoder {
             x = (x + h)?;
             let h = layer.post_attention_norm.forward(&x)?;
             let h = match &layer.ffn {
-                FeedForward::Dense(m) => m.forward(&h)?,
-                FeedForward::Sparse(m) => m.forward(&h, self.experts.as_ref())?,
+                FeedForward::Dense(m) => {
+                    self.pilot(index + 1, &x)?;
+                    m.forward(&h)?
+                }
+                FeedForward::Sparse(m) => {
+                    // This layer's reads are queued first, then the guess
+                    // for the next one, then the experts are computed.
+                    let started = m.start(&h, self.experts.as_ref())?;
+                    self.pilot(index + 1, &x)?;
+                    m.finish(started)?
+                }
             };
             x = (x + h)?;
         }

@@ -61,7 +61,7 @@ impl Expert {
 
 /// Errors from fetching experts, kept apart so a streaming provider can name
 /// the drive, file and offset that failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ExpertError {
     #[error("layer {layer} has no routed experts")]
     NoSuchLayer { layer: usize },
@@ -75,10 +75,26 @@ pub enum ExpertError {
     Source(String),
 }
 
+/// A layer's experts as they become available: (position in the request,
+/// expert), in no particular order.
+pub type ExpertStream<'a> =
+    Box<dyn Iterator<Item = Result<(usize, Arc<Expert>), ExpertError>> + 'a>;
+
 /// Hands out routed experts by (layer, ids).
 pub trait ExpertProvider: Send + Sync {
-    /// Returns the experts `ids` of `layer`, in the order asked.
-    fn experts(&self, layer: usize, ids: &[usize]) -> Result<Vec<Arc<Expert>>, ExpertError>;
+    /// Starts getting experts `ids` of `layer` and hands each over as soon as
+    /// it is available, so the caller can compute with the first while the
+    /// others are on their way. Results are exact whatever the order.
+    fn fetch<'a>(&'a self, layer: usize, ids: &[usize]) -> Result<ExpertStream<'a>, ExpertError>;
+
+    /// A hint that `layer` will soon ask for `ids`. Providers that hold
+    /// everything in RAM ignore it.
+    fn prefetch(&self, _layer: usize, _ids: &[usize]) {}
+
+    /// Whether [`ExpertProvider::prefetch`] hints are worth computing.
+    fn wants_hints(&self) -> bool {
+        false
+    }
 }
 
 /// Every routed expert held in RAM.
@@ -94,12 +110,13 @@ impl ResidentExperts {
 }
 
 impl ExpertProvider for ResidentExperts {
-    fn experts(&self, layer: usize, ids: &[usize]) -> Result<Vec<Arc<Expert>>, ExpertError> {
+    fn fetch<'a>(&'a self, layer: usize, ids: &[usize]) -> Result<ExpertStream<'a>, ExpertError> {
         let all = self
             .layers
             .get(&layer)
             .ok_or(ExpertError::NoSuchLayer { layer })?;
-        ids.iter()
+        let experts = ids
+            .iter()
             .map(|&id| {
                 all.get(id).cloned().ok_or(ExpertError::NoSuchExpert {
                     layer,
@@ -107,7 +124,8 @@ impl ExpertProvider for ResidentExperts {
                     count: all.len(),
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Box::new(experts.into_iter().enumerate().map(Ok)))
     }
 }
 

@@ -5,11 +5,10 @@
 //! arrived in — one half of the exactness invariant.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 
-use super::experts::{Expert, ExpertProvider};
+use super::experts::{Expert, ExpertProvider, ExpertStream};
 use super::router::{Router, Scoring};
 use super::{Linear, Mlp, values};
 use crate::model::ModelError;
@@ -42,6 +41,17 @@ impl MoeBlock {
     }
 
     pub fn forward(&self, x: &Tensor, experts: &dyn ExpertProvider) -> Result<Tensor, ModelError> {
+        let started = self.start(x, experts)?;
+        self.finish(started)
+    }
+
+    /// Routes the rows of `x` (`[tokens, hidden]`) and asks for their experts,
+    /// so the reads are on their way while the caller does other work.
+    pub fn start<'a>(
+        &self,
+        x: &Tensor,
+        experts: &'a dyn ExpertProvider,
+    ) -> Result<Started<'a>, ModelError> {
         let (n, hidden) = x.dims2()?;
         let xs = values(x)?;
         let routes = self.router.route_values(&xs, n)?;
@@ -54,20 +64,42 @@ impl MoeBlock {
                 entry.1.push(weight);
             }
         }
-        // A long prompt can touch every expert of a layer; asking for them in
-        // groups of top-k bounds the experts held outside the cache at once.
         let ids: Vec<usize> = by_expert.keys().copied().collect();
-        let group = self.router.top_k().max(1);
-        let mut outputs: Vec<Vec<f32>> = Vec::with_capacity(ids.len());
-        for chunk in ids.chunks(group) {
-            let handles = experts.experts(self.layer, chunk)?;
-            for (id, expert) in chunk.iter().zip(handles.iter().map(Arc::as_ref)) {
-                let (rows, weights) = &by_expert[id];
-                outputs.push(weighted_output(expert, &xs, hidden, rows, weights)?);
-            }
+        let stream = experts.fetch(self.layer, &ids)?;
+        Ok(Started {
+            xs,
+            n,
+            hidden,
+            by_expert,
+            stream,
+        })
+    }
+
+    /// Computes each expert as it arrives, then adds their outputs in
+    /// ascending id order (and the shared expert last), whatever the order of
+    /// arrival.
+    pub fn finish(&self, started: Started<'_>) -> Result<Tensor, ModelError> {
+        let Started {
+            xs,
+            n,
+            hidden,
+            by_expert,
+            stream,
+        } = started;
+        let routes: Vec<&(Vec<usize>, Vec<f32>)> = by_expert.values().collect();
+        let mut outputs: Vec<Option<Vec<f32>>> = vec![None; routes.len()];
+        for item in stream {
+            let (pos, expert) = item?;
+            let (rows, weights) = routes
+                .get(pos)
+                .ok_or(ModelError::Internal("an expert arrived for no request"))?;
+            outputs[pos] = Some(weighted_output(&expert, &xs, hidden, rows, weights)?);
         }
         let mut out = vec![0f32; n * hidden];
-        for ((rows, _), y) in by_expert.values().zip(&outputs) {
+        for ((rows, _), y) in routes.iter().zip(&outputs) {
+            let y = y
+                .as_ref()
+                .ok_or(ModelError::Internal("an expert never arrived"))?;
             for (&row, part) in rows.iter().zip(y.chunks_exact(hidden.max(1))) {
                 for (o, v) in out[row * hidden..(row + 1) * hidden].iter_mut().zip(part) {
                     *o += v;
@@ -82,6 +114,27 @@ impl MoeBlock {
         }
         Ok(Tensor::from_vec(out, (n, hidden), &Device::Cpu)?)
     }
+
+    /// The experts this layer's router picks for the `n` rows of `normed`
+    /// (already through the layer's post-attention norm), ascending: the
+    /// pilot's guess when `normed` comes from an earlier layer.
+    pub fn predict(&self, normed: &[f32], n: usize) -> Result<Vec<usize>, ModelError> {
+        let routes = self.router.route_values(normed, n)?;
+        let mut ids: Vec<usize> = routes.iter().flatten().map(|&(e, _)| e).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(ids)
+    }
+}
+
+/// A MoE step under way: rows routed, experts asked for.
+pub struct Started<'a> {
+    xs: Vec<f32>,
+    n: usize,
+    hidden: usize,
+    /// expert id → (token rows, weights), in ascending id order.
+    by_expert: BTreeMap<usize, (Vec<usize>, Vec<f32>)>,
+    stream: ExpertStream<'a>,
 }
 
 /// One expert applied to the given rows of `x`, each output row scaled by

@@ -1,0 +1,107 @@
+//! Reused record buffers.
+//!
+//! An expert record is read into a block-aligned buffer that then serves as
+//! the expert's weights for as long as anyone holds the expert; when the last
+//! holder lets go, the buffer goes back to the pool for the next read. All
+//! records of a layer have one size, so after the first tokens no read
+//! allocates, and the process's memory stays where the budget put it instead
+//! of drifting with the allocator's fragmentation.
+
+use std::collections::HashMap;
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::aligned::{AlignedBytes, AllocError};
+use crate::store::DIRECT_IO_BLOCK;
+
+#[derive(Debug, Default)]
+pub struct BufferPool {
+    /// Free buffers by capacity.
+    free: Mutex<HashMap<usize, Vec<AlignedBytes>>>,
+    /// Bytes of every buffer the pool has allocated (held or free).
+    allocated: AtomicU64,
+}
+
+impl BufferPool {
+    /// A buffer for a `len`-byte record: a free one of the right size, or a new one.
+    pub fn take(self: &Arc<Self>, len: usize) -> Result<PooledBuf, AllocError> {
+        let capacity = len.max(1).next_multiple_of(DIRECT_IO_BLOCK);
+        let reused = self
+            .free
+            .lock()
+            .ok()
+            .and_then(|mut f| f.get_mut(&capacity).and_then(Vec::pop));
+        let buf = match reused {
+            Some(b) => b,
+            None => {
+                let b = AlignedBytes::zeroed(capacity, DIRECT_IO_BLOCK)?;
+                self.allocated
+                    .fetch_add(b.capacity() as u64, Ordering::Relaxed);
+                b
+            }
+        };
+        Ok(PooledBuf {
+            buf: ManuallyDrop::new(buf),
+            len,
+            pool: Arc::clone(self),
+        })
+    }
+
+    /// Bytes of every buffer allocated so far, in use or free.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.allocated.load(Ordering::Relaxed)
+    }
+}
+
+/// A pooled buffer holding one record of `len` bytes; returns to its pool on drop.
+#[derive(Debug)]
+pub struct PooledBuf {
+    buf: ManuallyDrop<AlignedBytes>,
+    len: usize,
+    pool: Arc<BufferPool>,
+}
+
+impl PooledBuf {
+    /// The whole aligned buffer, for readers to fill.
+    pub fn aligned(&self) -> &AlignedBytes {
+        &self.buf
+    }
+}
+
+impl AsRef<[u8]> for PooledBuf {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf.as_slice()[..self.len]
+    }
+}
+
+impl Drop for PooledBuf {
+    fn drop(&mut self) {
+        // SAFETY: `buf` is not used again after this.
+        let b = unsafe { ManuallyDrop::take(&mut self.buf) };
+        if let Ok(mut free) = self.pool.free.lock() {
+            free.entry(b.capacity()).or_default().push(b);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_reused_after_their_holders_let_go() {
+        let pool = Arc::new(BufferPool::default());
+        let a = pool.take(5000).unwrap();
+        assert_eq!(a.as_ref().len(), 5000);
+        assert_eq!(
+            a.aligned().as_slice().as_ptr() as usize % DIRECT_IO_BLOCK,
+            0
+        );
+        let ptr = a.aligned().as_slice().as_ptr();
+        drop(a);
+        let b = pool.take(6000).unwrap();
+        assert_eq!(b.aligned().as_slice().as_ptr(), ptr, "same size class");
+        assert_eq!(pool.allocated_bytes(), 8192);
+    }
+}

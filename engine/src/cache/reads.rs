@@ -1,0 +1,159 @@
+//! Records in flight: the table that makes sure no expert is read twice at
+//! once, and what happens when a record's last segment lands.
+//!
+//! A record is read segment by segment (one per drive) straight into a pooled
+//! buffer. The reader thread that completes the last segment checks the
+//! record's checksum and turns the buffer into an expert without copying it,
+//! then files it in the cache (if room was reserved) and hands it to everyone
+//! waiting — all off the model's thread.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+
+use super::budget::ExpertCache;
+use super::pool::{BufferPool, PooledBuf};
+use crate::aligned::AlignedBytes;
+use crate::model::{Expert, ExpertError};
+use crate::pack::encoding::ExpertEncoding;
+use crate::pack::manifest::{ExpertLayer, Segment, hash_hex};
+use crate::pilot::Scorecard;
+use crate::store::{ReadTarget, StoreError};
+
+pub(super) type Key = (usize, usize);
+
+/// An expert handed to a waiter: its position in the waiter's request.
+pub(super) type Arrival = (usize, Result<Arc<Expert>, ExpertError>);
+
+/// One record being read.
+pub(super) struct Flight {
+    pub ticket: u64,
+    /// Room was reserved in the cache: the expert is kept once read.
+    pub kept: bool,
+    /// Started on a prediction and not asked for yet.
+    pub speculative: bool,
+    /// Who gets the expert, and at which position of their request.
+    pub waiters: Vec<(mpsc::Sender<Arrival>, usize)>,
+}
+
+/// Everything guarded by one lock: the cache, the flights and the pilot's score.
+pub(super) struct State {
+    pub cache: ExpertCache,
+    pub flights: HashMap<Key, Flight>,
+    pub score: Scorecard,
+    /// Demand lookups that found their expert already being read.
+    pub joined_flights: u64,
+}
+
+/// What the readers of a pack share with the model's side.
+pub(super) struct Shared {
+    pub layers: HashMap<usize, ExpertLayer>,
+    pub encoding: ExpertEncoding,
+    pub verify: bool,
+    pub keep_stored: bool,
+    pub state: Mutex<State>,
+    pub pool: Arc<BufferPool>,
+    pub next_ticket: AtomicU64,
+}
+
+pub(super) fn poisoned() -> ExpertError {
+    ExpertError::Source("the expert cache was poisoned by an earlier panic".to_string())
+}
+
+impl Shared {
+    /// Files an arrived (or failed) record and wakes its waiters.
+    fn arrived(&self, key: Key, outcome: Result<Arc<Expert>, ExpertError>) {
+        let flight = {
+            let Ok(mut st) = self.state.lock() else {
+                return;
+            };
+            let Some(flight) = st.flights.remove(&key) else {
+                return;
+            };
+            match &outcome {
+                Ok(expert) if flight.kept => st.cache.fill(key.0, key.1, Arc::clone(expert)),
+                Err(_) if flight.kept => st.cache.cancel(key.0, key.1),
+                _ => {}
+            }
+            flight
+        };
+        for (tx, pos) in flight.waiters {
+            // A waiter that gave up (an error elsewhere) no longer listens.
+            let _ = tx.send((pos, outcome.clone()));
+        }
+    }
+
+    /// Checks a complete record and turns its buffer into an expert.
+    fn decode(
+        &self,
+        key: Key,
+        buf: &Arc<PooledBuf>,
+        segments: &[Segment],
+    ) -> Result<Arc<Expert>, ExpertError> {
+        let (layer_index, id) = key;
+        let layer = self
+            .layers
+            .get(&layer_index)
+            .ok_or(ExpertError::NoSuchLayer { layer: layer_index })?;
+        let record = layer.records.get(id).ok_or(ExpertError::NoSuchExpert {
+            layer: layer_index,
+            id,
+            count: layer.records.len(),
+        })?;
+        let bytes: &[u8] = (**buf).as_ref();
+        if self.verify && hash_hex(bytes) != record.xxh3_128 {
+            let places: Vec<String> = segments
+                .iter()
+                .map(|s| format!("drive {} {} at offset {}", s.drive, s.file, s.offset))
+                .collect();
+            return Err(ExpertError::Source(format!(
+                "layer {layer_index} expert {id}: checksum mismatch in {} (the record is corrupt)",
+                places.join(", ")
+            )));
+        }
+        let name = format!("layer {layer_index} expert {id}");
+        let shared: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::clone(buf) as _;
+        self.encoding
+            .decode(
+                shared,
+                layer.hidden,
+                layer.intermediate,
+                self.keep_stored,
+                &name,
+            )
+            .map(Arc::new)
+            .map_err(|e| ExpertError::Source(e.to_string()))
+    }
+}
+
+/// A record being assembled from its segments.
+pub(super) struct RecordRead {
+    pub shared: Arc<Shared>,
+    pub key: Key,
+    pub buf: Arc<PooledBuf>,
+    pub remaining: AtomicUsize,
+    pub error: Mutex<Option<StoreError>>,
+    pub segments: Vec<Segment>,
+}
+
+impl ReadTarget for RecordRead {
+    fn buffer(&self) -> &AlignedBytes {
+        self.buf.aligned()
+    }
+
+    fn segment_done(&self, result: Result<(), StoreError>) {
+        if let Err(e) = result
+            && let Ok(mut first) = self.error.lock()
+        {
+            first.get_or_insert(e);
+        }
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let failed = self.error.lock().ok().and_then(|mut e| e.take());
+            let outcome = match failed {
+                Some(e) => Err(ExpertError::Source(e.to_string())),
+                None => self.shared.decode(self.key, &self.buf, &self.segments),
+            };
+            self.shared.arrived(self.key, outcome);
+        }
+    }
+}
