@@ -19,12 +19,20 @@ pub struct AllocError {
     pub align: usize,
 }
 
-/// A zero-initialised heap buffer of `len` bytes whose address is a multiple
-/// of `align`, with room up to the next multiple of `align` after `len`.
+/// Buffers at least this large are mapped straight from the system rather
+/// than taken from the allocator's heap: their pages go back to the system
+/// when they are dropped. Through the heap, 128 MiB of probe buffers freed
+/// before the model loaded stayed resident and pushed a 2 GiB run over its
+/// limit.
+const MAP_THRESHOLD: usize = 256 << 10;
+
+/// A zero-initialised buffer of `len` bytes whose address is a multiple of
+/// `align`, with room up to the next multiple of `align` after `len`.
 pub struct AlignedBytes {
     ptr: NonNull<u8>,
     len: usize,
     layout: Layout,
+    mapped: bool,
 }
 
 // SAFETY: the buffer owns its allocation exclusively; shared access only reads.
@@ -39,10 +47,24 @@ impl AlignedBytes {
         let err = || AllocError { len, align };
         let capacity = len.max(1).checked_next_multiple_of(align).ok_or_else(err)?;
         let layout = Layout::from_size_align(capacity, align).map_err(|_| err())?;
+        if capacity >= MAP_THRESHOLD && align <= page_size() {
+            let ptr = map(capacity).ok_or_else(err)?;
+            return Ok(Self {
+                ptr,
+                len,
+                layout,
+                mapped: true,
+            });
+        }
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).ok_or_else(err)?;
-        Ok(Self { ptr, len, layout })
+        Ok(Self {
+            ptr,
+            len,
+            layout,
+            mapped: false,
+        })
     }
 
     /// A copy of `bytes` aligned to `align`.
@@ -109,9 +131,40 @@ impl AsRef<[u8]> for AlignedBytes {
 
 impl Drop for AlignedBytes {
     fn drop(&mut self) {
-        // SAFETY: allocated in `zeroed` with this layout.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        if self.mapped {
+            // SAFETY: mapped in `zeroed` with this length; nothing refers to it now.
+            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.layout.size()) };
+        } else {
+            // SAFETY: allocated in `zeroed` with this layout.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        }
     }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size).unwrap_or(4096)
+}
+
+/// `len` zeroed bytes of private anonymous memory, page-aligned.
+fn map(len: usize) -> Option<NonNull<u8>> {
+    // SAFETY: an anonymous private mapping with no address hint; the result
+    // is checked before use.
+    let raw = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANON,
+            -1,
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        return None;
+    }
+    NonNull::new(raw.cast())
 }
 
 impl std::fmt::Debug for AlignedBytes {
@@ -129,7 +182,14 @@ mod tests {
 
     #[test]
     fn buffers_are_aligned_zeroed_and_padded() {
-        for (len, align) in [(0, 64), (1, 4096), (4096, 4096), (5000, 4096), (33, 64)] {
+        for (len, align) in [
+            (0, 64),
+            (1, 4096),
+            (4096, 4096),
+            (5000, 4096),
+            (33, 64),
+            (3 << 20, 4096),
+        ] {
             let mut b = AlignedBytes::zeroed(len, align).unwrap();
             assert_eq!(b.as_slice().as_ptr() as usize % align, 0);
             assert_eq!(b.len(), len);

@@ -12,6 +12,7 @@ use candle_core::Tensor;
 
 use crate::cache::{StreamingExperts, StreamingOptions};
 use crate::generate::{self, Flow, GenerateError, Generation, GenerationSettings};
+use crate::memory::{MemoryError, MemoryPlan, MemorySettings};
 use crate::model::{Decoder, LogitsFor, ModelError, ModelSpec, parse_token_ids};
 use crate::model::{ExpertError, ExpertProvider};
 use crate::pack::{self, Manifest, PackError};
@@ -32,6 +33,12 @@ pub enum EngineError {
     Pack(#[from] PackError),
     #[error("{path}: {reason}")]
     GenerationConfig { path: PathBuf, reason: String },
+    #[error("{path}: {source}")]
+    Memory {
+        path: PathBuf,
+        #[source]
+        source: MemoryError,
+    },
 }
 
 impl EngineError {
@@ -58,6 +65,8 @@ pub struct Engine {
     tokenizer: Option<TextTokenizer>,
     eos_token_ids: Vec<u32>,
     path: PathBuf,
+    /// How the memory limit was spent, when one was given for a pack.
+    memory_plan: Option<MemoryPlan>,
 }
 
 const CONFIG_FILE: &str = "config.json";
@@ -68,6 +77,9 @@ const GENERATION_CONFIG_FILE: &str = "generation_config.json";
 pub struct EngineOptions {
     /// Used when the model is a pack.
     pub streaming: StreamingOptions,
+    /// A total memory limit: for a pack, the expert budget is derived from
+    /// it (or checked against it), before anything is loaded.
+    pub memory: Option<MemorySettings>,
 }
 
 /// How far loading has come, in bytes of stored weights.
@@ -144,12 +156,23 @@ impl Engine {
             });
         }
         let spec = ModelSpec::read(&config).map_err(ModelError::from)?;
+        let mut memory_plan = None;
         let (checkpoint, streaming) = if pack::is_pack(path) {
             let manifest = Manifest::read(path)?;
+            let mut streaming_options = options.streaming.clone();
+            if let Some(m) = &options.memory {
+                let plan = plan_memory(path, &spec, &manifest, &streaming_options, m)?;
+                streaming_options.budget_bytes = plan.budget_bytes.min(if m.budget_given {
+                    streaming_options.budget_bytes
+                } else {
+                    u64::MAX
+                });
+                memory_plan = Some(plan);
+            }
             let resident =
                 SafetensorsCheckpoint::open_files(path, vec![manifest.resident.path.clone()])
                     .map_err(ModelError::from)?;
-            let experts = StreamingExperts::open(path, &manifest, &options.streaming)
+            let experts = StreamingExperts::open(path, &manifest, &streaming_options)
                 .map_err(ModelError::from)?;
             (resident, Some(Arc::new(experts)))
         } else {
@@ -166,6 +189,9 @@ impl Engine {
         };
         let provider = streaming.clone().map(|s| s as Arc<dyn ExpertProvider>);
         let decoder = spec.build(&source, provider)?;
+        // The weights are in RAM now; their file's pages would only count
+        // against the memory limit.
+        checkpoint.drop_page_cache();
         let tokenizer = if path.join("tokenizer.json").is_file() {
             Some(TextTokenizer::from_dir(path)?)
         } else {
@@ -184,7 +210,13 @@ impl Engine {
             tokenizer,
             eos_token_ids,
             path: path.to_path_buf(),
+            memory_plan,
         })
+    }
+
+    /// How the memory limit was spent, when one was given for a pack.
+    pub fn memory_plan(&self) -> Option<&MemoryPlan> {
+        self.memory_plan.as_ref()
     }
 
     /// Cache and drive counters when running from a pack.
@@ -280,6 +312,43 @@ impl Engine {
             on_text,
         )?)
     }
+}
+
+/// Plans a pack's memory before anything is loaded: resident weights as
+/// stored, the attention cache for the context asked, one-use read buffers,
+/// and what is left for experts (or a check of the budget given).
+fn plan_memory(
+    path: &Path,
+    spec: &ModelSpec,
+    manifest: &Manifest,
+    streaming: &StreamingOptions,
+    m: &MemorySettings,
+) -> Result<MemoryPlan, EngineError> {
+    let err = |source| EngineError::Memory {
+        path: path.to_path_buf(),
+        source,
+    };
+    let smallest_expert = manifest
+        .experts
+        .layers
+        .iter()
+        .flat_map(|l| &l.records)
+        .map(|r| r.len)
+        .min()
+        .unwrap_or(0);
+    let plan = MemoryPlan::new(
+        m.limit_bytes,
+        manifest.resident.size,
+        m.context_tokens,
+        spec.kv_bytes_per_token(),
+        streaming.window_bytes,
+        smallest_expert,
+    )
+    .map_err(err)?;
+    if m.budget_given {
+        plan.check(streaming.budget_bytes).map_err(err)?;
+    }
+    Ok(plan)
 }
 
 fn read_generation_eos(dir: &Path) -> Result<Vec<u32>, EngineError> {

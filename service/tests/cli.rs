@@ -330,6 +330,69 @@ fn pack_errors_are_explained() {
     assert!(stderr(&out).contains("not a size"), "{}", stderr(&out));
 }
 
+/// `--mem` derives the expert budget from a memory limit, and a limit that
+/// cannot hold the model, or a budget that does not fit in it, is refused
+/// before anything is loaded, with the numbers.
+#[test]
+fn a_memory_limit_sets_the_budget_or_is_refused_with_the_numbers() {
+    let dir = fixtures()
+        .into_iter()
+        .find(|d| d.ends_with("qwen3_moe_recent"))
+        .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let drives = drive_folders(tmp.path(), 2);
+    let pack = tmp.path().join("pack");
+    assert!(pack_cli(&dir, &pack, &drives, &[]).status.success());
+    let bench = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "--model",
+            pack.to_str().unwrap(),
+            "--prompt-tokens",
+            "4",
+            "--gen",
+            "4",
+            "--probe-bytes",
+            "64K",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        longhaul(&args)
+    };
+    let out = bench(&["--mem", "512M", "--budget", "auto"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let b: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let plan = &b["memory_plan"];
+    assert_eq!(plan["limit_bytes"], 512u64 << 20);
+    assert_eq!(b["budget_bytes"], plan["budget_bytes"]);
+    let spent: u64 = [
+        "resident_bytes",
+        "kv_bytes",
+        "window_bytes",
+        "runtime_bytes",
+        "headroom_bytes",
+        "budget_bytes",
+    ]
+    .iter()
+    .map(|k| plan[k].as_u64().unwrap())
+    .sum();
+    assert_eq!(spent, 512 << 20);
+    assert!(stderr(&out).contains("experts up to"), "{}", stderr(&out));
+
+    let out = bench(&["--mem", "64M"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("leaves no room for experts") && err.contains("raise the limit"),
+        "{err}"
+    );
+    let out = bench(&["--mem", "512M", "--budget", "1G"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("does not fit"), "{}", stderr(&out));
+    let out = bench(&["--mem", "lots"]);
+    assert!(stderr(&out).contains("or `auto`"), "{}", stderr(&out));
+}
+
 #[test]
 fn synth_pack_and_bench_report_consistent_figures() {
     let tmp = tempfile::tempdir().unwrap();
@@ -405,6 +468,11 @@ fn synth_pack_and_bench_report_consistent_figures() {
         "routing varies across tokens"
     );
     assert!(b["cache"]["held_bytes"].as_u64().unwrap() <= 200 * 1024);
+    let recall = b["prefetch"]["recall"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&recall), "prefetch recall {recall}");
+    assert_eq!(b["drive_busy_share"].as_array().unwrap().len(), 2);
+    assert!(b["memory"]["peak_rss_bytes"].as_u64().unwrap() > 0);
+    assert!(f("stall_seconds_per_token") >= 0.0 && f("compute_seconds_per_token") > 0.0);
     let lines: Vec<Value> = std::fs::read_to_string(&trace)
         .unwrap()
         .lines()

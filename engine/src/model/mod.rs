@@ -149,6 +149,19 @@ impl ModelSpec {
         }
     }
 
+    /// Bytes the attention cache holds per position (f32, every layer).
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        const F32: u64 = 4;
+        let (layers, per_layer) = match &self.architecture {
+            Architecture::Qwen3Moe(c) => (c.common.num_layers, 2 * c.kv_heads * c.head_dim),
+            Architecture::Mixtral(c) => (c.common.num_layers, 2 * c.kv_heads * c.head_dim),
+            Architecture::DeepseekV3(c) => {
+                (c.common.num_layers, c.kv_lora_rank + c.qk_rope_head_dim)
+            }
+        };
+        (layers * per_layer) as u64 * F32
+    }
+
     /// Builds the model from `source`. With `experts` set, routed experts come
     /// from that provider; otherwise they are loaded from `source` into RAM.
     pub fn build(

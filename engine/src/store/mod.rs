@@ -294,6 +294,18 @@ impl DriveStore {
 
     /// Reads every request, in parallel across drives; results in request order.
     pub fn read_all(&self, requests: &[ReadRequest]) -> Result<Vec<Vec<u8>>, StoreError> {
+        let mut out: Vec<Vec<u8>> = vec![Vec::new(); requests.len()];
+        self.read_each(requests, |slot, bytes| out[slot] = bytes.to_vec())?;
+        Ok(out)
+    }
+
+    /// Reads every request, in parallel across drives, each into its own
+    /// buffer, and shows each to `seen` (with its index) as it lands.
+    pub fn read_each(
+        &self,
+        requests: &[ReadRequest],
+        mut seen: impl FnMut(usize, &[u8]),
+    ) -> Result<(), StoreError> {
         let (tx, rx) = mpsc::channel();
         for (slot, r) in requests.iter().enumerate() {
             let len = usize::try_from(r.len)
@@ -301,10 +313,11 @@ impl DriveStore {
             let buffer = AlignedBytes::zeroed(len, DIRECT_IO_BLOCK)
                 .map_err(|e| StoreError::Alloc(e.to_string()))?;
             let room = buffer.capacity();
-            let target = Arc::new(Collect {
+            let target = Arc::new_cyclic(|this| Collect {
                 buffer,
                 slot,
-                done: Mutex::new(tx.clone()),
+                done: Mutex::new(Some(tx.clone())),
+                this: this.clone(),
             });
             self.submit(
                 SegmentRead {
@@ -318,17 +331,17 @@ impl DriveStore {
             )?;
         }
         drop(tx);
-        let mut out: Vec<Vec<u8>> = vec![Vec::new(); requests.len()];
         let mut received = 0;
-        for (slot, result) in rx.iter() {
-            out[slot] = result?;
+        for (slot, target, result) in rx.iter() {
+            result?;
+            seen(slot, target.buffer.as_slice());
             received += 1;
         }
         if received < requests.len() {
             let drive = requests.first().map_or(0, |r| r.drive);
             return Err(StoreError::WorkerGone { drive });
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Bytes asked of each drive and not yet read.
@@ -365,14 +378,15 @@ impl DriveStore {
     }
 }
 
-/// A finished whole read: its index and its bytes.
-type Collected = (usize, Result<Vec<u8>, StoreError>);
+/// A finished whole read: its index, its buffer and how it went.
+type Collected = (usize, Arc<Collect>, Result<(), StoreError>);
 
 /// A whole read into its own buffer, handed back through a channel.
 struct Collect {
     buffer: AlignedBytes,
     slot: usize,
-    done: Mutex<mpsc::Sender<Collected>>,
+    done: Mutex<Option<mpsc::Sender<Collected>>>,
+    this: std::sync::Weak<Collect>,
 }
 
 impl ReadTarget for Collect {
@@ -381,10 +395,11 @@ impl ReadTarget for Collect {
     }
 
     fn segment_done(&self, result: Result<(), StoreError>) {
-        let result = result.map(|()| self.buffer.as_slice().to_vec());
-        if let Ok(tx) = self.done.lock() {
+        let this = self.this.upgrade();
+        let tx = self.done.lock().ok().and_then(|mut d| d.take());
+        if let (Some(this), Some(tx)) = (this, tx) {
             // The requester may have given up; nothing to do then.
-            let _ = tx.send((self.slot, result));
+            let _ = tx.send((self.slot, this, result));
         }
     }
 }
@@ -405,6 +420,22 @@ impl Drop for DriveStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One buffer filled by several segments, each reporting on a channel.
+    struct Record {
+        buffer: AlignedBytes,
+        done: Mutex<mpsc::Sender<Result<(), StoreError>>>,
+    }
+
+    impl ReadTarget for Record {
+        fn buffer(&self) -> &AlignedBytes {
+            &self.buffer
+        }
+
+        fn segment_done(&self, result: Result<(), StoreError>) {
+            let _ = self.done.lock().unwrap().send(result);
+        }
+    }
 
     /// Lands segments of one file in one buffer the way records are
     /// assembled: block-aligned ones straight in, others through a bounce
@@ -434,9 +465,8 @@ mod tests {
             };
             let store = DriveStore::open(&[dir.path().to_path_buf()], &config).unwrap();
             let (tx, rx) = mpsc::channel();
-            let target = Arc::new(Collect {
+            let target = Arc::new(Record {
                 buffer: AlignedBytes::zeroed(5 * DIRECT_IO_BLOCK, DIRECT_IO_BLOCK).unwrap(),
-                slot: 0,
                 done: Mutex::new(tx),
             });
             for (i, &(offset, len, at)) in cases.iter().enumerate() {
@@ -457,10 +487,10 @@ mod tests {
                 };
                 store.submit(read, Priority::Prefetch).unwrap();
             }
-            let mut whole = Vec::new();
             for _ in 0..cases.len() {
-                whole = rx.recv().unwrap().1.unwrap();
+                rx.recv().unwrap().unwrap();
             }
+            let whole = target.buffer.as_slice();
             for &(offset, len, at) in &cases {
                 assert_eq!(
                     &whole[at..at + len],

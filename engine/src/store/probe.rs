@@ -92,7 +92,7 @@ pub fn probe(
     // In waves, so memory stays at a few chunks per drive whatever the limit.
     let wave = (drives.len() * config.queue_depth.max(1) * PROBE_WAVE_PER_WORKER).max(1);
     for batch in requests.chunks(wave) {
-        store.read_all(batch)?;
+        store.read_each(batch, |_, _| {})?;
     }
     let seconds = started.elapsed().as_secs_f64().max(1e-9);
     let total: u64 = per_drive.iter().sum();

@@ -78,6 +78,22 @@ impl SafetensorsCheckpoint {
             .sum()
     }
 
+    /// Asks the system to drop the files' pages from its cache: once their
+    /// tensors are in RAM they would only count against a memory limit
+    /// (a cgroup counts the page cache). A hint; nothing fails if ignored.
+    pub fn drop_page_cache(&self) {
+        #[cfg(target_os = "linux")]
+        for f in &self.files {
+            if let Ok(file) = std::fs::File::open(f.path()) {
+                use std::os::fd::AsRawFd;
+                // SAFETY: a valid open descriptor; the call only gives advice.
+                unsafe {
+                    libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+                }
+            }
+        }
+    }
+
     /// Every tensor name in the checkpoint.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.index.keys().map(String::as_str)

@@ -37,9 +37,8 @@ pub struct BenchArgs {
     /// The pack to run.
     #[arg(long)]
     model: PathBuf,
-    /// RAM for routed experts (e.g. 0, 512M, 4G).
-    #[arg(long, value_parser = parse_size)]
-    budget: u64,
+    #[command(flatten)]
+    memory: super::MemoryArgs,
     #[arg(long, default_value_t = 32)]
     prompt_tokens: usize,
     /// Tokens to decode.
@@ -204,10 +203,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     let start_usage = memory::usage();
     let limit_hits_at_start = memory::cgroup_limit_hits();
-    let budget = args.budget;
     let probe = probe_pack(&args.model, args.probe_bytes, args.queue_depth)?;
     let mut options = EngineOptions::default();
-    options.streaming.budget_bytes = args.budget;
+    let context = (args.prompt_tokens.max(1) + args.gen_tokens) as u64;
+    args.memory.apply(&mut options, context)?;
     options.streaming.record_trace = true;
     args.cache.apply(&mut options.streaming);
     options.streaming.verify_checksums = !args.no_verify_checksums;
@@ -219,6 +218,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let streaming = engine
         .streaming()
         .context("the pack did not open with streaming experts")?;
+    let budget = streaming.cache_counters().budget_bytes;
+    if let Some(plan) = engine.memory_plan() {
+        eprintln!("{plan}");
+    }
     let drive_bytes = || {
         streaming
             .drive_snapshots()
@@ -305,9 +308,20 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         .with_context(|| format!("saving the heat histogram next to {}", args.model.display()))?;
     let pilot = &steady.pilot;
     let per_token_steady = |v: f64| v / steady_tokens;
-    let report = json!({
+    let prefetch = json!({
+    "enabled": !args.cache.no_prefetch,
+        "recall": pilot.recall(),
+        "precision": pilot.precision(),
+        "prefetched_bytes_per_token": per_token_steady(pilot.prefetch_bytes as f64),
+        "wasted_bytes_per_token": per_token_steady(pilot.wasted_bytes as f64),
+        "waste_per_useful_byte": pilot.waste_per_useful_byte(),
+        "demand_joined_a_read_per_token": per_token_steady(steady.joined as f64),
+        "counters": pilot,
+    });
+    let mut report = json!({
         "model": args.model,
         "budget_bytes": budget,
+        "memory_plan": engine.memory_plan(),
         "budget_experts": slots,
         "heat_warm_at_start": heat_was_warm,
         "policy": format!("{:?}", args.cache.policy),
@@ -321,6 +335,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "time_to_first_token_s": ttft,
         "gen_tokens": args.gen_tokens,
         "warmup_tokens": warmup,
+    });
+    let results = json!({
         "tok_s": tok_s,
         "inclusive_tok_s": args.gen_tokens as f64 / decode_seconds.max(1e-9),
         "expert_bytes_per_token": missed_per_token,
@@ -330,17 +346,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "drive_busy_share": steady.busy_shares(),
         "any_drive_busy_share": steady.busy_any.as_secs_f64() / steady.wall.max(1e-9),
         "read_time_hidden_share": steady.hidden_share(),
-        "prefetch": {
-            "enabled": !args.cache.no_prefetch,
-            "recall": pilot.recall(),
-            "precision": pilot.precision(),
-            "prefetched_bytes_per_token": per_token_steady(pilot.prefetch_bytes as f64),
-            "wasted_bytes_per_token": per_token_steady(pilot.wasted_bytes as f64),
-            "waste_per_useful_byte": pilot.waste_per_useful_byte(),
-            "demand_joined_a_read_per_token": per_token_steady(steady.joined as f64),
-            "counters": pilot,
-        },
+        "prefetch": prefetch,
         "memory": memory_report(&start_usage, limit_hits_at_start, &steady),
+        "record_buffer_bytes": streaming.buffer_bytes(),
         "kernels": longhaul_engine::kernels::instruction_set(),
         "hit_rate": steady_hits as f64 / steady_lookups.max(1) as f64,
         "decode_hit_rate": decode_hits as f64 / decode_lookups.max(1) as f64,
@@ -357,6 +365,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "prefill_lookups": prefill_trace.len(),
         "per_token": per_token,
     });
+    if let (Some(r), serde_json::Value::Object(more)) = (report.as_object_mut(), results) {
+        r.extend(more);
+    }
     if args.json {
         println!("{report}");
     } else {

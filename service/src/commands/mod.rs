@@ -19,7 +19,9 @@ use std::time::Instant;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use longhaul_engine::cache::{DEFAULT_PINNED_FRACTION, EvictionPolicy, StreamingOptions};
+use longhaul_engine::memory::{self, MemorySettings};
 use longhaul_engine::{Engine, EngineOptions, LoadProgress};
+use size::SizeOrAuto;
 
 /// Where the service keeps its data, and how to reach it.
 #[derive(clap::Args)]
@@ -53,15 +55,71 @@ pub fn default_data_dir() -> PathBuf {
     )
 }
 
+/// Positions of attention cache a memory plan leaves room for when the
+/// command cannot know the context in advance (a served job, a run).
+pub const PLANNED_CONTEXT_TOKENS: u64 = 8192;
+
+/// How much memory a model may use: shared by every command that holds one.
+#[derive(clap::Args, Clone)]
+pub struct MemoryArgs {
+    /// RAM for routed experts when the model is a pack (e.g. 0, 512M, 4G), or
+    /// `auto`: what the memory limit (--mem) leaves after everything else.
+    #[arg(long, value_parser = size::parse_size_or_auto, default_value = "1G")]
+    pub budget: SizeOrAuto,
+    /// Total memory for the process: resident weights, attention cache, read
+    /// buffers and cached experts (e.g. 2G), or `auto` (the cgroup's limit,
+    /// else 75% of RAM). The expert budget is derived from it unless --budget
+    /// gives one, which is then checked to fit.
+    #[arg(long, value_parser = size::parse_size_or_auto)]
+    pub mem: Option<SizeOrAuto>,
+}
+
+impl MemoryArgs {
+    /// Sets the budget and the memory limit in `options` for a context of
+    /// `context_tokens` positions.
+    pub fn apply(&self, options: &mut EngineOptions, context_tokens: u64) -> anyhow::Result<()> {
+        let (budget, memory) = self.resolve(context_tokens)?;
+        options.streaming.budget_bytes = budget;
+        options.memory = memory;
+        Ok(())
+    }
+
+    /// The budget to start from and the memory settings, if any.
+    pub fn resolve(&self, context_tokens: u64) -> anyhow::Result<(u64, Option<MemorySettings>)> {
+        let limit = |m: SizeOrAuto| -> anyhow::Result<u64> {
+            match m {
+                SizeOrAuto::Bytes(b) => Ok(b),
+                SizeOrAuto::Auto => memory::default_limit_bytes()
+                    .context("cannot tell how much memory this machine has; give --mem SIZE"),
+            }
+        };
+        Ok(match (self.budget, self.mem) {
+            (SizeOrAuto::Bytes(b), None) => (b, None),
+            (budget, mem) => {
+                let given = matches!(budget, SizeOrAuto::Bytes(_));
+                let settings = MemorySettings {
+                    limit_bytes: limit(mem.unwrap_or(SizeOrAuto::Auto))?,
+                    context_tokens,
+                    budget_given: given,
+                };
+                let b = match budget {
+                    SizeOrAuto::Bytes(b) => b,
+                    SizeOrAuto::Auto => 0,
+                };
+                (b, Some(settings))
+            }
+        })
+    }
+}
+
 /// How to find and hold a model: shared by every command that takes one.
 #[derive(clap::Args)]
 pub struct ModelArgs {
     /// Model folder: a Hugging Face checkpoint or a pack.
     #[arg(long)]
     pub model: PathBuf,
-    /// RAM for routed experts when the model is a pack (e.g. 0, 512M, 4G).
-    #[arg(long, value_parser = size::parse_size, default_value = "1G")]
-    pub budget: u64,
+    #[command(flatten)]
+    pub memory: MemoryArgs,
     /// Skip checking each expert record's checksum after reading it.
     #[arg(long)]
     pub no_verify_checksums: bool,
@@ -109,22 +167,22 @@ impl ModelArgs {
         self.open_with(|_| {})
     }
 
-    fn options(&self) -> EngineOptions {
+    fn options(&self) -> anyhow::Result<EngineOptions> {
         let mut options = EngineOptions::default();
-        options.streaming.budget_bytes = self.budget;
+        self.memory.apply(&mut options, PLANNED_CONTEXT_TOKENS)?;
         options.streaming.verify_checksums = !self.no_verify_checksums;
         self.cache.apply(&mut options.streaming);
-        options
+        Ok(options)
     }
 
     /// Opens another model with the same budget and cache settings.
     pub fn open_with_path(&self, path: &Path) -> anyhow::Result<Engine> {
-        open_model(path, &self.options())
+        open_model(path, &self.options()?)
     }
 
     /// Opens the model after `adjust` has had a say in the options.
     pub fn open_with(&self, adjust: impl FnOnce(&mut EngineOptions)) -> anyhow::Result<Engine> {
-        let mut options = self.options();
+        let mut options = self.options()?;
         adjust(&mut options);
         open_model(&self.model, &options)
     }
@@ -151,5 +209,8 @@ pub fn open_model(path: &Path, options: &EngineOptions) -> anyhow::Result<Engine
         engine.vocab_size(),
         started.elapsed().as_secs_f64()
     );
+    if let Some(plan) = engine.memory_plan() {
+        eprintln!("{plan}");
+    }
     Ok(engine)
 }

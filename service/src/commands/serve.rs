@@ -9,8 +9,6 @@ use longhaul_service::client::{DEFAULT_PORT, ENDPOINT_FILE};
 use longhaul_service::http::{ServeConfig, serve};
 use longhaul_service::runner::RunnerConfig;
 
-use super::size::parse_size;
-
 #[derive(Args)]
 pub struct ServeArgs {
     #[command(flatten)]
@@ -24,9 +22,8 @@ pub struct ServeArgs {
     /// Serve beyond this machine (any Host header; the token still applies).
     #[arg(long)]
     allow_remote: bool,
-    /// RAM for routed experts of packed models (e.g. 512M, 4G).
-    #[arg(long, value_parser = parse_size, default_value = "1G")]
-    budget: u64,
+    #[command(flatten)]
+    memory: super::MemoryArgs,
     #[command(flatten)]
     cache: super::CacheArgs,
     /// A built web UI to serve at / (default: `ui/` beside the binary, else the source tree's `ui/dist`).
@@ -46,7 +43,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         state_dir: Some(data_dir.join("state")),
         ..RunnerConfig::default()
     };
-    runner.streaming.budget_bytes = args.budget;
+    let (budget, memory) = args.memory.resolve(super::PLANNED_CONTEXT_TOKENS)?;
+    runner.streaming.budget_bytes = budget;
+    runner.memory = memory;
     args.cache.apply(&mut runner.streaming);
     let config = ServeConfig {
         data_dir: data_dir.clone(),

@@ -31,6 +31,23 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes.round() as u64)
 }
 
+/// A size given on the command line, or `auto` to let Longhaul work it out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SizeOrAuto {
+    Bytes(u64),
+    Auto,
+}
+
+/// Parses a size (see [`parse_size`]) or `auto`.
+pub fn parse_size_or_auto(text: &str) -> Result<SizeOrAuto, String> {
+    if text.trim().eq_ignore_ascii_case("auto") {
+        return Ok(SizeOrAuto::Auto);
+    }
+    parse_size(text)
+        .map(SizeOrAuto::Bytes)
+        .map_err(|e| format!("{e}, or `auto`"))
+}
+
 /// A size for people, in powers of 1024: `812 B`, `8.0 MiB`, `1.50 GiB`.
 pub fn format_size(bytes: u64) -> String {
     const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
@@ -66,6 +83,13 @@ mod tests {
         assert_eq!(parse_size("1.5g"), Ok(3 << 29));
         assert_eq!(parse_size("2TiB"), Ok(2 << 40));
         assert_eq!(parse_size("64KB"), Ok(64 << 10));
+    }
+
+    #[test]
+    fn auto_is_a_size_too() {
+        assert_eq!(parse_size_or_auto("AUTO"), Ok(SizeOrAuto::Auto));
+        assert_eq!(parse_size_or_auto("2G"), Ok(SizeOrAuto::Bytes(2 << 30)));
+        assert!(parse_size_or_auto("lots").unwrap_err().contains("auto"));
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use longhaul_engine::cache::StreamingOptions;
 use longhaul_engine::generate::{FinishReason, GenerationSettings, SamplingParams};
+use longhaul_engine::memory::MemorySettings;
 use longhaul_engine::tokenizer::ChatMessage;
 use longhaul_engine::{Engine, EngineError, EngineOptions};
 
@@ -26,6 +27,7 @@ impl LoadedModel {
 
 pub struct LocalBackend {
     pub streaming: StreamingOptions,
+    pub memory: Option<MemorySettings>,
     pub loaded: Arc<LoadedModel>,
 }
 
@@ -51,6 +53,7 @@ impl LocalBackend {
         }
         let options = EngineOptions {
             streaming: self.streaming.clone(),
+            memory: self.memory,
         };
         let engine = Engine::open_with(path, &options, &|_| {}).map_err(|e| {
             let text = format!("cannot load the model at {}: {e}", path.display());

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use longhaul_engine::cache::StreamingOptions;
 use longhaul_engine::generate::Flow;
+use longhaul_engine::memory::MemorySettings;
 
 use crate::events::{Event, Events, JobProgress};
 use crate::queue::{JobState, ModelKind, Queue, QueueError, Runnable};
@@ -37,6 +38,8 @@ const IDLE_POLL: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone)]
 pub struct RunnerConfig {
     pub streaming: StreamingOptions,
+    /// A memory limit each model's expert budget is planned against.
+    pub memory: Option<MemorySettings>,
     pub commit_tokens: usize,
     pub commit_interval: Duration,
     /// Where answers' attention state is saved for fast resumes (none: a
@@ -48,6 +51,7 @@ impl Default for RunnerConfig {
     fn default() -> Self {
         Self {
             streaming: StreamingOptions::default(),
+            memory: None,
             commit_tokens: COMMIT_TOKENS,
             commit_interval: COMMIT_INTERVAL,
             state_dir: None,
@@ -454,6 +458,7 @@ impl Runner {
             Ok(entry) => match &entry.kind {
                 ModelKind::Local { path } => LocalBackend {
                     streaming: self.config.streaming.clone(),
+                    memory: self.config.memory,
                     loaded: Arc::clone(&self.loaded),
                 }
                 .run(&PathBuf::from(path), &job, &saved, &mut sink),
