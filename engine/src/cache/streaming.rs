@@ -514,6 +514,14 @@ impl Fetch<'_> {
     }
 }
 
+impl Drop for Fetch<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut st) = self.owner.shared.state.lock() {
+            st.cache.unprotect_layer(self.layer.layer);
+        }
+    }
+}
+
 impl Iterator for Fetch<'_> {
     type Item = Result<(usize, Arc<Expert>), ExpertError>;
 
@@ -591,14 +599,18 @@ impl ExpertProvider for StreamingExperts {
         {
             let mut st = self.shared.state.lock().map_err(|_| poisoned())?;
             st.score.demanded(layer, ids);
+            // Guesses for this layer that it did not ask for may go now;
+            // what it asked for stays until the request is done with it, so
+            // the cache never lets go of an expert still being computed
+            // with (its memory would only be freed later, over the budget).
+            st.cache.unprotect_layer(layer);
             for (pos, &id) in ids.iter().enumerate() {
+                st.cache.protect(layer, id);
                 match st.cache.get(layer, id) {
                     Some(expert) => fetch.ready.push_back((pos, expert)),
                     None => fetch.unread.push_back((pos, id)),
                 }
             }
-            // What this layer needed is now held by the request.
-            st.cache.unprotect_layer(layer);
         }
         // Ask the drives for everything missing before the model moves on.
         fetch.top_up()?;

@@ -13,20 +13,21 @@ use pulp::Simd;
 /// Running sums of one dot product, in the canonical order.
 pub const LANES: usize = 16;
 
-/// The sixteen running sums of one dot product, held in `LANES / S::F32_LANES`
-/// registers of the instruction set `S` (the rest of the array is unused).
+/// The sixteen running sums of one dot product. Held as sixteen floats, they
+/// are one 512-bit register, two 256-bit or four 128-bit ones: the loads and
+/// stores around each fused multiply-add vanish once inlined.
 #[derive(Clone, Copy)]
 pub struct Acc<S: Simd> {
-    regs: [S::f32s; LANES],
+    lanes: [f32; LANES],
+    simd: std::marker::PhantomData<S>,
 }
 
 impl<S: Simd> Acc<S> {
-    const REGS: usize = LANES / S::F32_LANES;
-
     #[inline(always)]
-    pub fn new(simd: S) -> Self {
+    pub fn new(_: S) -> Self {
         Self {
-            regs: [simd.splat_f32s(0.0); LANES],
+            lanes: [0.0; LANES],
+            simd: std::marker::PhantomData,
         }
     }
 
@@ -35,8 +36,9 @@ impl<S: Simd> Acc<S> {
     pub fn fma(&mut self, simd: S, w: &[f32], x: &[f32]) {
         let (wv, _) = S::as_simd_f32s(w);
         let (xv, _) = S::as_simd_f32s(x);
-        for j in 0..Self::REGS {
-            self.regs[j] = simd.mul_add_f32s(wv[j], xv[j], self.regs[j]);
+        let (acc, _) = S::as_mut_simd_f32s(&mut self.lanes);
+        for ((a, w), x) in acc.iter_mut().zip(wv).zip(xv) {
+            *a = simd.mul_add_f32s(*w, *x, *a);
         }
     }
 
@@ -44,16 +46,18 @@ impl<S: Simd> Acc<S> {
     /// the sums as a fixed tree.
     #[inline(always)]
     pub fn finish(&self, w_tail: &[f32], x_tail: &[f32]) -> f32 {
-        let mut lanes = [0f32; LANES];
-        {
-            let (out, _) = S::as_mut_simd_f32s(&mut lanes);
-            out.copy_from_slice(&self.regs[..Self::REGS]);
-        }
-        for (l, (a, b)) in w_tail.iter().zip(x_tail).enumerate().take(LANES) {
-            lanes[l] = a.mul_add(*b, lanes[l]);
-        }
-        tree_sum(lanes)
+        finish(self.lanes, w_tail, x_tail)
     }
+}
+
+/// Fuses a last, shorter block into sixteen running sums and adds them as a
+/// fixed tree.
+#[inline(always)]
+pub fn finish(mut lanes: [f32; LANES], w_tail: &[f32], x_tail: &[f32]) -> f32 {
+    for (l, (a, b)) in w_tail.iter().zip(x_tail).enumerate().take(LANES) {
+        lanes[l] = a.mul_add(*b, lanes[l]);
+    }
+    tree_sum(lanes)
 }
 
 /// The sixteen sums added pairwise: `l + 8`, `+ 4`, `+ 2`, `+ 1`.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use pulp::{Simd, WithSimd};
 use rayon::prelude::*;
 
-use super::dot::{Acc, LANES, axpy};
+use super::dot::{LANES, axpy, finish};
 use super::format::{Format, decode_row};
 use super::{Isa, KernelError, dispatch};
 use crate::aligned::{AlignedBytes, WEIGHT_ALIGN};
@@ -419,26 +419,49 @@ fn put<const R: usize, const T: usize>(out: &mut [[f32; TOKEN_TILE]; R], sums: [
 }
 
 /// `R × T` dot products of equal-length rows, each in the canonical order.
+///
+/// A lane's running sum depends only on the elements that fall into it, so
+/// the sixteen lanes are computed one register's width at a time: each pass
+/// keeps exactly `R × T` accumulators, which fit the register file.
 #[inline(always)]
 fn tile<S: Simd, const R: usize, const T: usize>(
     simd: S,
     w: [&[f32]; R],
     x: [&[f32]; T],
 ) -> [[f32; T]; R] {
+    let width = S::F32_LANES;
     let cols = w[0].len();
     let full = cols / LANES * LANES;
-    let mut acc = [[Acc::new(simd); T]; R];
-    let mut k = 0;
-    while k < full {
+    let mut lanes = [[[0f32; LANES]; T]; R];
+    let mut j = 0;
+    while j < LANES {
+        let mut acc = [[simd.splat_f32s(0.0); T]; R];
+        let mut k = j;
+        while k < full {
+            for r in 0..R {
+                let (wv, _) = S::as_simd_f32s(&w[r][k..k + width]);
+                for t in 0..T {
+                    let (xv, _) = S::as_simd_f32s(&x[t][k..k + width]);
+                    acc[r][t] = simd.mul_add_f32s(wv[0], xv[0], acc[r][t]);
+                }
+            }
+            k += LANES;
+        }
         for r in 0..R {
-            let wb = &w[r][k..k + LANES];
             for t in 0..T {
-                acc[r][t].fma(simd, wb, &x[t][k..k + LANES]);
+                let (out, _) = S::as_mut_simd_f32s(&mut lanes[r][t][j..j + width]);
+                out[0] = acc[r][t];
             }
         }
-        k += LANES;
+        j += width;
     }
-    std::array::from_fn(|r| std::array::from_fn(|t| acc[r][t].finish(&w[r][full..], &x[t][full..])))
+    let mut out = [[0f32; T]; R];
+    for r in 0..R {
+        for t in 0..T {
+            out[r][t] = finish(lanes[r][t], &w[r][full..], &x[t][full..]);
+        }
+    }
+    out
 }
 
 struct VecMat<'a> {

@@ -151,11 +151,11 @@ impl WithSimd for AttendRow<'_> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: Simd>(self, simd: S) {
-        let mut scores: Vec<f32> = self
-            .visible
-            .clone()
-            .map(|t| dot(simd, self.q, &self.keys[t * self.dim..(t + 1) * self.dim]) * self.scale)
-            .collect();
+        let mut scores = Vec::with_capacity(self.visible.len());
+        for t in self.visible.clone() {
+            let key = &self.keys[t * self.dim..(t + 1) * self.dim];
+            scores.push(dot(simd, self.q, key) * self.scale);
+        }
         softmax_in_place(&mut scores);
         for (p, t) in scores.iter().zip(self.visible.clone()) {
             axpy(
@@ -236,15 +236,12 @@ impl WithSimd for LatentRow<'_> {
     #[inline(always)]
     fn with_simd<S: Simd>(self, simd: S) {
         let (l, r) = (self.shape.latent, self.shape.rope);
-        let mut scores: Vec<f32> = self
-            .visible
-            .clone()
-            .map(|t| {
-                (dot(simd, self.q_latent, &self.latent[t * l..(t + 1) * l])
-                    + dot(simd, self.q_rot, &self.k_rot[t * r..(t + 1) * r]))
-                    * self.scale
-            })
-            .collect();
+        let mut scores = Vec::with_capacity(self.visible.len());
+        for t in self.visible.clone() {
+            let nope = dot(simd, self.q_latent, &self.latent[t * l..(t + 1) * l]);
+            let rope = dot(simd, self.q_rot, &self.k_rot[t * r..(t + 1) * r]);
+            scores.push((nope + rope) * self.scale);
+        }
         softmax_in_place(&mut scores);
         for (p, t) in scores.iter().zip(self.visible.clone()) {
             axpy(simd, self.out, *p, &self.latent[t * l..(t + 1) * l]);
