@@ -336,12 +336,20 @@ fn plan_memory(
         .map(|r| r.len)
         .min()
         .unwrap_or(0);
+    // Reads a request waits for, one-use ones included, hold up to a window.
+    // Compressed records also land in a buffer of their own before they are
+    // restored, and prefetch reads may have a window of those on their way.
+    let windows = if manifest.experts.compression.is_some() {
+        2
+    } else {
+        1
+    };
     let plan = MemoryPlan::new(
         m.limit_bytes,
         manifest.resident.size,
         m.context_tokens,
         spec.kv_bytes_per_token(),
-        streaming.window_bytes,
+        windows * streaming.window_bytes,
         smallest_expert,
     )
     .map_err(err)?;

@@ -23,6 +23,17 @@ fn expert_bytes(fixture: &str) -> u64 {
 
 /// Packs `fixture` over `drives` fresh folders under `root`.
 fn pack(root: &Path, fixture: &str, drives: usize, split_threshold: u64) -> PathBuf {
+    pack_with(root, fixture, drives, split_threshold, true)
+}
+
+/// Packs `fixture`, with records compressed or stored as they are.
+fn pack_with(
+    root: &Path,
+    fixture: &str,
+    drives: usize,
+    split_threshold: u64,
+    compress: bool,
+) -> PathBuf {
     let dirs: Vec<PathBuf> = (0..drives)
         .map(|i| root.join(format!("drive{i}")))
         .collect();
@@ -32,6 +43,7 @@ fn pack(root: &Path, fixture: &str, drives: usize, split_threshold: u64) -> Path
     let out = root.join(format!("{fixture}-pack"));
     let mut opts = PackOptions::new(common::fixtures_dir().join(fixture), out.clone(), dirs);
     opts.split_threshold = split_threshold;
+    opts.compress = compress;
     write_pack(&opts, &|_| {}).unwrap();
     out
 }
@@ -94,9 +106,15 @@ fn logits_are_bitwise_identical_to_the_in_memory_model() {
         let exp = common::expected(&dir);
         let reference = all_logits(&Engine::open(&dir).unwrap(), &exp.ids);
         let tmp = tempfile::tempdir().unwrap();
-        for (drives, split) in [(1, u64::MAX), (3, 4096)] {
+        for (drives, split, compress) in [(1, u64::MAX, false), (3, 4096, true)] {
             let root = tmp.path().join(format!("{drives}-{split}"));
-            let pack = pack(&root, fixture, drives, split);
+            let pack = pack_with(&root, fixture, drives, split, compress);
+            let manifest = longhaul_engine::pack::Manifest::read(&pack).unwrap();
+            assert_eq!(
+                manifest.experts.compression.is_some(),
+                compress,
+                "{fixture}"
+            );
             let one = expert_bytes(fixture);
             for budget in [0, one, 5 * one, u64::MAX] {
                 for depth in [1, 4] {
@@ -104,7 +122,7 @@ fn logits_are_bitwise_identical_to_the_in_memory_model() {
                         let got = all_logits(&open_with(&pack, budget, depth, keep), &exp.ids);
                         assert!(
                             got == reference,
-                            "{fixture}: {drives} drives, split {split}, budget {budget}, depth {depth}, stored dtype {keep}: logits differ"
+                            "{fixture}: {drives} drives, split {split}, compressed {compress}, budget {budget}, depth {depth}, stored dtype {keep}: logits differ"
                         );
                     }
                 }

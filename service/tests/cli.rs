@@ -213,6 +213,21 @@ fn pack_verify_and_run_from_a_pack() {
     let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(summary["records"], 32, "2 MoE layers × 16 experts");
     assert_eq!(summary["drives"].as_array().unwrap().len(), 3);
+    // F32 records compress losslessly by default.
+    assert_eq!(summary["compression"], "zstd-high-bytes");
+    assert!(summary["expert_bytes"].as_u64() < summary["plain_expert_bytes"].as_u64());
+    let plain_pack = tmp.path().join("plain-pack");
+    let plain_drives = drive_folders(&tmp.path().join("plain"), 2);
+    let out = pack_cli(
+        &dir,
+        &plain_pack,
+        &plain_drives,
+        &["--compress", "off", "--json"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let plain: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(plain["compression"].is_null());
+    assert_eq!(plain["expert_bytes"], plain["plain_expert_bytes"]);
 
     let out = longhaul(&["pack", "--verify", pack.to_str().unwrap(), "--json"]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -247,6 +262,7 @@ fn pack_verify_and_run_from_a_pack() {
             "pack logits differ at budget {budget}"
         );
     }
+    assert!(logits(&plain_pack, "40K") == reference, "uncompressed pack");
 
     let trace = tmp.path().join("run-trace.jsonl");
     let out = longhaul(&[

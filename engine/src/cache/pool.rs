@@ -21,12 +21,23 @@ pub struct BufferPool {
     free: Mutex<HashMap<usize, Vec<AlignedBytes>>>,
     /// Bytes of every buffer the pool has allocated (held or free).
     allocated: AtomicU64,
+    /// Bytes of buffers held now, and the most ever held at once.
+    held: AtomicU64,
+    peak_held: AtomicU64,
 }
 
 impl BufferPool {
     /// A buffer for a `len`-byte record: a free one of the right size, or a new one.
     pub fn take(self: &Arc<Self>, len: usize) -> Result<PooledBuf, AllocError> {
-        let capacity = len.max(1).next_multiple_of(DIRECT_IO_BLOCK);
+        self.take_sized(len, len)
+    }
+
+    /// A buffer for `len` bytes from the size class of `class` bytes (at
+    /// least `len`): compressed records, each of its own length, are read
+    /// into buffers of their plain size so that every buffer of a layer can
+    /// serve every record of it.
+    pub fn take_sized(self: &Arc<Self>, len: usize, class: usize) -> Result<PooledBuf, AllocError> {
+        let capacity = len.max(class).max(1).next_multiple_of(DIRECT_IO_BLOCK);
         let reused = self
             .free
             .lock()
@@ -41,6 +52,11 @@ impl BufferPool {
                 b
             }
         };
+        let held = self
+            .held
+            .fetch_add(buf.capacity() as u64, Ordering::Relaxed)
+            + buf.capacity() as u64;
+        self.peak_held.fetch_max(held, Ordering::Relaxed);
         Ok(PooledBuf {
             buf: ManuallyDrop::new(buf),
             len,
@@ -51,6 +67,11 @@ impl BufferPool {
     /// Bytes of every buffer allocated so far, in use or free.
     pub fn allocated_bytes(&self) -> u64 {
         self.allocated.load(Ordering::Relaxed)
+    }
+
+    /// The most bytes of buffers held at once so far.
+    pub fn peak_held_bytes(&self) -> u64 {
+        self.peak_held.load(Ordering::Relaxed)
     }
 }
 
@@ -67,6 +88,11 @@ impl PooledBuf {
     pub fn aligned(&self) -> &AlignedBytes {
         &self.buf
     }
+
+    /// The record's bytes, to fill while nobody else holds the buffer.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.buf.as_mut_slice()[..self.len]
+    }
 }
 
 impl AsRef<[u8]> for PooledBuf {
@@ -79,6 +105,9 @@ impl Drop for PooledBuf {
     fn drop(&mut self) {
         // SAFETY: `buf` is not used again after this.
         let b = unsafe { ManuallyDrop::take(&mut self.buf) };
+        self.pool
+            .held
+            .fetch_sub(b.capacity() as u64, Ordering::Relaxed);
         if let Ok(mut free) = self.pool.free.lock() {
             free.entry(b.capacity()).or_default().push(b);
         }

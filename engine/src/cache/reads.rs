@@ -15,6 +15,7 @@ use super::budget::ExpertCache;
 use super::pool::{BufferPool, PooledBuf};
 use crate::aligned::AlignedBytes;
 use crate::model::{Expert, ExpertError};
+use crate::pack::compress;
 use crate::pack::encoding::ExpertEncoding;
 use crate::pack::manifest::{ExpertLayer, Segment, hash_hex};
 use crate::pilot::Scorecard;
@@ -32,6 +33,8 @@ pub(super) struct Flight {
     pub kept: bool,
     /// Started on a prediction and not asked for yet.
     pub speculative: bool,
+    /// Bytes read from the drives.
+    pub stored: u64,
     /// Who gets the expert, and at which position of their request.
     pub waiters: Vec<(mpsc::Sender<Arrival>, usize)>,
 }
@@ -43,6 +46,8 @@ pub(super) struct State {
     pub score: Scorecard,
     /// Demand lookups that found their expert already being read.
     pub joined_flights: u64,
+    /// Bytes of speculative reads on their way (capped at the window).
+    pub speculative_bytes: u64,
 }
 
 /// What the readers of a pack share with the model's side.
@@ -54,13 +59,41 @@ pub(super) struct Shared {
     pub state: Mutex<State>,
     pub pool: Arc<BufferPool>,
     pub next_ticket: AtomicU64,
+    /// Reader time spent restoring compressed records, in microseconds.
+    pub decompress_micros: AtomicU64,
 }
 
 pub(super) fn poisoned() -> ExpertError {
     ExpertError::Source("the expert cache was poisoned by an earlier panic".to_string())
 }
 
+fn name_of((layer, id): Key) -> String {
+    format!("layer {layer} expert {id}")
+}
+
 impl Shared {
+    /// A compressed record restored into a buffer of its plain length.
+    fn restore(
+        &self,
+        stored: &Arc<PooledBuf>,
+        plain_len: u64,
+        name: &str,
+    ) -> Result<Arc<PooledBuf>, ExpertError> {
+        let started = std::time::Instant::now();
+        let fail = |reason: String| ExpertError::Source(format!("{name}: {reason}"));
+        let len = usize::try_from(plain_len).map_err(|_| fail("record too large".into()))?;
+        let size = self
+            .encoding
+            .element_bytes()
+            .ok_or_else(|| fail("a compressed record of a quantised pack".into()))?;
+        let mut plain = self.pool.take(len).map_err(|e| fail(e.to_string()))?;
+        compress::decompress((**stored).as_ref(), size, plain.as_mut_slice())
+            .map_err(|e| fail(format!("cannot restore the compressed record: {e}")))?;
+        self.decompress_micros
+            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        Ok(Arc::new(plain))
+    }
+
     /// Files an arrived (or failed) record and wakes its waiters.
     fn arrived(&self, key: Key, outcome: Result<Arc<Expert>, ExpertError>) {
         let flight = {
@@ -70,6 +103,9 @@ impl Shared {
             let Some(flight) = st.flights.remove(&key) else {
                 return;
             };
+            if flight.speculative {
+                st.speculative_bytes -= flight.stored;
+            }
             match &outcome {
                 Ok(expert) if flight.kept => st.cache.fill(key.0, key.1, Arc::clone(expert)),
                 Err(_) if flight.kept => st.cache.cancel(key.0, key.1),
@@ -100,6 +136,12 @@ impl Shared {
             id,
             count: layer.records.len(),
         })?;
+        let plain = if record.stored_len.is_some() {
+            self.restore(buf, record.len, &name_of(key))?
+        } else {
+            Arc::clone(buf)
+        };
+        let buf = &plain;
         let bytes: &[u8] = (**buf).as_ref();
         if self.verify && hash_hex(bytes) != record.xxh3_128 {
             let places: Vec<String> = segments
@@ -111,7 +153,7 @@ impl Shared {
                 places.join(", ")
             )));
         }
-        let name = format!("layer {layer_index} expert {id}");
+        let name = name_of(key);
         let shared: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::clone(buf) as _;
         self.encoding
             .decode(

@@ -138,6 +138,14 @@ impl ExpertEncoding {
         Ok(())
     }
 
+    /// Bytes per element of a plain float record; `None` for quantised blocks.
+    pub fn element_bytes(self) -> Option<usize> {
+        match self {
+            ExpertEncoding::Plain(d) => Some(d.size() as usize),
+            ExpertEncoding::Quantized(_) => None,
+        }
+    }
+
     /// The kernel format the records are stored in.
     pub fn format(self) -> Option<Format> {
         match self {

@@ -14,8 +14,11 @@ use crate::store::ReadRequest;
 pub const MANIFEST_FILE: &str = "longhaul-pack.json";
 /// Identifies the file as a Longhaul pack manifest.
 pub const FORMAT: &str = "longhaul-pack";
-/// Version of the layout this code writes and reads.
+/// Version of the layout this code writes for plain records (and reads).
 pub const VERSION: u32 = 1;
+/// Version written when records may be compressed, which older readers
+/// must refuse rather than mistake for corrupt records.
+pub const VERSION_COMPRESSED: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -64,6 +67,9 @@ pub struct ExpertSection {
     /// Present when the experts were quantised while packing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quantization: Option<QuantizationReport>,
+    /// How records with a `stored_len` are compressed (losslessly).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<String>,
     pub layers: Vec<ExpertLayer>,
 }
 
@@ -93,6 +99,11 @@ pub struct Record {
     pub len: u64,
     /// xxh3-128 of the record's bytes, as 32 hex digits.
     pub xxh3_128: String,
+    /// Bytes on the drives when the record is stored compressed (see
+    /// `ExpertSection::compression`); `len` and the checksum are the plain
+    /// record's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_len: Option<u64>,
     pub segments: Vec<Segment>,
     /// Further copies of the record, each a full set of segments placed on
     /// other drives; a read goes to whichever copy should finish first.
@@ -101,6 +112,11 @@ pub struct Record {
 }
 
 impl Record {
+    /// Bytes the record takes on the drives.
+    pub fn stored(&self) -> u64 {
+        self.stored_len.unwrap_or(self.len)
+    }
+
     /// Every placement of the record: the primary one, then the replicas.
     pub fn placements(&self) -> impl Iterator<Item = &[Segment]> {
         std::iter::once(self.segments.as_slice()).chain(self.replicas.iter().map(Vec::as_slice))
@@ -155,11 +171,28 @@ impl Manifest {
                 self.format
             )));
         }
-        if self.version != VERSION {
+        if self.version != VERSION && self.version != VERSION_COMPRESSED {
             return Err(bad(format!(
-                "pack version {} is not supported (this Longhaul reads version {VERSION}); repack the model",
+                "pack version {} is not supported (this Longhaul reads versions {VERSION} and {VERSION_COMPRESSED}); repack the model",
                 self.version
             )));
+        }
+        let compressed = self
+            .experts
+            .layers
+            .iter()
+            .flat_map(|l| &l.records)
+            .any(|r| r.stored_len.is_some());
+        match self.experts.compression.as_deref() {
+            _ if !compressed => {}
+            Some(super::compress::COMPRESSION_NAME) => {}
+            other => {
+                return Err(bad(format!(
+                    "records are stored compressed as `{}`, which this Longhaul cannot read (it reads `{}`)",
+                    other.unwrap_or("(unnamed)"),
+                    super::compress::COMPRESSION_NAME
+                )));
+            }
         }
         if self.drives.is_empty() {
             return Err(bad("no drives".to_string()));
@@ -168,7 +201,7 @@ impl Manifest {
             for (id, record) in layer.records.iter().enumerate() {
                 let where_ = || format!("layer {} expert {id}", layer.layer);
                 for segments in record.placements() {
-                    if segments.iter().map(|s| s.len).sum::<u64>() != record.len {
+                    if segments.iter().map(|s| s.len).sum::<u64>() != record.stored() {
                         return Err(bad(format!(
                             "{}: segments do not add up to the record length",
                             where_()

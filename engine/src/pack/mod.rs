@@ -1,6 +1,7 @@
 //! The packed on-disk layout: a manifest, a resident file with everything that
 //! stays in RAM, and routed-expert records striped over several drives.
 
+pub mod compress;
 pub mod encoding;
 mod layout;
 pub mod manifest;

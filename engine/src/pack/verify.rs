@@ -6,7 +6,9 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::PackError;
-use super::manifest::{Manifest, Segment, hash_file, hash_hex};
+use super::compress;
+use super::encoding::ExpertEncoding;
+use super::manifest::{Manifest, Record, Segment, hash_file, hash_hex};
 use crate::store::{DriveStore, StoreConfig};
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -19,6 +21,19 @@ pub struct VerifyReport {
     pub problems: Vec<String>,
 }
 
+/// A record's plain bytes: as read, or restored when stored compressed.
+fn restore(stored: &[u8], record: &Record, element: Option<usize>) -> Result<Vec<u8>, String> {
+    if record.stored_len.is_none() {
+        return Ok(stored.to_vec());
+    }
+    let size = element.ok_or("a compressed record in a quantised pack")?;
+    let len = usize::try_from(record.len).map_err(|_| "record too large".to_string())?;
+    let mut plain = vec![0u8; len];
+    compress::decompress(stored, size, &mut plain)
+        .map_err(|e| format!("cannot restore the compressed record: {e}"))?;
+    Ok(plain)
+}
+
 /// Checks every record and the resident file; `report` gets (done, total) bytes.
 pub fn verify_pack(pack: &Path, report: &dyn Fn(u64, u64)) -> Result<VerifyReport, PackError> {
     let manifest = Manifest::read(pack)?;
@@ -29,9 +44,10 @@ pub fn verify_pack(pack: &Path, report: &dyn Fn(u64, u64)) -> Result<VerifyRepor
         .layers
         .iter()
         .flat_map(|l| &l.records)
-        .map(|r| r.len * r.placements().count() as u64)
+        .map(|r| r.stored() * r.placements().count() as u64)
         .sum::<u64>()
         + manifest.resident.size;
+    let element = ExpertEncoding::parse(&manifest.experts.dtype).and_then(|e| e.element_bytes());
     let mut out = VerifyReport::default();
     let mut done = 0;
     for layer in &manifest.experts.layers {
@@ -45,8 +61,16 @@ pub fn verify_pack(pack: &Path, report: &dyn Fn(u64, u64)) -> Result<VerifyRepor
                 };
                 match store.read_all(&requests) {
                     Ok(parts) => {
-                        let bytes: Vec<u8> = parts.into_iter().flatten().collect();
-                        if hash_hex(&bytes) != record.xxh3_128 {
+                        let stored: Vec<u8> = parts.into_iter().flatten().collect();
+                        let bytes = match restore(&stored, record, element) {
+                            Ok(bytes) => bytes,
+                            Err(e) => {
+                                out.problems
+                                    .push(format!("layer {} expert {id}{which}: {e}", layer.layer));
+                                Vec::new()
+                            }
+                        };
+                        if !bytes.is_empty() && hash_hex(&bytes) != record.xxh3_128 {
                             let at = segments
                                 .first()
                                 .map(|s| {
@@ -65,7 +89,7 @@ pub fn verify_pack(pack: &Path, report: &dyn Fn(u64, u64)) -> Result<VerifyRepor
                 }
                 out.records += 1;
                 out.record_bytes += record.len;
-                done += record.len;
+                done += record.stored();
                 report(done, total);
             }
         }

@@ -11,11 +11,12 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use super::PackError;
+use super::compress;
 use super::encoding::{ErrorSums, ExpertEncoding, Quantization, quantize_record};
 use super::layout::{ExpertTensors, LayerTensors, Part};
 use super::manifest::{
     self, ExpertLayer, ExpertSection, FORMAT, MANIFEST_FILE, Manifest, QuantizationReport, Record,
-    ResidentFile, Segment, SourceFile, SourceIdentity, VERSION, hash_file,
+    ResidentFile, Segment, SourceFile, SourceIdentity, VERSION, VERSION_COMPRESSED, hash_file,
 };
 use crate::model::ModelSpec;
 use crate::store::DIRECT_IO_BLOCK;
@@ -59,6 +60,9 @@ pub struct PackOptions {
     pub replicate: std::collections::HashSet<(usize, usize)>,
     /// Store experts quantised instead of as the checkpoint holds them.
     pub quantization: Option<Quantization>,
+    /// Compress float records losslessly where that saves space (see
+    /// [`super::compress`]).
+    pub compress: bool,
 }
 
 impl PackOptions {
@@ -74,6 +78,7 @@ impl PackOptions {
             replicas: 0,
             replicate: std::collections::HashSet::new(),
             quantization: None,
+            compress: true,
         }
     }
 }
@@ -97,7 +102,10 @@ pub enum PackPhase {
 #[derive(Debug, Clone)]
 pub struct PackSummary {
     pub manifest: Manifest,
+    /// Bytes of expert records on the drives.
     pub expert_bytes: u64,
+    /// Bytes of the same records uncompressed.
+    pub plain_expert_bytes: u64,
     pub resident_bytes: u64,
     pub records: usize,
 }
@@ -210,7 +218,11 @@ pub fn write_pack(
     let mut layers = Vec::with_capacity(plans.len());
     let mut done = 0u64;
     let mut written = 0u64;
+    let mut plain_written = 0u64;
     let mut error = ErrorSums::default();
+    // Plain float records are compressed losslessly (by element size).
+    let compress_elements =
+        (opts.compress && opts.quantization.is_none()).then_some(dtype.size() as usize);
     for plan in &plans {
         let mut records = Vec::with_capacity(plan.count);
         for expert in 0..plan.count {
@@ -227,7 +239,17 @@ pub fn write_pack(
                     bytes
                 }
             };
+            let plain_len = bytes.len() as u64;
+            let hash = manifest::hash_hex(&bytes);
+            let compressed = match compress_elements {
+                Some(size) => compress::compress(&bytes, size)
+                    .map_err(|e| PackError::Source(e.to_string()))?,
+                None => None,
+            };
+            let stored_len = compressed.as_ref().map(|c| c.len() as u64);
+            let bytes = compressed.unwrap_or(bytes);
             written += bytes.len() as u64;
+            plain_written += plain_len;
             let drives = writers.len();
             let parts = split_count(bytes.len() as u64, opts.split_threshold, drives);
             // Rotate by layer and expert so any k experts of a layer land on every drive.
@@ -250,8 +272,9 @@ pub fn write_pack(
                 .map(|r| place(first_drive + r * stride))
                 .collect::<Result<Vec<_>, _>>()?;
             records.push(Record {
-                len: bytes.len() as u64,
-                xxh3_128: manifest::hash_hex(&bytes),
+                len: plain_len,
+                xxh3_128: hash,
+                stored_len,
                 segments,
                 replicas,
             });
@@ -303,9 +326,17 @@ pub fn write_pack(
             fs::copy(&from, &to).map_err(|source| PackError::Io { path: to, source })?;
         }
     }
+    let compressed = layers
+        .iter()
+        .flat_map(|l: &ExpertLayer| &l.records)
+        .any(|r| r.stored_len.is_some());
     let manifest = Manifest {
         format: FORMAT.to_string(),
-        version: VERSION,
+        version: if compressed {
+            VERSION_COMPRESSED
+        } else {
+            VERSION
+        },
         model_type: model_type(&opts.source)?,
         source,
         alignment: opts.alignment,
@@ -320,12 +351,14 @@ pub fn write_pack(
                 from: dtype_name.to_string(),
                 relative_rms_error: error.relative_rms(),
             }),
+            compression: compressed.then(|| compress::COMPRESSION_NAME.to_string()),
             layers,
         },
     };
     write_manifest(&opts.out, &manifest)?;
     Ok(PackSummary {
         expert_bytes: written,
+        plain_expert_bytes: plain_written,
         resident_bytes: manifest.resident.size,
         records: manifest
             .experts

@@ -117,6 +117,8 @@ struct Mark {
     pilot: PilotCounters,
     joined: u64,
     limit_hits: Option<u64>,
+    /// Reader time restoring compressed records.
+    decompress: f64,
 }
 
 impl Mark {
@@ -130,6 +132,7 @@ impl Mark {
             pilot: s.pilot_counters(),
             joined: s.joined_flights(),
             limit_hits: memory::cgroup_limit_hits(),
+            decompress: s.decompress_seconds(),
         }
     }
 
@@ -153,6 +156,7 @@ impl Mark {
             pilot: self.pilot.since(&earlier.pilot),
             joined: self.joined - earlier.joined,
             limit_hits: self.limit_hits.zip(earlier.limit_hits).map(|(a, b)| a - b),
+            decompress: self.decompress - earlier.decompress,
         }
     }
 
@@ -236,12 +240,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         .map(|_| rng.random_range(0..vocab))
         .collect();
     let mut session = Session::new(engine.decoder());
+    let before_prefill = Mark::take(streaming);
     let started = Instant::now();
     let mut logits = session.feed(&prompt)?;
     let prefill_seconds = started.elapsed().as_secs_f64();
     let mut token = argmax(&logits);
     let ttft = started.elapsed().as_secs_f64();
     let prefill_trace = streaming.take_trace();
+    let prefill = Mark::take(streaming).since(&before_prefill);
 
     let warmup = args
         .warmup
@@ -333,6 +339,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "prompt_tokens": prompt.len(),
         "prefill_tok_s": prompt.len() as f64 / prefill_seconds.max(1e-9),
         "time_to_first_token_s": ttft,
+        "prefill_stall_seconds": prefill.stall,
+        "prefill_decompress_seconds": prefill.decompress,
+        "prefill_any_drive_busy_share": prefill.busy_any.as_secs_f64() / prefill.wall.max(1e-9),
         "gen_tokens": args.gen_tokens,
         "warmup_tokens": warmup,
     });
@@ -343,12 +352,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "stall_fraction": steady_stall / steady_seconds.max(1e-9),
         "stall_seconds_per_token": per_token_steady(steady_stall),
         "compute_seconds_per_token": per_token_steady(steady_seconds - steady_stall),
+        "decompress_seconds_per_token": per_token_steady(steady.decompress),
         "drive_busy_share": steady.busy_shares(),
         "any_drive_busy_share": steady.busy_any.as_secs_f64() / steady.wall.max(1e-9),
         "read_time_hidden_share": steady.hidden_share(),
         "prefetch": prefetch,
         "memory": memory_report(&start_usage, limit_hits_at_start, &steady),
         "record_buffer_bytes": streaming.buffer_bytes(),
+        "record_buffer_peak_bytes": streaming.peak_buffer_bytes(),
         "kernels": longhaul_engine::kernels::instruction_set(),
         "hit_rate": steady_hits as f64 / steady_lookups.max(1) as f64,
         "decode_hit_rate": decode_hits as f64 / decode_lookups.max(1) as f64,
