@@ -132,6 +132,8 @@ export interface DriveMetrics {
   reads: number;
   errors: number;
   mb_per_s: number;
+  /** Share of the last interval the drive had a read in progress. */
+  busy_share: number;
   latency_p50_ms: number | null;
   latency_p90_ms: number | null;
   latency_p99_ms: number | null;
@@ -148,6 +150,9 @@ export interface MetricsEvent {
     hit_rate: number;
     stall_seconds: number;
     interval_seconds: number;
+    /** Next-layer predictions against what layers asked for, since the model loaded. */
+    pilot: { predicted: number; demanded: number; correct: number; wasted_bytes: number; useful_bytes: number };
+    prefetch_recall: number | null;
   } | null;
 }
 

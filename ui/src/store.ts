@@ -10,8 +10,12 @@ export const HISTORY = 600;
 export interface Sample {
   t: number;
   drives: Record<string, number>;
+  /** Share of the interval each drive was reading. */
+  busy: Record<string, number>;
   total: number;
   hitRate: number | null;
+  /** Share of the experts asked for in the interval that the pilot had predicted. */
+  recall: number | null;
   tokensPerSecond: number | null;
   held: number;
   budget: number;
@@ -29,6 +33,7 @@ class Store {
   private metricsListeners = new Set<Listener>();
   private statusListeners = new Set<Listener>();
   private lastCounters: { hits: number; misses: number } | null = null;
+  private lastPilot: { demanded: number; correct: number } | null = null;
 
   start(): void {
     events({
@@ -48,10 +53,20 @@ class Store {
   private addMetrics(m: MetricsEvent): void {
     this.latest = m;
     const drives: Record<string, number> = {};
+    const busy: Record<string, number> = {};
     let total = 0;
     for (const d of m.engine?.drives ?? []) {
       drives[d.path] = d.mb_per_s;
+      busy[d.path] = d.busy_share;
       total += d.mb_per_s;
+    }
+    // Prefetch recall over the last interval, likewise.
+    let recall: number | null = null;
+    const p = m.engine?.pilot;
+    if (p) {
+      const prev = this.lastPilot;
+      if (prev && p.demanded > prev.demanded) recall = (p.correct - prev.correct) / (p.demanded - prev.demanded);
+      this.lastPilot = { demanded: p.demanded, correct: p.correct };
     }
     // Hit rate over the last interval, from the growing counters.
     let hitRate: number | null = null;
@@ -67,8 +82,10 @@ class Store {
     this.samples.push({
       t: Date.now() / 1000,
       drives,
+      busy,
       total,
       hitRate,
+      recall,
       tokensPerSecond: m.tokens_per_second,
       held: c?.held_bytes ?? 0,
       budget: c?.budget_bytes ?? m.budget_bytes,

@@ -199,6 +199,12 @@ test("dashboard: charts fill with live drive, cache and token data", async () =>
   assert.ok(legend.length >= 6, `two drives, a total and two ceilings (${legend.length} legend rows)`);
   const m = await api("GET", "/api/metrics");
   assert.ok(m.metrics.engine.drives.every((d) => d.bytes > 0), "both drives read");
+  assert.ok(m.metrics.engine.drives.every((d) => d.busy_share >= 0 && d.busy_share <= 1), "busy shares");
+  const busy = await page.$$eval("#c-busy .u-legend .u-series", (rows) => rows.length);
+  assert.ok(busy >= 2, `a busy share per drive (${busy} legend rows)`);
+  const hitLegend = await page.textContent("#c-hit .u-legend");
+  assert.match(hitLegend ?? "", /prefetch recall/);
+  assert.match((await page.textContent("#summary")) ?? "", /prefetch recall/);
   await page.waitForFunction(() => (document.querySelector("#heat")?.width ?? 0) > 0, null, { timeout: 20_000 });
   await shot("dashboard");
 });

@@ -1,5 +1,6 @@
-// Dashboard: the last ten minutes of per-drive read rates, cache hit rate,
-// token rate and cache memory against the budget, and the expert heat map.
+// Dashboard: the last ten minutes of per-drive read rates and busy shares,
+// cache hit rate and prefetch recall, token rate and cache memory against the
+// budget, and the expert heat map.
 
 import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
@@ -64,6 +65,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
     <div class="summary card" id="summary"></div>
     <div class="charts">
       <section class="card"><div id="c-drives" class="chart"></div></section>
+      <section class="card"><div id="c-busy" class="chart"></div></section>
       <section class="card"><div id="c-hit" class="chart"></div></section>
       <section class="card"><div id="c-tok" class="chart"></div></section>
       <section class="card"><div id="c-ram" class="chart"></div></section>
@@ -93,7 +95,18 @@ export async function render(root: HTMLElement): Promise<() => void> {
     }
   };
   let drivesChart: uPlot | null = null;
-  const hit = chart(root.querySelector("#c-hit") as HTMLElement, "Cache hit rate", [{ label: "hit rate", color: COLORS[2] }], "share", undefined, share);
+  let busyChart: uPlot | null = null;
+  const hit = chart(
+    root.querySelector("#c-hit") as HTMLElement,
+    "Cache hit rate and prefetch recall",
+    [
+      { label: "hit rate", color: COLORS[2] },
+      { label: "prefetch recall", color: COLORS[3] },
+    ],
+    "share",
+    undefined,
+    share,
+  );
   const tok = chart(root.querySelector("#c-tok") as HTMLElement, "Tokens per second", [{ label: "tok/s", color: COLORS[0] }], "tok/s");
   const ram = chart(
     root.querySelector("#c-ram") as HTMLElement,
@@ -110,12 +123,23 @@ export async function render(root: HTMLElement): Promise<() => void> {
     const samples = store.samples;
     const paths = Array.from(new Set(samples.flatMap((s) => Object.keys(s.drives)))).sort();
     const capped = paths.filter((p) => ceilings.has(p));
-    if (!drivesChart || paths.join() !== drivePaths.join()) {
+    const short = (p: string) => p.split("/").slice(-2).join("/");
+    if (!drivesChart || !busyChart || paths.join() !== drivePaths.join()) {
       drivesChart?.destroy();
+      busyChart?.destroy();
       drivePaths = paths;
       const el = root.querySelector("#c-drives") as HTMLElement;
       el.innerHTML = "";
-      const short = (p: string) => p.split("/").slice(-2).join("/");
+      const busyEl = root.querySelector("#c-busy") as HTMLElement;
+      busyEl.innerHTML = "";
+      busyChart = chart(
+        busyEl,
+        "Drive busy share: time with a read in progress",
+        paths.map((p, i) => ({ label: short(p), color: COLORS[i % COLORS.length] })),
+        "share",
+        undefined,
+        share,
+      );
       drivesChart = chart(
         el,
         "Drive reads (MB/s) against each drive's probed ceiling",
@@ -134,7 +158,8 @@ export async function render(root: HTMLElement): Promise<() => void> {
         ...drivePaths.filter((p) => ceilings.has(p)).map((p) => () => ceilings.get(p) ?? null),
       ]),
     );
-    hit.setData(columns(samples, [(s) => s.hitRate]));
+    busyChart.setData(columns(samples, drivePaths.map((p) => (s: Sample) => s.busy[p] ?? null)));
+    hit.setData(columns(samples, [(s) => s.hitRate, (s) => s.recall]));
     tok.setData(columns(samples, [(s) => s.tokensPerSecond]));
     ram.setData(columns(samples, [(s) => s.held, (s) => s.budget]));
     const m = store.latest;
@@ -143,6 +168,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
          <span>${m.running_job ? `running task <a href="#/job/${m.running_job}">${m.running_job}</a>` : "idle"}</span>
          <span>${rate(m.tokens_per_second)}</span>
          <span>hit rate ${percent(m.engine?.hit_rate)}</span>
+         <span>prefetch recall ${percent(m.engine?.prefetch_recall)}</span>
          <span>cache ${bytes(m.engine?.cache.held_bytes)} of ${bytes(m.budget_bytes)}</span>
          <span>${samples.length} s of history</span>`
       : `<span class="empty">No model is loaded yet: the charts fill once a task runs.</span>`;
@@ -190,6 +216,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
     off();
     clearInterval(heatTimer);
     drivesChart?.destroy();
+    busyChart?.destroy();
     hit.destroy();
     tok.destroy();
     ram.destroy();
