@@ -43,7 +43,56 @@ fn decompress_speed() {
     );
 }
 
+/// A warm decode step's experts: 192 experts of 3 MiB (F16), each a
+/// [1024x1024] and a [1024x512] product, from DRAM, four to a compute thread
+/// at a time as the MoE layer runs them.
+fn experts_from_dram() {
+    let experts: Vec<(Matrix, Matrix)> = (0..192)
+        .map(|e| {
+            let w: Vec<f32> = (0..1536 * 1024)
+                .map(|i| (((i + e) % 97) as f32 - 48.0) * 1e-3)
+                .collect();
+            let bytes = f32_to_f16_bytes(&w);
+            (
+                Matrix::from_bytes(1024, 1024, Format::F16, &bytes[..1024 * 1024 * 2]).unwrap(),
+                Matrix::from_bytes(1024, 512, Format::F16, &bytes[1024 * 1024 * 2..]).unwrap(),
+            )
+        })
+        .collect();
+    let x: Vec<f32> = (0..1024).map(|i| (i % 89) as f32 * 1e-2).collect();
+    let started = Instant::now();
+    for (gu, d) in &experts {
+        let h = gu.matmul_serial(&x, 1).unwrap();
+        std::hint::black_box(d.matmul_serial(&h[..512], 1).unwrap());
+    }
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "192 experts from DRAM on one thread: {:.2} ms ({:.1} GB/s)",
+        secs * 1e3,
+        192.0 * 3.0 * 1048576.0 / secs / 1e9
+    );
+    for round in 0..3 {
+        let started = Instant::now();
+        longhaul_engine::kernels::on_compute_threads(|| {
+            use rayon::prelude::*;
+            for layer in experts.chunks(8) {
+                layer.par_iter().for_each(|(gu, d)| {
+                    let h = gu.matmul_serial(&x, 1).unwrap();
+                    std::hint::black_box(d.matmul_serial(&h[..512], 1).unwrap());
+                });
+            }
+        });
+        let secs = started.elapsed().as_secs_f64();
+        println!(
+            "192 experts from DRAM, 8 at a time, round {round}: {:.2} ms ({:.1} GB/s)",
+            secs * 1e3,
+            192.0 * 3.0 * 1048576.0 / secs / 1e9
+        );
+    }
+}
+
 fn main() {
+    experts_from_dram();
     decompress_speed();
     for (rows, cols, n) in [
         (1024, 1024, 1),

@@ -14,7 +14,7 @@ use rayon::prelude::*;
 
 use super::dot::{LANES, axpy, finish};
 use super::format::{Format, decode_row};
-use super::{Isa, KernelError, dispatch};
+use super::{Isa, KernelError, dispatch, fast};
 use crate::aligned::{AlignedBytes, WEIGHT_ALIGN};
 
 /// Weight rows decoded and computed together.
@@ -24,8 +24,9 @@ const TOKEN_TILE: usize = 4;
 /// Below this many multiply-adds a product runs on the calling thread: the
 /// hand-off to the pool costs more than it saves.
 const PARALLEL_MIN_WORK: usize = 1 << 16;
-/// Row ranges per compute thread, so a thread slowed by other work (a reader
-/// checking a record) does not hold the product up.
+/// Row ranges per compute thread: one. Two, so that a thread slowed by other
+/// work would not hold a product up, cost more in hand-offs than they saved
+/// (a decode step makes about 500 products).
 const PARTS_PER_THREAD: usize = 2;
 
 /// The bytes behind a matrix: its own buffer or a range of a shared one (an
@@ -232,7 +233,17 @@ impl Matrix {
         self.matmul_on(x, n, Isa::Best)
     }
 
+    /// Like [`Matrix::matmul`], on the calling thread only: for work that is
+    /// already spread over the compute threads at a coarser grain.
+    pub fn matmul_serial(&self, x: &[f32], n: usize) -> Result<Vec<f32>, KernelError> {
+        self.product(x, n, Isa::Best, false)
+    }
+
     pub(crate) fn matmul_on(&self, x: &[f32], n: usize, isa: Isa) -> Result<Vec<f32>, KernelError> {
+        self.product(x, n, isa, true)
+    }
+
+    fn product(&self, x: &[f32], n: usize, isa: Isa, split: bool) -> Result<Vec<f32>, KernelError> {
         if x.len() != n * self.cols {
             return Err(KernelError::Shape {
                 what: "matmul input",
@@ -245,7 +256,7 @@ impl Matrix {
             return Ok(by_row);
         }
         let work = self.rows * self.cols * n;
-        let parts = if work < PARALLEL_MIN_WORK {
+        let parts = if !split || work < PARALLEL_MIN_WORK {
             1
         } else {
             rayon::current_num_threads() * PARTS_PER_THREAD
@@ -253,12 +264,19 @@ impl Matrix {
         let per_part = self.rows.div_ceil(parts).next_multiple_of(ROW_TILE);
         let run = |(p, out): (usize, &mut [f32])| {
             let first = p * per_part;
+            let count = out.len() / n;
+            if isa == Isa::Best && n == 1 && self.format == Format::F16 {
+                let bytes = &self.bytes()[first * self.row_bytes..(first + count) * self.row_bytes];
+                if fast::f16_matvec(bytes, self.row_bytes, count, x, out) {
+                    return;
+                }
+            }
             let op = RowRange {
                 m: self,
                 x,
                 n,
                 first,
-                count: out.len() / n,
+                count,
                 out,
             };
             dispatch(isa, op);
@@ -348,11 +366,14 @@ impl WithSimd for RowRange<'_> {
         let cols = m.cols;
         let token_tile = token_tile::<S>();
         let mut decoded = vec![0f32; ROW_TILE * cols];
+        // Resolved once: the storage sits behind a shared trait object.
+        let bytes = m.bytes();
+        let row = |r: usize| &bytes[r * m.row_bytes..(r + 1) * m.row_bytes];
         let mut r = 0;
         while r < count {
             let rows = ROW_TILE.min(count - r);
             for (i, buf) in decoded.chunks_exact_mut(cols).take(rows).enumerate() {
-                decode_row(m.format, m.row_slice(first + r + i), buf);
+                decode_row(m.format, row(first + r + i), buf);
             }
             let mut t = 0;
             while t < n {
@@ -477,9 +498,14 @@ impl WithSimd for VecMat<'_> {
     fn with_simd<S: Simd>(self, simd: S) {
         let VecMat { m, x, n, y } = self;
         let (rows, cols) = (m.rows, m.cols);
+        let bytes = m.bytes();
         let mut row = vec![0f32; cols];
         for i in 0..rows {
-            decode_row(m.format, m.row_slice(i), &mut row);
+            decode_row(
+                m.format,
+                &bytes[i * m.row_bytes..(i + 1) * m.row_bytes],
+                &mut row,
+            );
             for t in 0..n {
                 axpy(
                     simd,
@@ -547,6 +573,16 @@ mod tests {
             for t in 0..n {
                 let one = m.matmul(&x[t * cols..(t + 1) * cols], 1).unwrap();
                 prop_assert_eq!(bits(&one), bits(&m.matmul(&x, n).unwrap()[t * rows..(t + 1) * rows]));
+            }
+            // F16 weights: one-row products take the widening fast path where
+            // the machine has one; they agree with the portable path bitwise.
+            let h = Matrix::from_bytes(rows, cols, Format::F16, &f32_to_f16_bytes(&w)).unwrap();
+            let widened = h.to_f32();
+            for t in 0..n {
+                let xt = &x[t * cols..(t + 1) * cols];
+                let want = bits(&reference(&widened, xt, rows, cols, 1));
+                prop_assert_eq!(bits(&h.matmul(xt, 1).unwrap()), want.clone());
+                prop_assert_eq!(bits(&h.matmul_on(xt, 1, Isa::Scalar).unwrap()), want);
             }
         }
     }

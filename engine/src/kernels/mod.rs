@@ -15,6 +15,7 @@
 //! AVX2+FMA, NEON or plain scalar, and the best one is picked at run time.
 
 pub mod dot;
+mod fast;
 pub mod format;
 pub mod matrix;
 pub mod ops;
@@ -68,6 +69,30 @@ pub(crate) fn dispatch<Op: pulp::WithSimd>(isa: Isa, op: Op) -> Op::Output {
     match isa {
         Isa::Best => best().dispatch(op),
         Isa::Scalar => pulp::Simd::vectorize(pulp::Scalar, op),
+    }
+}
+
+/// The compute threads: one per core. Readers have threads of their own,
+/// but they sleep in system calls and take little CPU.
+fn compute_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("longhaul-compute-{i}"))
+            .build()
+            .ok()
+    })
+    .as_ref()
+}
+
+/// Runs `work` on a compute thread, so the products inside it split their
+/// rows with the other compute threads without waking a third thread for
+/// every product: a decode step makes about 500 of them, and handing each
+/// from the caller to the pool cost a quarter of the step in context switches.
+pub fn on_compute_threads<R: Send>(work: impl FnOnce() -> R + Send) -> R {
+    match compute_pool() {
+        Some(pool) => pool.install(work),
+        None => work(),
     }
 }
 

@@ -43,9 +43,8 @@ pub fn attend(
 
 /// Multi-head attention with fewer key/value heads than query heads.
 pub struct GroupedQueryAttention {
-    pub q_proj: Linear,
-    pub k_proj: Linear,
-    pub v_proj: Linear,
+    /// The query, key and value projections stacked into one product.
+    pub qkv_proj: Linear,
     pub o_proj: Linear,
     /// Per-head RMSNorm on queries and keys before rope (Qwen3).
     pub qk_norm: Option<(RmsNorm, RmsNorm)>,
@@ -81,9 +80,11 @@ impl GroupedQueryAttention {
             None => None,
         };
         Ok(Self {
-            q_proj: Linear::load(w, "q_proj", s.hidden, q_out, s.bias)?,
-            k_proj: Linear::load(w, "k_proj", s.hidden, kv_out, s.bias)?,
-            v_proj: Linear::load(w, "v_proj", s.hidden, kv_out, s.bias)?,
+            qkv_proj: Linear::stack(&[
+                Linear::load(w, "q_proj", s.hidden, q_out, s.bias)?,
+                Linear::load(w, "k_proj", s.hidden, kv_out, s.bias)?,
+                Linear::load(w, "v_proj", s.hidden, kv_out, s.bias)?,
+            ])?,
             o_proj: Linear::load(w, "o_proj", q_out, s.hidden, s.bias)?,
             qk_norm,
             heads: s.heads,
@@ -104,9 +105,11 @@ impl GroupedQueryAttention {
         let seq = x.dim(0)?;
         let start = cache.len();
         let split = |t: Tensor, heads: usize| t.reshape((seq, heads, self.head_dim));
-        let mut q = split(self.q_proj.forward(x)?, self.heads)?;
-        let mut k = split(self.k_proj.forward(x)?, self.kv_heads)?;
-        let v = split(self.v_proj.forward(x)?, self.kv_heads)?;
+        let (q_out, kv_out) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
+        let qkv = self.qkv_proj.forward(x)?;
+        let mut q = split(qkv.narrow(1, 0, q_out)?, self.heads)?;
+        let mut k = split(qkv.narrow(1, q_out, kv_out)?, self.kv_heads)?;
+        let v = split(qkv.narrow(1, q_out + kv_out, kv_out)?, self.kv_heads)?;
         if let Some((qn, kn)) = &self.qk_norm {
             q = qn.forward(&q)?;
             k = kn.forward(&k)?;

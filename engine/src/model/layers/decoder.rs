@@ -104,6 +104,15 @@ impl Decoder {
         cache: &mut KvCache,
         which: LogitsFor,
     ) -> Result<Tensor, ModelError> {
+        crate::kernels::on_compute_threads(|| self.forward_here(ids, cache, which))
+    }
+
+    fn forward_here(
+        &self,
+        ids: &[u32],
+        cache: &mut KvCache,
+        which: LogitsFor,
+    ) -> Result<Tensor, ModelError> {
         if ids.is_empty() {
             return Err(ModelError::EmptyInput);
         }

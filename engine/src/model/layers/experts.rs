@@ -47,15 +47,16 @@ impl Expert {
     }
 
     /// `down(silu(gate(x)) * up(x))` for the `n` rows of `x` (`n × hidden`),
-    /// computed from the weights as stored.
+    /// computed from the weights as stored, on the calling thread (experts
+    /// are computed side by side).
     pub fn forward(&self, x: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
         let i = self.intermediate;
-        let h = self.gate_up.matmul(x, n)?;
+        let h = self.gate_up.matmul_serial(x, n)?;
         let mut act = Vec::with_capacity(n * i);
         for row in h.chunks_exact((2 * i).max(1)) {
             act.extend(swiglu(&row[..i], &row[i..]));
         }
-        Ok(self.down.matmul(&act, n)?)
+        Ok(self.down.matmul_serial(&act, n)?)
     }
 }
 

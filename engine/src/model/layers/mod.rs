@@ -59,6 +59,26 @@ impl Linear {
         Self { weight, bias: None }
     }
 
+    /// Layers of one input stacked into one whose output is theirs, one
+    /// after another: one product instead of several, the same numbers.
+    pub fn stack(parts: &[Linear]) -> Result<Self, ModelError> {
+        let weights: Vec<&Matrix> = parts.iter().map(|p| &p.weight).collect();
+        let weight = Matrix::stack(&weights)?;
+        let bias = if parts.iter().any(|p| p.bias.is_some()) {
+            let mut all = Vec::with_capacity(weight.rows());
+            for p in parts {
+                match &p.bias {
+                    Some(b) => all.extend_from_slice(b),
+                    None => all.extend(std::iter::repeat_n(0.0, p.weight.rows())),
+                }
+            }
+            Some(all)
+        } else {
+            None
+        };
+        Ok(Self { weight, bias })
+    }
+
     /// A layer over an f32 `[out, in]` tensor.
     pub fn from_tensor(weight: &Tensor) -> Result<Self, ModelError> {
         let (rows, cols) = weight.dims2()?;
