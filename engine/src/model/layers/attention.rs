@@ -1,45 +1,13 @@
 //! Grouped-query attention (Qwen3-MoE, Mixtral) and the scaled-dot-product
 //! core shared with multi-head latent attention.
 
-use candle_core::{D, Device, Tensor};
+use candle_core::{Device, Tensor};
 
-use super::{Linear, RmsNorm, rope::Rope, values};
+use super::rope::{Rope, RopeTables};
+use super::{Linear, RmsNorm, values};
 use crate::kernels::ops::{self, AttentionShape};
 use crate::model::{ModelError, kv_cache::KvCache};
 use crate::weights::Weights;
-
-/// Softmax(q·kᵀ·scale + causal mask)·v over `[heads, seq, dim]` queries and
-/// `[kv_heads, total, _]` keys and values. Keys and values with fewer heads
-/// than the queries are shared by consecutive query heads (grouped-query
-/// attention). Each query row is computed on its own (see [`ops::attention`]).
-pub fn attend(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    scale: f64,
-    start: usize,
-    window: Option<usize>,
-) -> Result<Tensor, ModelError> {
-    let (heads, seq, dim) = q.dims3()?;
-    let (kv_heads, total, _) = k.dims3()?;
-    let value_dim = v.dim(2)?;
-    let shape = AttentionShape {
-        heads,
-        kv_heads,
-        seq,
-        total,
-        dim,
-        value_dim,
-        start,
-        window,
-    };
-    let out = ops::attention(&values(q)?, &values(k)?, &values(v)?, &shape, scale as f32);
-    Ok(Tensor::from_vec(
-        out,
-        (heads, seq, value_dim),
-        &Device::Cpu,
-    )?)
-}
 
 /// Multi-head attention with fewer key/value heads than query heads.
 pub struct GroupedQueryAttention {
@@ -100,40 +68,47 @@ impl GroupedQueryAttention {
         x: &Tensor,
         layer: usize,
         cache: &mut KvCache,
-        tables: &(Tensor, Tensor),
+        tables: &RopeTables,
     ) -> Result<Tensor, ModelError> {
         let seq = x.dim(0)?;
         let start = cache.len();
-        let split = |t: Tensor, heads: usize| t.reshape((seq, heads, self.head_dim));
-        let (q_out, kv_out) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
-        let qkv = self.qkv_proj.forward(x)?;
-        let mut q = split(qkv.narrow(1, 0, q_out)?, self.heads)?;
-        let mut k = split(qkv.narrow(1, q_out, kv_out)?, self.kv_heads)?;
-        let v = split(qkv.narrow(1, q_out + kv_out, kv_out)?, self.kv_heads)?;
-        if let Some((qn, kn)) = &self.qk_norm {
-            q = qn.forward(&q)?;
-            k = kn.forward(&k)?;
+        let hd = self.head_dim;
+        let (q_out, kv_out) = (self.heads * hd, self.kv_heads * hd);
+        let qkv = self.qkv_proj.forward_values(&values(x)?, seq)?;
+        let (mut q, mut k, mut v) = (
+            Vec::with_capacity(seq * q_out),
+            Vec::with_capacity(seq * kv_out),
+            Vec::with_capacity(seq * kv_out),
+        );
+        for row in qkv.chunks_exact(q_out + 2 * kv_out) {
+            q.extend_from_slice(&row[..q_out]);
+            k.extend_from_slice(&row[q_out..q_out + kv_out]);
+            v.extend_from_slice(&row[q_out + kv_out..]);
         }
-        let q = self.rope.apply(&q.transpose(0, 1)?, &tables.0, &tables.1)?;
-        let k = self.rope.apply(&k.transpose(0, 1)?, &tables.0, &tables.1)?;
-        let v = v.transpose(0, 1)?.contiguous()?;
-        let (k, v) = cache.append(layer, &k, &v)?;
-        let scale = 1.0 / (self.head_dim as f64).sqrt();
-        let out = attend(&q, &k, &v, scale, start, self.window)?;
-        let out = out
-            .transpose(0, 1)?
-            .reshape((seq, self.heads * self.head_dim))?;
-        self.o_proj.forward(&out)
+        if let Some((qn, kn)) = &self.qk_norm {
+            q = qn.forward_values(&q);
+            k = kn.forward_values(&k);
+        }
+        self.rope.rotate(&mut q, self.heads, hd, 0, tables)?;
+        self.rope.rotate(&mut k, self.kv_heads, hd, 0, tables)?;
+        let (keys, vals) = cache.append(layer, &k, kv_out, &v, kv_out)?;
+        let shape = AttentionShape {
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            seq,
+            total: keys.len() / kv_out.max(1),
+            dim: hd,
+            value_dim: hd,
+            start,
+            window: self.window,
+        };
+        let scale = (1.0 / (hd as f64).sqrt()) as f32;
+        let out = ops::attention(&q, keys, vals, &shape, scale);
+        let y = self.o_proj.forward_values(&out, seq)?;
+        Ok(Tensor::from_vec(
+            y,
+            (seq, self.o_proj.weight().rows()),
+            &Device::Cpu,
+        )?)
     }
-}
-
-/// Splits the last dimension of `x` into consecutive parts of the given sizes.
-pub fn split_last(x: &Tensor, sizes: &[usize]) -> Result<Vec<Tensor>, ModelError> {
-    let mut parts = Vec::with_capacity(sizes.len());
-    let mut at = 0;
-    for &s in sizes {
-        parts.push(x.narrow(D::Minus1, at, s)?);
-        at += s;
-    }
-    Ok(parts)
 }

@@ -123,7 +123,7 @@ impl Decoder {
             });
         }
         let seq = ids.len();
-        let tables = self.rope.tables(cache.len(), seq)?;
+        let tables = self.rope.tables(cache.len(), seq);
         let hidden = self.embed.cols();
         let mut rows = vec![0f32; seq * hidden];
         for (&id, row) in ids.iter().zip(rows.chunks_exact_mut(hidden.max(1))) {

@@ -11,8 +11,8 @@
 
 use candle_core::{Device, Tensor};
 
-use super::attention::split_last;
-use super::{Linear, RmsNorm, rope::Rope, values};
+use super::rope::{Rope, RopeTables};
+use super::{Linear, RmsNorm, values};
 use crate::kernels::Matrix;
 use crate::kernels::ops::{LatentShape, latent_attention};
 use crate::model::{ModelError, kv_cache::KvCache};
@@ -70,39 +70,50 @@ impl LatentAttention {
         x: &Tensor,
         layer: usize,
         cache: &mut KvCache,
-        tables: &(Tensor, Tensor),
+        tables: &RopeTables,
     ) -> Result<Tensor, ModelError> {
         let seq = x.dim(0)?;
         let start = cache.len();
-        let q = match &self.q {
-            QueryProjection::Direct(p) => p.forward(x)?,
-            QueryProjection::LowRank { a, norm, b } => b.forward(&norm.forward(&a.forward(x)?)?)?,
+        let xs = values(x)?;
+        let (nope, rope, lat) = (self.qk_nope_dim, self.qk_rope_dim, self.kv_lora_rank);
+        let qk = nope + rope;
+        let mut q = match &self.q {
+            QueryProjection::Direct(p) => p.forward_values(&xs, seq)?,
+            QueryProjection::LowRank { a, norm, b } => {
+                b.forward_values(&norm.forward_values(&a.forward_values(&xs, seq)?), seq)?
+            }
         };
-        let q = q
-            .reshape((seq, self.heads, self.qk_nope_dim + self.qk_rope_dim))?
-            .transpose(0, 1)?;
-        let [q_pass, q_rot] = take2(split_last(&q, &[self.qk_nope_dim, self.qk_rope_dim])?)?;
-
-        let compressed = self.kv_a.forward(x)?;
-        let [latent, k_rot] = take2(split_last(
-            &compressed,
-            &[self.kv_lora_rank, self.qk_rope_dim],
-        )?)?;
-        let latent = self.kv_a_norm.forward(&latent)?.unsqueeze(0)?;
-        let k_rot = k_rot.unsqueeze(0)?;
-
-        let q_rot = self.rope.apply(&q_rot, &tables.0, &tables.1)?;
-        let k_rot = self.rope.apply(&k_rot, &tables.0, &tables.1)?;
-        let (latent, k_rot) = cache.append(layer, &latent, &k_rot)?;
-        let out = self.attend(
-            &values(&q_pass)?,
-            &values(&q_rot)?,
-            &values(&latent)?,
-            &values(&k_rot)?,
-            start,
-        )?;
-        let out = Tensor::from_vec(out, (seq, self.heads * self.v_dim), &Device::Cpu)?;
-        self.o_proj.forward(&out)
+        // `[seq][heads][nope + rope]`: the rotary part of every head turns.
+        self.rope.rotate(&mut q, self.heads, qk, nope, tables)?;
+        let compressed = self.kv_a.forward_values(&xs, seq)?;
+        let (mut latent, mut k_rot) = (
+            Vec::with_capacity(seq * lat),
+            Vec::with_capacity(seq * rope),
+        );
+        for row in compressed.chunks_exact(lat + rope) {
+            latent.extend_from_slice(&row[..lat]);
+            k_rot.extend_from_slice(&row[lat..]);
+        }
+        let latent = self.kv_a_norm.forward_values(&latent);
+        self.rope.rotate(&mut k_rot, 1, rope, 0, tables)?;
+        let (latents, k_rots) = cache.append(layer, &latent, lat, &k_rot, rope)?;
+        let (mut q_pass, mut q_rot) = (
+            vec![0f32; self.heads * seq * nope],
+            vec![0f32; self.heads * seq * rope],
+        );
+        for (row, src) in q.chunks_exact(qk).enumerate() {
+            let (i, h) = (row / self.heads, row % self.heads);
+            let at = h * seq + i;
+            q_pass[at * nope..(at + 1) * nope].copy_from_slice(&src[..nope]);
+            q_rot[at * rope..(at + 1) * rope].copy_from_slice(&src[nope..]);
+        }
+        let out = self.attend(&q_pass, &q_rot, latents, k_rots, start)?;
+        let y = self.o_proj.forward_values(&out, seq)?;
+        Ok(Tensor::from_vec(
+            y,
+            (seq, self.o_proj.weight().rows()),
+            &Device::Cpu,
+        )?)
     }
 
     /// Attention of `[heads, seq, nope]` / `[heads, seq, rope]` queries on
@@ -148,16 +159,9 @@ impl LatentAttention {
     }
 }
 
-fn take2(parts: Vec<Tensor>) -> Result<[Tensor; 2], ModelError> {
-    parts
-        .try_into()
-        .map_err(|_| ModelError::Internal("expected two parts"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::layers::attention::attend;
     use crate::model::layers::rope::{RopeKind, RopeParams};
     use candle_core::DType;
 
@@ -229,25 +233,36 @@ mod tests {
             .matmul(&kv_b_w.t().unwrap())
             .unwrap()
             .reshape((total, heads, nope + v))
-            .unwrap()
-            .transpose(0, 1)
             .unwrap();
         let k_nope = kv.narrow(2, 0, nope).unwrap();
         let values_t = kv.narrow(2, nope, v).unwrap().contiguous().unwrap();
         let k_rot_all = k_rot
-            .unsqueeze(0)
+            .unsqueeze(1)
             .unwrap()
-            .broadcast_as((heads, total, rope_dim))
+            .broadcast_as((total, heads, rope_dim))
             .unwrap();
         let k = Tensor::cat(&[&k_nope, &k_rot_all], 2).unwrap();
-        let q = Tensor::cat(&[&q_pass, &q_rot], 2).unwrap();
-        let expanded = attend(&q, &k.contiguous().unwrap(), &values_t, 0.3, start, None)
+        let q = Tensor::cat(&[&q_pass, &q_rot], 2)
             .unwrap()
             .transpose(0, 1)
-            .unwrap()
-            .reshape((seq, heads * v))
             .unwrap();
-        let expanded: Vec<f32> = values(&expanded).unwrap();
+        let shape = crate::kernels::ops::AttentionShape {
+            heads,
+            kv_heads: heads,
+            seq,
+            total,
+            dim: nope + rope_dim,
+            value_dim: v,
+            start,
+            window: None,
+        };
+        let expanded = crate::kernels::ops::attention(
+            &values(&q).unwrap(),
+            &values(&k).unwrap(),
+            &values(&values_t).unwrap(),
+            &shape,
+            0.3,
+        );
         let diff = absorbed
             .iter()
             .zip(&expanded)

@@ -4,8 +4,6 @@
 //! (default, linear and YaRN), computed in f32 like the reference so that
 //! positions far into a long context rotate by the same angles.
 
-use candle_core::{Device, Tensor};
-
 use crate::model::ModelError;
 
 /// Which frequency schedule a model was trained with.
@@ -157,7 +155,7 @@ impl Rope {
     }
 
     /// cos and sin tables `[seq, dim/2]` for positions `start..start+seq`.
-    pub fn tables(&self, start: usize, seq: usize) -> Result<(Tensor, Tensor), ModelError> {
+    pub fn tables(&self, start: usize, seq: usize) -> RopeTables {
         let half = self.inv_freq.len();
         let mut cos = Vec::with_capacity(seq * half);
         let mut sin = Vec::with_capacity(seq * half);
@@ -168,27 +166,63 @@ impl Rope {
                 sin.push(angle.sin() * self.scale);
             }
         }
-        Ok((
-            Tensor::from_vec(cos, (seq, half), &Device::Cpu)?,
-            Tensor::from_vec(sin, (seq, half), &Device::Cpu)?,
-        ))
+        RopeTables { cos, sin, half }
     }
 
-    /// Rotates `x` of shape `[heads, seq, dim]` (dim == [`Rope::dim`]).
-    pub fn apply(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, ModelError> {
-        let (heads, seq, dim) = x.dims3()?;
-        let x = if self.interleaved {
-            // Gather even then odd lanes, as the reference does, so the
-            // rotation below is the plain half-split one.
-            x.reshape((heads, seq, dim / 2, 2))?
-                .transpose(2, 3)?
-                .reshape((heads, seq, dim))?
-        } else {
-            x.contiguous()?
-        };
-        let out = candle_nn::rotary_emb::rope(&x.unsqueeze(0)?, cos, sin)?;
-        Ok(out.squeeze(0)?)
+    /// Rotates `x`, laid out `[seq][heads][stride]`, in place: for each
+    /// position and head, the [`Rope::dim`] values from `offset`. As in the
+    /// reference: `x₁·cos − x₂·sin`, `x₁·sin + x₂·cos` over the two halves,
+    /// after gathering even then odd lanes when pairs are interleaved.
+    pub fn rotate(
+        &self,
+        x: &mut [f32],
+        heads: usize,
+        stride: usize,
+        offset: usize,
+        tables: &RopeTables,
+    ) -> Result<(), ModelError> {
+        let half = self.inv_freq.len();
+        if half != tables.half || offset + 2 * half > stride || stride == 0 {
+            return Err(ModelError::Internal("rope width does not fit the heads"));
+        }
+        let mut gathered = vec![0f32; 2 * half];
+        for (i, row) in x.chunks_exact_mut(stride).enumerate() {
+            let t = i / heads.max(1);
+            let (cos, sin) = (
+                tables.cos.get(t * half..(t + 1) * half),
+                tables.sin.get(t * half..(t + 1) * half),
+            );
+            let (Some(cos), Some(sin)) = (cos, sin) else {
+                return Err(ModelError::Internal(
+                    "rope tables shorter than the sequence",
+                ));
+            };
+            let v = &mut row[offset..offset + 2 * half];
+            if self.interleaved {
+                for j in 0..half {
+                    gathered[j] = v[2 * j];
+                    gathered[half + j] = v[2 * j + 1];
+                }
+                v.copy_from_slice(&gathered);
+            }
+            let (lo, hi) = v.split_at_mut(half);
+            for j in 0..half {
+                let (a, b) = (lo[j], hi[j]);
+                lo[j] = a * cos[j] - b * sin[j];
+                hi[j] = a * sin[j] + b * cos[j];
+            }
+        }
+        Ok(())
     }
+}
+
+/// cos and sin of every rotated pair's angle at consecutive positions,
+/// `[seq][half]`, scaled as the rope kind asks.
+#[derive(Debug, Clone)]
+pub struct RopeTables {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    half: usize,
 }
 
 #[cfg(test)]
