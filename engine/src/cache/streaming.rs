@@ -138,6 +138,8 @@ pub struct StreamingExperts {
     pack: PathBuf,
     prefetch: bool,
     window_bytes: u64,
+    /// Bytes every expert of the pack takes in RAM.
+    all_experts_bytes: u64,
 }
 
 impl StreamingExperts {
@@ -186,6 +188,16 @@ impl StreamingExperts {
             pack: pack.to_path_buf(),
             prefetch: options.prefetch,
             window_bytes: options.window_bytes,
+            all_experts_bytes: 0,
+        };
+        let me = Self {
+            all_experts_bytes: me
+                .shared
+                .layers
+                .values()
+                .map(|l| me.ram_bytes(l) * l.records.len() as u64)
+                .sum(),
+            ..me
         };
         let heat = HeatMap::load(pack);
         me.apply_heat(&heat, options)?;
@@ -642,7 +654,13 @@ impl ExpertProvider for StreamingExperts {
     }
 
     fn wants_hints(&self) -> bool {
+        // Once every expert is held there is nothing to guess.
         self.prefetch
+            && self
+                .shared
+                .state
+                .lock()
+                .is_ok_and(|st| st.cache.counters().held_bytes < self.all_experts_bytes)
     }
 
     fn prefetch(&self, layer: usize, ids: &[usize]) {
