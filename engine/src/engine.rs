@@ -336,13 +336,13 @@ fn plan_memory(
         .map(|r| r.len)
         .min()
         .unwrap_or(0);
-    // Reads a request waits for, one-use ones included, hold up to a window.
-    // Compressed records also land in a buffer of their own before they are
-    // restored, and prefetch reads may have a window of those on their way.
+    // Reads a request waits for, one-use ones included, hold up to a window,
+    // and guesses read ahead for one use another. Compressed records also
+    // land in a buffer of their own before they are restored.
     let windows = if manifest.experts.compression.is_some() {
-        2
+        3
     } else {
-        1
+        2
     };
     let plan = MemoryPlan::new(
         m.limit_bytes,

@@ -131,6 +131,37 @@ fn logits_are_bitwise_identical_to_the_in_memory_model() {
     }
 }
 
+/// Reading the pilot's guesses ahead changes where experts come from and
+/// when, never what is computed.
+#[test]
+fn logits_do_not_depend_on_prefetching() {
+    for fixture in ["deepseek_v3_released", "qwen3_moe_recent"] {
+        let dir = common::fixtures_dir().join(fixture);
+        let exp = common::expected(&dir);
+        let reference = all_logits(&Engine::open(&dir).unwrap(), &exp.ids);
+        let tmp = tempfile::tempdir().unwrap();
+        let pack = pack(tmp.path(), fixture, 2, 4096);
+        for budget in [0, 3 * expert_bytes(fixture), u64::MAX] {
+            for prefetch in [false, true] {
+                let mut o = EngineOptions::default();
+                o.streaming.budget_bytes = budget;
+                o.streaming.prefetch = prefetch;
+                let engine = Engine::open_with(&pack, &o, &|_| {}).unwrap();
+                assert!(
+                    all_logits(&engine, &exp.ids) == reference,
+                    "{fixture}: budget {budget}, prefetch {prefetch}"
+                );
+                let pilot = engine.streaming().unwrap().pilot_counters();
+                if !prefetch {
+                    assert_eq!(pilot.prefetch_reads, 0);
+                } else if budget < u64::MAX {
+                    assert!(pilot.predicted_layers > 0, "{fixture}: predictions scored");
+                }
+            }
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(12))]
     #[test]

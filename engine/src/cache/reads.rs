@@ -46,6 +46,11 @@ pub(super) struct State {
     pub score: Scorecard,
     /// Demand lookups that found their expert already being read.
     pub joined_flights: u64,
+    /// Records read from the drives (demand and prefetch).
+    pub reads_started: u64,
+    /// Guessed experts read ahead for one use that landed before their layer
+    /// asked; its request takes them, and drops those it did not ask for.
+    pub landed: HashMap<Key, Arc<Expert>>,
     /// Bytes of speculative reads on their way (capped at the window).
     pub speculative_bytes: u64,
 }
@@ -109,6 +114,9 @@ impl Shared {
             match &outcome {
                 Ok(expert) if flight.kept => st.cache.fill(key.0, key.1, Arc::clone(expert)),
                 Err(_) if flight.kept => st.cache.cancel(key.0, key.1),
+                Ok(expert) if flight.speculative && flight.waiters.is_empty() => {
+                    st.landed.insert(key, Arc::clone(expert));
+                }
                 _ => {}
             }
             flight

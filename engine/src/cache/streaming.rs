@@ -163,6 +163,8 @@ impl StreamingExperts {
             flights: HashMap::new(),
             score: Default::default(),
             joined_flights: 0,
+            reads_started: 0,
+            landed: HashMap::new(),
             speculative_bytes: 0,
         };
         let me = Self {
@@ -312,6 +314,15 @@ impl StreamingExperts {
             .unwrap_or_default()
     }
 
+    /// Records read from the drives so far, prefetches included.
+    pub fn records_read(&self) -> u64 {
+        self.shared
+            .state
+            .lock()
+            .map(|s| s.reads_started)
+            .unwrap_or_default()
+    }
+
     pub fn drive_snapshots(&self) -> Vec<DriveSnapshot> {
         self.store.snapshot()
     }
@@ -417,6 +428,7 @@ impl StreamingExperts {
             error: Mutex::new(None),
             segments: segments.clone(),
         });
+        st.reads_started += 1;
         st.flights.insert(
             key,
             Flight {
@@ -644,9 +656,14 @@ impl ExpertProvider for StreamingExperts {
                 st.cache.protect(layer, id);
                 match st.cache.get(layer, id) {
                     Some(expert) => fetch.ready.push_back((pos, expert)),
-                    None => fetch.unread.push_back((pos, id)),
+                    None => match st.landed.remove(&(layer, id)) {
+                        Some(expert) => fetch.ready.push_back((pos, expert)),
+                        None => fetch.unread.push_back((pos, id)),
+                    },
                 }
             }
+            // Guesses for this layer that landed and were not asked for go.
+            st.landed.retain(|k, _| k.0 != layer);
         }
         // Ask the drives for everything missing before the model moves on.
         fetch.top_up()?;
@@ -664,40 +681,45 @@ impl ExpertProvider for StreamingExperts {
     }
 
     fn prefetch(&self, layer: usize, ids: &[usize]) {
-        if !self.prefetch {
-            return;
-        }
         let Some(records) = self.shared.layers.get(&layer) else {
             return;
         };
         let Ok(mut st) = self.shared.state.lock() else {
             return;
         };
+        // Predictions are scored whether or not they are read, so the gate
+        // below always has a fresh precision to go by.
         st.score.predicted(layer, ids);
+        if !self.prefetch || !st.score.worth_reading() {
+            return;
+        }
         let bytes = self.ram_bytes(records);
         for &id in ids.iter().filter(|&&id| id < records.records.len()) {
             if st.cache.contains(layer, id) {
                 st.cache.protect(layer, id);
                 continue;
             }
-            if st.flights.contains_key(&(layer, id)) {
+            if st.flights.contains_key(&(layer, id)) || st.landed.contains_key(&(layer, id)) {
                 continue;
             }
             if st.speculative_bytes >= self.window_bytes {
                 // Enough guesses on their way; the rest are read on demand.
                 break;
             }
-            if !st.cache.reserve(layer, id, bytes, true) {
-                // No room that is not protected or pinned: skip the guess.
-                continue;
+            // A guess is read ahead, not cached ahead: it enters the cache
+            // only if a demand read of it would (frequency admission), so a
+            // prediction never displaces an expert the cache chose to keep.
+            let kept = st.cache.reserve(layer, id, bytes, false);
+            if kept {
+                st.cache.protect(layer, id);
             }
             if self
-                .start_read(&mut st, records, id, Priority::Prefetch, true, true)
+                .start_read(&mut st, records, id, Priority::Prefetch, kept, true)
                 .is_ok()
             {
                 st.score
                     .prefetch_started(layer, id, records.records[id].stored());
-            } else {
+            } else if kept {
                 st.cache.cancel(layer, id);
             }
         }

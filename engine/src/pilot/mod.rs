@@ -65,10 +65,23 @@ impl PilotCounters {
     }
 }
 
+/// Share of predicted experts that must turn out to be asked for, lately,
+/// for guesses to be read ahead. Wrong guesses cost drive time that a
+/// bandwidth-bound decode does not have: on a DeepSeek-V3-shaped model with
+/// Zipf-skewed routing the pilot's precision was 0.80 and reading its
+/// guesses made decoding 23% slower (4.20 against 5.42 tok/s from 4 drives
+/// under 2 GiB); on the peers' Qwen3-MoE it is 0.987.
+pub const MIN_PRECISION: f64 = 0.9;
+/// Weight of the newest layer's precision in the running estimate: about
+/// the last two tokens of a 24-layer model.
+const PRECISION_EWMA: f64 = 0.02;
+
 /// Open predictions and prefetches, judged when their layer asks.
 #[derive(Debug, Default)]
 pub struct Scorecard {
     counters: PilotCounters,
+    /// Running precision of recent predictions; none before the first.
+    precision: Option<f64>,
     /// The latest prediction per layer, not yet judged.
     predictions: HashMap<usize, Vec<usize>>,
     /// Experts read on a prediction, with their bytes, not yet judged.
@@ -78,6 +91,11 @@ pub struct Scorecard {
 impl Scorecard {
     pub fn counters(&self) -> PilotCounters {
         self.counters
+    }
+
+    /// Whether recent predictions were precise enough to read ahead.
+    pub fn worth_reading(&self) -> bool {
+        self.precision.is_none_or(|p| p >= MIN_PRECISION)
     }
 
     /// Records a prediction for `layer` (replacing an unjudged one).
@@ -96,10 +114,18 @@ impl Scorecard {
     /// experts it asks for.
     pub fn demanded(&mut self, layer: usize, ids: &[usize]) {
         if let Some(predicted) = self.predictions.remove(&layer) {
+            let correct = ids.iter().filter(|id| predicted.contains(id)).count();
             self.counters.predicted_layers += 1;
             self.counters.predicted += predicted.len() as u64;
             self.counters.demanded += ids.len() as u64;
-            self.counters.correct += ids.iter().filter(|id| predicted.contains(id)).count() as u64;
+            self.counters.correct += correct as u64;
+            if !predicted.is_empty() {
+                let p = correct as f64 / predicted.len() as f64;
+                self.precision = Some(match self.precision {
+                    Some(old) => old + PRECISION_EWMA * (p - old),
+                    None => p,
+                });
+            }
         }
         let mut judged = Vec::new();
         for (&key, &bytes) in &self.prefetched {
@@ -136,5 +162,21 @@ mod tests {
         // Judged once: asking again adds nothing.
         s.demanded(3, &[1, 5, 9]);
         assert_eq!(s.counters(), c);
+    }
+
+    #[test]
+    fn imprecise_guesses_stop_being_read_and_precise_ones_start_again() {
+        let mut s = Scorecard::default();
+        assert!(s.worth_reading(), "no evidence yet");
+        for layer in 0..200 {
+            s.predicted(layer, &[1, 2, 3, 4]);
+            s.demanded(layer, &[1, 2, 3, 9]);
+        }
+        assert!(!s.worth_reading(), "three in four right");
+        for layer in 200..400 {
+            s.predicted(layer, &[1, 2, 3, 4]);
+            s.demanded(layer, &[1, 2, 3, 4]);
+        }
+        assert!(s.worth_reading());
     }
 }

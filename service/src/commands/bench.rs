@@ -119,6 +119,8 @@ struct Mark {
     limit_hits: Option<u64>,
     /// Reader time restoring compressed records.
     decompress: f64,
+    /// Records read from the drives.
+    reads: u64,
 }
 
 impl Mark {
@@ -133,6 +135,7 @@ impl Mark {
             joined: s.joined_flights(),
             limit_hits: memory::cgroup_limit_hits(),
             decompress: s.decompress_seconds(),
+            reads: s.records_read(),
         }
     }
 
@@ -157,6 +160,7 @@ impl Mark {
             joined: self.joined - earlier.joined,
             limit_hits: self.limit_hits.zip(earlier.limit_hits).map(|(a, b)| a - b),
             decompress: self.decompress - earlier.decompress,
+            reads: self.reads - earlier.reads,
         }
     }
 
@@ -362,6 +366,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "record_buffer_peak_bytes": streaming.peak_buffer_bytes(),
         "kernels": longhaul_engine::kernels::instruction_set(),
         "hit_rate": steady_hits as f64 / steady_lookups.max(1) as f64,
+        "records_read_per_token": per_token_steady(steady.reads as f64),
+        "lookups_per_token": per_token_steady(steady_lookups as f64),
+        "effective_hit_rate": 1.0 - steady.reads as f64 / steady_lookups.max(1) as f64,
         "decode_hit_rate": decode_hits as f64 / decode_lookups.max(1) as f64,
         "lru_replay_hit_rate": lru_hit_rate(&accesses, slots, count_from),
         "lfu_replay_hit_rate": lfu_hit_rate(&accesses, slots, count_from),
