@@ -8,6 +8,7 @@
 //! prefetching or the order reads complete in.
 
 mod budget;
+mod fetch;
 pub mod heat;
 mod pool;
 mod reads;

@@ -14,9 +14,9 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::model::{Expert, ExpertError, ExpertProvider, ExpertStream};
+use crate::model::{ExpertError, ExpertProvider, ExpertStream};
 use crate::pack::Manifest;
 use crate::pack::encoding::ExpertEncoding;
 use crate::pack::manifest::{ExpertLayer, Record, Segment};
@@ -27,6 +27,7 @@ use crate::store::{
 use crate::weights::Dtype;
 
 use super::budget::{CacheCounters, EvictionPolicy, ExpertCache};
+use super::fetch::{Demand, Fetch};
 use super::heat::HeatMap;
 use super::pool::BufferPool;
 use super::reads::{Arrival, Flight, RecordRead, Shared, State, poisoned};
@@ -128,16 +129,16 @@ impl Default for StreamingOptions {
 }
 
 pub struct StreamingExperts {
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
     store: DriveStore,
     /// Every lookup in order, when recording.
     trace: Option<Mutex<Vec<Lookup>>>,
     /// Time the model spent waiting for reads, in microseconds.
-    stall_micros: AtomicU64,
+    pub(super) stall_micros: AtomicU64,
     heat: Mutex<HeatMap>,
     pack: PathBuf,
     prefetch: bool,
-    window_bytes: u64,
+    pub(super) window_bytes: u64,
     /// Bytes every expert of the pack takes in RAM.
     all_experts_bytes: u64,
 }
@@ -381,7 +382,7 @@ impl StreamingExperts {
     }
 
     /// Bytes one expert of `layer` takes in the cache.
-    fn ram_bytes(&self, layer: &ExpertLayer) -> u64 {
+    pub(super) fn ram_bytes(&self, layer: &ExpertLayer) -> u64 {
         expert_ram_bytes(layer, self.shared.encoding, self.shared.keep_stored)
     }
 
@@ -476,7 +477,7 @@ impl StreamingExperts {
     /// way, or starts one (kept if the cache admits it, else read for this
     /// one use); either counts against the request's window until it lands.
     /// Returns the expert itself if it landed meanwhile.
-    fn demand(
+    pub(super) fn demand(
         &self,
         layer: &ExpertLayer,
         id: usize,
@@ -509,106 +510,6 @@ impl StreamingExperts {
             f.waiters.push((tx.clone(), pos));
         }
         Ok(Demand::Started)
-    }
-}
-
-/// What [`StreamingExperts::demand`] did.
-enum Demand {
-    /// The expert will arrive on the request's channel: another read had
-    /// started it (a prefetch, now promoted).
-    Joined,
-    /// Likewise, from a read this request started.
-    Started,
-    /// It was already there.
-    Ready(Arc<Expert>),
-}
-
-/// A layer's experts, handed over as they become available.
-struct Fetch<'a> {
-    owner: &'a StreamingExperts,
-    layer: &'a ExpertLayer,
-    ready: VecDeque<(usize, Arc<Expert>)>,
-    /// Misses not asked of the drives yet (position, id).
-    unread: VecDeque<(usize, usize)>,
-    tx: mpsc::Sender<Arrival>,
-    rx: mpsc::Receiver<Arrival>,
-    /// Arrivals still due.
-    waiting: usize,
-    /// Bytes of the reads this request waits for, by position.
-    window: BTreeMap<usize, u64>,
-    failed: bool,
-}
-
-impl Fetch<'_> {
-    /// Asks the drives for more misses while the window has room (always at
-    /// least one read).
-    fn top_up(&mut self) -> Result<(), ExpertError> {
-        while let Some(&(pos, id)) = self.unread.front() {
-            let in_window: u64 = self.window.values().sum();
-            let next = self.owner.ram_bytes(self.layer);
-            if in_window > 0 && in_window + next > self.owner.window_bytes {
-                break;
-            }
-            self.unread.pop_front();
-            match self.owner.demand(self.layer, id, pos, &self.tx)? {
-                Demand::Joined | Demand::Started => {
-                    self.waiting += 1;
-                    self.window.insert(pos, next);
-                }
-                Demand::Ready(expert) => self.ready.push_back((pos, expert)),
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Fetch<'_> {
-    fn drop(&mut self) {
-        if let Ok(mut st) = self.owner.shared.state.lock() {
-            st.cache.unprotect_layer(self.layer.layer);
-        }
-    }
-}
-
-impl Iterator for Fetch<'_> {
-    type Item = Result<(usize, Arc<Expert>), ExpertError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.failed {
-            return None;
-        }
-        if let Err(e) = self.top_up() {
-            self.failed = true;
-            return Some(Err(e));
-        }
-        if let Some(r) = self.ready.pop_front() {
-            return Some(Ok(r));
-        }
-        if self.waiting == 0 {
-            return None;
-        }
-        let started = Instant::now();
-        let got = self.rx.recv();
-        self.owner
-            .stall_micros
-            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
-        self.waiting -= 1;
-        match got {
-            Ok((pos, Ok(expert))) => {
-                self.window.remove(&pos);
-                Some(Ok((pos, expert)))
-            }
-            Ok((_, Err(e))) => {
-                self.failed = true;
-                Some(Err(e))
-            }
-            Err(_) => {
-                self.failed = true;
-                Some(Err(ExpertError::Source(
-                    "the drive readers stopped".to_string(),
-                )))
-            }
-        }
     }
 }
 

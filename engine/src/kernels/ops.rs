@@ -125,14 +125,23 @@ pub fn attention(q: &[f32], k: &[f32], v: &[f32], s: &AttentionShape, scale: f32
         );
     };
     let work = s.heads * s.seq * s.total * (s.dim + s.value_dim);
-    if work < PARALLEL_MIN_WORK {
-        out.chunks_mut(s.value_dim.max(1)).enumerate().for_each(one);
-    } else {
-        out.par_chunks_mut(s.value_dim.max(1))
-            .enumerate()
-            .for_each(one);
-    }
+    each_row(&mut out, s.value_dim, work, one);
     out
+}
+
+/// Calls `one` with every `width`-wide row of `out` and its index: on the
+/// compute threads when there are `work` multiply-adds enough to share.
+fn each_row(
+    out: &mut [f32],
+    width: usize,
+    work: usize,
+    one: impl Fn((usize, &mut [f32])) + Sync + Send,
+) {
+    if work < PARALLEL_MIN_WORK {
+        out.chunks_mut(width.max(1)).enumerate().for_each(one);
+    } else {
+        out.par_chunks_mut(width.max(1)).enumerate().for_each(one);
+    }
 }
 
 struct AttendRow<'a> {
@@ -208,13 +217,7 @@ pub fn latent_attention(
         );
     };
     let work = s.heads * s.seq * s.total * (2 * s.latent + s.rope);
-    if work < PARALLEL_MIN_WORK {
-        out.chunks_mut(s.latent.max(1)).enumerate().for_each(one);
-    } else {
-        out.par_chunks_mut(s.latent.max(1))
-            .enumerate()
-            .for_each(one);
-    }
+    each_row(&mut out, s.latent, work, one);
     out
 }
 
