@@ -4,6 +4,7 @@
 
 pub mod attach;
 pub mod client;
+pub mod data_dir;
 pub mod drive_watch;
 pub mod events;
 pub mod http;

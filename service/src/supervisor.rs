@@ -100,25 +100,35 @@ impl Supervisor {
         format!("http://127.0.0.1:{}", self.config.port)
     }
 
-    /// Uses a service already answering on the configured port.
+    /// Uses a service of this data dir already answering: on the configured
+    /// port, or where the data dir's `endpoint` says (one started by hand
+    /// on another port holds the data dir, so starting ours would fail).
     fn attach(&self) -> bool {
-        let Ok(client) = Client::new(&self.config.data_dir, Some(&self.url())) else {
+        let dir = &self.config.data_dir;
+        let urls = [self.url(), crate::client::service_url(dir, None)];
+        let live = urls.iter().find_map(|url| {
+            let client = Client::new(dir, Some(url)).ok()?;
+            client.get::<Value>("/api/queue").ok().map(|_| client)
+        });
+        let Some(client) = live else {
             return false;
         };
-        if client.get::<Value>("/api/queue").is_err() {
-            return false;
-        }
         if let Ok(mut c) = self.client.lock() {
             *c = Some(client);
         }
         true
     }
 
+    /// Where the service this supervisor uses answers.
+    fn base_url(&self) -> String {
+        self.with_client(|c| c.base().to_string())
+            .unwrap_or_else(|| self.url())
+    }
+
     fn spawn(&self) -> Result<(), SupervisorError> {
         let dir = &self.config.data_dir;
-        let _ = std::fs::create_dir_all(dir);
-        let _ = std::fs::remove_file(dir.join(ENDPOINT_FILE));
-        let log = std::fs::OpenOptions::new()
+        let _ = crate::data_dir::create_private_dir(dir);
+        let log = crate::data_dir::private_options()
             .create(true)
             .append(true)
             .open(log_path(dir))
@@ -313,10 +323,15 @@ impl Supervisor {
     pub fn run_demo_on_first_start(&self) -> bool {
         let dir = &self.config.data_dir;
         let marker = dir.join(DEMO_MARKER);
-        if marker.exists() || std::fs::write(&marker, b"").is_err() {
+        if marker.exists() || crate::data_dir::write_private(&marker, b"").is_err() {
             return false;
         }
-        let Ok(log) = std::fs::File::create(dir.join("demo.log")) else {
+        let Ok(log) = crate::data_dir::private_options()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.join("demo.log"))
+        else {
             return false;
         };
         let Ok(log_err) = log.try_clone() else {
@@ -326,7 +341,7 @@ impl Supervisor {
             .arg("demo")
             .arg("--data-dir")
             .arg(dir)
-            .args(["--url", &self.url()])
+            .args(["--url", &self.base_url()])
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err))
             .spawn();

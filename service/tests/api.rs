@@ -125,7 +125,11 @@ fn a_job_runs_through_the_queue_and_matches_transformers() {
 
 #[test]
 fn bad_requests_say_what_is_wrong() {
-    let (_dir, s) = started();
+    let (dir, s) = started();
+    let pipe = dir.path().join("pipe");
+    let c = std::ffi::CString::new(pipe.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     let cases = [
         (
             json!({ "model": "tiny", "prompt": "hi", "temperature": -1 }),
@@ -149,11 +153,29 @@ fn bad_requests_say_what_is_wrong() {
             json!({ "model": "tiny", "prompt": "hi", "attachments": ["/no/such/dir"] }),
             "attachments",
         ),
+        // Each once hung or killed the service; three pipes, more than its async workers.
+        (
+            json!({ "model": "tiny", "prompt": "hi", "attachments": [pipe, pipe, pipe] }),
+            "attachments",
+        ),
+        (
+            json!({ "model": "tiny", "prompt": "hi", "attachments": ["/dev/zero"] }),
+            "attachments",
+        ),
     ];
     for (body, param) in cases {
         let (status, err) = s.call("POST", "/api/jobs", Some(&body));
         assert_eq!(status, 400, "{body}: {err}");
         assert_eq!(err["error"]["param"], param, "{err}");
+    }
+    for path in ["/dev/zero".into(), pipe] {
+        let body = json!({ "model": "tiny", "prompt": "hi", "attachments": [path] });
+        let (status, err) = s.call("POST", "/api/jobs/preview", Some(&body));
+        assert_eq!(status, 400, "{body}: {err}");
+        assert!(
+            err["error"]["message"].as_str().unwrap().contains(" is a "),
+            "{err}"
+        );
     }
     let (status, err) = s.call(
         "POST",
@@ -396,4 +418,41 @@ fn the_queue_can_be_held_and_reordered() {
             .unwrap()
     };
     assert!(started_at(ids[2]) <= started_at(ids[0]));
+}
+
+#[test]
+fn a_second_service_on_the_same_data_dir_is_refused_and_the_first_runs_on() {
+    let (_dir, s) = started();
+    let second = std::process::Command::new(env!("CARGO_BIN_EXE_longhaul"))
+        .args(["serve", "--port", "0", "--data-dir"])
+        .arg(&s.data_dir)
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(err.contains("another Longhaul service"), "{err}");
+    assert!(err.contains(&s.url), "names the running one: {err}");
+    let endpoint = std::fs::read_to_string(s.data_dir.join("endpoint")).unwrap();
+    assert_eq!(endpoint.trim(), s.url, "the first one's endpoint stays");
+    assert_eq!(s.get("/api/jobs")["jobs"].as_array().unwrap().len(), 0);
+}
+
+#[cfg(unix)]
+#[test]
+fn the_data_dir_is_private_to_its_owner() {
+    use std::os::unix::fs::PermissionsExt;
+    let (_dir, s) = started();
+    let job = s.post(
+        "/api/jobs",
+        json!({ "model": "tiny", "prompt": "hi", "max_tokens": 2 }),
+    );
+    s.wait_final(job["id"].as_i64().unwrap(), WAIT);
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&s.data_dir), 0o700);
+    for entry in std::fs::read_dir(&s.data_dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            assert_eq!(mode(&path), 0o600, "{}", path.display());
+        }
+    }
 }

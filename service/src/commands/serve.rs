@@ -59,11 +59,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     let endpoint = data_dir.join(ENDPOINT_FILE);
+    // Only a service that got as far as serving owns `endpoint`: one that
+    // failed to start must not remove the running one's.
+    let serving = std::cell::Cell::new(false);
     let result = runtime.block_on(serve(
         config,
         |addr, token| {
+            serving.set(true);
             let url = format!("http://{addr}");
-            if let Err(e) = std::fs::write(&endpoint, &url) {
+            if let Err(e) = longhaul_service::data_dir::write_private(&endpoint, url.as_bytes()) {
                 eprintln!("warning: cannot write {}: {e}", endpoint.display());
             }
             eprintln!(
@@ -74,7 +78,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
         shutdown_signal(),
     ));
-    let _ = std::fs::remove_file(&endpoint);
+    if serving.get() {
+        let _ = std::fs::remove_file(&endpoint);
+    }
     result.context("the service stopped with an error")
 }
 

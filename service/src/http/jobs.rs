@@ -165,9 +165,11 @@ pub async fn submit(
     let attachments = match body.attachments.filter(|a| !a.is_empty()) {
         None => String::new(),
         Some(paths) => {
-            let a = attach::collect(&paths)
-                .map_err(|e| ApiError::bad_param("attachments", e.to_string()))?;
-            a.text
+            tokio::task::spawn_blocking(move || attach::collect(&paths))
+                .await
+                .map_err(|e| ApiError::internal(e.to_string()))?
+                .map_err(|e| ApiError::bad_param("attachments", e.to_string()))?
+                .text
         }
     };
     let job = NewJob {

@@ -63,6 +63,8 @@ pub enum ServeError {
     },
     #[error(transparent)]
     Queue(#[from] QueueError),
+    #[error(transparent)]
+    DataDir(#[from] crate::data_dir::DataDirError),
     #[error(
         "{addr} is not a loopback address; pass the explicit flag to serve beyond this machine"
     )]
@@ -360,12 +362,22 @@ pub async fn serve(
     if !config.allow_remote && !config.addr.ip().is_loopback() {
         return Err(ServeError::NotLoopback { addr: config.addr });
     }
-    std::fs::create_dir_all(&config.data_dir).map_err(|source| ServeError::Io {
-        path: config.data_dir.clone(),
-        source,
-    })?;
+    let mut data_dir = crate::data_dir::DataDir::claim(&config.data_dir)?;
     let token = load_or_create_token(&config.data_dir)?;
-    let queue = Arc::new(Queue::open(&queue_path(&config.data_dir))?);
+    let db = queue_path(&config.data_dir);
+    let queue = Arc::new(Queue::open(&db)?);
+    for suffix in ["", "-wal", "-shm"] {
+        let file = PathBuf::from(format!("{}{suffix}", db.display()));
+        if file.is_file() {
+            data_dir.make_private(&file)?;
+        }
+    }
+    for path in &data_dir.tightened {
+        tracing::warn!(
+            "{} was readable by other users; it is now private to its owner",
+            path.display()
+        );
+    }
     let recovered = queue.recover()?;
     if !recovered.is_empty() {
         tracing::info!("{} interrupted job(s) will resume", recovered.len());
@@ -410,6 +422,9 @@ pub async fn serve(
         address: format!("http://{addr}"),
         ..app
     };
+    if let Err(e) = data_dir.set_address(&app.address) {
+        tracing::warn!("{e}");
+    }
     tokio::spawn(sample_metrics(app.clone()));
     ready(addr, &token);
     let served = axum::serve(listener, router(app))

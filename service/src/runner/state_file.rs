@@ -26,9 +26,9 @@ impl StateFile {
     /// Appends the rows of answer tokens `from..from + count` and syncs them.
     pub fn append(&self, from: usize, count: usize, rows: &[u8]) -> std::io::Result<()> {
         if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir)?;
+            crate::data_dir::create_private_dir(dir)?;
         }
-        let mut f = OpenOptions::new()
+        let mut f = crate::data_dir::private_options()
             .create(true)
             .append(true)
             .open(&self.path)?;
