@@ -7,6 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use longhaul_engine::Engine;
+use longhaul_engine::model::config::MAX_CONFIG_SIZE;
 use serde_json::{Value, json};
 
 /// A copy of the smallest released-style fixture in a temporary folder.
@@ -256,4 +257,62 @@ fn token_ids_outside_the_vocabulary_are_refused() {
     let engine = Engine::open(&dir).unwrap();
     let err = engine.logits(&[1, 2, 100_000]).unwrap_err().to_string();
     assert_mentions(&err, &["100000", "outside the vocabulary"]);
+}
+
+/// Every size a config.json can state, set absurdly large, is an error (or a
+/// model that still runs), never an allocation that aborts the process: one
+/// such job used to crash the service at every restart.
+#[test]
+fn absurd_sizes_in_config_json_are_errors_not_aborts() {
+    // Past the config limit, and at it (which the files must then refute).
+    const ABSURD: [u64; 3] = [1 << 40, 1_000_000_000, MAX_CONFIG_SIZE as u64];
+    for name in [
+        "mixtral_released",
+        "qwen3_moe_released",
+        "deepseek_v3_released",
+        "kimi_k25_text",
+    ] {
+        let src = common::fixtures_dir().join(name);
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("model");
+        fs::create_dir(&dir).unwrap();
+        for entry in fs::read_dir(&src).unwrap() {
+            let entry = entry.unwrap();
+            fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+        }
+        let path = dir.join("config.json");
+        let original: Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+        let nested = original.get("text_config").is_some();
+        let fields = if nested {
+            &original["text_config"]
+        } else {
+            &original
+        };
+        let sizes: Vec<String> = fields
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(_, v)| v.is_u64())
+            .map(|(k, _)| k.clone())
+            .collect();
+        assert!(sizes.len() >= 8, "{name}: {sizes:?}");
+        for field in &sizes {
+            for value in ABSURD {
+                let mut cfg = original.clone();
+                let target = if nested {
+                    &mut cfg["text_config"]
+                } else {
+                    &mut cfg
+                };
+                target[field.as_str()] = json!(value);
+                fs::write(&path, cfg.to_string()).unwrap();
+                eprintln!("{name}: {field} = {value}");
+                if let Ok(engine) = Engine::open(&dir) {
+                    // Accepted (an id, a context length): it must still run.
+                    let mut session = longhaul_engine::generate::Session::new(engine.decoder());
+                    let _ = session.feed(&[1, 2]);
+                }
+            }
+        }
+    }
 }

@@ -267,6 +267,36 @@ fn interrupted_pack_is_not_a_pack() {
 }
 
 #[test]
+fn absurd_record_sizes_in_a_manifest_are_refused_before_anything_is_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pack = pack(tmp.path(), "deepseek_v3_released", 1, u64::MAX);
+    let path = pack.join("longhaul-pack.json");
+    let original: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let record = "/experts/layers/0/records/0";
+    let edits: [(&str, &str, u64); 4] = [
+        ("len", "record of 1099511627776 bytes", 1 << 40),
+        ("segments/0/len", "segments do not add up", 1 << 40),
+        ("len", "record of 1 bytes", 1),
+        ("", "larger than any model's", 1 << 40),
+    ];
+    for (field, want, value) in edits {
+        let mut m = original.clone();
+        if field.is_empty() {
+            *m.pointer_mut("/experts/layers/0/hidden").unwrap() = value.into();
+        } else {
+            *m.pointer_mut(&format!("{record}/{field}")).unwrap() = value.into();
+        }
+        std::fs::write(&path, m.to_string()).unwrap();
+        let err = Engine::open(&pack).err().expect("refused").to_string();
+        assert!(
+            err.contains(want) && err.contains("longhaul-pack.json"),
+            "{field}: {err}"
+        );
+    }
+}
+
+#[test]
 fn packing_twice_into_the_same_folder_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let pack_dir = pack(tmp.path(), "deepseek_v3_released", 1, u64::MAX);

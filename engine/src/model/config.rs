@@ -45,6 +45,13 @@ pub enum ConfigError {
     },
 }
 
+/// Largest size or count a config.json may state (layers, widths, heads,
+/// experts, vocabulary, context): 2^24, past every published model (the
+/// longest context, 10M positions, included) and small enough that nothing
+/// sized from one aborts the process before the weights are checked against
+/// it (a `hidden_size` of 2^40 once asked for 512 GiB of rotary tables).
+pub const MAX_CONFIG_SIZE: usize = 1 << 24;
+
 /// A parsed `config.json` with typed, error-reporting accessors.
 pub struct RawConfig {
     path: PathBuf,
@@ -142,15 +149,22 @@ impl RawConfig {
         }
     }
 
+    /// An optional size or count, at most [`MAX_CONFIG_SIZE`].
     pub fn usize_any(&self, names: &[&str]) -> Result<Option<usize>, ConfigError> {
-        match self.lookup(names) {
-            None => Ok(None),
-            Some((n, v)) => v
-                .as_u64()
-                .and_then(|v| usize::try_from(v).ok())
-                .map(Some)
-                .ok_or_else(|| self.invalid(n, "expected a non-negative integer")),
+        let Some((n, v)) = self.lookup(names) else {
+            return Ok(None);
+        };
+        let v = v
+            .as_u64()
+            .and_then(|v| usize::try_from(v).ok())
+            .ok_or_else(|| self.invalid(n, "expected a non-negative integer"))?;
+        if v > MAX_CONFIG_SIZE {
+            return Err(self.invalid(
+                n,
+                format!("{v} is larger than any model's (at most {MAX_CONFIG_SIZE})"),
+            ));
         }
+        Ok(Some(v))
     }
 
     pub fn usize_req(&self, name: &str) -> Result<usize, ConfigError> {

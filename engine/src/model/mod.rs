@@ -175,6 +175,37 @@ impl ModelSpec {
         } else {
             root.pp(self.weight_prefix.trim_end_matches('.'))
         };
+        // Sizes the config states are checked against the files before they
+        // size anything: a `num_hidden_layers` of 10^9 once asked for 944 GB.
+        let c = self.common();
+        let embed = "model.embed_tokens.weight";
+        let want = [c.vocab_size, c.hidden_size];
+        match w.shape(embed) {
+            Some(shape) if shape != want => {
+                return Err(WeightsError::Shape {
+                    name: w.full_name(embed),
+                    path: source.location(&w.full_name(embed)),
+                    actual: shape.to_vec(),
+                    expected: want.to_vec(),
+                }
+                .into());
+            }
+            _ => {}
+        }
+        let last = c.num_layers - 1;
+        let probe = format!("model.layers.{last}.input_layernorm.weight");
+        if !w.has(&probe) {
+            return Err(ConfigError::Invalid {
+                path: source.origin().join("config.json"),
+                field: "num_hidden_layers".into(),
+                reason: format!(
+                    "{} layers, but the weights hold no `{}`",
+                    last + 1,
+                    w.full_name(&probe)
+                ),
+            }
+            .into());
+        }
         match &self.architecture {
             Architecture::Qwen3Moe(c) => qwen3_moe::build(c, &w, experts),
             Architecture::Mixtral(c) => mixtral::build(c, &w, experts),

@@ -197,9 +197,38 @@ impl Manifest {
         if self.drives.is_empty() {
             return Err(bad("no drives".to_string()));
         }
+        // Record sizes size buffers: each must be what its layer's expert
+        // shape needs (a segment of 2^40 bytes once aborted the process).
+        let encoding = super::encoding::ExpertEncoding::parse(&self.experts.dtype);
         for layer in &self.experts.layers {
+            let limit = crate::model::config::MAX_CONFIG_SIZE;
+            if layer.hidden > limit || layer.intermediate > limit {
+                return Err(bad(format!(
+                    "layer {}: expert shape {}x{} is larger than any model's",
+                    layer.layer, layer.hidden, layer.intermediate
+                )));
+            }
+            let want = encoding.map(|e| e.record_len(layer.hidden, layer.intermediate));
             for (id, record) in layer.records.iter().enumerate() {
                 let where_ = || format!("layer {} expert {id}", layer.layer);
+                if let Some(want) = want.filter(|&w| w != record.len) {
+                    return Err(bad(format!(
+                        "{}: record of {} bytes, but a {}x{} {} expert is {want}",
+                        where_(),
+                        record.len,
+                        layer.hidden,
+                        layer.intermediate,
+                        self.experts.dtype
+                    )));
+                }
+                if record.stored() > record.len {
+                    return Err(bad(format!(
+                        "{}: {} bytes stored for a record of {}",
+                        where_(),
+                        record.stored(),
+                        record.len
+                    )));
+                }
                 for segments in record.placements() {
                     if segments.iter().map(|s| s.len).sum::<u64>() != record.stored() {
                         return Err(bad(format!(
