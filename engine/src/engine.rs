@@ -157,7 +157,7 @@ impl Engine {
         }
         let spec = ModelSpec::read(&config).map_err(ModelError::from)?;
         let mut memory_plan = None;
-        let (checkpoint, streaming) = if pack::is_pack(path) {
+        let (checkpoint, streaming, checked) = if pack::is_pack(path) {
             let manifest = Manifest::read(path)?;
             let mut streaming_options = options.streaming.clone();
             if let Some(m) = &options.memory {
@@ -172,19 +172,31 @@ impl Engine {
             let resident =
                 SafetensorsCheckpoint::open_files(path, vec![manifest.resident.path.clone()])
                     .map_err(ModelError::from)?;
+            // Every byte computed with is checked before it is used: streamed
+            // records as they land, the resident file here, whole.
+            let total = manifest.resident.size + resident.total_bytes();
+            let mut checked = 0;
+            pack::verify::check_resident(&manifest, |n| {
+                checked += n;
+                report(LoadProgress {
+                    loaded_bytes: checked,
+                    total_bytes: total,
+                });
+            })?;
             let experts = StreamingExperts::open(path, &manifest, &streaming_options)
                 .map_err(ModelError::from)?;
-            (resident, Some(Arc::new(experts)))
+            (resident, Some(Arc::new(experts)), manifest.resident.size)
         } else {
             (
                 SafetensorsCheckpoint::open(path).map_err(ModelError::from)?,
                 None,
+                0,
             )
         };
         let source = ProgressSource {
-            total: checkpoint.total_bytes(),
+            total: checked + checkpoint.total_bytes(),
             inner: &checkpoint,
-            loaded: AtomicU64::new(0),
+            loaded: AtomicU64::new(checked),
             report,
         };
         let provider = streaming.clone().map(|s| s as Arc<dyn ExpertProvider>);

@@ -257,6 +257,24 @@ fn flipped_byte_is_caught_by_its_checksum() {
 }
 
 #[test]
+fn a_flipped_byte_in_the_resident_file_stops_the_load() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pack = pack(tmp.path(), "deepseek_v3_released", 1, u64::MAX);
+    let manifest = longhaul_engine::pack::Manifest::read(&pack).unwrap();
+    let resident = manifest.resident.path.clone();
+    let mut bytes = std::fs::read(&resident).unwrap();
+    // Past the header, in the weights: the model would load and compute.
+    let at = bytes.len() - 100;
+    bytes[at] ^= 0x01;
+    std::fs::write(&resident, bytes).unwrap();
+    let err = Engine::open(&pack).err().expect("refused").to_string();
+    assert!(
+        err.contains("damaged") && err.contains(&resident.display().to_string()),
+        "{err}"
+    );
+}
+
+#[test]
 fn interrupted_pack_is_not_a_pack() {
     let tmp = tempfile::tempdir().unwrap();
     let pack = pack(tmp.path(), "deepseek_v3_released", 1, u64::MAX);

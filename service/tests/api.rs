@@ -456,3 +456,58 @@ fn the_data_dir_is_private_to_its_owner() {
         }
     }
 }
+
+/// Runs `longhaul serve` with `env` until it exits by itself; its exit status.
+fn serve_until_it_dies(data: &std::path::Path, env: (&str, &str)) -> std::process::ExitStatus {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_longhaul"))
+        .args(["serve", "--port", "0", "--data-dir"])
+        .arg(data)
+        .env(env.0, env.1)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if started.elapsed() > WAIT {
+            let _ = child.kill();
+            panic!("the service did not crash");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_job_that_crashes_the_service_three_times_is_failed_and_the_queue_goes_on() {
+    let (_dir, s) = started();
+    s.post("/api/queue/pause", json!({}));
+    let ids: Vec<i64> = ["crashes", "runs"]
+        .iter()
+        .map(|p| {
+            s.post(
+                "/api/jobs",
+                json!({ "model": "tiny", "prompt": p, "max_tokens": 4 }),
+            )["id"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    let data = s.data_dir.clone();
+    s.stop();
+    let fault = format!("abort-job={}", ids[0]);
+    for _ in 0..3 {
+        let status = serve_until_it_dies(&data, ("LONGHAUL_FAULTS", &fault));
+        assert!(!status.success(), "{status}");
+    }
+    let s = Service::start_env(&data, &[], &[("LONGHAUL_FAULTS", &fault)]);
+    let crashed = s.wait_final(ids[0], WAIT);
+    assert_eq!(crashed["state"], "failed", "{crashed}");
+    let error = crashed["error"].as_str().unwrap();
+    assert!(
+        error.contains("SIGABRT") && error.contains("3 times"),
+        "{error}"
+    );
+    assert_eq!(s.wait_final(ids[1], WAIT)["state"], "done");
+}

@@ -27,6 +27,16 @@ pub enum PackError {
     },
     #[error("{path}: {reason}")]
     Manifest { path: PathBuf, reason: String },
+    #[error(
+        "{path}: the resident weights do not match the pack's checksum ({found_size} bytes, xxh3 {found}; the manifest says {size} bytes, xxh3 {expected}); the file is damaged: repack the model"
+    )]
+    ResidentCorrupt {
+        path: PathBuf,
+        size: u64,
+        expected: String,
+        found_size: u64,
+        found: String,
+    },
     #[error("{0}")]
     Options(String),
     #[error("source checkpoint: {0}")]

@@ -111,3 +111,23 @@ pub fn verify_pack(pack: &Path, report: &dyn Fn(u64, u64)) -> Result<VerifyRepor
     out.resident_bytes = manifest.resident.size;
     Ok(out)
 }
+
+/// Checks the resident file against the manifest's size and checksum, as
+/// loading does before any of it is used; `progress` gets bytes as read.
+pub fn check_resident(manifest: &Manifest, progress: impl FnMut(u64)) -> Result<(), PackError> {
+    let r = &manifest.resident;
+    let (found_size, found) = hash_file(&r.path, progress).map_err(|source| PackError::Io {
+        path: r.path.clone(),
+        source,
+    })?;
+    if found_size == r.size && found == r.xxh3_128 {
+        return Ok(());
+    }
+    Err(PackError::ResidentCorrupt {
+        path: r.path.clone(),
+        size: r.size,
+        expected: r.xxh3_128.clone(),
+        found_size,
+        found,
+    })
+}

@@ -378,7 +378,16 @@ pub async fn serve(
             path.display()
         );
     }
-    let recovered = queue.recover()?;
+    // The record a crashed service left is read before the handlers that
+    // write the next one are installed.
+    let crash = crate::runner::crash::take_last(&config.data_dir);
+    if let Err(e) = crate::runner::crash::install(&config.data_dir) {
+        tracing::warn!(
+            "cannot record crashes in {}: {e}",
+            config.data_dir.display()
+        );
+    }
+    let recovered = queue.recover(crash.as_ref())?;
     if !recovered.is_empty() {
         tracing::info!("{} interrupted job(s) will resume", recovered.len());
     }

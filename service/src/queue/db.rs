@@ -13,7 +13,10 @@ use rusqlite::Connection;
 use super::QueueError;
 
 /// Migrations in order; the database's `user_version` counts those applied.
-const MIGRATIONS: &[&str] = &[include_str!("migrations/0001_init.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("migrations/0001_init.sql"),
+    include_str!("migrations/0002_crashes.sql"),
+];
 
 /// How long a statement waits for another connection's lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);

@@ -18,6 +18,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
+use crate::runner::crash::Crash;
+
+/// Crashes in a row after which a job is failed rather than resumed.
+pub const MAX_CRASHES: u32 = 3;
+
 pub use job::{
     DriveBytes, Input, JobState, JobStats, JobView, Message, NewJob, Request, Settings, Transition,
 };
@@ -338,22 +343,53 @@ impl Queue {
         })
     }
 
-    /// At start: jobs left running by a stopped service become interrupted.
-    pub fn recover(&self) -> Result<Vec<i64>, QueueError> {
+    /// At start: jobs left running by a stopped service become interrupted,
+    /// except one that crashed the service [`MAX_CRASHES`] times in a row,
+    /// which fails. Returns the interrupted jobs' ids.
+    pub fn recover(&self, crash: Option<&Crash>) -> Result<Vec<i64>, QueueError> {
         self.write("recover interrupted jobs", |tx| {
-            let ids: Vec<i64> = {
+            let running: Vec<(i64, u32)> = {
                 let mut stmt = tx
-                    .prepare("SELECT id FROM jobs WHERE state = 'running'")
+                    .prepare("SELECT id, crashes FROM jobs WHERE state = 'running'")
                     .map_err(sql("finding running jobs"))?;
-                stmt.query_map([], |r| r.get(0))
+                stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
                     .and_then(|rows| rows.collect())
                     .map_err(sql("finding running jobs"))?
             };
-            for &id in &ids {
-                Self::transition(tx, id, Transition::Interrupt)?;
-                append_log(tx, id, "interrupted: the service stopped while it ran")?;
+            let mut interrupted = Vec::new();
+            for (id, crashes) in running {
+                let Some(crash) = crash.filter(|c| c.job == id) else {
+                    set_crashes(tx, id, 0)?;
+                    Self::transition(tx, id, Transition::Interrupt)?;
+                    append_log(tx, id, "interrupted: the service stopped while it ran")?;
+                    interrupted.push(id);
+                    continue;
+                };
+                let crashes = crashes + 1;
+                set_crashes(tx, id, crashes)?;
+                let what = format!("the service crashed ({}) while it ran this job", crash.signal);
+                if crashes >= MAX_CRASHES {
+                    let error = format!(
+                        "{what}, {crashes} times in a row; it is not resumed again, so the queue can go on"
+                    );
+                    append_log(tx, id, &format!("failed: {error}"))?;
+                    Self::transition(tx, id, Transition::Fail)?;
+                    tx.execute(
+                        "UPDATE jobs SET error = ?2, finished_ms = ?3 WHERE id = ?1",
+                        params![id, error, now_ms()],
+                    )
+                    .map_err(sql("recording the end"))?;
+                } else {
+                    append_log(
+                        tx,
+                        id,
+                        &format!("interrupted: {what} (crash {crashes} of at most {MAX_CRASHES} in a row)"),
+                    )?;
+                    Self::transition(tx, id, Transition::Interrupt)?;
+                    interrupted.push(id);
+                }
             }
-            Ok(ids)
+            Ok(interrupted)
         })
     }
 
@@ -547,6 +583,15 @@ fn append_chunk(
         params![id, count as i64, now_ms()],
     )
     .map_err(sql("counting output"))?;
+    Ok(())
+}
+
+fn set_crashes(tx: &Transaction<'_>, id: i64, crashes: u32) -> Result<(), QueueError> {
+    tx.execute(
+        "UPDATE jobs SET crashes = ?2 WHERE id = ?1",
+        params![id, crashes],
+    )
+    .map_err(sql("counting crashes"))?;
     Ok(())
 }
 

@@ -43,7 +43,7 @@ fn apply(q: &Queue, id: i64, t: Transition) -> Result<(), QueueError> {
         Transition::Cancel => q.cancel(id).map(|_| ()),
         Transition::Pause => q.pause(id, "asked").map(|_| ()),
         Transition::Resume => q.resume(id),
-        Transition::Interrupt => q.recover().map(|_| ()),
+        Transition::Interrupt => q.recover(None).map(|_| ()),
     }
 }
 
@@ -97,7 +97,7 @@ fn interrupted_jobs_run_first_then_priority_then_order() {
     assert_eq!(q.next_runnable().unwrap().unwrap().id, b, "higher priority");
     q.start(c).unwrap();
     q.commit(c, &[1, 2, 3], 3, "xyz").unwrap();
-    assert_eq!(q.recover().unwrap(), vec![c]);
+    assert_eq!(q.recover(None).unwrap(), vec![c]);
     let next = q.next_runnable().unwrap().unwrap();
     assert_eq!(next.id, c, "an interrupted job goes first");
     assert_eq!(next.committed_tokens, vec![1, 2, 3]);
@@ -185,4 +185,36 @@ fn models_register_once_and_hide_their_keys() {
         q.remove_model("far"),
         Err(QueueError::NoSuchModel(_))
     ));
+}
+
+#[test]
+fn a_job_that_crashes_the_service_three_times_in_a_row_fails() {
+    use crate::runner::crash::Crash;
+    let (_dir, q) = queue();
+    let a = q.submit(&new_job("a", 0)).unwrap().id;
+    let b = q.submit(&new_job("b", 0)).unwrap().id;
+    let crash = Crash {
+        job: a,
+        signal: "abort (SIGABRT)".into(),
+    };
+    // Crash, crash, then a kill (no record): the row starts again.
+    for record in [Some(&crash), Some(&crash), None, Some(&crash), Some(&crash)] {
+        q.start(a).unwrap();
+        assert_eq!(q.recover(record).unwrap(), vec![a]);
+        assert_eq!(q.job(a).unwrap().state, JobState::Interrupted);
+    }
+    q.start(a).unwrap();
+    assert_eq!(q.recover(Some(&crash)).unwrap(), Vec::<i64>::new());
+    let failed = q.job(a).unwrap();
+    assert_eq!(failed.state, JobState::Failed);
+    let error = failed.error.unwrap();
+    assert!(
+        error.contains("crashed (abort (SIGABRT))") && error.contains("3 times"),
+        "{error}"
+    );
+    assert_eq!(
+        q.next_runnable().unwrap().unwrap().id,
+        b,
+        "the queue goes on"
+    );
 }

@@ -7,6 +7,7 @@
 //! state change, so a crash loses at most that much — and nothing a resumed
 //! run will not produce again identically.
 
+pub mod crash;
 pub mod local;
 pub mod rate;
 pub mod remote;
@@ -307,12 +308,20 @@ impl Runner {
         }));
     }
 
-    fn run_job(&self, mut job: Runnable) {
+    fn run_job(&self, job: Runnable) {
         let id = job.id;
         if let Err(e) = self.queue.start(id) {
             tracing::warn!("job {id} could not start: {e}");
             return;
         }
+        crash::set_running(Some(id));
+        crate::faults::on_job_start(id);
+        self.run_started_job(job);
+        crash::set_running(None);
+    }
+
+    fn run_started_job(&self, mut job: Runnable) {
+        let id = job.id;
         let remote = self
             .queue
             .model(&job.model)
@@ -453,7 +462,9 @@ impl Runner {
             Flow::Continue
         };
 
-        let result = match self.queue.model(&job.model) {
+        // A panic in a backend fails its job instead of ending the runner
+        // thread, which would leave every later job waiting forever.
+        let run = std::panic::AssertUnwindSafe(|| match self.queue.model(&job.model) {
             Err(e) => Err(RunError::Failed(e.to_string())),
             Ok(entry) => match &entry.kind {
                 ModelKind::Local { path } => LocalBackend {
@@ -473,7 +484,17 @@ impl Runner {
                 }
                 .run(&job, &mut sink),
             },
-        };
+        });
+        let result = std::panic::catch_unwind(run).unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown".into());
+            Err(RunError::Failed(format!(
+                "internal error ({what}); the job was stopped so the queue can go on"
+            )))
+        });
         if let Ok(mut r) = self.rate.lock() {
             *r = None;
         }

@@ -40,6 +40,11 @@ impl Service {
     }
 
     pub fn start_with(data_dir: &Path, extra: &[&str]) -> Self {
+        Self::start_env(data_dir, extra, &[])
+    }
+
+    /// Starts with extra arguments and environment variables.
+    pub fn start_env(data_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Self {
         std::fs::create_dir_all(data_dir).unwrap();
         let endpoint = data_dir.join("endpoint");
         let _ = std::fs::remove_file(&endpoint);
@@ -47,6 +52,7 @@ impl Service {
             .args(["serve", "--port", "0", "--data-dir"])
             .arg(data_dir)
             .args(extra)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
