@@ -5,6 +5,10 @@
 //!
 //! - `abort-job=ID`: the service aborts (SIGABRT) when it starts job ID, as
 //!   an allocation failure would.
+//! - `db-full-while=PATH`: every write to the queue's database fails as on
+//!   a full disk (SQLITE_FULL) while a file exists at PATH.
+//! - `token-delay-ms=N`: the runner waits N ms per produced chunk of output
+//!   (slow decoding, so tests can act while a job runs).
 
 use std::sync::OnceLock;
 
@@ -29,6 +33,31 @@ pub fn on_job_start(id: i64) {
     if faults().iter().any(|(k, v)| k == "abort-job" && *v == id) {
         tracing::error!("fault point abort-job={id}: aborting");
         std::process::abort();
+    }
+}
+
+fn value(name: &str) -> Option<&'static str> {
+    faults()
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// The error a full disk gives, while `db-full-while`'s file exists.
+pub fn disk_full() -> Option<rusqlite::Error> {
+    let path = value("db-full-while")?;
+    std::path::Path::new(path).exists().then(|| {
+        rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+            Some("database or disk is full".into()),
+        )
+    })
+}
+
+/// Waits as `token-delay-ms` asks, once per produced chunk.
+pub fn on_output() {
+    if let Some(ms) = value("token-delay-ms").and_then(|v| v.parse().ok()) {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
     }
 }
 

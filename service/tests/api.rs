@@ -511,3 +511,56 @@ fn a_job_that_crashes_the_service_three_times_is_failed_and_the_queue_goes_on() 
     );
     assert_eq!(s.wait_final(ids[1], WAIT)["state"], "done");
 }
+
+#[test]
+fn a_full_disk_pauses_the_job_with_the_reason_and_resume_finishes_it_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = dir.path().join("disk-is-full");
+    let faults = format!("db-full-while={},token-delay-ms=40", full.display());
+    let s = Service::start_env(
+        &dir.path().join("data"),
+        &[],
+        &[("LONGHAUL_FAULTS", &faults)],
+    );
+    s.add_model("tiny", &fixture(FIXTURE));
+    let body = json!({ "model": "tiny", "prompt": "Once upon a time", "max_tokens": 48 });
+    let id = s.post("/api/jobs", body.clone())["id"].as_i64().unwrap();
+    let started = std::time::Instant::now();
+    while s.get(&format!("/api/jobs/{id}"))["tokens"]
+        .as_u64()
+        .unwrap_or(0)
+        == 0
+    {
+        assert!(started.elapsed() < WAIT, "the job never produced output");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::write(&full, b"").unwrap();
+    // The service keeps answering and says what is wrong while the disk is full.
+    let started = std::time::Instant::now();
+    loop {
+        let queue = s.get("/api/queue");
+        if let Some(fault) = queue["storage_fault"].as_str() {
+            assert!(fault.contains("database or disk is full"), "{fault}");
+            break;
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "no storage fault reported: {queue}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(s.get(&format!("/api/jobs/{id}"))["state"], "running");
+    std::fs::remove_file(&full).unwrap();
+    let paused = s.wait_state(id, "paused", WAIT);
+    let reason = paused["pause_reason"].as_str().unwrap();
+    assert!(reason.contains("database or disk is full"), "{reason}");
+    assert!(s.get("/api/queue")["storage_fault"].is_null());
+    s.post(&format!("/api/jobs/{id}/resume"), json!({}));
+    let done = s.wait_final(id, WAIT);
+    assert_eq!(done["state"], "done", "{done}");
+    // The same request, never interrupted, gives the same answer.
+    let again = s.post("/api/jobs", body)["id"].as_i64().unwrap();
+    let want = s.wait_final(again, WAIT);
+    assert_eq!(done["output"], want["output"]);
+    assert_eq!(done["tokens"], want["tokens"]);
+}

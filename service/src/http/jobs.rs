@@ -372,6 +372,8 @@ pub async fn queue_status(State(app): State<AppState>) -> ApiResult<Json<Value>>
         .map(|j| j.id);
     Ok(Json(json!({
         "paused": app.runner.control.queue_paused(),
+        // Why the data dir cannot be written, while that lasts.
+        "storage_fault": app.runner.control.storage_fault(),
         "running": running,
         "waiting": waiting,
     })))

@@ -365,6 +365,22 @@ pub async fn serve(
     let mut data_dir = crate::data_dir::DataDir::claim(&config.data_dir)?;
     let token = load_or_create_token(&config.data_dir)?;
     let db = queue_path(&config.data_dir);
+    match std::fs::metadata(&db) {
+        Err(_) => {
+            // SQLite gives its WAL and shared-memory files the database's mode.
+            crate::data_dir::write_private(&db, b"").map_err(|source| ServeError::Io {
+                path: db.clone(),
+                source,
+            })?;
+        }
+        Ok(m) if m.len() == 0 && !db.with_extension("sqlite-wal").exists() => {
+            tracing::warn!(
+                "{} is empty (0 bytes): starting with an empty queue; if it held jobs, the file was truncated",
+                db.display()
+            );
+        }
+        Ok(_) => {}
+    }
     let queue = Arc::new(Queue::open(&db)?);
     for suffix in ["", "-wal", "-shm"] {
         let file = PathBuf::from(format!("{}{suffix}", db.display()));

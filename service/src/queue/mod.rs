@@ -77,6 +77,21 @@ fn now_ms() -> i64 {
 }
 
 /// `map_err` helper naming what was being done.
+impl QueueError {
+    /// The data dir could not be written or read: a full disk, an I/O
+    /// error, a file system gone read-only. It passes when the disk heals.
+    pub fn is_storage_fault(&self) -> bool {
+        use rusqlite::ErrorCode as C;
+        matches!(
+            self,
+            QueueError::Sql {
+                source: rusqlite::Error::SqliteFailure(e, _),
+                ..
+            } if matches!(e.code, C::DiskFull | C::SystemIoFailure | C::CannotOpen | C::ReadOnly)
+        )
+    }
+}
+
 fn sql(context: impl Into<String>) -> impl FnOnce(rusqlite::Error) -> QueueError {
     let context = context.into();
     move |source| QueueError::Sql { context, source }
@@ -123,6 +138,12 @@ impl Queue {
         what: &str,
         f: impl FnOnce(&Transaction<'_>) -> Result<T, QueueError>,
     ) -> Result<T, QueueError> {
+        if let Some(source) = crate::faults::disk_full() {
+            return Err(QueueError::Sql {
+                context: format!("starting to {what}"),
+                source,
+            });
+        }
         let mut conn = self.lock()?;
         let tx = conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)

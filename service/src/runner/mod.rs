@@ -12,6 +12,7 @@ pub mod local;
 pub mod rate;
 pub mod remote;
 pub mod state_file;
+mod storage;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
@@ -107,6 +108,8 @@ struct ControlState {
     queue_paused: bool,
     shutdown: bool,
     wake: bool,
+    /// Why the data dir cannot be written, while that lasts.
+    storage_fault: Option<String>,
 }
 
 /// How the rest of the service steers the runner.
@@ -155,6 +158,29 @@ impl Control {
 
     pub fn running(&self) -> Option<i64> {
         self.with(|s| s.running)
+    }
+
+    /// Why the runner is waiting for the data dir to be writable again.
+    pub fn storage_fault(&self) -> Option<String> {
+        self.with(|s| s.storage_fault.clone())
+    }
+
+    fn set_storage_fault(&self, fault: Option<String>) {
+        self.with(|s| s.storage_fault = fault);
+    }
+
+    /// Sleeps `d` unless the service stops first; false once stopping.
+    fn sleep(&self, d: Duration) -> bool {
+        let s = match self.state.lock() {
+            Ok(s) => s,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let waited = self.changed.wait_timeout_while(s, d, |s| !s.shutdown);
+        let s = match waited {
+            Ok((s, _)) => s,
+            Err(poisoned) => poisoned.into_inner().0,
+        };
+        !s.shutdown
     }
 
     pub fn shutdown(&self) {
@@ -312,6 +338,9 @@ impl Runner {
         let id = job.id;
         if let Err(e) = self.queue.start(id) {
             tracing::warn!("job {id} could not start: {e}");
+            if e.is_storage_fault() {
+                self.wait_for_storage(&e);
+            }
             return;
         }
         crash::set_running(Some(id));
@@ -370,6 +399,7 @@ impl Runner {
         let mut new_tokens = 0usize;
         let mut rate = RollingRate::default();
         let mut lost_job = false;
+        let mut storage_fault: Option<QueueError> = None;
 
         let mut pending_count = 0usize;
         let state_file = self
@@ -393,6 +423,7 @@ impl Runner {
             );
         }
         let mut sink = |p: Produced<'_>| -> Flow {
+            crate::faults::on_output();
             let (tokens, text) = (p.tokens, p.text);
             let now = Instant::now();
             if p.count > 0 {
@@ -436,6 +467,9 @@ impl Runner {
                     // is produced again on resume.
                     if !matches!(e, QueueError::Illegal { .. }) {
                         tracing::error!("job {id}: cannot commit output: {e}");
+                    }
+                    if e.is_storage_fault() {
+                        storage_fault = Some(e);
                     }
                     lost_job = true;
                     return Flow::Stop;
@@ -520,8 +554,12 @@ impl Runner {
             }
         }
 
-        let end_state = match result {
-            Ok(outcome) if outcome.finish_reason != "stopped" && !lost_job => {
+        let end_state = match (result, storage_fault) {
+            (_, Some(fault)) => {
+                self.pause_after_storage_fault(id, &fault);
+                self.state_of(id)
+            }
+            (Ok(outcome), None) if outcome.finish_reason != "stopped" && !lost_job => {
                 if let Some(reported) = outcome.reported_tokens {
                     // Trust the server's count over the chunks counted so far.
                     let committed = new_tokens - pending_count;
@@ -537,13 +575,17 @@ impl Runner {
                     &stats,
                 ) {
                     Ok(()) => JobState::Done,
+                    Err(e) if e.is_storage_fault() => {
+                        self.pause_after_storage_fault(id, &e);
+                        self.state_of(id)
+                    }
                     Err(e) => {
                         tracing::warn!("job {id}: cannot finish: {e}");
                         self.state_of(id)
                     }
                 }
             }
-            Ok(_) => {
+            (Ok(_), None) => {
                 // Asked to stop: paused, cancelled, or the service is stopping.
                 if self.state_of(id) == JobState::Running {
                     let _ = self
@@ -553,7 +595,7 @@ impl Runner {
                 let _ = self.queue.save_stats(id, &stats);
                 self.state_of(id)
             }
-            Err(RunError::Fault(reason)) => {
+            (Err(RunError::Fault(reason)), None) => {
                 // Reload on resume, so the drives are checked afresh.
                 if let Ok(mut slot) = self.loaded.slot.lock() {
                     *slot = None;
@@ -563,17 +605,22 @@ impl Runner {
                     .commit(id, &pending_tokens, pending_count, &pending_text);
                 let _ = self.queue.save_stats(id, &stats);
                 let _ = self.queue.log(id, &format!("paused: {reason}"));
-                if let Err(e) = self.queue.pause(id, &format!("storage fault: {reason}")) {
-                    tracing::warn!("job {id}: cannot pause: {e}");
+                match self.queue.pause(id, &format!("storage fault: {reason}")) {
+                    Err(e) if e.is_storage_fault() => self.pause_after_storage_fault(id, &e),
+                    Err(e) => tracing::warn!("job {id}: cannot pause: {e}"),
+                    Ok(_) => {}
                 }
                 self.state_of(id)
             }
-            Err(RunError::Failed(reason)) => {
+            (Err(RunError::Failed(reason)), None) => {
                 let _ = self
                     .queue
                     .commit(id, &pending_tokens, pending_count, &pending_text);
-                if let Err(e) = self.queue.fail(id, &reason, &stats) {
-                    tracing::warn!("job {id}: cannot record the failure: {e}");
+                match self.queue.fail(id, &reason, &stats) {
+                    // Paused instead: a resume runs it again and records the failure.
+                    Err(e) if e.is_storage_fault() => self.pause_after_storage_fault(id, &e),
+                    Err(e) => tracing::warn!("job {id}: cannot record the failure: {e}"),
+                    Ok(()) => {}
                 }
                 self.state_of(id)
             }
