@@ -395,12 +395,11 @@ fn the_queue_can_be_held_and_reordered() {
     std::thread::sleep(Duration::from_millis(200));
     let moved = s.post(&format!("/api/jobs/{}/move", ids[2]), json!({ "index": 0 }));
     assert_eq!(moved["queue_position"], 1);
-    // Watchers hear each waiting job's new place.
+    // Watchers hear the new order, in one event.
     loop {
-        let (name, data) = events.recv_timeout(WAIT).expect("a queue-position event");
-        if name == "job" && data["id"] == ids[2] {
-            assert_eq!(data["queue_position"], 1, "{data}");
-            assert!(data["offset"].is_null());
+        let (name, data) = events.recv_timeout(WAIT).expect("a queue event");
+        if name == "queue" && data["waiting"][0] == ids[2] {
+            assert_eq!(data["waiting"], json!([ids[2], ids[0], ids[1]]), "{data}");
             break;
         }
     }

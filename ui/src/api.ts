@@ -184,6 +184,8 @@ export interface Drive {
 type Handlers = {
   job?: (p: JobProgress) => void;
   queue?: () => void;
+  /** Events may have been missed (a new connection, or this client fell behind): refetch. */
+  resync?: () => void;
   metrics?: (m: MetricsEvent) => void;
   status?: (connected: boolean) => void;
 };
@@ -193,6 +195,7 @@ export function events(handlers: Handlers): () => void {
   const source = new EventSource(withToken("/api/events"));
   source.addEventListener("job", (e) => handlers.job?.(JSON.parse((e as MessageEvent).data)));
   source.addEventListener("queue", () => handlers.queue?.());
+  source.addEventListener("resync", () => handlers.resync?.());
   source.addEventListener("metrics", (e) => handlers.metrics?.(JSON.parse((e as MessageEvent).data)));
   source.onopen = () => handlers.status?.(true);
   source.onerror = () => handlers.status?.(false);

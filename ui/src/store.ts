@@ -30,6 +30,7 @@ class Store {
   connected = false;
   private jobListeners = new Set<(p: JobProgress) => void>();
   private queueListeners = new Set<Listener>();
+  private resyncListeners = new Set<Listener>();
   private metricsListeners = new Set<Listener>();
   private statusListeners = new Set<Listener>();
   private lastCounters: { hits: number; misses: number } | null = null;
@@ -42,6 +43,10 @@ class Store {
         this.jobListeners.forEach((l) => l(p));
       },
       queue: () => this.queueListeners.forEach((l) => l()),
+      resync: () => {
+        this.queueListeners.forEach((l) => l());
+        this.resyncListeners.forEach((l) => l());
+      },
       metrics: (m) => this.addMetrics(m),
       status: (c) => {
         this.connected = c;
@@ -101,6 +106,11 @@ class Store {
   onQueue(l: Listener): () => void {
     this.queueListeners.add(l);
     return () => this.queueListeners.delete(l);
+  }
+  /** Events may have been missed: what a view shows must be fetched again. */
+  onResync(l: Listener): () => void {
+    this.resyncListeners.add(l);
+    return () => this.resyncListeners.delete(l);
   }
   onMetrics(l: Listener): () => void {
     this.metricsListeners.add(l);

@@ -144,17 +144,34 @@ pub async fn metrics(State(app): State<AppState>) -> Json<Value> {
 pub async fn events(
     State(app): State<AppState>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
-    let stream = BroadcastStream::new(app.events.subscribe()).filter_map(|item| {
-        let event = item.ok()?;
-        let name = match &event {
-            crate::events::Event::Job(_) => "job",
-            crate::events::Event::Queue => "queue",
-            crate::events::Event::Metrics(_) => "metrics",
-        };
-        let data = serde_json::to_string(&event).ok()?;
-        Some(Ok(SseEvent::default().event(name).data(data)))
-    });
+    let stream = event_stream(app.events.subscribe())
+        .map(|(name, data)| Ok(SseEvent::default().event(name).data(data.to_string())));
     Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+}
+
+/// (name, data) of each event for one subscriber: a `resync` first and
+/// wherever it fell behind, then every event in order (see [`crate::events`]).
+pub fn event_stream(
+    rx: tokio::sync::broadcast::Receiver<crate::events::Event>,
+) -> impl Stream<Item = (&'static str, Value)> {
+    use crate::events::Event;
+    use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+    let first = tokio_stream::once(("resync", json!({ "reason": "connected" })));
+    let rest = BroadcastStream::new(rx).filter_map(|item| match item {
+        Err(BroadcastStreamRecvError::Lagged(missed)) => Some((
+            "resync",
+            json!({ "reason": "fell behind", "missed": missed }),
+        )),
+        Ok(event) => {
+            let name = match &event {
+                Event::Job(_) => "job",
+                Event::Queue(_) => "queue",
+                Event::Metrics(_) => "metrics",
+            };
+            Some((name, serde_json::to_value(&event).ok()?))
+        }
+    });
+    first.chain(rest)
 }
 
 /// `GET /api/heat/{model}`: the pack's heat histogram as a layers × experts matrix.
@@ -203,4 +220,31 @@ pub async fn heat(
     .await
     .map_err(|e| super::error::ApiError::internal(e.to_string()))?;
     Ok(Json(result))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::{Event, Events, QueueOrder};
+
+    #[tokio::test]
+    async fn a_subscriber_that_falls_behind_is_told_to_resync_never_left_with_a_gap() {
+        let events = Events::with_backlog(4);
+        let stream = event_stream(events.subscribe());
+        for i in 0..10 {
+            events.publish(Event::Queue(QueueOrder { waiting: vec![i] }));
+        }
+        drop(events);
+        let got: Vec<(&str, Value)> = stream.collect().await;
+        let names: Vec<&str> = got.iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            names,
+            ["resync", "resync", "queue", "queue", "queue", "queue"]
+        );
+        assert_eq!(got[0].1["reason"], "connected");
+        assert_eq!(got[1].1["missed"], 6);
+        // After the resync, every later event in order.
+        let waiting: Vec<&Value> = got[2..].iter().map(|(_, v)| &v["waiting"][0]).collect();
+        assert_eq!(waiting, [6, 7, 8, 9]);
+    }
 }

@@ -414,6 +414,11 @@ impl Queue {
         })
     }
 
+    /// Ids of the jobs waiting to run, in the order they will run.
+    pub fn waiting(&self) -> Result<Vec<i64>, QueueError> {
+        waiting_order(&*self.lock()?)
+    }
+
     /// Drops a running job's output, for a backend that must start over.
     pub fn discard_output(&self, id: i64) -> Result<(), QueueError> {
         self.write("discard output", |tx| {

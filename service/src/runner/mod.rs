@@ -23,7 +23,7 @@ use longhaul_engine::cache::StreamingOptions;
 use longhaul_engine::generate::Flow;
 use longhaul_engine::memory::MemorySettings;
 
-use crate::events::{Event, Events, JobProgress};
+use crate::events::{Event, Events, JobProgress, QueueOrder};
 use crate::queue::{JobState, ModelKind, Queue, QueueError, Runnable};
 use local::{LoadedModel, LocalBackend};
 use rate::RollingRate;
@@ -288,25 +288,11 @@ impl Runner {
         }
     }
 
-    /// Publishes that the queue changed, with each waiting job's place.
+    /// Publishes that the queue changed, with the waiting order: one event,
+    /// however many jobs wait.
     pub fn announce_queue(&self) {
-        self.events.publish(Event::Queue);
-        let Ok(jobs) = self.queue.list() else {
-            return;
-        };
-        for j in jobs.into_iter().filter(|j| j.queue_position.is_some()) {
-            self.events.publish(Event::Job(JobProgress {
-                id: j.id,
-                state: j.state,
-                tokens: j.tokens,
-                max_tokens: j.request.settings.max_tokens,
-                offset: None,
-                delta: String::new(),
-                tokens_per_second: None,
-                eta_seconds: None,
-                queue_position: j.queue_position,
-            }));
-        }
+        let waiting = self.queue.waiting().unwrap_or_default();
+        self.events.publish(Event::Queue(QueueOrder { waiting }));
     }
 
     fn publish_progress(

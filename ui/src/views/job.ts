@@ -143,5 +143,9 @@ export async function render(root: HTMLElement, id: number): Promise<() => void>
       });
     }
   });
-  return off;
+  const offResync = store.onResync(() => void reload());
+  return () => {
+    off();
+    offResync();
+  };
 }
