@@ -67,6 +67,10 @@ fn the_api_needs_the_token_and_a_local_host() {
     let mut reply = String::new();
     let _ = conn.read_to_string(&mut reply);
     assert!(reply.starts_with("HTTP/1.1 413"), "{reply}");
+    assert!(
+        reply.contains("16 MiB limit"),
+        "an API error, not plain text: {reply}"
+    );
 }
 
 #[test]
@@ -562,4 +566,92 @@ fn a_full_disk_pauses_the_job_with_the_reason_and_resume_finishes_it_exactly() {
     let want = s.wait_final(again, WAIT);
     assert_eq!(done["output"], want["output"]);
     assert_eq!(done["tokens"], want["tokens"]);
+}
+
+#[test]
+fn every_refusal_is_json_that_names_the_limit_or_field() {
+    let (_dir, s) = started();
+    // Bodies up to the documented 16 MiB are read (3 MB of JSON whitespace here).
+    let padded = format!(
+        r#"{{"model": "nope", "prompt": "hi"{}}}"#,
+        " ".repeat(3 << 20)
+    );
+    let (status, err) = s.post_raw("/api/jobs", &padded);
+    assert_eq!(
+        (status, &err["error"]["param"]),
+        (400, &json!("model")),
+        "{err}"
+    );
+    // (Past the limit: see the_api_needs_the_token_and_a_local_host.)
+    // A value of the wrong type names its field.
+    let (status, err) = s.call(
+        "POST",
+        "/api/jobs",
+        Some(&json!({ "model": "tiny", "prompt": "hi", "temperature": "hot" })),
+    );
+    assert_eq!(
+        (status, &err["error"]["param"]),
+        (400, &json!("temperature")),
+        "{err}"
+    );
+    let (status, err) = s.call("GET", "/api/jobs/abc", None);
+    assert_eq!(
+        (status, &err["error"]["param"]),
+        (400, &json!("id")),
+        "{err}"
+    );
+    // The preview takes the same fields as a submission, checked the same way.
+    let body = json!({ "model": "tiny", "prompt": "hi", "max_tokens": 8, "seed": 1 });
+    assert!(
+        s.post("/api/jobs/preview", body)["prompt_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    let (status, err) = s.call(
+        "POST",
+        "/api/jobs/preview",
+        Some(&json!({ "model": "tiny", "prompt": "hi", "top_p": 0 })),
+    );
+    assert_eq!(
+        (status, &err["error"]["param"]),
+        (400, &json!("top_p")),
+        "{err}"
+    );
+    // The token in the query string opens the event stream and downloads only.
+    let (status, _) = s.call_text("GET", &format!("/api/jobs?token={}", s.token), None, false);
+    assert_eq!(status, 401);
+}
+
+#[test]
+fn openai_content_parts_and_a_negative_seed_are_understood() {
+    let (_dir, s) = started();
+    let (status, answer) = s.call(
+        "POST",
+        "/v1/chat/completions",
+        Some(&json!({
+            "model": "tiny",
+            "messages": [{ "role": "user", "content": [{ "type": "text", "text": "Hello" }] }],
+            "seed": -1,
+            "max_tokens": 2,
+        })),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["object"], "chat.completion");
+    let (status, err) = s.call(
+        "POST",
+        "/v1/chat/completions",
+        Some(&json!({
+            "model": "tiny",
+            "messages": [{ "role": "user", "content": [{ "type": "image_url", "image_url": {} }] }],
+        })),
+    );
+    assert_eq!(status, 400);
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("image_url"),
+        "{err}"
+    );
 }

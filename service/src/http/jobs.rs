@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::error::{ApiError, ApiResult};
-use super::{ApiJson, AppState};
+use super::{ApiJson, ApiPath, AppState};
 use crate::attach;
 use crate::queue::{Input, JobState, JobView, Message, ModelKind, NewJob, Request, Settings};
 
@@ -195,14 +195,17 @@ pub async fn list(State(app): State<AppState>) -> ApiResult<Json<Value>> {
     Ok(Json(json!({ "jobs": jobs })))
 }
 
-pub async fn show(State(app): State<AppState>, Path(id): Path<i64>) -> ApiResult<Json<JobView>> {
+pub async fn show(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<i64>,
+) -> ApiResult<Json<JobView>> {
     Ok(Json(app.blocking(move |q| q.job(id)).await?))
 }
 
 /// `POST /api/jobs/{id}/{action}` with action cancel, pause or resume.
 pub async fn act(
     State(app): State<AppState>,
-    Path((id, action)): Path<(i64, String)>,
+    ApiPath((id, action)): ApiPath<(i64, String)>,
 ) -> ApiResult<Json<JobView>> {
     match action.as_str() {
         "cancel" => {
@@ -238,7 +241,7 @@ pub struct MoveBody {
 
 pub async fn move_job(
     State(app): State<AppState>,
-    Path(id): Path<i64>,
+    ApiPath(id): ApiPath<i64>,
     ApiJson(body): ApiJson<MoveBody>,
 ) -> ApiResult<Json<JobView>> {
     app.blocking(move |q| q.reorder(id, body.index)).await?;
@@ -253,7 +256,7 @@ pub struct ExportQuery {
 
 pub async fn export(
     State(app): State<AppState>,
-    Path(id): Path<i64>,
+    ApiPath(id): ApiPath<i64>,
     Query(q): Query<ExportQuery>,
 ) -> ApiResult<Response> {
     let job = app.blocking(move |q| q.job(id)).await?;
@@ -379,15 +382,6 @@ pub async fn queue_status(State(app): State<AppState>) -> ApiResult<Json<Value>>
     })))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PreviewBody {
-    model: String,
-    prompt: Option<String>,
-    messages: Option<Vec<Message>>,
-    attachments: Option<Vec<PathBuf>>,
-}
-
 /// Characters per token when a remote model's tokenizer is not at hand.
 const CHARS_PER_TOKEN_ESTIMATE: usize = 4;
 
@@ -395,8 +389,18 @@ const CHARS_PER_TOKEN_ESTIMATE: usize = 4;
 /// it — the prompt's token count and which attached files are read or skipped.
 pub async fn preview(
     State(app): State<AppState>,
-    ApiJson(body): ApiJson<PreviewBody>,
+    ApiJson(body): ApiJson<SubmitBody>,
 ) -> ApiResult<Json<Value>> {
+    // The same fields as a submission, checked the same way.
+    SettingsBody {
+        max_tokens: body.max_tokens,
+        temperature: body.temperature,
+        top_p: body.top_p,
+        top_k: body.top_k,
+        seed: body.seed,
+        stop: body.stop.clone(),
+    }
+    .into_settings()?;
     let model_name = body.model.clone();
     let model = app.blocking(move |q| q.model(&model_name)).await?;
     let prompt = body.prompt.unwrap_or_default();

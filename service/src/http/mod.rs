@@ -20,13 +20,12 @@ use std::time::Duration;
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{FromRequest, Request, State};
-use axum::http::{HeaderValue, Method, header};
+use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use tower_http::cors::CorsLayer;
-use tower_http::limit::RequestBodyLimitLayer;
 
 use crate::events::{Event, Events, MetricsEvent};
 use crate::queue::{JobView, NewJob, Queue, QueueError};
@@ -171,7 +170,78 @@ where
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         match Json::<T>::from_request(req, state).await {
             Ok(Json(v)) => Ok(ApiJson(v)),
-            Err(rejection) => Err(ApiError::bad_request(rejection.body_text())),
+            Err(rejection) => Err(json_error(&rejection)),
+        }
+    }
+}
+
+fn body_too_large() -> ApiError {
+    ApiError {
+        status: StatusCode::PAYLOAD_TOO_LARGE,
+        ..ApiError::bad_request(format!(
+            "the request body is larger than the {} MiB limit",
+            MAX_BODY_BYTES >> 20
+        ))
+    }
+}
+
+/// Refuses a body whose declared length is over the limit before reading
+/// it; bodies without one are cut at the limit as extractors read them.
+async fn limit_body(req: Request, next: Next) -> Response {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return body_too_large().into_response();
+    }
+    next.run(req).await
+}
+
+/// The API error for a body serde or the size limit refused, naming the
+/// field at fault where there is one.
+fn json_error(rejection: &JsonRejection) -> ApiError {
+    let text = rejection.body_text();
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        return body_too_large();
+    }
+    // serde names the path as `field: reason`, or the field in backquotes.
+    let detail = text.split_once("target type: ").map_or("", |(_, d)| d);
+    let param = match detail.split_once("unknown field `") {
+        Some((_, rest)) => rest.split('`').next(),
+        None => detail
+            .split_once(": ")
+            .map(|(path, _)| path)
+            .filter(|p| *p != "." && !p.contains(' ')),
+    };
+    let param = param.map(|p| p.split('.').next().unwrap_or(p).to_string());
+    match param {
+        Some(p) => ApiError::bad_param(&p, text),
+        None => ApiError::bad_request(text),
+    }
+}
+
+/// A path parameter whose errors come back in the API's error shape.
+pub struct ApiPath<T>(pub T);
+
+impl<T, S> axum::extract::FromRequestParts<S> for ApiPath<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(ApiPath(v)),
+            Err(rejection) => Err(ApiError::bad_param(
+                "id",
+                format!("{}: {}", parts.uri.path(), rejection.body_text()),
+            )),
         }
     }
 }
@@ -188,8 +258,11 @@ async fn require_token(State(app): State<AppState>, req: Request, next: Next) ->
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::to_string);
-    // Browsers' EventSource and download links cannot set headers.
-    let query = req.uri().query().and_then(|q| {
+    // Browsers' EventSource and download links cannot set headers; only
+    // there is the token taken from the query.
+    let path = req.uri().path();
+    let headerless = path == "/api/events" || path.ends_with("/export");
+    let query = req.uri().query().filter(|_| headerless).and_then(|q| {
         q.split('&')
             .find_map(|kv| kv.strip_prefix("token="))
             .map(str::to_string)
@@ -313,7 +386,8 @@ pub fn router(app: AppState) -> Router {
         .merge(ui)
         .layer(middleware::from_fn_with_state(app.clone(), check_host))
         .layer(cors)
-        .layer(RequestBodyLimitLayer::new(MAX_BODY_BYTES))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn(limit_body))
         .with_state(app)
 }
 

@@ -41,13 +41,13 @@ pub enum Stop {
 #[derive(Debug, Deserialize)]
 pub struct ChatBody {
     model: String,
-    messages: Vec<Message>,
+    messages: Vec<ChatMessage>,
     max_tokens: Option<usize>,
     max_completion_tokens: Option<usize>,
     temperature: Option<f32>,
     top_p: Option<f32>,
     top_k: Option<usize>,
-    seed: Option<u64>,
+    seed: Option<Seed>,
     stop: Option<Stop>,
     #[serde(default)]
     stream: bool,
@@ -55,6 +55,60 @@ pub struct ChatBody {
     n: Option<u32>,
     #[serde(flatten)]
     other: Map<String, Value>,
+}
+
+/// A chat message as OpenAI clients send it: `content` a string, or a list
+/// of parts of which Longhaul reads text (`{"type": "text", "text": ...}`).
+#[derive(Debug, Deserialize)]
+pub struct ChatMessage {
+    role: String,
+    content: Content,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<Map<String, Value>>),
+}
+
+impl ChatMessage {
+    fn into_message(self, index: usize) -> ApiResult<Message> {
+        let content = match self.content {
+            Content::Text(t) => t,
+            Content::Parts(parts) => {
+                let mut text = String::new();
+                for part in parts {
+                    match (part.get("type").and_then(Value::as_str), part.get("text")) {
+                        (Some("text"), Some(Value::String(t))) => text.push_str(t),
+                        (kind, _) => {
+                            return Err(ApiError::bad_param(
+                                "messages",
+                                format!(
+                                    "message {index}: content part of type `{}` is not supported; Longhaul reads text parts",
+                                    kind.unwrap_or("(none)")
+                                ),
+                            ));
+                        }
+                    }
+                }
+                text
+            }
+        };
+        Ok(Message {
+            role: self.role,
+            content,
+        })
+    }
+}
+
+/// OpenAI's `seed`: a negative one (clients send -1) means none.
+#[derive(Debug, Deserialize)]
+#[serde(transparent)]
+pub struct Seed(i64);
+
+fn seed(s: Option<Seed>) -> Option<u64> {
+    s.and_then(|Seed(v)| u64::try_from(v).ok())
 }
 
 #[derive(Debug, Deserialize)]
@@ -71,7 +125,7 @@ pub struct CompletionBody {
     temperature: Option<f32>,
     top_p: Option<f32>,
     top_k: Option<usize>,
-    seed: Option<u64>,
+    seed: Option<Seed>,
     stop: Option<Stop>,
     #[serde(default)]
     stream: bool,
@@ -214,13 +268,19 @@ pub async fn chat_completions(
     ApiJson(body): ApiJson<ChatBody>,
 ) -> ApiResult<Response> {
     refuse_unsupported(&body.other, body.n)?;
-    let (input, _) = check_input(None, Some(body.messages))?;
+    let messages = body
+        .messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| m.into_message(i))
+        .collect::<ApiResult<Vec<_>>>()?;
+    let (input, _) = check_input(None, Some(messages))?;
     let settings = SettingsBody {
         max_tokens: body.max_completion_tokens.or(body.max_tokens),
         temperature: body.temperature,
         top_p: body.top_p,
         top_k: body.top_k,
-        seed: body.seed,
+        seed: seed(body.seed),
         stop: stop_list(body.stop),
     }
     .into_settings()?;
@@ -260,7 +320,7 @@ pub async fn completions(
         temperature: body.temperature,
         top_p: body.top_p,
         top_k: body.top_k,
-        seed: body.seed,
+        seed: seed(body.seed),
         stop: stop_list(body.stop),
     }
     .into_settings()?;

@@ -134,6 +134,23 @@ impl Service {
         (status, response.body_mut().read_to_string().unwrap())
     }
 
+    /// (status, body) of a POST with a raw body and the token.
+    pub fn post_raw(&self, path: &str, body: &str) -> (u16, Value) {
+        let mut response = self
+            .agent
+            .post(format!("{}{path}", self.url))
+            .header("Authorization", &format!("Bearer {}", self.token))
+            .header("Content-Type", "application/json")
+            .send(body)
+            .expect("the service answers");
+        let status = response.status().as_u16();
+        let text = response.body_mut().read_to_string().unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
     pub fn get(&self, path: &str) -> Value {
         let (status, v) = self.call("GET", path, None);
         assert_eq!(status, 200, "GET {path}: {v}");
