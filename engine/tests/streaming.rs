@@ -95,6 +95,44 @@ fn packs_round_trip_and_verify() {
 }
 
 #[test]
+fn verify_finds_layers_and_records_removed_from_the_manifest() {
+    for fixture in [
+        "qwen3_moe_recent",
+        "mixtral_released",
+        "deepseek_v3_released",
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let pack = pack(tmp.path(), fixture, 1, u64::MAX);
+        let path = pack.join("longhaul-pack.json");
+        let original: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert!(verify_pack(&pack, &|_, _| {}).unwrap().problems.is_empty());
+        let mut fewer = original.clone();
+        fewer["experts"]["layers"][0]["records"]
+            .as_array_mut()
+            .unwrap()
+            .pop();
+        std::fs::write(&path, fewer.to_string()).unwrap();
+        let problems = verify_pack(&pack, &|_, _| {}).unwrap().problems;
+        assert!(
+            problems.len() == 1 && problems[0].contains("records"),
+            "{fixture}: {problems:?}"
+        );
+        let mut no_layer = original.clone();
+        no_layer["experts"]["layers"]
+            .as_array_mut()
+            .unwrap()
+            .remove(0);
+        std::fs::write(&path, no_layer.to_string()).unwrap();
+        let problems = verify_pack(&pack, &|_, _| {}).unwrap().problems;
+        assert!(
+            problems.len() == 1 && problems[0].contains("no records for the layer"),
+            "{fixture}: {problems:?}"
+        );
+    }
+}
+
+#[test]
 fn logits_are_bitwise_identical_to_the_in_memory_model() {
     for fixture in [
         "deepseek_v3_released",

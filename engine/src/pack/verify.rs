@@ -109,7 +109,49 @@ pub fn verify_pack(pack: &Path, report: &dyn Fn(u64, u64)) -> Result<VerifyRepor
             .push(format!("{}: {e}", manifest.resident.path.display())),
     }
     out.resident_bytes = manifest.resident.size;
+    out.problems.extend(missing_records(&manifest));
     Ok(out)
+}
+
+/// Layers and experts the resident weights' routers choose from but the
+/// manifest does not list (a manifest with layers or records removed reads
+/// fine record by record; the routers say what must be there).
+fn missing_records(manifest: &Manifest) -> Vec<String> {
+    let resident = match crate::weights::SafetensorsCheckpoint::open_files(
+        manifest.resident.path.parent().unwrap_or(Path::new(".")),
+        vec![manifest.resident.path.clone()],
+    ) {
+        Ok(r) => r,
+        Err(e) => return vec![format!("{}: {e}", manifest.resident.path.display())],
+    };
+    let Ok(router) = regex::Regex::new(r"(?:^|\.)layers\.(\d+)\.[A-Za-z_]+\.gate\.weight$") else {
+        return Vec::new();
+    };
+    let mut problems = Vec::new();
+    for name in resident.names() {
+        let Some(layer) = router
+            .captures(name)
+            .and_then(|c| c[1].parse::<usize>().ok())
+        else {
+            continue;
+        };
+        let Some(&experts) =
+            crate::weights::TensorSource::shape(&resident, name).and_then(|s| s.first())
+        else {
+            continue;
+        };
+        match manifest.experts.layers.iter().find(|l| l.layer == layer) {
+            None => problems.push(format!(
+                "layer {layer}: its router ({name}) chooses among {experts} experts, but the manifest lists no records for the layer"
+            )),
+            Some(l) if l.records.len() != experts => problems.push(format!(
+                "layer {layer}: its router ({name}) chooses among {experts} experts, but the manifest lists {} records",
+                l.records.len()
+            )),
+            Some(_) => {}
+        }
+    }
+    problems
 }
 
 /// Checks the resident file against the manifest's size and checksum, as
