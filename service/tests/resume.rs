@@ -114,6 +114,16 @@ fn killed_at_random_moments_no_job_is_lost_duplicated_or_changed() {
                 .count()
         })
         .sum();
+    // Every interruption is counted as a resume, none forgotten by a later kill.
+    for id in &ids {
+        let job = s.get(&format!("/api/jobs/{id}"));
+        let interruptions = job["log"].as_str().unwrap().matches("interrupted").count();
+        assert_eq!(
+            job["stats"]["resumes"], interruptions,
+            "job {id}: {}",
+            job["log"]
+        );
+    }
     // Resumes read the answer's saved attention state instead of recomputing it.
     let restored = ids.iter().any(|id| {
         s.get(&format!("/api/jobs/{id}"))["log"]

@@ -230,10 +230,25 @@ impl Queue {
         })
     }
 
-    /// Marks job `id` running.
+    /// Marks job `id` running; a job that ran before counts a resume, at
+    /// once, so a crash later in the run does not forget it.
     pub fn start(&self, id: i64) -> Result<(), QueueError> {
         self.write("start a job", |tx| {
             Self::transition(tx, id, Transition::Start)?;
+            let (started, stats): (Option<i64>, Option<String>) = tx
+                .query_row(
+                    "SELECT started_ms, stats FROM jobs WHERE id = ?1",
+                    [id],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .map_err(sql("reading a job's statistics"))?;
+            if started.is_some() {
+                let mut stats: JobStats = stats
+                    .and_then(|s| serde_json::from_str(&s).ok())
+                    .unwrap_or_default();
+                stats.resumes += 1;
+                write_stats(tx, id, &stats)?;
+            }
             tx.execute(
                 "UPDATE jobs SET started_ms = COALESCE(started_ms, ?2), pause_reason = NULL WHERE id = ?1",
                 params![id, now_ms()],
@@ -254,7 +269,23 @@ impl Queue {
         count: usize,
         text: &str,
     ) -> Result<(), QueueError> {
+        self.commit_with_stats(id, tokens, count, text, None)
+    }
+
+    /// [`Queue::commit`], recording the run's statistics so far in the same
+    /// transaction (wall time survives a crash up to the last commit).
+    pub fn commit_with_stats(
+        &self,
+        id: i64,
+        tokens: &[u32],
+        count: usize,
+        text: &str,
+        stats: Option<&JobStats>,
+    ) -> Result<(), QueueError> {
         self.write("commit output", |tx| {
+            if let Some(stats) = stats {
+                write_stats(tx, id, stats)?;
+            }
             let state = state_of(tx, id)?;
             if state != JobState::Running {
                 return Err(QueueError::Illegal {
@@ -296,15 +327,7 @@ impl Queue {
 
     /// Records statistics of a job that stopped without ending (paused).
     pub fn save_stats(&self, id: i64, stats: &JobStats) -> Result<(), QueueError> {
-        let json = serde_json::to_string(stats).unwrap_or_default();
-        self.write("save statistics", |tx| {
-            tx.execute(
-                "UPDATE jobs SET stats = ?2 WHERE id = ?1",
-                params![id, json],
-            )
-            .map_err(sql("saving statistics"))?;
-            Ok(())
-        })
+        self.write("save statistics", |tx| write_stats(tx, id, stats))
     }
 
     pub fn cancel(&self, id: i64) -> Result<JobState, QueueError> {
@@ -609,6 +632,16 @@ fn append_chunk(
         params![id, count as i64, now_ms()],
     )
     .map_err(sql("counting output"))?;
+    Ok(())
+}
+
+fn write_stats(tx: &Transaction<'_>, id: i64, stats: &JobStats) -> Result<(), QueueError> {
+    let stats = serde_json::to_string(stats).unwrap_or_default();
+    tx.execute(
+        "UPDATE jobs SET stats = ?2 WHERE id = ?1",
+        params![id, stats],
+    )
+    .map_err(sql("recording statistics"))?;
     Ok(())
 }
 

@@ -218,3 +218,25 @@ fn a_job_that_crashes_the_service_three_times_in_a_row_fails() {
         "the queue goes on"
     );
 }
+
+#[test]
+fn resumes_and_wall_time_survive_a_crash() {
+    let (_dir, q) = queue();
+    let a = q.submit(&new_job("a", 0)).unwrap().id;
+    q.start(a).unwrap();
+    let so_far = JobStats {
+        wall_seconds: 1.5,
+        generated_tokens: 2,
+        ..JobStats::default()
+    };
+    q.commit_with_stats(a, &[1, 2], 2, "ab", Some(&so_far))
+        .unwrap();
+    for run in 1..=5u32 {
+        // Killed: nothing is saved at the end of the run.
+        q.recover(None).unwrap();
+        q.start(a).unwrap();
+        let stats = q.job(a).unwrap().stats.unwrap();
+        assert_eq!(stats.resumes, run);
+        assert_eq!(stats.wall_seconds, 1.5);
+    }
+}

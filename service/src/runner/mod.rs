@@ -445,10 +445,18 @@ impl Runner {
                         }
                     }
                 }
-                if let Err(e) = self
-                    .queue
-                    .commit(id, &pending_tokens, pending_count, &pending_text)
-                {
+                // The run so far, so a crash forgets no resume or wall time.
+                let mut so_far = job.stats.clone().unwrap_or_default();
+                so_far.resumes += u32::from(job.resumed);
+                so_far.wall_seconds += started.elapsed().as_secs_f64();
+                so_far.generated_tokens = total;
+                if let Err(e) = self.queue.commit_with_stats(
+                    id,
+                    &pending_tokens,
+                    pending_count,
+                    &pending_text,
+                    Some(&so_far),
+                ) {
                     // Paused or cancelled meanwhile: what was not committed
                     // is produced again on resume.
                     if !matches!(e, QueueError::Illegal { .. }) {
