@@ -7,6 +7,7 @@
 //! service by rebinding its own name to 127.0.0.1), cross-origin requests
 //! are allowed only from the desktop shell, and bodies are bounded.
 
+pub mod conn;
 pub mod error;
 pub mod jobs;
 pub mod models;
@@ -526,6 +527,7 @@ pub async fn serve(
     }
     tokio::spawn(sample_metrics(app.clone()));
     ready(addr, &token);
+    let listener = conn::Guarded::new(listener, conn::Limits::default());
     let served = axum::serve(listener, router(app))
         .with_graceful_shutdown(shutdown)
         .await;
