@@ -19,7 +19,7 @@ echo "== tests"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
-cargo test --workspace --locked --all-targets 2>&1 | tee "$log" || status=1
+cargo test --workspace --locked --all-targets --no-fail-fast 2>&1 | tee "$log" || status=1
 echo "== browser tests"
 # Against the debug binary the Rust tests just built.
 LONGHAUL_BIN="$CARGO_TARGET_DIR/debug/longhaul" node --test ui/tests/ 2>&1 | tee -a "$log" || status=1
