@@ -12,7 +12,12 @@ use serde_json::{Value, json};
 
 /// A copy of the smallest released-style fixture in a temporary folder.
 fn fixture_copy() -> (tempfile::TempDir, PathBuf) {
-    let src = common::fixtures_dir().join("mixtral_released");
+    copy_of("mixtral_released")
+}
+
+/// A copy of fixture `name` in a temporary folder.
+fn copy_of(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let src = common::fixtures_dir().join(name);
     let tmp = tempfile::tempdir().unwrap();
     let dst = tmp.path().join("model");
     fs::create_dir(&dst).unwrap();
@@ -272,14 +277,7 @@ fn absurd_sizes_in_config_json_are_errors_not_aborts() {
         "deepseek_v3_released",
         "kimi_k25_text",
     ] {
-        let src = common::fixtures_dir().join(name);
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("model");
-        fs::create_dir(&dir).unwrap();
-        for entry in fs::read_dir(&src).unwrap() {
-            let entry = entry.unwrap();
-            fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
-        }
+        let (_tmp, dir) = copy_of(name);
         let path = dir.join("config.json");
         let original: Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
         let nested = original.get("text_config").is_some();
