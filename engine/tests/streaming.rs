@@ -223,6 +223,47 @@ proptest! {
 }
 
 #[test]
+fn injected_io_errors_short_and_slow_reads_fail_cleanly_and_change_no_answer() {
+    let fixture = "deepseek_v3_released";
+    let dir = common::fixtures_dir().join(fixture);
+    let exp = common::expected(&dir);
+    let ids = &exp.ids[..8];
+    let reference = all_logits(&Engine::open(&dir).unwrap(), ids);
+    let tmp = tempfile::tempdir().unwrap();
+    let pack = pack(tmp.path(), fixture, 2, 4096);
+    let faults = std::sync::Arc::new(longhaul_engine::store::StoreFaults::default());
+    let mut o = EngineOptions::default();
+    // No cache: every step reads, so every fault is met.
+    o.streaming.budget_bytes = 0;
+    o.streaming.store.faults = Some(faults.clone());
+    let engine = Engine::open_with(&pack, &o, &|_| {}).unwrap();
+    faults.set_delay(std::time::Duration::from_millis(2));
+    assert!(
+        all_logits(&engine, ids) == reference,
+        "slow drives change nothing"
+    );
+    faults.set_delay(std::time::Duration::ZERO);
+    faults.set_io_error(true);
+    let err = engine.logits(ids).unwrap_err();
+    assert!(err.is_storage_fault(), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("Input/output error") && text.contains("drive"),
+        "{text}"
+    );
+    faults.set_io_error(false);
+    faults.set_short_read(true);
+    let text = engine.logits(ids).unwrap_err().to_string();
+    assert!(
+        text.contains("short read") || text.contains("bytes of"),
+        "{text}"
+    );
+    faults.set_short_read(false);
+    // The fault gone, the same engine answers exactly again.
+    assert!(all_logits(&engine, ids) == reference);
+}
+
+#[test]
 fn missing_drive_at_load_names_the_drive() {
     let tmp = tempfile::tempdir().unwrap();
     let pack = pack(tmp.path(), "deepseek_v3_released", 3, 4096);

@@ -175,6 +175,9 @@ impl Walk {
             .custom_flags(libc::O_NONBLOCK)
             .open(path)
             .map_err(io)?;
+        if let Some(e) = crate::faults::attachment_read(path) {
+            return Err(io(e));
+        }
         let opened = file.metadata().map_err(io)?;
         if !opened.is_file() {
             return Err(AttachError::NotAFile {

@@ -9,6 +9,11 @@
 //!   a full disk (SQLITE_FULL) while a file exists at PATH.
 //! - `token-delay-ms=N`: the runner waits N ms per produced chunk of output
 //!   (slow decoding, so tests can act while a job runs).
+//! - `store-eio-while=PATH`: every drive read fails with EIO while a file
+//!   exists at PATH (checked every [`WATCH_INTERVAL`]).
+//! - `store-delay-ms=N`: every drive read first waits N ms (a slow drive).
+//! - `attach-eio=NAME`: reading an attachment whose file name is NAME fails
+//!   with EIO.
 
 use std::sync::OnceLock;
 
@@ -52,6 +57,45 @@ pub fn disk_full() -> Option<rusqlite::Error> {
             Some("database or disk is full".into()),
         )
     })
+}
+
+/// How often `store-eio-while`'s file is looked for.
+pub const WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The drive-read faults `store-eio-while` and `store-delay-ms` ask for
+/// (`None` when neither is set: reads pay nothing).
+pub fn store_faults() -> Option<std::sync::Arc<longhaul_engine::store::StoreFaults>> {
+    let eio = value("store-eio-while");
+    let delay = value("store-delay-ms").and_then(|v| v.parse::<u64>().ok());
+    if eio.is_none() && delay.is_none() {
+        return None;
+    }
+    let faults = std::sync::Arc::new(longhaul_engine::store::StoreFaults::default());
+    if let Some(ms) = delay {
+        faults.set_delay(std::time::Duration::from_millis(ms));
+    }
+    if let Some(path) = eio {
+        let watched = std::sync::Arc::clone(&faults);
+        let spawned = std::thread::Builder::new()
+            .name("longhaul-fault-watch".into())
+            .spawn(move || {
+                loop {
+                    watched.set_io_error(std::path::Path::new(path).exists());
+                    std::thread::sleep(WATCH_INTERVAL);
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!("fault point store-eio-while cannot be watched: {e}");
+        }
+    }
+    Some(faults)
+}
+
+/// The error `attach-eio` asks for when reading attachment `path`.
+pub fn attachment_read(path: &std::path::Path) -> Option<std::io::Error> {
+    let name = value("attach-eio")?;
+    (path.file_name().and_then(|n| n.to_str()) == Some(name))
+        .then(|| std::io::Error::from_raw_os_error(libc::EIO))
 }
 
 /// Waits as `token-delay-ms` asks, once per produced chunk.

@@ -655,3 +655,31 @@ fn openai_content_parts_and_a_negative_seed_are_understood() {
         "{err}"
     );
 }
+
+#[test]
+fn an_attachment_that_cannot_be_read_is_named_and_nothing_is_queued() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Service::start_env(
+        &dir.path().join("data"),
+        &[],
+        &[("LONGHAUL_FAULTS", "attach-eio=notes.txt")],
+    );
+    s.add_model("tiny", &fixture(FIXTURE));
+    let folder = dir.path().join("project");
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::write(folder.join("main.rs"), "fn main() {}").unwrap();
+    std::fs::write(folder.join("notes.txt"), "read me").unwrap();
+    let body = json!({ "model": "tiny", "prompt": "Audit this.", "attachments": [folder] });
+    let (status, err) = s.call("POST", "/api/jobs", Some(&body));
+    assert_eq!(
+        (status, &err["error"]["param"]),
+        (400, &json!("attachments")),
+        "{err}"
+    );
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("notes.txt") && message.contains("Input/output error"),
+        "{message}"
+    );
+    assert_eq!(s.get("/api/jobs")["jobs"].as_array().unwrap().len(), 0);
+}

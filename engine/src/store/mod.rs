@@ -10,6 +10,8 @@
 //!
 //! The store sees only paths, offsets and bytes, never tensors.
 
+pub use faults::StoreFaults;
+pub mod faults;
 pub mod probe;
 mod queue;
 mod worker;
@@ -34,6 +36,8 @@ pub struct StoreConfig {
     pub direct_io: bool,
     /// Reads in flight per drive (one reader thread each).
     pub queue_depth: usize,
+    /// Injected failures, for tests; `None` in normal use.
+    pub faults: Option<Arc<StoreFaults>>,
 }
 
 /// Reads in flight per drive. Two left emulated drives capped at 200 MB/s
@@ -46,6 +50,7 @@ impl Default for StoreConfig {
         Self {
             direct_io: true,
             queue_depth: DEFAULT_QUEUE_DEPTH,
+            faults: None,
         }
     }
 }
@@ -255,6 +260,7 @@ impl DriveStore {
                         counters: Arc::clone(&counters),
                         any: Arc::clone(&any),
                         warned_buffered: Arc::clone(&warned),
+                        faults: config.faults.clone(),
                     };
                     std::thread::spawn(move || worker::run(ctx))
                 })
@@ -462,6 +468,7 @@ mod tests {
             let config = StoreConfig {
                 direct_io,
                 queue_depth: 2,
+                faults: None,
             };
             let store = DriveStore::open(&[dir.path().to_path_buf()], &config).unwrap();
             let (tx, rx) = mpsc::channel();

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use super::faults::{Injected, StoreFaults};
 use super::queue::DriveQueue;
 use super::{Activity, DIRECT_IO_BLOCK, DriveCounters, SegmentRead, StoreError};
 use crate::aligned::AlignedBytes;
@@ -25,6 +26,7 @@ pub(super) struct Context {
     pub counters: Arc<DriveCounters>,
     pub any: Arc<Mutex<Activity>>,
     pub warned_buffered: Arc<AtomicBool>,
+    pub faults: Option<Arc<StoreFaults>>,
 }
 
 /// An open file and whether it bypasses the page cache.
@@ -87,7 +89,15 @@ impl Reader<'_> {
             offset: r.offset,
             reason,
         };
-        let len = usize::try_from(r.len).map_err(|_| err("read too large".to_string()))?;
+        let mut len = usize::try_from(r.len).map_err(|_| err("read too large".to_string()))?;
+        match self.ctx.faults.as_ref().map(|f| f.before_read()) {
+            Some(Injected::IoError) => {
+                return Err(err("Input/output error (os error 5), injected".to_string()));
+            }
+            Some(Injected::ShortRead) => len /= 2,
+            _ => {}
+        }
+        let wanted = r.len;
         if read.room < len {
             return Err(err(format!(
                 "a {len}-byte segment was given {} bytes of buffer",
@@ -141,12 +151,12 @@ impl Reader<'_> {
                 .ok_or_else(|| err("file handle lost".into()))?;
             read_buffered(&handle.file, region, r.offset).map_err(|e| err(e.to_string()))?
         };
-        if got < len {
+        if (got as u64) < wanted {
             return Err(StoreError::ShortRead {
                 drive: self.ctx.drive,
                 path,
                 offset: r.offset,
-                wanted: r.len,
+                wanted,
                 got: got as u64,
             });
         }

@@ -98,6 +98,7 @@ pub fn probe_pack(
     let config = StoreConfig {
         direct_io: true,
         queue_depth,
+        faults: None,
     };
     let report = probe(&manifest.drives, &files, PROBE_CHUNK, limit, &config)?;
     // Dashboards draw the last probe as each drive's ceiling.

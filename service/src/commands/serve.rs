@@ -47,6 +47,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     runner.streaming.budget_bytes = budget;
     runner.memory = memory;
     args.cache.apply(&mut runner.streaming);
+    runner.streaming.store.faults = longhaul_service::faults::store_faults();
     let config = ServeConfig {
         data_dir: data_dir.clone(),
         addr: SocketAddr::new(args.host, args.port),
