@@ -151,11 +151,16 @@ impl Manifest {
             path: path.clone(),
             source,
         })?;
-        let manifest: Manifest = serde_json::from_str(&text).map_err(|e| PackError::Manifest {
-            path: path.clone(),
+        Self::parse(&path, &text)
+    }
+
+    /// Parses and checks manifest `text`; `path` names it in errors.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, PackError> {
+        let manifest: Manifest = serde_json::from_str(text).map_err(|e| PackError::Manifest {
+            path: path.to_path_buf(),
             reason: e.to_string(),
         })?;
-        manifest.validate(&path)?;
+        manifest.validate(path)?;
         Ok(manifest)
     }
 

@@ -90,6 +90,24 @@ pub struct SubmitBody {
     stop: Option<Vec<String>>,
 }
 
+/// Checks a `POST /api/jobs` body as the handler does, short of reading
+/// attachments and queueing (the entry point of the job-request fuzz target).
+pub fn check_submission(body: &[u8]) -> Result<(), ApiError> {
+    let body: SubmitBody =
+        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    check_input(body.prompt, body.messages)?;
+    SettingsBody {
+        max_tokens: body.max_tokens,
+        temperature: body.temperature,
+        top_p: body.top_p,
+        top_k: body.top_k,
+        seed: body.seed,
+        stop: body.stop,
+    }
+    .into_settings()?;
+    Ok(())
+}
+
 /// Checks a prompt-or-messages pair; returns the input and a default title.
 pub fn check_input(
     prompt: Option<String>,
