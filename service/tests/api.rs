@@ -683,3 +683,34 @@ fn an_attachment_that_cannot_be_read_is_named_and_nothing_is_queued() {
     );
     assert_eq!(s.get("/api/jobs")["jobs"].as_array().unwrap().len(), 0);
 }
+
+#[test]
+fn an_empty_queue_database_is_reported_at_start() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("queue.sqlite"), b"").unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_longhaul"))
+        .args(["serve", "--port", "0", "--data-dir"])
+        .arg(&data)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut said = Vec::new();
+    for line in stderr.lines().map_while(Result::ok) {
+        let serving = line.contains("is serving on");
+        said.push(line);
+        if serving {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        said.iter()
+            .any(|l| l.contains("queue.sqlite is empty (0 bytes)")),
+        "{said:?}"
+    );
+}

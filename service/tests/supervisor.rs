@@ -89,3 +89,26 @@ fn the_supervisor_starts_restarts_and_reports_the_service() {
     sup.shutdown();
     assert_eq!(sup.status().state, TrayState::Error, "stopped");
 }
+
+#[test]
+fn the_supervisor_uses_a_service_already_running_on_its_data_dir_on_another_port() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let running = support::Service::start(&data);
+    let sup = Supervisor::start(SupervisorConfig {
+        binary: env!("CARGO_BIN_EXE_longhaul").into(),
+        data_dir: data.clone(),
+        port: free_port(),
+        serve_args: vec![],
+    })
+    .unwrap();
+    let url = sup.ui_url().unwrap();
+    assert!(
+        url.starts_with(&running.url),
+        "{url} is not {}",
+        running.url
+    );
+    assert_eq!(sup.service_pid(), None, "it started no service of its own");
+    let endpoint = std::fs::read_to_string(data.join("endpoint")).unwrap();
+    assert_eq!(endpoint.trim(), running.url);
+}
