@@ -187,11 +187,18 @@ impl Engine {
                 .map_err(ModelError::from)?;
             (resident, Some(Arc::new(experts)), manifest.resident.size)
         } else {
-            (
-                SafetensorsCheckpoint::open(path).map_err(ModelError::from)?,
-                None,
-                0,
-            )
+            let checkpoint = SafetensorsCheckpoint::open(path).map_err(ModelError::from)?;
+            let limit = options
+                .memory
+                .map(|m| m.limit_bytes)
+                .or_else(crate::memory::available_limit_bytes);
+            crate::memory::check_fits(checkpoint.total_bytes(), limit).map_err(|source| {
+                EngineError::Memory {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?;
+            (checkpoint, None, 0)
         };
         let source = ProgressSource {
             total: checked + checkpoint.total_bytes(),

@@ -70,6 +70,20 @@ pub enum MemoryError {
         mib(plan.kv_bytes), mib(plan.window_bytes), mib(plan.runtime_bytes), mib(plan.headroom_bytes)
     )]
     BudgetTooLarge { budget: u64, plan: MemoryPlan },
+    #[error(
+        "its weights take {} in RAM, more than the {} this process may use (physical memory or its memory limit); pack it (`longhaul pack`) to stream its experts from drives",
+        mib(*bytes), mib(*limit)
+    )]
+    CheckpointTooLarge { bytes: u64, limit: u64 },
+}
+
+/// Refuses to load `bytes` of weights into RAM under `limit`, before a byte
+/// is read: an allocation that fails aborts the process.
+pub fn check_fits(bytes: u64, limit: Option<u64>) -> Result<(), MemoryError> {
+    match limit {
+        Some(limit) if bytes > limit => Err(MemoryError::CheckpointTooLarge { bytes, limit }),
+        _ => Ok(()),
+    }
 }
 
 fn mib(bytes: u64) -> String {
@@ -262,6 +276,19 @@ mod cgroup {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_checkpoint_larger_than_the_machine_is_refused_by_size() {
+        assert!(super::check_fits(10, Some(10)).is_ok());
+        assert!(super::check_fits(10, None).is_ok());
+        let err = super::check_fits(11 << 30, Some(8 << 30))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("11264 MiB") && err.contains("8192 MiB") && err.contains("longhaul pack"),
+            "{err}"
+        );
+    }
+
     use super::*;
 
     #[test]
