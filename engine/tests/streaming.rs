@@ -245,6 +245,7 @@ fn injected_io_errors_short_and_slow_reads_fail_cleanly_and_change_no_answer() {
     faults.set_delay(std::time::Duration::ZERO);
     faults.set_io_error(true);
     let err = engine.logits(ids).unwrap_err();
+    std::thread::sleep(std::time::Duration::from_millis(300));
     assert!(err.is_storage_fault(), "{err}");
     let text = err.to_string();
     assert!(
@@ -259,6 +260,9 @@ fn injected_io_errors_short_and_slow_reads_fail_cleanly_and_change_no_answer() {
         "{text}"
     );
     faults.set_short_read(false);
+    // Reads issued while the fault was on finish (and fail) first; a request
+    // joins a read in flight rather than repeating it.
+    std::thread::sleep(std::time::Duration::from_millis(300));
     // The fault gone, the same engine answers exactly again.
     assert!(all_logits(&engine, ids) == reference);
 }

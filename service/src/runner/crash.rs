@@ -117,7 +117,8 @@ extern "C" fn on_fatal_signal(signal: libc::c_int) {
     }
 }
 
-/// Writes `n` (non-negative) in decimal without allocating; returns the length.
+/// Writes `n`'s magnitude in decimal without allocating; returns the length
+/// (0, writing nothing, when `buf` is too short).
 fn write_decimal(buf: &mut [u8], n: i64) -> usize {
     let mut digits = [0u8; 20];
     let (mut n, mut count) = (n.unsigned_abs(), 0);
@@ -129,7 +130,9 @@ fn write_decimal(buf: &mut [u8], n: i64) -> usize {
             break;
         }
     }
-    let count = count.min(buf.len());
+    if count > buf.len() {
+        return 0;
+    }
     for i in 0..count {
         buf[i] = digits[count - 1 - i];
     }
