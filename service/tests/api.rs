@@ -528,15 +528,7 @@ fn a_full_disk_pauses_the_job_with_the_reason_and_resume_finishes_it_exactly() {
     s.add_model("tiny", &fixture(FIXTURE));
     let body = json!({ "model": "tiny", "prompt": "Once upon a time", "max_tokens": 48 });
     let id = s.post("/api/jobs", body.clone())["id"].as_i64().unwrap();
-    let started = std::time::Instant::now();
-    while s.get(&format!("/api/jobs/{id}"))["tokens"]
-        .as_u64()
-        .unwrap_or(0)
-        == 0
-    {
-        assert!(started.elapsed() < WAIT, "the job never produced output");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    s.wait_output(id, WAIT);
     std::fs::write(&full, b"").unwrap();
     // The service keeps answering and says what is wrong while the disk is full.
     let started = std::time::Instant::now();

@@ -174,15 +174,7 @@ fn drive_io_errors_mid_job_pause_it_and_resume_finishes_it_exactly() {
     s.add_model("packed", &packed);
     let body = json!({ "model": "packed", "prompt": "Audit this design", "max_tokens": 60, "temperature": 0.8, "seed": 9 });
     let id = s.post("/api/jobs", body.clone())["id"].as_i64().unwrap();
-    let started = std::time::Instant::now();
-    while s.get(&format!("/api/jobs/{id}"))["tokens"]
-        .as_u64()
-        .unwrap_or(0)
-        == 0
-    {
-        assert!(started.elapsed() < WAIT, "no output");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    s.wait_output(id, WAIT);
     std::fs::write(&eio, b"").unwrap();
     let paused = s.wait_state(id, "paused", WAIT);
     let reason = paused["pause_reason"].as_str().unwrap();

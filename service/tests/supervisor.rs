@@ -18,6 +18,16 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// A supervisor of `data` on a free port.
+fn config(data: &std::path::Path) -> SupervisorConfig {
+    SupervisorConfig {
+        binary: env!("CARGO_BIN_EXE_longhaul").into(),
+        data_dir: data.to_path_buf(),
+        port: free_port(),
+        serve_args: vec![],
+    }
+}
+
 fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
     let started = Instant::now();
     while !check() {
@@ -33,13 +43,7 @@ fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
 fn the_supervisor_starts_restarts_and_reports_the_service() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
-    let sup = Supervisor::start(SupervisorConfig {
-        binary: env!("CARGO_BIN_EXE_longhaul").into(),
-        data_dir: data.clone(),
-        port: free_port(),
-        serve_args: vec![],
-    })
-    .unwrap();
+    let sup = Supervisor::start(config(&data)).unwrap();
     let url = sup.ui_url().unwrap();
     let token = std::fs::read_to_string(data.join("token")).unwrap();
     assert!(url.ends_with(&format!("/#token={}", token.trim())), "{url}");
@@ -95,13 +99,7 @@ fn the_supervisor_uses_a_service_already_running_on_its_data_dir_on_another_port
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
     let running = support::Service::start(&data);
-    let sup = Supervisor::start(SupervisorConfig {
-        binary: env!("CARGO_BIN_EXE_longhaul").into(),
-        data_dir: data.clone(),
-        port: free_port(),
-        serve_args: vec![],
-    })
-    .unwrap();
+    let sup = Supervisor::start(config(&data)).unwrap();
     let url = sup.ui_url().unwrap();
     assert!(
         url.starts_with(&running.url),

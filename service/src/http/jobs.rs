@@ -90,21 +90,28 @@ pub struct SubmitBody {
     stop: Option<Vec<String>>,
 }
 
+impl SubmitBody {
+    /// The generation settings the body asks for, checked.
+    fn settings(&self) -> Result<Settings, ApiError> {
+        SettingsBody {
+            max_tokens: self.max_tokens,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            seed: self.seed,
+            stop: self.stop.clone(),
+        }
+        .into_settings()
+    }
+}
+
 /// Checks a `POST /api/jobs` body as the handler does, short of reading
 /// attachments and queueing (the entry point of the job-request fuzz target).
 pub fn check_submission(body: &[u8]) -> Result<(), ApiError> {
     let body: SubmitBody =
         serde_json::from_slice(body).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    body.settings()?;
     check_input(body.prompt, body.messages)?;
-    SettingsBody {
-        max_tokens: body.max_tokens,
-        temperature: body.temperature,
-        top_p: body.top_p,
-        top_k: body.top_k,
-        seed: body.seed,
-        stop: body.stop,
-    }
-    .into_settings()?;
     Ok(())
 }
 
@@ -170,16 +177,8 @@ pub async fn submit(
     State(app): State<AppState>,
     ApiJson(body): ApiJson<SubmitBody>,
 ) -> ApiResult<(StatusCode, Json<JobView>)> {
+    let settings = body.settings()?;
     let (input, default_title) = check_input(body.prompt, body.messages)?;
-    let settings = SettingsBody {
-        max_tokens: body.max_tokens,
-        temperature: body.temperature,
-        top_p: body.top_p,
-        top_k: body.top_k,
-        seed: body.seed,
-        stop: body.stop,
-    }
-    .into_settings()?;
     let attachments = match body.attachments.filter(|a| !a.is_empty()) {
         None => String::new(),
         Some(paths) => {
@@ -410,15 +409,7 @@ pub async fn preview(
     ApiJson(body): ApiJson<SubmitBody>,
 ) -> ApiResult<Json<Value>> {
     // The same fields as a submission, checked the same way.
-    SettingsBody {
-        max_tokens: body.max_tokens,
-        temperature: body.temperature,
-        top_p: body.top_p,
-        top_k: body.top_k,
-        seed: body.seed,
-        stop: body.stop.clone(),
-    }
-    .into_settings()?;
+    body.settings()?;
     let model_name = body.model.clone();
     let model = app.blocking(move |q| q.model(&model_name)).await?;
     let prompt = body.prompt.unwrap_or_default();

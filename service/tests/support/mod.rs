@@ -188,6 +188,19 @@ impl Service {
     }
 
     /// Waits until job `id` is in `state`.
+    /// Waits until job `id` has committed some output.
+    pub fn wait_output(&self, id: i64, timeout: Duration) {
+        let started = Instant::now();
+        while self.get(&format!("/api/jobs/{id}"))["tokens"]
+            .as_u64()
+            .unwrap_or(0)
+            == 0
+        {
+            assert!(started.elapsed() < timeout, "job {id} produced no output");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     pub fn wait_state(&self, id: i64, state: &str, timeout: Duration) -> Value {
         let started = Instant::now();
         loop {
