@@ -427,19 +427,10 @@ async fn sample_metrics(app: AppState) {
     }
 }
 
-/// Opens the data dir and queue, recovers interrupted jobs, starts the runner
-/// and serves until `shutdown` resolves. `ready` gets the bound address.
-pub async fn serve(
-    config: ServeConfig,
-    ready: impl FnOnce(SocketAddr, &str),
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), ServeError> {
-    if !config.allow_remote && !config.addr.ip().is_loopback() {
-        return Err(ServeError::NotLoopback { addr: config.addr });
-    }
-    let mut data_dir = crate::data_dir::DataDir::claim(&config.data_dir)?;
-    let token = load_or_create_token(&config.data_dir)?;
-    let db = queue_path(&config.data_dir);
+/// Opens the data dir's queue (created private), tightens what is not, and
+/// recovers the jobs the last service left running (see [`Queue::recover`]).
+fn open_queue(data_dir: &mut crate::data_dir::DataDir) -> Result<Queue, ServeError> {
+    let db = queue_path(data_dir.path());
     match std::fs::metadata(&db) {
         Err(_) => {
             // SQLite gives its WAL and shared-memory files the database's mode.
@@ -456,7 +447,7 @@ pub async fn serve(
         }
         Ok(_) => {}
     }
-    let queue = Arc::new(Queue::open(&db)?);
+    let queue = Queue::open(&db)?;
     for suffix in ["", "-wal", "-shm"] {
         let file = PathBuf::from(format!("{}{suffix}", db.display()));
         if file.is_file() {
@@ -471,17 +462,33 @@ pub async fn serve(
     }
     // The record a crashed service left is read before the handlers that
     // write the next one are installed.
-    let crash = crate::runner::crash::take_last(&config.data_dir);
-    if let Err(e) = crate::runner::crash::install(&config.data_dir) {
+    let crash = crate::runner::crash::take_last(data_dir.path());
+    if let Err(e) = crate::runner::crash::install(data_dir.path()) {
         tracing::warn!(
             "cannot record crashes in {}: {e}",
-            config.data_dir.display()
+            data_dir.path().display()
         );
     }
     let recovered = queue.recover(crash.as_ref())?;
     if !recovered.is_empty() {
         tracing::info!("{} interrupted job(s) will resume", recovered.len());
     }
+    Ok(queue)
+}
+
+/// Opens the data dir and queue, recovers interrupted jobs, starts the runner
+/// and serves until `shutdown` resolves. `ready` gets the bound address.
+pub async fn serve(
+    config: ServeConfig,
+    ready: impl FnOnce(SocketAddr, &str),
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    if !config.allow_remote && !config.addr.ip().is_loopback() {
+        return Err(ServeError::NotLoopback { addr: config.addr });
+    }
+    let mut data_dir = crate::data_dir::DataDir::claim(&config.data_dir)?;
+    let token = load_or_create_token(&config.data_dir)?;
+    let queue = Arc::new(open_queue(&mut data_dir)?);
     let events = Events::default();
     let runner = Arc::new(Runner::new(
         Arc::clone(&queue),
