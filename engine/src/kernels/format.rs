@@ -18,6 +18,11 @@ pub enum Format {
     Q8_0,
     /// GGML Q4_K: super-blocks of 256 nibbles with 6-bit scales and minimums.
     Q4K,
+    /// FP8 E4M3 (`e4m3fn`: no infinities) in blocks of 128 along the row,
+    /// each led by its f32 scale: DeepSeek/Kimi's `weight_scale_inv` of the
+    /// row's 128×128 block, repeated per row so a row decodes on its own
+    /// (4 bytes per 128 weights, 3 %). The last block of a row may be short.
+    Fp8Block,
 }
 
 /// Elements per Q8_0 block.
@@ -30,6 +35,10 @@ const Q4K_BLOCK: usize = 256;
 const Q4K_SCALE_BYTES: usize = 12;
 /// Bytes per Q4_K super-block: d, dmin, scales, then 128 bytes of nibbles.
 const Q4K_BYTES: usize = 2 + 2 + Q4K_SCALE_BYTES + Q4K_BLOCK / 2;
+/// Elements per FP8 scale block along a row (the published 128×128 blocks).
+pub const FP8_BLOCK: usize = 128;
+/// Bytes of an FP8 block's scale.
+const FP8_SCALE_BYTES: usize = 4;
 /// 2^112: moves an f16 exponent (bias 15) placed in an f32 (bias 127) home.
 const F16_EXPONENT_SHIFT: f32 = f32::from_bits((127 + 112) << 23);
 
@@ -41,6 +50,7 @@ impl Format {
             Format::BF16 => "BF16",
             Format::Q8_0 => "Q8_0",
             Format::Q4K => "Q4K",
+            Format::Fp8Block => "FP8_E4M3_B128",
         }
     }
 
@@ -50,6 +60,7 @@ impl Format {
             Format::F32 | Format::F16 | Format::BF16 => 1,
             Format::Q8_0 => Q8_0_BLOCK,
             Format::Q4K => Q4K_BLOCK,
+            Format::Fp8Block => FP8_BLOCK,
         }
     }
 
@@ -60,12 +71,16 @@ impl Format {
             Format::F16 | Format::BF16 => 2,
             Format::Q8_0 => Q8_0_BYTES,
             Format::Q4K => Q4K_BYTES,
+            Format::Fp8Block => FP8_SCALE_BYTES + FP8_BLOCK,
         }
     }
 
     /// Bytes of a row of `cols` elements, or `None` when `cols` is not a
-    /// whole number of blocks.
+    /// whole number of blocks (FP8 rows may end in a short block).
     pub fn row_bytes(self, cols: usize) -> Option<usize> {
+        if self == Format::Fp8Block {
+            return Some(cols.div_ceil(FP8_BLOCK) * FP8_SCALE_BYTES + cols);
+        }
         cols.is_multiple_of(self.block())
             .then(|| cols / self.block() * self.block_bytes())
     }
@@ -89,6 +104,36 @@ pub fn f16_to_f32(h: u16) -> f32 {
         (f32::from_bits(rest) * F16_EXPONENT_SHIFT).to_bits()
     };
     f32::from_bits(sign | magnitude)
+}
+
+/// Every FP8 E4M3 (`e4m3fn`) value as f32, exactly.
+static FP8_E4M3: [f32; 256] = fp8_e4m3_table();
+
+const fn fp8_e4m3_table() -> [f32; 256] {
+    let mut table = [0f32; 256];
+    let mut b = 0;
+    while b < 256 {
+        let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+        let exponent = (b >> 3) & 0xF;
+        let mantissa = (b & 7) as u32;
+        let magnitude = if exponent == 0xF && mantissa == 7 {
+            f32::NAN
+        } else if exponent == 0 {
+            // Subnormal: mantissa × 2^-9.
+            mantissa as f32 * f32::from_bits((127 - 9) << 23)
+        } else {
+            f32::from_bits(((exponent as u32 + 127 - 7) << 23) | (mantissa << 20))
+        };
+        table[b] = sign * magnitude;
+        b += 1;
+    }
+    table
+}
+
+/// An FP8 E4M3 byte as f32, exactly.
+#[inline(always)]
+pub fn fp8_e4m3_to_f32(b: u8) -> f32 {
+    FP8_E4M3[usize::from(b)]
 }
 
 /// A bfloat16 as f32: its bits are the f32's upper half.
@@ -132,6 +177,7 @@ pub fn decode_row(format: Format, bytes: &[u8], out: &mut [f32]) {
                 decode_q8_0(b, o);
             }
         }
+        Format::Fp8Block => decode_fp8_row(bytes, out),
         Format::Q4K => {
             let (blocks, _) = bytes.as_chunks::<Q4K_BYTES>();
             let (outs, _) = out.as_chunks_mut::<Q4K_BLOCK>();
@@ -139,6 +185,24 @@ pub fn decode_row(format: Format, bytes: &[u8], out: &mut [f32]) {
                 decode_q4k(b, o);
             }
         }
+    }
+}
+
+/// A row of FP8 blocks: each value times its block's scale, as the format
+/// defines (`w = fp8 × scale_inv`), rounded once to f32.
+#[inline(always)]
+fn decode_fp8_row(bytes: &[u8], out: &mut [f32]) {
+    let mut at = 0;
+    for o in out.chunks_mut(FP8_BLOCK) {
+        let mut scale = [0u8; FP8_SCALE_BYTES];
+        scale.copy_from_slice(&bytes[at..at + FP8_SCALE_BYTES]);
+        let scale = f32::from_le_bytes(scale);
+        at += FP8_SCALE_BYTES;
+        let n = o.len();
+        for (v, &q) in o.iter_mut().zip(&bytes[at..at + n]) {
+            *v = fp8_e4m3_to_f32(q) * scale;
+        }
+        at += n;
     }
 }
 
@@ -263,5 +327,42 @@ mod tests {
         assert_eq!(Format::Q8_0.row_bytes(64), Some(68));
         assert_eq!(Format::Q8_0.row_bytes(48), None);
         assert_eq!(Format::Q4K.row_bytes(512), Some(288));
+    }
+
+    #[test]
+    fn every_fp8_e4m3_byte_widens_exactly() {
+        for b in 0..=255u8 {
+            let want = float8::F8E4M3::from_bits(b).to_f32();
+            let got = fp8_e4m3_to_f32(b);
+            if want.is_nan() {
+                assert!(got.is_nan(), "{b:#04x}");
+            } else {
+                assert_eq!(got.to_bits(), want.to_bits(), "{b:#04x}: {got} vs {want}");
+            }
+        }
+        assert_eq!(fp8_e4m3_to_f32(0x7E), 448.0);
+        assert_eq!(fp8_e4m3_to_f32(0x01), 2f32.powi(-9));
+    }
+
+    /// Rows of FP8 blocks, the last one short, decode block by block with
+    /// each block's own scale.
+    #[test]
+    fn fp8_rows_use_each_blocks_scale_and_may_end_short() {
+        let cols = 300; // blocks of 128, 128 and 44
+        let scales = [0.5f32, -2.0, 0.125];
+        let mut bytes = Vec::new();
+        let mut want = Vec::new();
+        for (k, scale) in scales.iter().enumerate() {
+            bytes.extend_from_slice(&scale.to_le_bytes());
+            for i in 0..(cols - k * FP8_BLOCK).min(FP8_BLOCK) {
+                let q = ((k * 131 + i * 7) % 126) as u8 | if i % 3 == 0 { 0x80 } else { 0 };
+                bytes.push(q);
+                want.push(float8::F8E4M3::from_bits(q).to_f32() * scale);
+            }
+        }
+        assert_eq!(Format::Fp8Block.row_bytes(cols), Some(bytes.len()));
+        let mut out = vec![0f32; cols];
+        decode_row(Format::Fp8Block, &bytes, &mut out);
+        assert_eq!(out, want);
     }
 }
