@@ -7,6 +7,7 @@ pub mod deepseek_v3;
 pub mod kv_cache;
 pub mod layers;
 pub mod mixtral;
+pub mod quantization;
 pub mod qwen3_moe;
 
 use std::path::Path;
@@ -16,6 +17,7 @@ pub use config::{ConfigError, RawConfig};
 pub use kv_cache::KvCache;
 pub use layers::decoder::{Decoder, LogitsFor};
 pub use layers::experts::{Expert, ExpertError, ExpertProvider, ExpertStream};
+pub use quantization::Quantization;
 
 use crate::weights::{TensorSource, Weights, WeightsError};
 use layers::{Linear, RmsNorm};
@@ -99,6 +101,8 @@ pub struct ModelSpec {
     pub architecture: Architecture,
     /// Prefix of the language model's tensors (multimodal checkpoints nest it).
     pub weight_prefix: String,
+    /// The published weight format, from `quantization_config`.
+    pub quantization: Option<Quantization>,
 }
 
 impl ModelSpec {
@@ -111,6 +115,9 @@ impl ModelSpec {
             .str_opt("model_type")?
             .ok_or_else(|| raw.missing("model_type"))?
             .to_string();
+        // Read first: a format Longhaul cannot compute with is refused before
+        // anything else is looked at (multimodal releases keep it at the top).
+        let mut quantization = quantization::parse(raw)?;
         let (architecture, weight_prefix) = match model_type.as_str() {
             "qwen3_moe" => (Architecture::Qwen3Moe(qwen3_moe::Config::parse(raw)?), ""),
             "mixtral" => (Architecture::Mixtral(mixtral::Config::parse(raw)?), ""),
@@ -121,6 +128,7 @@ impl ModelSpec {
             // Kimi K2.5 wraps a Kimi K2 text model; the vision tower is not used.
             "kimi_k25" => {
                 let text = raw.sub_config("text_config")?;
+                quantization = quantization.or(quantization::parse(&text)?);
                 (
                     Architecture::DeepseekV3(deepseek_v3::Config::parse(&text)?),
                     "language_model.",
@@ -138,6 +146,7 @@ impl ModelSpec {
             model_type,
             architecture,
             weight_prefix: weight_prefix.to_string(),
+            quantization,
         })
     }
 
