@@ -22,7 +22,7 @@ pub mod ops;
 
 use std::sync::OnceLock;
 
-pub use format::Format;
+pub use format::{FP8_BLOCK, Format, fp8_e4m3_to_f32};
 pub use matrix::Matrix;
 
 use crate::aligned::AllocError;

@@ -89,7 +89,7 @@ impl ExpertEncoding {
     /// Reads the manifest's `dtype` field.
     pub fn parse(name: &str) -> Option<Self> {
         Dtype::parse(name)
-            .filter(|d| d.name().is_some())
+            .filter(|&d| crate::weights::matrix_format(d).is_some())
             .map(ExpertEncoding::Plain)
             .or_else(|| Quantization::parse(name).map(ExpertEncoding::Quantized))
     }

@@ -156,11 +156,14 @@ pub fn write_pack(
             p.layer, p.dtype, plans[0].layer, dtype
         )));
     }
-    let dtype_name = dtype.name().ok_or_else(|| {
-        PackError::Source(format!(
-            "experts are stored as {dtype:?}, which Longhaul cannot compute with"
-        ))
-    })?;
+    let dtype_name = dtype
+        .name()
+        .filter(|_| crate::weights::matrix_format(dtype).is_some())
+        .ok_or_else(|| {
+            PackError::Source(format!(
+                "experts are stored as {dtype:?}, which Longhaul cannot pack: packs hold F32, F16 or BF16 experts (or Q8_0/Q4K with --experts); FP8 checkpoints run from their folder"
+            ))
+        })?;
     if let Some(q) = opts.quantization {
         for p in &plans {
             ExpertEncoding::Quantized(q)

@@ -5,6 +5,7 @@
 //! config is reported with the tensor's name and the file it came from.
 
 mod checkpoint;
+pub mod fp8;
 pub mod safetensors;
 
 use std::path::PathBuf;
@@ -40,12 +41,20 @@ pub enum WeightsError {
         expected: Vec<usize>,
     },
     #[error(
-        "{path}: tensor `{name}` is stored as {dtype:?}; supported weight dtypes are F32, F16 and BF16"
+        "{path}: tensor `{name}` is stored as {dtype:?}; supported weight dtypes are F32, F16, BF16, and F8_E4M3 for matrices with block scales"
     )]
     UnsupportedDtype {
         name: String,
         path: PathBuf,
         dtype: Dtype,
+    },
+    #[error(
+        "{path}: FP8 tensor `{name}` has no `{scale}` beside it; FP8 weights need their 128x128 block scales (quantization_config fp8)"
+    )]
+    MissingScale {
+        name: String,
+        scale: String,
+        path: PathBuf,
     },
     #[error("tensor `{name}` appears in both {first} and {second}")]
     Duplicate {
@@ -152,14 +161,19 @@ impl<'a> Weights<'a> {
         count: usize,
     ) -> Result<Vec<Matrix>, WeightsError> {
         let full = self.check_shape(name, shape)?;
-        let raw = self.source.load_raw(&full)?;
+        let mut raw = self.source.load_raw(&full)?;
         let path = self.source.location(&full);
-        let format = matrix_format(raw.dtype).ok_or_else(|| WeightsError::UnsupportedDtype {
-            name: full.clone(),
-            path: path.clone(),
-            dtype: raw.dtype,
-        })?;
         let [rows, cols] = [shape[shape.len() - 2], shape[shape.len() - 1]];
+        let format = if raw.dtype == Dtype::F8E4M3 {
+            raw.bytes = self.fp8_block_rows(&full, raw.bytes, shape, count)?;
+            Format::Fp8Block
+        } else {
+            matrix_format(raw.dtype).ok_or_else(|| WeightsError::UnsupportedDtype {
+                name: full.clone(),
+                path: path.clone(),
+                dtype: raw.dtype,
+            })?
+        };
         let each = raw.bytes.len() / count.max(1);
         raw.bytes
             .chunks(each.max(1))
@@ -173,6 +187,52 @@ impl<'a> Weights<'a> {
                 })
             })
             .collect()
+    }
+
+    /// FP8 `bytes` of tensor `full` (`count` matrices of `shape`) with
+    /// their `_scale_inv` as [`Format::Fp8Block`] rows, one matrix after another.
+    fn fp8_block_rows(
+        &self,
+        full: &str,
+        bytes: Vec<u8>,
+        shape: &[usize],
+        count: usize,
+    ) -> Result<Vec<u8>, WeightsError> {
+        let scale = format!("{full}_scale_inv");
+        let path = self.source.location(full);
+        let Some(actual) = self.source.shape(&scale) else {
+            return Err(WeightsError::MissingScale {
+                name: full.to_string(),
+                scale,
+                path,
+            });
+        };
+        let expected = fp8::scale_shape(shape);
+        if actual != expected {
+            return Err(WeightsError::Shape {
+                name: scale,
+                path,
+                actual: actual.to_vec(),
+                expected,
+            });
+        }
+        let scales = self
+            .source
+            .load(&scale)?
+            .flatten_all()
+            .and_then(|t| t.to_vec1::<f32>());
+        let scales = scales.map_err(|source| WeightsError::Tensor {
+            name: scale.clone(),
+            source,
+        })?;
+        let [rows, cols] = [shape[shape.len() - 2], shape[shape.len() - 1]];
+        let per_matrix = expected[expected.len() - 2] * expected[expected.len() - 1];
+        Ok(bytes
+            .chunks((rows * cols).max(1))
+            .zip(scales.chunks(per_matrix.max(1)))
+            .take(count)
+            .flat_map(|(m, s)| fp8::block_rows(m, s, rows, cols))
+            .collect())
     }
 
     /// Checks that `name` exists with shape `expected`; returns its full name.
@@ -202,7 +262,7 @@ pub fn matrix_format(dtype: Dtype) -> Option<Format> {
         Dtype::F32 => Some(Format::F32),
         Dtype::F16 => Some(Format::F16),
         Dtype::BF16 => Some(Format::BF16),
-        Dtype::Unsupported(_) => None,
+        Dtype::F8E4M3 | Dtype::Unsupported(_) => None,
     }
 }
 
@@ -227,7 +287,7 @@ pub fn tensor_from_bytes(
             .chunks_exact(2)
             .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
             .collect(),
-        Dtype::Unsupported(_) => {
+        Dtype::F8E4M3 | Dtype::Unsupported(_) => {
             return Err(WeightsError::UnsupportedDtype {
                 name: name.to_string(),
                 path: path.to_path_buf(),

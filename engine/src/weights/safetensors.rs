@@ -29,6 +29,8 @@ pub enum Dtype {
     F32,
     F16,
     BF16,
+    /// FP8 e4m3fn: computed with only beside its `_scale_inv` block scales.
+    F8E4M3,
     /// A dtype the format allows but Longhaul cannot compute with; kept so the
     /// error can name it when (and only when) such a tensor is asked for.
     Unsupported(UnsupportedDtype),
@@ -47,7 +49,6 @@ pub enum UnsupportedDtype {
     U32,
     U64,
     Bool,
-    F8E4M3,
     F8E5M2,
 }
 
@@ -58,6 +59,7 @@ impl Dtype {
             Dtype::F32 => Some("F32"),
             Dtype::F16 => Some("F16"),
             Dtype::BF16 => Some("BF16"),
+            Dtype::F8E4M3 => Some("F8_E4M3"),
             Dtype::Unsupported(_) => None,
         }
     }
@@ -78,7 +80,7 @@ impl Dtype {
             "U32" => Dtype::Unsupported(U::U32),
             "U64" => Dtype::Unsupported(U::U64),
             "BOOL" => Dtype::Unsupported(U::Bool),
-            "F8_E4M3" => Dtype::Unsupported(U::F8E4M3),
+            "F8_E4M3" => Dtype::F8E4M3,
             "F8_E5M2" => Dtype::Unsupported(U::F8E5M2),
             _ => return None,
         })
@@ -90,11 +92,12 @@ impl Dtype {
         match self {
             Dtype::F32 => 4,
             Dtype::F16 | Dtype::BF16 => 2,
+            Dtype::F8E4M3 => 1,
             Dtype::Unsupported(u) => match u {
                 U::F64 | U::I64 | U::U64 => 8,
                 U::I32 | U::U32 => 4,
                 U::I16 | U::U16 => 2,
-                U::I8 | U::U8 | U::Bool | U::F8E4M3 | U::F8E5M2 => 1,
+                U::I8 | U::U8 | U::Bool | U::F8E5M2 => 1,
             },
         }
     }
