@@ -319,7 +319,10 @@ fn pack_verify_and_run_from_a_pack() {
 
 #[test]
 fn pack_errors_are_explained() {
-    let dir = fixtures()[0].clone();
+    let dir = fixtures()
+        .into_iter()
+        .find(|d| d.ends_with("deepseek_v3_released"))
+        .unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let out = pack_cli(
         &dir,

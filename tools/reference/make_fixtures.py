@@ -17,7 +17,8 @@ Run by hand (not in CI; torch from PyPI is large):
     ~/.cache/longhaul/refvenv/bin/pip install torch transformers safetensors numpy
     ~/.cache/longhaul/refvenv/bin/python tools/reference/make_fixtures.py engine/tests/fixtures
 
-It rewrites every fixture folder under the output folder.
+It rewrites every fixture folder under the output folder, or only those named
+after it (`... make_fixtures.py engine/tests/fixtures deepseek_v3_fp8`).
 """
 
 import copy
@@ -278,6 +279,44 @@ FIXTURES = [
         },
         {"style": "old", "layout": "per_expert", "dtype": "bfloat16", "shards": 1, "wrap": "kimi_k25"},
     ),
+    (
+        "deepseek_v3_fp8",
+        {
+            "model_type": "deepseek_v3",
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "q_lora_rank": 32,
+            "kv_lora_rank": 16,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 8,
+            "v_head_dim": 12,
+            "intermediate_size": 200,
+            "moe_intermediate_size": 24,
+            "n_routed_experts": 16,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 4,
+            "n_group": 4,
+            "topk_group": 2,
+            "norm_topk_prob": True,
+            "routed_scaling_factor": 2.5,
+            "first_k_dense_replace": 1,
+            "rope_interleave": True,
+            "rope": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "mscale": 0.9,
+                "mscale_all_dim": 0.7,
+                "beta_fast": 16.0,
+                "beta_slow": 2.0,
+                "original_max_position_embeddings": 16,
+            },
+            "max_position_embeddings": 64,
+            "tie_word_embeddings": False,
+        },
+        {"style": "old", "layout": "per_expert", "dtype": "bfloat16", "shards": 1, "fp8": True},
+    ),
 ]
 
 EXPERT_NAMES = {
@@ -353,8 +392,60 @@ def checkpoint_tensors(model, cfg: dict, layout: str) -> dict:
     return out
 
 
+FP8_BLOCK = 128
+FP8_MAX = 448.0
+FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+# DeepSeek-V3's release stores these linear layers in FP8; embeddings, norms,
+# the router and the LM head stay wider.
+FP8_LAYERS = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def fp8_quantize(w: torch.Tensor):
+    """FP8 e4m3 with one scale per fixed 128x128 block (edge blocks partial):
+    returns (fp8, scale_inv, dequantised) with dequantised = fp8 * scale_inv[r//128, c//128]."""
+    rows, cols = w.shape
+    br, bc = math.ceil(rows / FP8_BLOCK), math.ceil(cols / FP8_BLOCK)
+    scale = torch.zeros(br, bc, dtype=torch.float32)
+    for i in range(br):
+        for j in range(bc):
+            block = w[i * FP8_BLOCK : (i + 1) * FP8_BLOCK, j * FP8_BLOCK : (j + 1) * FP8_BLOCK]
+            scale[i, j] = max(block.abs().max().item(), 1e-12) / FP8_MAX
+    full = scale.repeat_interleave(FP8_BLOCK, 0)[:rows].repeat_interleave(FP8_BLOCK, 1)[:, :cols]
+    q = (w / full).to(torch.float8_e4m3fn)
+    return q, scale, q.to(torch.float32) * full
+
+
+def quantize_fp8(model, tensors: dict) -> dict:
+    """Stores FP8_LAYERS' weights as FP8 with block scales and puts the exact
+    dequantised values back into `model`, so the reference computes on them."""
+    params = dict(model.named_parameters())
+    out = {}
+    for k, v in tensors.items():
+        if not (k.endswith(".weight") and k.split(".")[-2] in FP8_LAYERS and v.dim() == 2):
+            out[k] = v
+            continue
+        q, scale, deq = fp8_quantize(v.to(torch.float32))
+        out[k], out[k + "_scale_inv"] = q, scale
+        if k in params:
+            params[k].copy_(deq)
+            continue
+        # A per-expert tensor of transformers' fused expert parameters.
+        prefix, e, part = k.rsplit(".", 3)[0], int(k.split(".")[-3]), k.split(".")[-2]
+        if part == "down_proj":
+            params[prefix + ".down_proj"][e].copy_(deq)
+        else:
+            fused = params[prefix + ".gate_up_proj"][e]
+            inter = fused.shape[0] // 2
+            (fused[:inter] if part == "gate_proj" else fused[inter:]).copy_(deq)
+    return out
+
+
 def save_checkpoint(tensors: dict, out: Path, dtype: torch.dtype, shards: int, prefix: str = "") -> None:
-    tensors = {prefix + k: v.to(dtype).contiguous() for k, v in tensors.items()}
+    def stored(k, v):
+        # FP8 weights and their f32 block scales are written as published.
+        return v if v.dtype == torch.float8_e4m3fn or k.endswith("_scale_inv") else v.to(dtype)
+
+    tensors = {prefix + k: stored(k, v).contiguous() for k, v in tensors.items()}
     if shards == 1:
         save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
         return
@@ -412,6 +503,9 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
         p.copy_(p.to(dtype).to(torch.float32))
     write_tokenizer_files(tok, out)
     tensors = checkpoint_tensors(model, cfg, opts["layout"])
+    if opts.get("fp8"):
+        tensors = quantize_fp8(model, tensors)
+        cfg = dict(cfg, quantization_config=FP8_CONFIG)
     wrapped = opts.get("wrap") == "kimi_k25"
     save_checkpoint(tensors, out, dtype, opts["shards"], "language_model." if wrapped else "")
 
@@ -428,7 +522,9 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
         pad_token_id=eos[0],
     )[0, len(prompt_ids) :].tolist()
 
-    if not wrapped:
+    # transformers' CPU FP8 dequantisation sizes partial blocks as rows /
+    # scale_rows, not the format's fixed 128: its reload is no reference here.
+    if not wrapped and not opts.get("fp8"):
         # The checkpoint as written must load back in transformers to the same logits.
         reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
         again = reloaded(torch.tensor([ids])).logits[0]
@@ -456,11 +552,13 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
 
 def main() -> None:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "engine/tests/fixtures")
+    only = set(sys.argv[2:])  # fixture names to (re)build; all when none
     root.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
     tok = build_tokenizer()
     for seed, (name, spec, opts) in enumerate(FIXTURES):
-        make_fixture(root, name, spec, opts, tok, seed + 1)
+        if not only or name in only:
+            make_fixture(root, name, spec, opts, tok, seed + 1)
 
 
 if __name__ == "__main__":
