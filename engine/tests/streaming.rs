@@ -17,6 +17,8 @@ fn expert_bytes(fixture: &str) -> u64 {
         "qwen3_moe_recent" => 3 * 64 * 24 * 4,
         "mixtral_released" => 3 * 64 * 48 * 4,
         "kimi_k25_text" => 3 * 64 * 16 * 4,
+        // FP8 rows of 64 (gate, up) and 24 (down) weights, each led by a scale.
+        "deepseek_v3_fp8" => 48 * (4 + 64) + 64 * (4 + 24),
         other => panic!("no size for {other}"),
     }
 }
@@ -164,6 +166,42 @@ fn logits_are_bitwise_identical_to_the_in_memory_model() {
                         );
                     }
                 }
+            }
+        }
+    }
+}
+
+/// FP8 experts are packed as published, with their block scales, and
+/// stream to bitwise the logits of the checkpoint held in RAM.
+#[test]
+fn fp8_experts_stream_exactly_as_published() {
+    let fixture = "deepseek_v3_fp8";
+    let dir = common::fixtures_dir().join(fixture);
+    let exp = common::expected(&dir);
+    let reference = all_logits(&Engine::open(&dir).unwrap(), &exp.ids);
+    let tmp = tempfile::tempdir().unwrap();
+    for (drives, split) in [(1, u64::MAX), (3, 1024)] {
+        let root = tmp.path().join(format!("{drives}"));
+        let pack = pack(&root, fixture, drives, split);
+        let manifest = longhaul_engine::pack::Manifest::read(&pack).unwrap();
+        assert_eq!(manifest.experts.dtype, "FP8_E4M3_B128");
+        assert_eq!(manifest.experts.compression, None);
+        let record = &manifest.experts.layers[0].records[0];
+        assert_eq!(
+            record.len,
+            expert_bytes(fixture),
+            "one byte per weight plus scales"
+        );
+        let report = verify_pack(&pack, &|_, _| {}).unwrap();
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        let one = expert_bytes(fixture);
+        for budget in [0, one, 5 * one, u64::MAX] {
+            for keep in [false, true] {
+                let got = all_logits(&open_with(&pack, budget, 2, keep), &exp.ids);
+                assert!(
+                    got == reference,
+                    "{drives} drives, budget {budget}, stored {keep}"
+                );
             }
         }
     }

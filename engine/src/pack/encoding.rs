@@ -62,6 +62,9 @@ pub enum ExpertEncoding {
     /// The checkpoint's own bytes.
     Plain(Dtype),
     Quantized(Quantization),
+    /// The checkpoint's FP8 bytes as published, each row's 128-wide blocks
+    /// led by their scale ([`Format::Fp8Block`]).
+    Fp8Blocks,
 }
 
 /// A record's bytes could not be turned into an expert (or back).
@@ -92,12 +95,14 @@ impl ExpertEncoding {
             .filter(|&d| crate::weights::matrix_format(d).is_some())
             .map(ExpertEncoding::Plain)
             .or_else(|| Quantization::parse(name).map(ExpertEncoding::Quantized))
+            .or_else(|| (name == Format::Fp8Block.name()).then_some(ExpertEncoding::Fp8Blocks))
     }
 
     pub fn name(self) -> &'static str {
         match self {
             ExpertEncoding::Plain(d) => d.name().unwrap_or("unsupported"),
             ExpertEncoding::Quantized(q) => q.name(),
+            ExpertEncoding::Fp8Blocks => Format::Fp8Block.name(),
         }
     }
 
@@ -108,6 +113,9 @@ impl ExpertEncoding {
             ExpertEncoding::Quantized(q) => {
                 let g = q.ggml();
                 ((rows * cols / g.block_size()) * g.type_size()) as u64
+            }
+            ExpertEncoding::Fp8Blocks => {
+                (rows * Format::Fp8Block.row_bytes(cols).unwrap_or(0)) as u64
             }
         }
     }
@@ -142,7 +150,7 @@ impl ExpertEncoding {
     pub fn element_bytes(self) -> Option<usize> {
         match self {
             ExpertEncoding::Plain(d) => Some(d.size() as usize),
-            ExpertEncoding::Quantized(_) => None,
+            ExpertEncoding::Quantized(_) | ExpertEncoding::Fp8Blocks => None,
         }
     }
 
@@ -152,6 +160,7 @@ impl ExpertEncoding {
             ExpertEncoding::Plain(d) => matrix_format(d),
             ExpertEncoding::Quantized(Quantization::Q8_0) => Some(Format::Q8_0),
             ExpertEncoding::Quantized(Quantization::Q4K) => Some(Format::Q4K),
+            ExpertEncoding::Fp8Blocks => Some(Format::Fp8Block),
         }
     }
 

@@ -23,6 +23,8 @@ pub enum Part {
 pub struct LayerTensors {
     /// Per-expert tensors: expert id → (gate, up, down) names.
     pub per_expert: BTreeMap<usize, [Option<String>; 3]>,
+    /// Their FP8 block scales (`…weight_scale_inv`), where the checkpoint has them.
+    pub scales: BTreeMap<usize, [Option<String>; 3]>,
     /// Fused `[E, 2I, H]` gate/up and `[E, H, I]` down tensors.
     pub fused: [Option<String>; 2],
 }
@@ -39,7 +41,7 @@ impl ExpertTensors {
         names: impl Iterator<Item = &'a str>,
     ) -> Result<(Self, Vec<String>), regex::Error> {
         let per_expert = Regex::new(
-            r"(?:^|\.)layers\.(\d+)\.[A-Za-z_]+\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$",
+            r"(?:^|\.)layers\.(\d+)\.[A-Za-z_]+\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight(_scale_inv)?$",
         )?;
         let fused =
             Regex::new(r"(?:^|\.)layers\.(\d+)\.[A-Za-z_]+\.experts\.(gate_up_proj|down_proj)$")?;
@@ -56,14 +58,13 @@ impl ExpertTensors {
                     "up_proj" | "w3" => Part::Up,
                     _ => Part::Down,
                 };
-                let slots = out
-                    .layers
-                    .entry(layer)
-                    .or_default()
-                    .per_expert
-                    .entry(expert)
-                    .or_default();
-                slots[part as usize] = Some(name.to_string());
+                let tensors = out.layers.entry(layer).or_default();
+                let slots = if c.get(4).is_some() {
+                    &mut tensors.scales
+                } else {
+                    &mut tensors.per_expert
+                };
+                slots.entry(expert).or_default()[part as usize] = Some(name.to_string());
             } else if let Some(c) = fused.captures(name) {
                 let Ok(layer) = c[1].parse::<usize>() else {
                     resident.push(name.to_string());

@@ -20,6 +20,7 @@ use super::manifest::{
 };
 use crate::model::ModelSpec;
 use crate::store::DIRECT_IO_BLOCK;
+use crate::weights::fp8;
 use crate::weights::safetensors::{TensorEntry, header_bytes};
 use crate::weights::{Dtype, SafetensorsCheckpoint, SafetensorsFile, TensorInfo};
 
@@ -156,14 +157,24 @@ pub fn write_pack(
             p.layer, p.dtype, plans[0].layer, dtype
         )));
     }
-    let dtype_name = dtype
-        .name()
-        .filter(|_| crate::weights::matrix_format(dtype).is_some())
-        .ok_or_else(|| {
-            PackError::Source(format!(
-                "experts are stored as {dtype:?}, which Longhaul cannot pack: packs hold F32, F16 or BF16 experts (or Q8_0/Q4K with --experts); FP8 checkpoints run from their folder"
-            ))
-        })?;
+    let fp8 = dtype == Dtype::F8E4M3;
+    let dtype_name = if fp8 {
+        ExpertEncoding::Fp8Blocks.name()
+    } else {
+        dtype
+            .name()
+            .filter(|_| crate::weights::matrix_format(dtype).is_some())
+            .ok_or_else(|| {
+                PackError::Source(format!(
+                    "experts are stored as {dtype:?}, which Longhaul cannot pack: packs hold F32, F16, BF16 or FP8 (with block scales) experts"
+                ))
+            })?
+    };
+    if fp8 && opts.quantization.is_some() {
+        return Err(PackError::Options(
+            "--experts: the experts are FP8 already; they are packed as published".to_string(),
+        ));
+    }
     if let Some(q) = opts.quantization {
         for p in &plans {
             ExpertEncoding::Quantized(q)
@@ -225,7 +236,7 @@ pub fn write_pack(
     let mut error = ErrorSums::default();
     // Plain float records are compressed losslessly (by element size).
     let compress_elements =
-        (opts.compress && opts.quantization.is_none()).then_some(dtype.size() as usize);
+        (opts.compress && opts.quantization.is_none() && !fp8).then_some(dtype.size() as usize);
     for plan in &plans {
         let mut records = Vec::with_capacity(plan.count);
         for expert in 0..plan.count {
@@ -437,7 +448,11 @@ impl<'a> LayerPlan<'a> {
             hidden,
             intermediate,
             dtype,
-            record_len: 3 * (hidden * intermediate) as u64 * dtype.size(),
+            record_len: if dtype == Dtype::F8E4M3 {
+                ExpertEncoding::Fp8Blocks.record_len(hidden, intermediate)
+            } else {
+                3 * (hidden * intermediate) as u64 * dtype.size()
+            },
             tensors,
         })
     }
@@ -472,7 +487,7 @@ impl<'a> LayerPlan<'a> {
                 PackError::Source(format!("layer {}: expert {expert} is missing", self.layer))
             })?;
             let expected = [vec![i, h], vec![i, h], vec![h, i]];
-            for (slot, want) in names.iter().zip(expected) {
+            for (part, (slot, want)) in names.iter().zip(expected).enumerate() {
                 let name = slot.as_deref().ok_or_else(|| {
                     PackError::Source(format!(
                         "layer {}: expert {expert} lacks a projection",
@@ -481,10 +496,60 @@ impl<'a> LayerPlan<'a> {
                 })?;
                 let (f, info) = lookup(name)?;
                 check_part(name, info, &want, self.dtype)?;
-                out.extend(f.read_bytes(info).map_err(source)?);
+                let bytes = f.read_bytes(info).map_err(source)?;
+                if self.dtype == Dtype::F8E4M3 {
+                    let scales = self.fp8_scales(ckpt, expert, part, &want)?;
+                    out.extend(fp8::block_rows(&bytes, &scales, want[0], want[1]));
+                } else {
+                    out.extend(bytes);
+                }
             }
         }
         Ok(out)
+    }
+
+    /// The block scales of FP8 projection `part` of `expert`, as f32.
+    fn fp8_scales(
+        &self,
+        ckpt: &SafetensorsCheckpoint,
+        expert: usize,
+        part: usize,
+        shape: &[usize],
+    ) -> Result<Vec<f32>, PackError> {
+        let name = self
+            .tensors
+            .scales
+            .get(&expert)
+            .and_then(|s| s[part].clone())
+            .ok_or_else(|| {
+                PackError::Source(format!(
+                    "layer {}: FP8 expert {expert} has no weight_scale_inv for its projection {part}",
+                    self.layer
+                ))
+            })?;
+        let (f, info) = ckpt
+            .info(&name)
+            .ok_or_else(|| PackError::Source(format!("tensor `{name}` is listed but missing")))?;
+        let want = fp8::scale_shape(shape);
+        if info.shape != want {
+            return Err(PackError::Source(format!(
+                "tensor `{name}` has shape {:?}; FP8 block scales for {shape:?} are {want:?}",
+                info.shape
+            )));
+        }
+        let bytes = f
+            .read_bytes(info)
+            .map_err(|e| PackError::Source(e.to_string()))?;
+        crate::weights::tensor_from_bytes(&name, &bytes, info.dtype, &info.shape, f.path())
+            .and_then(|t| {
+                t.flatten_all()
+                    .and_then(|t| t.to_vec1::<f32>())
+                    .map_err(|source| crate::weights::WeightsError::Tensor {
+                        name: name.clone(),
+                        source,
+                    })
+            })
+            .map_err(|e| PackError::Source(e.to_string()))
     }
 }
 
