@@ -561,6 +561,54 @@ fn blockable_checkpoint(root: &Path) -> PathBuf {
     out
 }
 
+/// A synthetic DeepSeek-V3 written FP8 (rows of 200 and 256: partial and
+/// whole blocks) loads narrow, and its pack streams bitwise the same logits.
+#[test]
+fn synthetic_fp8_checkpoints_load_narrow_and_stream_exactly() {
+    use longhaul_engine::synth::{SynthArch, SynthSpec, write_synthetic};
+    let tmp = tempfile::tempdir().unwrap();
+    let mut spec = SynthSpec::new(SynthArch::DeepseekV3);
+    (
+        spec.vocab,
+        spec.hidden,
+        spec.layers,
+        spec.heads,
+        spec.kv_heads,
+    ) = (512, 256, 3, 4, 4);
+    (
+        spec.experts,
+        spec.top_k,
+        spec.moe_intermediate,
+        spec.dense_intermediate,
+    ) = (8, 2, 200, 256);
+    spec.fp8 = true;
+    let source = tmp.path().join("fp8");
+    write_synthetic(&spec, &source, &|_, _| {}).unwrap();
+    let ids: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % 512).collect();
+    let engine = Engine::open(&source).unwrap();
+    assert_eq!(
+        engine.spec().quantization,
+        Some(longhaul_engine::model::Quantization::Fp8Blocks)
+    );
+    let reference = all_logits(&engine, &ids);
+    assert!(reference.iter().flatten().all(|v| v.is_finite()));
+    let drives: Vec<PathBuf> = (0..2).map(|i| tmp.path().join(format!("d{i}"))).collect();
+    for d in &drives {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let pack = tmp.path().join("pack");
+    let mut opts = PackOptions::new(source, pack.clone(), drives);
+    opts.split_threshold = 16 * 1024;
+    let summary = write_pack(&opts, &|_| {}).unwrap();
+    assert_eq!(summary.manifest.experts.dtype, "FP8_E4M3_B128");
+    let record = &summary.manifest.experts.layers[0].records[0];
+    // 400 gate/up rows of 256 and 256 down rows of 200, one byte each plus scales.
+    assert_eq!(record.len, 400 * (256 + 2 * 4) + 256 * (200 + 2 * 4));
+    for budget in [0, u64::MAX] {
+        assert!(all_logits(&open_with(&pack, budget, 2, true), &ids) == reference);
+    }
+}
+
 #[test]
 fn quantised_packs_are_labelled_close_and_exact_under_any_budget() {
     use longhaul_engine::pack::encoding::Quantization;

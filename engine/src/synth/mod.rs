@@ -82,6 +82,9 @@ pub struct SynthSpec {
     pub zipf: f64,
     /// BF16 storage (as released models) or F32.
     pub bf16: bool,
+    /// Projections in FP8 with 128×128 block scales, as DeepSeek-V3 ships;
+    /// embeddings, norms, routers and the LM head stay BF16/F32.
+    pub fp8: bool,
     pub seed: u64,
 }
 
@@ -101,6 +104,7 @@ impl SynthSpec {
             dense_intermediate: 2048,
             zipf: 0.0,
             bf16: true,
+            fp8: false,
             seed: 0,
         }
     }
@@ -111,7 +115,12 @@ impl SynthSpec {
 
     /// Bytes of one routed expert as stored.
     pub fn expert_bytes(&self) -> u64 {
-        3 * (self.hidden * self.moe_intermediate) as u64 * self.dtype_size()
+        let weights = 3 * (self.hidden * self.moe_intermediate) as u64;
+        if self.fp8 {
+            weights
+        } else {
+            weights * self.dtype_size()
+        }
     }
 
     /// Sets the layer count so routed experts take about `bytes`.
@@ -167,6 +176,8 @@ enum Fill {
         popularity: Vec<f32>,
     },
     Zeros,
+    /// One value everywhere (FP8 block scales).
+    Constant(f32),
 }
 
 struct TensorPlan {
@@ -197,22 +208,26 @@ pub fn write_synthetic(
         move |source| SynthError::Io { path, source }
     };
     fs::create_dir_all(out).map_err(io(out))?;
-    let plans = plan(spec);
-    let dtype = if spec.bf16 { "BF16" } else { "F32" };
+    let plans = storage_plans(spec, plan(spec));
     let sizes: Vec<u64> = plans
         .iter()
-        .map(|p| p.shape.iter().product::<usize>() as u64 * spec.dtype_size())
+        .map(|(p, st)| p.shape.iter().product::<usize>() as u64 * st.size())
         .collect();
     let entries: Vec<TensorEntry> = plans
         .iter()
         .zip(&sizes)
-        .map(|(p, &len)| TensorEntry {
+        .map(|((p, st), &len)| TensorEntry {
             name: &p.name,
-            dtype,
+            dtype: st.name(),
             shape: &p.shape,
             len,
         })
         .collect();
+    let parameters: u64 = plans
+        .iter()
+        .filter(|(p, _)| !matches!(p.fill, Fill::Constant(_)))
+        .map(|(p, _)| p.shape.iter().product::<usize>() as u64)
+        .sum();
     let total: u64 = sizes.iter().sum();
     let weights = out.join("model.safetensors");
     let mut file = BufWriter::new(File::create(&weights).map_err(io(&weights))?);
@@ -221,7 +236,7 @@ pub fn write_synthetic(
     let mut rng = SmallRng::seed_from_u64(spec.seed);
     let mut done = 0;
     let mut bytes = Vec::with_capacity(CHUNK_VALUES * 4);
-    for p in &plans {
+    for (p, storage) in &plans {
         let count: usize = p.shape.iter().product();
         let row = *p.shape.last().unwrap_or(&1);
         let mut index = 0;
@@ -230,11 +245,7 @@ pub fn write_synthetic(
             bytes.clear();
             for k in index..index + n {
                 let v = value(&p.fill, &mut rng, k / row.max(1), k % row.max(1));
-                if spec.bf16 {
-                    bytes.extend(half::bf16::from_f32(v).to_le_bytes());
-                } else {
-                    bytes.extend(v.to_le_bytes());
-                }
+                storage.push(v, &mut bytes);
             }
             file.write_all(&bytes).map_err(io(&weights))?;
             index += n;
@@ -256,7 +267,7 @@ pub fn write_synthetic(
     let expert_bytes =
         spec.expert_bytes() * spec.experts as u64 * (spec.layers - spec.dense_prefix()) as u64;
     Ok(SynthSummary {
-        parameters: total / spec.dtype_size(),
+        parameters,
         bytes: total,
         expert_bytes,
         layers: spec.layers,
@@ -285,7 +296,78 @@ fn value(fill: &Fill, rng: &mut SmallRng, row: usize, col: usize) -> f32 {
             }
         }
         Fill::Zeros => 0.0,
+        Fill::Constant(v) => *v,
     }
+}
+
+/// How one tensor is written.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Storage {
+    F32,
+    Bf16,
+    /// FP8 e4m3 values of `v / scale`.
+    Fp8 {
+        scale: f32,
+    },
+}
+
+impl Storage {
+    fn name(self) -> &'static str {
+        match self {
+            Storage::F32 => "F32",
+            Storage::Bf16 => "BF16",
+            Storage::Fp8 { .. } => "F8_E4M3",
+        }
+    }
+
+    fn size(self) -> u64 {
+        match self {
+            Storage::F32 => 4,
+            Storage::Bf16 => 2,
+            Storage::Fp8 { .. } => 1,
+        }
+    }
+
+    fn push(self, v: f32, bytes: &mut Vec<u8>) {
+        match self {
+            Storage::F32 => bytes.extend(v.to_le_bytes()),
+            Storage::Bf16 => bytes.extend(half::bf16::from_f32(v).to_le_bytes()),
+            Storage::Fp8 { scale } => bytes.push(float8::F8E4M3::from_f32(v / scale).to_bits()),
+        }
+    }
+}
+
+/// Largest magnitude FP8 e4m3 holds.
+const FP8_MAX: f32 = 448.0;
+
+/// Each tensor with how it is stored; with `fp8`, the projections become
+/// FP8 (their uniform values scaled to fill ±448) and gain a constant
+/// `_scale_inv` of fixed 128×128 blocks.
+fn storage_plans(spec: &SynthSpec, plans: Vec<TensorPlan>) -> Vec<(TensorPlan, Storage)> {
+    let wide = if spec.bf16 {
+        Storage::Bf16
+    } else {
+        Storage::F32
+    };
+    let mut out = Vec::with_capacity(plans.len() * 2);
+    for p in plans {
+        let projection = p.shape.len() == 2 && p.name.ends_with("_proj.weight");
+        match p.fill {
+            Fill::Uniform(std) if spec.fp8 && projection => {
+                // Uniform(-a, a) with a = std·√3 fills the block exactly.
+                let scale = std * 3f32.sqrt() / FP8_MAX;
+                let scales = TensorPlan {
+                    name: format!("{}_scale_inv", p.name),
+                    shape: crate::weights::fp8::scale_shape(&p.shape),
+                    fill: Fill::Constant(scale),
+                };
+                out.push((p, Storage::Fp8 { scale }));
+                out.push((scales, Storage::F32));
+            }
+            _ => out.push((p, wide)),
+        }
+    }
+    out
 }
 
 /// Router weights on the bias channel: log of a Zipf(s) popularity, centred.
@@ -517,6 +599,14 @@ fn config_json(s: &SynthSpec) -> Value {
         }),
     };
     let mut merged = common;
+    if s.fp8
+        && let Some(m) = merged.as_object_mut()
+    {
+        m.insert(
+            "quantization_config".into(),
+            json!({ "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128] }),
+        );
+    }
     if let (Some(m), Value::Object(extra)) = (merged.as_object_mut(), specific) {
         m.extend(extra);
     }

@@ -51,6 +51,10 @@ pub struct SynthArgs {
     /// Store weights as F32 instead of BF16.
     #[arg(long)]
     f32: bool,
+    /// Store the projections (attention, MLP, experts) as FP8 e4m3 with
+    /// 128x128 block scales, as DeepSeek-V3 is published.
+    #[arg(long)]
+    fp8: bool,
     /// Seed for the random weights.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -75,6 +79,7 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
     set(&mut spec.vocab, args.vocab);
     set(&mut spec.layers, args.layers);
     spec.bf16 = !args.f32;
+    spec.fp8 = args.fp8;
     spec.seed = args.seed;
     if let Some(p) = &args.popularity {
         let Some(s) = p.strip_prefix("zipf:") else {
