@@ -472,6 +472,12 @@ impl<'a> LayerPlan<'a> {
         };
         let mut out = Vec::with_capacity(self.record_len as usize);
         if let [Some(gate_up), Some(down)] = &self.tensors.fused {
+            if self.dtype == Dtype::F8E4M3 {
+                return Err(PackError::Source(format!(
+                    "layer {}: FP8 experts in the fused layout ({gate_up}) are not packed; FP8 experts are packed from per-expert tensors, as published",
+                    self.layer
+                )));
+            }
             let (f, info) = lookup(gate_up)?;
             out.extend(
                 f.read_range(info, expert as u64 * 2 * part_len, 2 * part_len)
@@ -523,8 +529,9 @@ impl<'a> LayerPlan<'a> {
             .and_then(|s| s[part].clone())
             .ok_or_else(|| {
                 PackError::Source(format!(
-                    "layer {}: FP8 expert {expert} has no weight_scale_inv for its projection {part}",
-                    self.layer
+                    "layer {}: FP8 expert {expert} has no weight_scale_inv for its {} projection",
+                    self.layer,
+                    ["gate", "up", "down"][part.min(2)]
                 ))
             })?;
         let (f, info) = ckpt
