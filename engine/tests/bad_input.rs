@@ -314,3 +314,49 @@ fn absurd_sizes_in_config_json_are_errors_not_aborts() {
         }
     }
 }
+
+/// transformers 5.24 saves Kimi-K2.5's text layers as
+/// `language_model.model.blocks.N`; the released files say `…layers.N`.
+/// Both load, to bitwise the same logits, from the folder and from a pack.
+#[test]
+fn kimi_k25_as_transformers_saves_it_names_its_layers_blocks() {
+    use longhaul_engine::model::LogitsFor;
+    use longhaul_engine::pack::{PackOptions, write_pack};
+    let (tmp, dir) = copy_of("kimi_k25_text");
+    let logits = |engine: &Engine, ids: &[u32]| -> Vec<Vec<f32>> {
+        let d = engine.decoder();
+        d.forward(ids, &mut d.new_cache(), LogitsFor::All)
+            .unwrap()
+            .to_vec2()
+            .unwrap()
+    };
+    let ids: Vec<u32> = (1..20).collect();
+    let want = logits(&Engine::open(&dir).unwrap(), &ids);
+    let (header, data) = split(&weights(&dir));
+    let renamed: serde_json::Map<String, Value> = header
+        .into_iter()
+        .map(|(k, v)| {
+            (
+                k.replace(
+                    "language_model.model.layers.",
+                    "language_model.model.blocks.",
+                ),
+                v,
+            )
+        })
+        .collect();
+    assert!(renamed.keys().any(|k| k.contains(".blocks.")));
+    join(&weights(&dir), &renamed, &data);
+    assert!(logits(&Engine::open(&dir).unwrap(), &ids) == want);
+    let drive = tmp.path().join("drive");
+    fs::create_dir_all(&drive).unwrap();
+    let pack = tmp.path().join("pack");
+    write_pack(
+        &PackOptions::new(dir.clone(), pack.clone(), vec![drive]),
+        &|_| {},
+    )
+    .unwrap();
+    let manifest = longhaul_engine::pack::Manifest::read(&pack).unwrap();
+    assert!(!manifest.experts.layers.is_empty(), "the experts stream");
+    assert!(logits(&Engine::open(&pack).unwrap(), &ids) == want);
+}

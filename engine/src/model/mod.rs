@@ -178,6 +178,24 @@ impl ModelSpec {
         source: &dyn TensorSource,
         experts: Option<Arc<dyn ExpertProvider>>,
     ) -> Result<Decoder, ModelError> {
+        let probe = |layers: &str| {
+            format!(
+                "{}model.{layers}.0.input_layernorm.weight",
+                self.weight_prefix
+            )
+        };
+        let renamed = crate::weights::Renamed {
+            inner: source,
+            asked: "model.layers.",
+            stored: "model.blocks.",
+        };
+        let source: &dyn TensorSource = if source.shape(&probe("layers")).is_none()
+            && source.shape(&probe("blocks")).is_some()
+        {
+            &renamed
+        } else {
+            source
+        };
         let root = Weights::root(source);
         let w = if self.weight_prefix.is_empty() {
             root

@@ -41,10 +41,11 @@ impl ExpertTensors {
         names: impl Iterator<Item = &'a str>,
     ) -> Result<(Self, Vec<String>), regex::Error> {
         let per_expert = Regex::new(
-            r"(?:^|\.)layers\.(\d+)\.[A-Za-z_]+\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight(_scale_inv)?$",
+            r"(?:^|\.)(?:layers|blocks)\.(\d+)\.[A-Za-z_]+\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight(_scale_inv)?$",
         )?;
-        let fused =
-            Regex::new(r"(?:^|\.)layers\.(\d+)\.[A-Za-z_]+\.experts\.(gate_up_proj|down_proj)$")?;
+        let fused = Regex::new(
+            r"(?:^|\.)(?:layers|blocks)\.(\d+)\.[A-Za-z_]+\.experts\.(gate_up_proj|down_proj)$",
+        )?;
         let mut out = ExpertTensors::default();
         let mut resident = Vec::new();
         for name in names {

@@ -124,7 +124,9 @@ fn missing_records(manifest: &Manifest) -> Vec<String> {
         Ok(r) => r,
         Err(e) => return vec![format!("{}: {e}", manifest.resident.path.display())],
     };
-    let Ok(router) = regex::Regex::new(r"(?:^|\.)layers\.(\d+)\.[A-Za-z_]+\.gate\.weight$") else {
+    let Ok(router) =
+        regex::Regex::new(r"(?:^|\.)(?:layers|blocks)\.(\d+)\.[A-Za-z_]+\.gate\.weight$")
+    else {
         return Vec::new();
     };
     let mut problems = Vec::new();

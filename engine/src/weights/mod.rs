@@ -92,6 +92,40 @@ pub trait TensorSource: Send + Sync {
     fn origin(&self) -> PathBuf;
 }
 
+/// A source whose tensor names spell one segment differently: transformers
+/// 5.24 saves Kimi-K2.5's text layers as `model.blocks.N` where the released
+/// files (and Longhaul's model code) say `model.layers.N`.
+pub struct Renamed<'a> {
+    pub inner: &'a dyn TensorSource,
+    /// The spelling the model code asks for, and the one the files use.
+    pub asked: &'static str,
+    pub stored: &'static str,
+}
+
+impl Renamed<'_> {
+    fn stored_name(&self, name: &str) -> String {
+        name.replacen(self.asked, self.stored, 1)
+    }
+}
+
+impl TensorSource for Renamed<'_> {
+    fn shape(&self, name: &str) -> Option<&[usize]> {
+        self.inner.shape(&self.stored_name(name))
+    }
+    fn load(&self, name: &str) -> Result<Tensor, WeightsError> {
+        self.inner.load(&self.stored_name(name))
+    }
+    fn load_raw(&self, name: &str) -> Result<RawTensor, WeightsError> {
+        self.inner.load_raw(&self.stored_name(name))
+    }
+    fn location(&self, name: &str) -> PathBuf {
+        self.inner.location(&self.stored_name(name))
+    }
+    fn origin(&self) -> PathBuf {
+        self.inner.origin()
+    }
+}
+
 /// A prefixed view of a [`TensorSource`], in the spirit of candle's VarBuilder.
 #[derive(Clone)]
 pub struct Weights<'a> {
