@@ -102,18 +102,6 @@ impl DataDir {
             source,
         })
     }
-
-    /// Makes a file this service created private (SQLite creates its files
-    /// with the process's umask).
-    pub fn make_private(&mut self, file: &Path) -> Result<(), DataDirError> {
-        if set_mode_if_wider(file, false).map_err(|source| DataDirError::Io {
-            path: file.to_path_buf(),
-            source,
-        })? {
-            self.tightened.push(file.to_path_buf());
-        }
-        Ok(())
-    }
 }
 
 fn write_holder(lock: &mut File, text: &str) -> std::io::Result<()> {

@@ -23,8 +23,6 @@ pub enum Part {
 pub struct LayerTensors {
     /// Per-expert tensors: expert id → (gate, up, down) names.
     pub per_expert: BTreeMap<usize, [Option<String>; 3]>,
-    /// Their FP8 block scales (`…weight_scale_inv`), where the checkpoint has them.
-    pub scales: BTreeMap<usize, [Option<String>; 3]>,
     /// Fused `[E, 2I, H]` gate/up and `[E, H, I]` down tensors.
     pub fused: [Option<String>; 2],
 }
@@ -59,13 +57,19 @@ impl ExpertTensors {
                     "up_proj" | "w3" => Part::Up,
                     _ => Part::Down,
                 };
-                let tensors = out.layers.entry(layer).or_default();
-                let slots = if c.get(4).is_some() {
-                    &mut tensors.scales
-                } else {
-                    &mut tensors.per_expert
-                };
-                slots.entry(expert).or_default()[part as usize] = Some(name.to_string());
+                if c.get(4).is_some() {
+                    // An FP8 expert's block scales travel with it (read by
+                    // the weight's name), not in the resident file.
+                    continue;
+                }
+                let slots = out
+                    .layers
+                    .entry(layer)
+                    .or_default()
+                    .per_expert
+                    .entry(expert)
+                    .or_default();
+                slots[part as usize] = Some(name.to_string());
             } else if let Some(c) = fused.captures(name) {
                 let Ok(layer) = c[1].parse::<usize>() else {
                     resident.push(name.to_string());

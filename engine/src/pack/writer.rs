@@ -493,7 +493,7 @@ impl<'a> LayerPlan<'a> {
                 PackError::Source(format!("layer {}: expert {expert} is missing", self.layer))
             })?;
             let expected = [vec![i, h], vec![i, h], vec![h, i]];
-            for (part, (slot, want)) in names.iter().zip(expected).enumerate() {
+            for (slot, want) in names.iter().zip(expected) {
                 let name = slot.as_deref().ok_or_else(|| {
                     PackError::Source(format!(
                         "layer {}: expert {expert} lacks a projection",
@@ -504,7 +504,7 @@ impl<'a> LayerPlan<'a> {
                 check_part(name, info, &want, self.dtype)?;
                 let bytes = f.read_bytes(info).map_err(source)?;
                 if self.dtype == Dtype::F8E4M3 {
-                    let scales = self.fp8_scales(ckpt, expert, part, &want)?;
+                    let scales = fp8::load_scales(ckpt, name, &want).map_err(source)?;
                     out.extend(fp8::block_rows(&bytes, &scales, want[0], want[1]));
                 } else {
                     out.extend(bytes);
@@ -512,51 +512,6 @@ impl<'a> LayerPlan<'a> {
             }
         }
         Ok(out)
-    }
-
-    /// The block scales of FP8 projection `part` of `expert`, as f32.
-    fn fp8_scales(
-        &self,
-        ckpt: &SafetensorsCheckpoint,
-        expert: usize,
-        part: usize,
-        shape: &[usize],
-    ) -> Result<Vec<f32>, PackError> {
-        let name = self
-            .tensors
-            .scales
-            .get(&expert)
-            .and_then(|s| s[part].clone())
-            .ok_or_else(|| {
-                PackError::Source(format!(
-                    "layer {}: FP8 expert {expert} has no weight_scale_inv for its {} projection",
-                    self.layer,
-                    ["gate", "up", "down"][part.min(2)]
-                ))
-            })?;
-        let (f, info) = ckpt
-            .info(&name)
-            .ok_or_else(|| PackError::Source(format!("tensor `{name}` is listed but missing")))?;
-        let want = fp8::scale_shape(shape);
-        if info.shape != want {
-            return Err(PackError::Source(format!(
-                "tensor `{name}` has shape {:?}; FP8 block scales for {shape:?} are {want:?}",
-                info.shape
-            )));
-        }
-        let bytes = f
-            .read_bytes(info)
-            .map_err(|e| PackError::Source(e.to_string()))?;
-        crate::weights::tensor_from_bytes(&name, &bytes, info.dtype, &info.shape, f.path())
-            .and_then(|t| {
-                t.flatten_all()
-                    .and_then(|t| t.to_vec1::<f32>())
-                    .map_err(|source| crate::weights::WeightsError::Tensor {
-                        name: name.clone(),
-                        source,
-                    })
-            })
-            .map_err(|e| PackError::Source(e.to_string()))
     }
 }
 

@@ -6,6 +6,7 @@
 //! Rows are rearranged for the kernels' [`Format::Fp8Block`]: each row's
 //! 128-wide blocks led by their scale, so the weight stays 1 byte wide.
 
+use super::{TensorSource, WeightsError};
 use crate::kernels::{FP8_BLOCK, Format};
 
 /// The scale tensor's shape for `shape` (`[..., rows, cols]`).
@@ -17,6 +18,41 @@ pub fn scale_shape(shape: &[usize]) -> Vec<usize> {
         s[n - 1] = shape[n - 1].div_ceil(FP8_BLOCK);
     }
     s
+}
+
+/// The f32 block scales of FP8 tensor `weight` (of `shape`, `[..., rows,
+/// cols]`): its `_scale_inv`, which must have [`scale_shape`].
+pub fn load_scales(
+    source: &dyn TensorSource,
+    weight: &str,
+    shape: &[usize],
+) -> Result<Vec<f32>, WeightsError> {
+    let scale = format!("{weight}_scale_inv");
+    let path = source.location(weight);
+    let Some(actual) = source.shape(&scale) else {
+        return Err(WeightsError::MissingScale {
+            name: weight.to_string(),
+            scale,
+            path,
+        });
+    };
+    let expected = scale_shape(shape);
+    if actual != expected {
+        return Err(WeightsError::Shape {
+            name: scale,
+            path,
+            actual: actual.to_vec(),
+            expected,
+        });
+    }
+    source
+        .load(&scale)?
+        .flatten_all()
+        .and_then(|t| t.to_vec1::<f32>())
+        .map_err(|source| WeightsError::Tensor {
+            name: scale,
+            source,
+        })
 }
 
 /// One matrix's FP8 bytes (`rows × cols`) and its block scales (row-major

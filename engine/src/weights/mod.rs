@@ -232,33 +232,8 @@ impl<'a> Weights<'a> {
         shape: &[usize],
         count: usize,
     ) -> Result<Vec<u8>, WeightsError> {
-        let scale = format!("{full}_scale_inv");
-        let path = self.source.location(full);
-        let Some(actual) = self.source.shape(&scale) else {
-            return Err(WeightsError::MissingScale {
-                name: full.to_string(),
-                scale,
-                path,
-            });
-        };
+        let scales = fp8::load_scales(self.source, full, shape)?;
         let expected = fp8::scale_shape(shape);
-        if actual != expected {
-            return Err(WeightsError::Shape {
-                name: scale,
-                path,
-                actual: actual.to_vec(),
-                expected,
-            });
-        }
-        let scales = self
-            .source
-            .load(&scale)?
-            .flatten_all()
-            .and_then(|t| t.to_vec1::<f32>());
-        let scales = scales.map_err(|source| WeightsError::Tensor {
-            name: scale.clone(),
-            source,
-        })?;
         let [rows, cols] = [shape[shape.len() - 2], shape[shape.len() - 1]];
         let per_matrix = expected[expected.len() - 2] * expected[expected.len() - 1];
         Ok(bytes

@@ -429,7 +429,7 @@ async fn sample_metrics(app: AppState) {
 
 /// Opens the data dir's queue (created private), tightens what is not, and
 /// recovers the jobs the last service left running (see [`Queue::recover`]).
-fn open_queue(data_dir: &mut crate::data_dir::DataDir) -> Result<Queue, ServeError> {
+fn open_queue(data_dir: &crate::data_dir::DataDir) -> Result<Queue, ServeError> {
     let db = queue_path(data_dir.path());
     match std::fs::metadata(&db) {
         Err(_) => {
@@ -447,13 +447,8 @@ fn open_queue(data_dir: &mut crate::data_dir::DataDir) -> Result<Queue, ServeErr
         }
         Ok(_) => {}
     }
+    // Files already there were tightened by the claim; new ones are private.
     let queue = Queue::open(&db)?;
-    for suffix in ["", "-wal", "-shm"] {
-        let file = PathBuf::from(format!("{}{suffix}", db.display()));
-        if file.is_file() {
-            data_dir.make_private(&file)?;
-        }
-    }
     for path in &data_dir.tightened {
         tracing::warn!(
             "{} was readable by other users; it is now private to its owner",
@@ -488,7 +483,7 @@ pub async fn serve(
     }
     let mut data_dir = crate::data_dir::DataDir::claim(&config.data_dir)?;
     let token = load_or_create_token(&config.data_dir)?;
-    let queue = Arc::new(open_queue(&mut data_dir)?);
+    let queue = Arc::new(open_queue(&data_dir)?);
     let events = Events::default();
     let runner = Arc::new(Runner::new(
         Arc::clone(&queue),
