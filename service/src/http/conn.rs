@@ -150,8 +150,9 @@ impl AsyncRead for GuardedStream {
             Poll::Ready(Ok(())) => {
                 if buf.filled().len() > before {
                     me.last_activity = Instant::now();
-                    let new = buf.filled()[before..].to_vec();
-                    me.saw(&new);
+                    if me.header_end < 4 {
+                        me.saw(&buf.filled()[before..]);
+                    }
                 }
                 Poll::Ready(Ok(()))
             }
