@@ -1,8 +1,10 @@
 //! Throughput of the matrix kernels on shapes a decode step and a prefill
 //! meet: `cargo run --release --example kernel_speed`.
 
+use std::sync::Arc;
 use std::time::Instant;
 
+use longhaul_engine::aligned::AlignedBytes;
 use longhaul_engine::kernels::format::f32_to_f16_bytes;
 use longhaul_engine::kernels::{Format, Matrix};
 
@@ -43,56 +45,95 @@ fn decompress_speed() {
     );
 }
 
-/// A warm decode step's experts: 192 experts of 3 MiB (F16), each a
-/// [1024x1024] and a [1024x512] product, from DRAM, four to a compute thread
-/// at a time as the MoE layer runs them.
-fn experts_from_dram() {
-    let experts: Vec<(Matrix, Matrix)> = (0..192)
-        .map(|e| {
-            let w: Vec<f32> = (0..1536 * 1024)
-                .map(|i| (((i + e) % 97) as f32 - 48.0) * 1e-3)
-                .collect();
-            let bytes = f32_to_f16_bytes(&w);
-            (
-                Matrix::from_bytes(1024, 1024, Format::F16, &bytes[..1024 * 1024 * 2]).unwrap(),
-                Matrix::from_bytes(1024, 512, Format::F16, &bytes[1024 * 1024 * 2..]).unwrap(),
-            )
-        })
+/// Experts in a warm decode step: 192 of 3 MiB (F16), each a [1024x1024]
+/// and a [1024x512] product.
+const EXPERTS: usize = 192;
+const EXPERT_BYTES: usize = 3 << 20;
+const GATE_UP_BYTES: usize = 2 << 20;
+
+/// Expert `e`'s weights as F16 bytes: gate/up rows, then down rows.
+fn expert_bytes(e: usize) -> Vec<u8> {
+    let w: Vec<f32> = (0..1536 * 1024)
+        .map(|i| (((i + e) % 97) as f32 - 48.0) * 1e-3)
         .collect();
+    f32_to_f16_bytes(&w)
+}
+
+/// Times a decode step's experts from DRAM, eight to a layer, side by side
+/// on the compute threads as the MoE layer runs them.
+fn time_layers(label: &str, experts: &[(Matrix, Matrix)]) {
     let x: Vec<f32> = (0..1024).map(|i| (i % 89) as f32 * 1e-2).collect();
-    let started = Instant::now();
-    for (gu, d) in &experts {
+    let expert = |(gu, d): &(Matrix, Matrix)| {
         let h = gu.matmul_serial(&x, 1).unwrap();
         std::hint::black_box(d.matmul_serial(&h[..512], 1).unwrap());
-    }
-    let secs = started.elapsed().as_secs_f64();
-    println!(
-        "192 experts from DRAM on one thread: {:.2} ms ({:.1} GB/s)",
-        secs * 1e3,
-        192.0 * 3.0 * 1048576.0 / secs / 1e9
-    );
+    };
+    let report = |what: String, secs: f64| {
+        let gb_s = (EXPERTS * EXPERT_BYTES) as f64 / secs / 1e9;
+        println!(
+            "{EXPERTS} experts {label}, {what}: {:.2} ms ({gb_s:.1} GB/s)",
+            secs * 1e3
+        );
+    };
+    let started = Instant::now();
+    experts.iter().for_each(expert);
+    report("on one thread".into(), started.elapsed().as_secs_f64());
     for round in 0..3 {
         let started = Instant::now();
         longhaul_engine::kernels::on_compute_threads(|| {
             use rayon::prelude::*;
             for layer in experts.chunks(8) {
-                layer.par_iter().for_each(|(gu, d)| {
-                    let h = gu.matmul_serial(&x, 1).unwrap();
-                    std::hint::black_box(d.matmul_serial(&h[..512], 1).unwrap());
-                });
+                layer.par_iter().for_each(expert);
             }
         });
-        let secs = started.elapsed().as_secs_f64();
-        println!(
-            "192 experts from DRAM, 8 at a time, round {round}: {:.2} ms ({:.1} GB/s)",
-            secs * 1e3,
-            192.0 * 3.0 * 1048576.0 / secs / 1e9
+        report(
+            format!("8 at a time, round {round}"),
+            started.elapsed().as_secs_f64(),
         );
     }
 }
 
+/// Each expert in a buffer of its own, as the cache holds them.
+fn experts_apart() {
+    let experts: Vec<(Matrix, Matrix)> = (0..EXPERTS)
+        .map(|e| {
+            let bytes = expert_bytes(e);
+            let (gate_up, down) = bytes.split_at(GATE_UP_BYTES);
+            (
+                Matrix::from_bytes(1024, 1024, Format::F16, gate_up).unwrap(),
+                Matrix::from_bytes(1024, 512, Format::F16, down).unwrap(),
+            )
+        })
+        .collect();
+    time_layers("in buffers of their own", &experts);
+}
+
+/// All experts one after another in one buffer (all of it in huge pages
+/// where the system gives them).
+fn experts_in_one_buffer() {
+    let mut all = AlignedBytes::zeroed(EXPERTS * EXPERT_BYTES, 4096).unwrap();
+    for (e, dst) in all
+        .as_mut_slice()
+        .chunks_exact_mut(EXPERT_BYTES)
+        .enumerate()
+    {
+        dst.copy_from_slice(&expert_bytes(e));
+    }
+    let all: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(all);
+    let experts: Vec<(Matrix, Matrix)> = (0..EXPERTS)
+        .map(|e| {
+            let at = e * EXPERT_BYTES;
+            (
+                Matrix::shared(1024, 1024, Format::F16, all.clone(), at).unwrap(),
+                Matrix::shared(1024, 512, Format::F16, all.clone(), at + GATE_UP_BYTES).unwrap(),
+            )
+        })
+        .collect();
+    time_layers("in one buffer", &experts);
+}
+
 fn main() {
-    experts_from_dram();
+    experts_apart();
+    experts_in_one_buffer();
     decompress_speed();
     for (rows, cols, n) in [
         (1024, 1024, 1),

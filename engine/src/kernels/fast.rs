@@ -8,6 +8,13 @@
 //! the same lanes, in the same order. Decoding the 5.1 GB Qwen3-MoE warm,
 //! products are most of a token's time and their weights come from DRAM at
 //! about 40 GB/s; the buffer round trip kept them below that.
+//!
+//! While eight rows are computed, the next eight are prefetched, one cache
+//! line per row per 32 weights: the hardware prefetchers restart at every
+//! 4 KiB page and follow only a few streams, and an expert's matrices are
+//! short (1–2 KiB rows). A [32000×1024] product went from 1.43 ms to 1.07 ms
+//! (46 to 61 GB/s), and warm decoding of the 5.1 GB Qwen3-MoE from 37.6 to
+//! 48.3 tok/s (200 tokens, three runs each, interleaved).
 
 #[cfg(target_arch = "x86_64")]
 pub(super) use x86::f16_matvec;
@@ -19,6 +26,8 @@ pub(super) fn f16_matvec(_: &[u8], _: usize, _: usize, _: &[f32], _: &mut [f32])
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use core::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+
     use pulp::bytemuck::cast;
     use pulp::x86::V4;
     use pulp::{Simd, WithSimd};
@@ -33,6 +42,7 @@ mod x86 {
     const ROWS: usize = 8;
     /// Bytes of sixteen F16 weights.
     const BLOCK_BYTES: usize = 2 * LANES;
+    const CACHE_LINE: usize = 64;
 
     /// `out[r] = Σ_k W[r][k] · x[k]` for `rows` rows of `row_bytes` bytes of
     /// F16 in `bytes`, on AVX-512; `false` (and nothing written) where the
@@ -86,12 +96,13 @@ mod x86 {
             let row = |r: usize| &bytes[r * row_bytes..(r + 1) * row_bytes];
             let mut r = 0;
             while r + ROWS <= rows {
-                let sums = block::<ROWS>(simd, std::array::from_fn(|i| row(r + i)), x);
+                let next = bytes.as_ptr().wrapping_add((r + ROWS) * row_bytes);
+                let sums = block::<ROWS>(simd, std::array::from_fn(|i| row(r + i)), x, next);
                 out[r..r + ROWS].copy_from_slice(&sums);
                 r += ROWS;
             }
             while r < rows {
-                out[r] = block::<1>(simd, [row(r)], x)[0];
+                out[r] = block::<1>(simd, [row(r)], x, std::ptr::null())[0];
                 r += 1;
             }
         }
@@ -99,11 +110,19 @@ mod x86 {
 
     /// `R` rows dotted with `x`, each in the canonical order.
     #[inline(always)]
-    fn block<const R: usize>(simd: V4, w: [&[u8]; R], x: &[f32]) -> [f32; R] {
+    fn block<const R: usize>(simd: V4, w: [&[u8]; R], x: &[f32], next: *const u8) -> [f32; R] {
         let (xs, x_tail) = x.as_chunks::<LANES>();
         let blocks = xs.len();
         let mut acc = [simd.avx512f._mm512_setzero_ps(); R];
         for (i, xb) in xs.iter().enumerate() {
+            if !next.is_null() && i % 2 == 0 {
+                for l in 0..R {
+                    let p = next.wrapping_add((i / 2 * R + l) * CACHE_LINE);
+                    // SAFETY: SSE is part of x86-64, and a prefetch is a
+                    // hint that never faults, whatever the address.
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
+                }
+            }
             let xv = cast(*xb);
             for r in 0..R {
                 let (wb, _) = w[r].as_chunks::<BLOCK_BYTES>();
