@@ -214,8 +214,7 @@ fn a_resumed_generation_ends_as_an_uninterrupted_one() {
 
 #[test]
 fn saved_attention_state_replaces_recomputing_the_answer() {
-    let dir = &fixtures()[0];
-    let engine = Engine::open(dir).unwrap();
+    let engine = Engine::open(&common::fixtures_dir().join("deepseek_v3_fp8")).unwrap();
     let prompt = engine.prompt_ids("Draft an architecture", false).unwrap();
     let settings = GenerationSettings {
         max_tokens: 12,
@@ -245,8 +244,9 @@ fn saved_attention_state_replaces_recomputing_the_answer() {
         .generate(&prompt, &settings, |_| Flow::Continue)
         .unwrap();
     assert_eq!(resumed.tokens, whole.tokens);
-    // Rows from another model are refused and the answer is recomputed instead.
-    let other = Engine::open(&fixtures()[3]).unwrap();
+    // Rows from a model with other attention widths are refused and the
+    // answer is recomputed instead.
+    let other = Engine::open(&common::fixtures_dir().join("kimi_k2_recent")).unwrap();
     let other_prompt = other.prompt_ids("Draft an architecture", false).unwrap();
     let other_first = other
         .generate_resumed(&other_prompt, &[], &[], &settings, |p| {

@@ -19,6 +19,9 @@ fn expert_bytes(fixture: &str) -> u64 {
         "kimi_k25_text" => 3 * 64 * 16 * 4,
         // FP8 rows of 64 (gate, up) and 24 (down) weights, each led by a scale.
         "deepseek_v3_fp8" => 48 * (4 + 64) + 64 * (4 + 24),
+        // INT4 rows of 64 weights (two groups of 32, each a BF16 scale and
+        // 16 bytes): 128 gate/up rows and 64 down rows.
+        "kimi_k2_int4" => (128 + 64) * 2 * (2 + 16),
         other => panic!("no size for {other}"),
     }
 }
@@ -171,11 +174,19 @@ fn logits_are_bitwise_identical_to_the_in_memory_model() {
     }
 }
 
-/// FP8 experts are packed as published, with their block scales, and
+/// FP8 and INT4 experts are packed as published, with their scales, and
 /// stream to bitwise the logits of the checkpoint held in RAM.
 #[test]
-fn fp8_experts_stream_exactly_as_published() {
-    let fixture = "deepseek_v3_fp8";
+fn quantised_experts_stream_exactly_as_published() {
+    for (fixture, dtype) in [
+        ("deepseek_v3_fp8", "FP8_E4M3_B128"),
+        ("kimi_k2_int4", "INT4_G32"),
+    ] {
+        published_experts_stream_exactly(fixture, dtype);
+    }
+}
+
+fn published_experts_stream_exactly(fixture: &str, dtype: &str) {
     let dir = common::fixtures_dir().join(fixture);
     let exp = common::expected(&dir);
     let reference = all_logits(&Engine::open(&dir).unwrap(), &exp.ids);
@@ -184,13 +195,13 @@ fn fp8_experts_stream_exactly_as_published() {
         let root = tmp.path().join(format!("{drives}"));
         let pack = pack(&root, fixture, drives, split);
         let manifest = longhaul_engine::pack::Manifest::read(&pack).unwrap();
-        assert_eq!(manifest.experts.dtype, "FP8_E4M3_B128");
+        assert_eq!(manifest.experts.dtype, dtype);
         assert_eq!(manifest.experts.compression, None);
         let record = &manifest.experts.layers[0].records[0];
         assert_eq!(
             record.len,
             expert_bytes(fixture),
-            "one byte per weight plus scales"
+            "{fixture}: the published width plus scales"
         );
         let report = verify_pack(&pack, &|_, _| {}).unwrap();
         assert!(report.problems.is_empty(), "{:?}", report.problems);
@@ -200,7 +211,7 @@ fn fp8_experts_stream_exactly_as_published() {
                 let got = all_logits(&open_with(&pack, budget, 2, keep), &exp.ids);
                 assert!(
                     got == reference,
-                    "{drives} drives, budget {budget}, stored {keep}"
+                    "{fixture}: {drives} drives, budget {budget}, stored {keep}"
                 );
             }
         }
@@ -581,7 +592,7 @@ fn synthetic_fp8_checkpoints_load_narrow_and_stream_exactly() {
         spec.moe_intermediate,
         spec.dense_intermediate,
     ) = (8, 2, 200, 256);
-    spec.fp8 = true;
+    spec.dtype = longhaul_engine::synth::SynthDtype::Fp8;
     let source = tmp.path().join("fp8");
     write_synthetic(&spec, &source, &|_, _| {}).unwrap();
     let ids: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % 512).collect();

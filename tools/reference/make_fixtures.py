@@ -28,6 +28,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 import transformers
 from safetensors.torch import save_file
@@ -288,6 +289,13 @@ FIXTURES = [
         dict(DEEPSEEK_V3_SPEC, intermediate_size=200),
         {"style": "old", "layout": "per_expert", "dtype": "bfloat16", "shards": 1, "fp8": True},
     ),
+    # Kimi K2-Thinking's layout: the DeepSeek-V3 architecture with INT4
+    # routed experts through compressed-tensors, everything else BF16.
+    (
+        "kimi_k2_int4",
+        dict(DEEPSEEK_V3_SPEC, model_type="kimi_k2", moe_intermediate_size=64),
+        {"style": "old", "layout": "per_expert", "dtype": "bfloat16", "shards": 2, "int4": True},
+    ),
 ]
 
 EXPERT_NAMES = {
@@ -386,6 +394,22 @@ def fp8_quantize(w: torch.Tensor):
     return q, scale, q.to(torch.float32) * full
 
 
+def put_back(params: dict, k: str, deq: torch.Tensor) -> None:
+    """Writes the dequantised values of checkpoint tensor `k` into the model,
+    so the reference computes on exactly what the file defines."""
+    if k in params:
+        params[k].copy_(deq)
+        return
+    # A per-expert tensor of transformers' fused expert parameters.
+    prefix, e, part = k.rsplit(".", 3)[0], int(k.split(".")[-3]), k.split(".")[-2]
+    if part == "down_proj":
+        params[prefix + ".down_proj"][e].copy_(deq)
+    else:
+        fused = params[prefix + ".gate_up_proj"][e]
+        inter = fused.shape[0] // 2
+        (fused[:inter] if part == "gate_proj" else fused[inter:]).copy_(deq)
+
+
 def quantize_fp8(model, tensors: dict) -> dict:
     """Stores FP8_LAYERS' weights as FP8 with block scales and puts the exact
     dequantised values back into `model`, so the reference computes on them."""
@@ -397,24 +421,72 @@ def quantize_fp8(model, tensors: dict) -> dict:
             continue
         q, scale, deq = fp8_quantize(v.to(torch.float32))
         out[k], out[k + "_scale_inv"] = q, scale
-        if k in params:
-            params[k].copy_(deq)
+        put_back(params, k, deq)
+    return out
+
+
+INT4_GROUP = 32
+# Kimi K2-Thinking's quantization_config, as published.
+INT4_CONFIG = {
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "quantization_status": "compressed",
+    "kv_cache_scheme": None,
+    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "input_activations": None,
+            "output_activations": None,
+            "weights": {
+                "type": "int", "num_bits": 4, "symmetric": True, "strategy": "group", "group_size": INT4_GROUP,
+                "actorder": None, "dynamic": False, "observer": "minmax", "observer_kwargs": {}, "block_structure": None,
+            },
+        }
+    },
+}
+
+
+def int4_quantize(w: torch.Tensor):
+    """Symmetric INT4 in groups of 32 with BF16 scales, packed as
+    compressed-tensors' pack-quantized: returns (packed int32 [rows, cols/8],
+    scale bf16 [rows, cols/32], shape int32 [2], dequantised f32). The
+    dequantisation is compressed-tensors' own: q in the scale's dtype, times
+    the scale (a BF16 product)."""
+    rows, cols = w.shape
+    groups = w.reshape(rows, cols // INT4_GROUP, INT4_GROUP)
+    scale = (groups.abs().amax(-1) / 7.0).clamp(min=1e-8).to(torch.bfloat16)
+    q = torch.round(groups / scale.to(torch.float32).unsqueeze(-1)).clamp(-8, 7).to(torch.int8)
+    deq = (q.to(torch.bfloat16) * scale.unsqueeze(-1)).to(torch.float32).reshape(rows, cols)
+    nibbles = (q.reshape(rows, cols).to(torch.int32) + 8).numpy().astype(np.uint32)
+    packed = np.zeros((rows, cols // 8), dtype=np.uint32)
+    for i in range(8):
+        packed |= nibbles[:, i::8] << (4 * i)
+    packed = torch.from_numpy(np.ascontiguousarray(packed).view(np.int32))
+    return packed, scale, torch.tensor([rows, cols], dtype=torch.int32), deq
+
+
+def quantize_int4(model, tensors: dict) -> dict:
+    """Stores routed experts as compressed-tensors INT4 (the rest stays as
+    it is, as Kimi's `ignore` list says) and puts the dequantised values back
+    into `model`."""
+    params = dict(model.named_parameters())
+    out = {}
+    for k, v in tensors.items():
+        if not (k.endswith(".weight") and ".experts." in k and v.dim() == 2):
+            out[k] = v
             continue
-        # A per-expert tensor of transformers' fused expert parameters.
-        prefix, e, part = k.rsplit(".", 3)[0], int(k.split(".")[-3]), k.split(".")[-2]
-        if part == "down_proj":
-            params[prefix + ".down_proj"][e].copy_(deq)
-        else:
-            fused = params[prefix + ".gate_up_proj"][e]
-            inter = fused.shape[0] // 2
-            (fused[:inter] if part == "gate_proj" else fused[inter:]).copy_(deq)
+        packed, scale, shape, deq = int4_quantize(v.to(torch.float32))
+        out[k + "_packed"], out[k + "_scale"], out[k + "_shape"] = packed, scale, shape
+        put_back(params, k, deq)
     return out
 
 
 def save_checkpoint(tensors: dict, out: Path, dtype: torch.dtype, shards: int, prefix: str = "") -> None:
     def stored(k, v):
-        # FP8 weights and their f32 block scales are written as published.
-        return v if v.dtype == torch.float8_e4m3fn or k.endswith("_scale_inv") else v.to(dtype)
+        # Quantised weights and their scales are written as published.
+        published = v.dtype in (torch.float8_e4m3fn, torch.int32) or k.endswith(("_scale_inv", "_scale"))
+        return v if published else v.to(dtype)
 
     tensors = {prefix + k: stored(k, v).contiguous() for k, v in tensors.items()}
     if shards == 1:
@@ -477,6 +549,9 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
     if opts.get("fp8"):
         tensors = quantize_fp8(model, tensors)
         cfg = dict(cfg, quantization_config=FP8_CONFIG)
+    if opts.get("int4"):
+        tensors = quantize_int4(model, tensors)
+        cfg = dict(cfg, quantization_config=INT4_CONFIG)
     wrapped = opts.get("wrap") == "kimi_k25"
     save_checkpoint(tensors, out, dtype, opts["shards"], "language_model." if wrapped else "")
 
@@ -495,7 +570,9 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
 
     # transformers' CPU FP8 dequantisation sizes partial blocks as rows /
     # scale_rows, not the format's fixed 128: its reload is no reference here.
-    if not wrapped and not opts.get("fp8"):
+    # INT4 would need compressed-tensors installed to reload; the model above
+    # already computes on its dequantised values.
+    if not wrapped and not opts.get("fp8") and not opts.get("int4"):
         # The checkpoint as written must load back in transformers to the same logits.
         reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
         again = reloaded(torch.tensor([ids])).logits[0]

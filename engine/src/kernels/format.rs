@@ -23,6 +23,12 @@ pub enum Format {
     /// row's 128×128 block, repeated per row so a row decodes on its own
     /// (4 bytes per 128 weights, 3 %). The last block of a row may be short.
     Fp8Block,
+    /// Symmetric INT4 in groups of 32 along the row, as compressed-tensors'
+    /// `pack-quantized` publishes it (Kimi K2-Thinking, K2.5): each group
+    /// is its BF16 scale, then 16 bytes of nibbles, low nibble first,
+    /// offset by 8. A weight is `bf16((q − 8) × scale)`: compressed-tensors
+    /// multiplies in the scale's dtype, so the product is rounded to BF16.
+    Int4G32,
 }
 
 /// Elements per Q8_0 block.
@@ -39,6 +45,14 @@ const Q4K_BYTES: usize = 2 + 2 + Q4K_SCALE_BYTES + Q4K_BLOCK / 2;
 pub const FP8_BLOCK: usize = 128;
 /// Bytes of an FP8 block's scale.
 const FP8_SCALE_BYTES: usize = 4;
+/// Elements per INT4 group.
+pub const INT4_GROUP: usize = 32;
+/// Bytes of an INT4 group's BF16 scale.
+const INT4_SCALE_BYTES: usize = 2;
+/// Bytes per INT4 group: the scale, then two weights a byte.
+const INT4_BYTES: usize = INT4_SCALE_BYTES + INT4_GROUP / 2;
+/// What a stored nibble is offset by: nibble 8 is the weight 0.
+const INT4_OFFSET: i32 = 8;
 /// 2^112: moves an f16 exponent (bias 15) placed in an f32 (bias 127) home.
 const F16_EXPONENT_SHIFT: f32 = f32::from_bits((127 + 112) << 23);
 
@@ -51,6 +65,7 @@ impl Format {
             Format::Q8_0 => "Q8_0",
             Format::Q4K => "Q4K",
             Format::Fp8Block => "FP8_E4M3_B128",
+            Format::Int4G32 => "INT4_G32",
         }
     }
 
@@ -61,6 +76,7 @@ impl Format {
             Format::Q8_0 => Q8_0_BLOCK,
             Format::Q4K => Q4K_BLOCK,
             Format::Fp8Block => FP8_BLOCK,
+            Format::Int4G32 => INT4_GROUP,
         }
     }
 
@@ -72,6 +88,7 @@ impl Format {
             Format::Q8_0 => Q8_0_BYTES,
             Format::Q4K => Q4K_BYTES,
             Format::Fp8Block => FP8_SCALE_BYTES + FP8_BLOCK,
+            Format::Int4G32 => INT4_BYTES,
         }
     }
 
@@ -146,6 +163,15 @@ pub fn fp8_e4m3_to_f32(b: u8) -> f32 {
     if b & 0x7F == 0x7F { f32::NAN } else { value }
 }
 
+/// `v` rounded to the nearest bfloat16 (ties to even), as f32: what
+/// PyTorch's conversion gives for every finite value.
+#[inline(always)]
+pub fn round_to_bf16(v: f32) -> f32 {
+    let bits = v.to_bits();
+    let rounding = 0x7FFF + ((bits >> 16) & 1);
+    f32::from_bits(bits.wrapping_add(rounding) & 0xFFFF_0000)
+}
+
 /// A bfloat16 as f32: its bits are the f32's upper half.
 #[inline(always)]
 pub fn bf16_to_f32(b: u16) -> f32 {
@@ -188,6 +214,13 @@ pub fn decode_row(format: Format, bytes: &[u8], out: &mut [f32]) {
             }
         }
         Format::Fp8Block => decode_fp8_row(bytes, out),
+        Format::Int4G32 => {
+            let (groups, _) = bytes.as_chunks::<INT4_BYTES>();
+            let (outs, _) = out.as_chunks_mut::<INT4_GROUP>();
+            for (o, g) in outs.iter_mut().zip(groups) {
+                decode_int4(g, o);
+            }
+        }
         Format::Q4K => {
             let (blocks, _) = bytes.as_chunks::<Q4K_BYTES>();
             let (outs, _) = out.as_chunks_mut::<Q4K_BLOCK>();
@@ -213,6 +246,21 @@ fn decode_fp8_row(bytes: &[u8], out: &mut [f32]) {
             *v = fp8_e4m3_to_f32(q) * scale;
         }
         at += n;
+    }
+}
+
+/// One INT4 group: each nibble less 8, times the scale, rounded to BF16.
+/// The product is exact in f32 (4 bits by 8), so rounding it once gives
+/// compressed-tensors' BF16 product.
+#[inline(always)]
+fn decode_int4(g: &[u8; INT4_BYTES], out: &mut [f32; INT4_GROUP]) {
+    let scale = bf16_to_f32(le_u16(&[g[0], g[1]]));
+    let (pairs, _) = out.as_chunks_mut::<2>();
+    for (o, &byte) in pairs.iter_mut().zip(&g[INT4_SCALE_BYTES..]) {
+        let lo = i32::from(byte & 0xF) - INT4_OFFSET;
+        let hi = i32::from(byte >> 4) - INT4_OFFSET;
+        o[0] = round_to_bf16(lo as f32 * scale);
+        o[1] = round_to_bf16(hi as f32 * scale);
     }
 }
 
@@ -360,6 +408,54 @@ mod tests {
         }
         assert_eq!(fp8_e4m3_to_f32(0x7E), 448.0);
         assert_eq!(fp8_e4m3_to_f32(0x01), 2f32.powi(-9));
+    }
+
+    /// INT4 groups decode as compressed-tensors does: nibbles low first,
+    /// offset by 8, times the BF16 scale with the product rounded to BF16.
+    #[test]
+    fn int4_groups_decode_as_compressed_tensors_does() {
+        // 1 + 2^-7: times 7 the exact product needs 11 bits, BF16 keeps 8.
+        let scales = [
+            half::bf16::from_f32(1.0078125),
+            half::bf16::from_f32(-0.03125),
+        ];
+        let mut bytes = Vec::new();
+        let mut want = Vec::new();
+        for (g, scale) in scales.iter().enumerate() {
+            bytes.extend_from_slice(&scale.to_le_bytes());
+            let q: Vec<u8> = (0..INT4_GROUP)
+                .map(|i| ((i * 5 + g * 3) % 16) as u8)
+                .collect();
+            for pair in q.chunks(2) {
+                bytes.push(pair[0] | (pair[1] << 4));
+            }
+            for &n in &q {
+                let product = half::bf16::from_f32((i32::from(n) - 8) as f32) * *scale;
+                want.push(product.to_f32());
+            }
+        }
+        let cols = 2 * INT4_GROUP;
+        assert_eq!(Format::Int4G32.row_bytes(cols), Some(bytes.len()));
+        assert_eq!(Format::Int4G32.row_bytes(48), None);
+        let mut out = vec![0f32; cols];
+        decode_row(Format::Int4G32, &bytes, &mut out);
+        assert_eq!(out, want);
+        // The rounding is real: weight 3 is 7 × (1 + 2^-7), not a BF16.
+        assert_eq!(out[3], 7.0625);
+        assert_ne!(out[3], 7.0 * 1.0078125);
+    }
+
+    #[test]
+    fn bf16_rounding_matches_half() {
+        for v in [
+            1.0f32, 7.0546875, -7.0546875, 1e-40, 3.4e38, 0.1, -0.0, 65504.5,
+        ] {
+            assert_eq!(
+                round_to_bf16(v).to_bits(),
+                half::bf16::from_f32(v).to_f32().to_bits(),
+                "{v}"
+            );
+        }
     }
 
     /// Rows of FP8 blocks, the last one short, decode block by block with

@@ -1,7 +1,9 @@
 //! `quantization_config`: which published weight formats a checkpoint uses.
 //!
 //! The frontier checkpoints Longhaul exists for are not published in BF16:
-//! DeepSeek-V3/R1 and Kimi K2 ship FP8 (e4m3) with 128×128 block scales.
+//! DeepSeek-V3/R1 and Kimi K2 ship FP8 (e4m3) with 128×128 block scales;
+//! Kimi K2-Thinking and K2.5 ship INT4 experts through compressed-tensors
+//! (`pack-quantized`, symmetric, groups of 32).
 //! A method or layout Longhaul does not read is refused here, before a
 //! byte is loaded, naming what was found and what is supported — never
 //! loaded as if its packed integers were floats.
@@ -12,14 +14,21 @@ use super::config::{ConfigError, RawConfig};
 
 /// The published FP8 scale block: 128 rows × 128 columns.
 pub const FP8_WEIGHT_BLOCK: [u64; 2] = [128, 128];
+/// INT4 group size Longhaul reads (Kimi's releases).
+pub const INT4_GROUP_SIZE: u64 = 32;
 /// What this Longhaul reads, for messages.
-const SUPPORTED: &str = "fp8 (fmt e4m3, weight_block_size [128, 128])";
+const SUPPORTED: &str = "fp8 (fmt e4m3, weight_block_size [128, 128]), or compressed-tensors \
+     (format pack-quantized, weights int 4-bit symmetric in groups of 32, no activation quantisation)";
 
 /// A checkpoint's weight quantisation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Quantization {
     /// `F8_E4M3` weights, each with a `weight_scale_inv` of 128×128 blocks.
     Fp8Blocks,
+    /// compressed-tensors `pack-quantized` INT4 weights (`weight_packed`,
+    /// `weight_scale`, `weight_shape`) in groups of 32; modules it `ignore`s
+    /// stay plain floats.
+    Int4Groups,
 }
 
 /// Reads `quantization_config` (absent: plain float weights).
@@ -38,8 +47,10 @@ pub fn parse(raw: &RawConfig) -> Result<Option<Quantization>, ConfigError> {
         .get("quant_method")
         .and_then(Value::as_str)
         .ok_or_else(|| raw.invalid(field, "no `quant_method`"))?;
-    if method != "fp8" {
-        return Err(unsupported("quant_method", method.to_string()));
+    match method {
+        "fp8" => {}
+        "compressed-tensors" => return parse_compressed_tensors(q, &unsupported),
+        _ => return Err(unsupported("quant_method", method.to_string())),
     }
     if let Some(fmt) = q.get("fmt").and_then(Value::as_str)
         && fmt != "e4m3"
@@ -61,6 +72,65 @@ pub fn parse(raw: &RawConfig) -> Result<Option<Quantization>, ConfigError> {
         return Err(unsupported("activation_scheme", a.to_string()));
     }
     Ok(Some(Quantization::Fp8Blocks))
+}
+
+/// A compressed-tensors config: every group must be `pack-quantized` INT4
+/// weights, symmetric, in groups of 32, with activations left in float.
+fn parse_compressed_tensors(
+    q: &Value,
+    unsupported: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<Option<Quantization>, ConfigError> {
+    let top_format = q.get("format").and_then(Value::as_str);
+    let groups = match q.get("config_groups") {
+        Some(Value::Object(g)) if !g.is_empty() => g,
+        other => {
+            return Err(unsupported(
+                "config_groups",
+                other.map_or("(absent)".to_string(), Value::to_string),
+            ));
+        }
+    };
+    for (name, group) in groups {
+        let at = |what: &str| format!("config_groups.{name}.{what}");
+        let format = group.get("format").and_then(Value::as_str).or(top_format);
+        if format != Some("pack-quantized") {
+            return Err(unsupported(
+                &at("format"),
+                format.unwrap_or("(absent)").to_string(),
+            ));
+        }
+        for side in ["input_activations", "output_activations"] {
+            if let Some(v) = group.get(side).filter(|v| !v.is_null()) {
+                return Err(unsupported(&at(side), v.to_string()));
+            }
+        }
+        let w = group.get("weights").unwrap_or(&Value::Null);
+        let expect: [(&str, Value); 5] = [
+            ("type", "int".into()),
+            ("num_bits", 4.into()),
+            ("symmetric", true.into()),
+            ("strategy", "group".into()),
+            ("group_size", INT4_GROUP_SIZE.into()),
+        ];
+        for (field, want) in expect {
+            let found = w.get(field).unwrap_or(&Value::Null);
+            if *found != want {
+                return Err(unsupported(
+                    &at(&format!("weights.{field}")),
+                    found.to_string(),
+                ));
+            }
+        }
+        for field in ["actorder", "dynamic"] {
+            if let Some(v) = w
+                .get(field)
+                .filter(|v| !v.is_null() && **v != Value::Bool(false))
+            {
+                return Err(unsupported(&at(&format!("weights.{field}")), v.to_string()));
+            }
+        }
+    }
+    Ok(Some(Quantization::Int4Groups))
 }
 
 #[cfg(test)]
@@ -103,6 +173,70 @@ mod tests {
             assert!(
                 err.contains(names) && err.contains("fp8 (fmt e4m3"),
                 "{err}"
+            );
+        }
+    }
+
+    /// Kimi K2-Thinking's config, as published.
+    fn kimi_int4() -> Value {
+        json!({
+            "quant_method": "compressed-tensors",
+            "format": "pack-quantized",
+            "quantization_status": "compressed",
+            "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*"],
+            "config_groups": { "group_0": {
+                "targets": ["Linear"],
+                "input_activations": null,
+                "output_activations": null,
+                "weights": { "type": "int", "num_bits": 4, "symmetric": true, "strategy": "group",
+                             "group_size": 32, "actorder": null, "dynamic": false, "observer": "minmax" }
+            }}
+        })
+    }
+
+    #[test]
+    fn kimis_int4_config_is_read_and_other_schemes_are_refused_by_name() {
+        assert_eq!(
+            parse_json(json!({ "quantization_config": kimi_int4() })).unwrap(),
+            Some(Quantization::Int4Groups)
+        );
+        let edits: [(&str, Value, &str); 6] = [
+            ("/format", "int-quantized".into(), "int-quantized"),
+            (
+                "/config_groups/group_0/weights/group_size",
+                128.into(),
+                "group_size",
+            ),
+            (
+                "/config_groups/group_0/weights/num_bits",
+                8.into(),
+                "num_bits",
+            ),
+            (
+                "/config_groups/group_0/weights/symmetric",
+                false.into(),
+                "symmetric",
+            ),
+            (
+                "/config_groups/group_0/weights/actorder",
+                "group".into(),
+                "actorder",
+            ),
+            (
+                "/config_groups/group_0/input_activations",
+                json!({ "num_bits": 8, "type": "int" }),
+                "input_activations",
+            ),
+        ];
+        for (pointer, value, names) in edits {
+            let mut q = kimi_int4();
+            *q.pointer_mut(pointer).unwrap() = value;
+            let err = parse_json(json!({ "quantization_config": q }))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(names) && err.contains("pack-quantized"),
+                "{pointer}: {err}"
             );
         }
     }

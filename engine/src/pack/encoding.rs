@@ -62,10 +62,14 @@ pub enum ExpertEncoding {
     /// The checkpoint's own bytes.
     Plain(Dtype),
     Quantized(Quantization),
-    /// The checkpoint's FP8 bytes as published, each row's 128-wide blocks
-    /// led by their scale ([`Format::Fp8Block`]).
-    Fp8Blocks,
+    /// The checkpoint's quantised blocks as published, rearranged so each
+    /// row decodes on its own: FP8 with its 128×128 block scales
+    /// ([`Format::Fp8Block`]), INT4 with its group scales ([`Format::Int4G32`]).
+    Published(Format),
 }
+
+/// The published block formats a pack holds as they are.
+pub const PUBLISHED: [Format; 2] = [Format::Fp8Block, Format::Int4G32];
 
 /// A record's bytes could not be turned into an expert (or back).
 #[derive(Debug, thiserror::Error)]
@@ -95,14 +99,19 @@ impl ExpertEncoding {
             .filter(|&d| crate::weights::matrix_format(d).is_some())
             .map(ExpertEncoding::Plain)
             .or_else(|| Quantization::parse(name).map(ExpertEncoding::Quantized))
-            .or_else(|| (name == Format::Fp8Block.name()).then_some(ExpertEncoding::Fp8Blocks))
+            .or_else(|| {
+                PUBLISHED
+                    .into_iter()
+                    .find(|f| f.name() == name)
+                    .map(ExpertEncoding::Published)
+            })
     }
 
     pub fn name(self) -> &'static str {
         match self {
             ExpertEncoding::Plain(d) => d.name().unwrap_or("unsupported"),
             ExpertEncoding::Quantized(q) => q.name(),
-            ExpertEncoding::Fp8Blocks => Format::Fp8Block.name(),
+            ExpertEncoding::Published(f) => f.name(),
         }
     }
 
@@ -114,9 +123,7 @@ impl ExpertEncoding {
                 let g = q.ggml();
                 ((rows * cols / g.block_size()) * g.type_size()) as u64
             }
-            ExpertEncoding::Fp8Blocks => {
-                (rows * Format::Fp8Block.row_bytes(cols).unwrap_or(0)) as u64
-            }
+            ExpertEncoding::Published(f) => (rows * f.row_bytes(cols).unwrap_or(0)) as u64,
         }
     }
 
@@ -150,7 +157,7 @@ impl ExpertEncoding {
     pub fn element_bytes(self) -> Option<usize> {
         match self {
             ExpertEncoding::Plain(d) => Some(d.size() as usize),
-            ExpertEncoding::Quantized(_) | ExpertEncoding::Fp8Blocks => None,
+            ExpertEncoding::Quantized(_) | ExpertEncoding::Published(_) => None,
         }
     }
 
@@ -160,7 +167,7 @@ impl ExpertEncoding {
             ExpertEncoding::Plain(d) => matrix_format(d),
             ExpertEncoding::Quantized(Quantization::Q8_0) => Some(Format::Q8_0),
             ExpertEncoding::Quantized(Quantization::Q4K) => Some(Format::Q4K),
-            ExpertEncoding::Fp8Blocks => Some(Format::Fp8Block),
+            ExpertEncoding::Published(f) => Some(f),
         }
     }
 

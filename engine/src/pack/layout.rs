@@ -39,7 +39,7 @@ impl ExpertTensors {
         names: impl Iterator<Item = &'a str>,
     ) -> Result<(Self, Vec<String>), regex::Error> {
         let per_expert = Regex::new(
-            r"(?:^|\.)(?:layers|blocks)\.(\d+)\.[A-Za-z_]+\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight(_scale_inv)?$",
+            r"(?:^|\.)(?:layers|blocks)\.(\d+)\.[A-Za-z_]+\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight(_scale_inv|_packed|_scale|_shape|_zero_point|_g_idx)?$",
         )?;
         let fused = Regex::new(
             r"(?:^|\.)(?:layers|blocks)\.(\d+)\.[A-Za-z_]+\.experts\.(gate_up_proj|down_proj)$",
@@ -57,11 +57,15 @@ impl ExpertTensors {
                     "up_proj" | "w3" => Part::Up,
                     _ => Part::Down,
                 };
-                if c.get(4).is_some() {
-                    // An FP8 expert's block scales travel with it (read by
-                    // the weight's name), not in the resident file.
-                    continue;
-                }
+                let name = match c.get(4).map(|m| m.as_str()) {
+                    None => name.to_string(),
+                    // An INT4 expert is known by its weight's name; its
+                    // parts are read through it.
+                    Some("_packed") => name.trim_end_matches("_packed").to_string(),
+                    // FP8 block scales and INT4 group scales travel with the
+                    // expert (read by the weight's name), not in the resident file.
+                    Some(_) => continue,
+                };
                 let slots = out
                     .layers
                     .entry(layer)
@@ -69,7 +73,7 @@ impl ExpertTensors {
                     .per_expert
                     .entry(expert)
                     .or_default();
-                slots[part as usize] = Some(name.to_string());
+                slots[part as usize] = Some(name);
             } else if let Some(c) = fused.captures(name) {
                 let Ok(layer) = c[1].parse::<usize>() else {
                     resident.push(name.to_string());
@@ -100,6 +104,9 @@ mod tests {
             "model.layers.2.block_sparse_moe.experts.3.w2.weight",
             "language_model.model.layers.4.mlp.experts.gate_up_proj",
             "model.layers.1.mlp.gate.weight",
+            "model.layers.5.mlp.experts.2.down_proj.weight_packed",
+            "model.layers.5.mlp.experts.2.down_proj.weight_scale",
+            "model.layers.5.mlp.experts.2.down_proj.weight_shape",
         ];
         let (experts, resident) = ExpertTensors::classify(names.iter().copied()).unwrap();
         assert_eq!(
@@ -117,5 +124,9 @@ mod tests {
             Some("model.layers.2.block_sparse_moe.experts.3.w2.weight")
         );
         assert!(experts.layers[&4].fused[0].is_some());
+        assert_eq!(
+            experts.layers[&5].per_expert[&2][Part::Down as usize].as_deref(),
+            Some("model.layers.5.mlp.experts.2.down_proj.weight")
+        );
     }
 }

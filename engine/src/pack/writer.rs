@@ -18,11 +18,12 @@ use super::manifest::{
     self, ExpertLayer, ExpertSection, FORMAT, MANIFEST_FILE, Manifest, QuantizationReport, Record,
     ResidentFile, Segment, SourceFile, SourceIdentity, VERSION, VERSION_COMPRESSED, hash_file,
 };
+use crate::kernels::Format;
 use crate::model::ModelSpec;
 use crate::store::DIRECT_IO_BLOCK;
-use crate::weights::fp8;
+use crate::weights::int4;
 use crate::weights::safetensors::{TensorEntry, header_bytes};
-use crate::weights::{Dtype, SafetensorsCheckpoint, SafetensorsFile, TensorInfo};
+use crate::weights::{Dtype, SafetensorsCheckpoint, SafetensorsFile, TensorInfo, stored_rows};
 
 /// Record alignment when none is given: large enough for direct I/O on any
 /// common device and file system.
@@ -150,30 +151,30 @@ pub fn write_pack(
         .iter()
         .map(|(&layer, tensors)| LayerPlan::new(&checkpoint, layer, tensors))
         .collect::<Result<Vec<_>, _>>()?;
-    let dtype = plans[0].dtype;
-    if let Some(p) = plans.iter().find(|p| p.dtype != dtype) {
+    let encoding = plans[0].encoding;
+    if let Some(p) = plans.iter().find(|p| p.encoding != encoding) {
         return Err(PackError::Source(format!(
-            "layer {} stores experts as {:?} but layer {} as {:?}; one expert dtype per pack",
-            p.layer, p.dtype, plans[0].layer, dtype
+            "layer {} stores experts as {} but layer {} as {}; one expert dtype per pack",
+            p.layer,
+            p.encoding.name(),
+            plans[0].layer,
+            encoding.name()
         )));
     }
-    let fp8 = dtype == Dtype::F8E4M3;
-    let dtype_name = if fp8 {
-        ExpertEncoding::Fp8Blocks.name()
-    } else {
-        dtype
-            .name()
-            .filter(|_| crate::weights::matrix_format(dtype).is_some())
-            .ok_or_else(|| {
-                PackError::Source(format!(
-                    "experts are stored as {dtype:?}, which Longhaul cannot pack: packs hold F32, F16, BF16 or FP8 (with block scales) experts"
-                ))
-            })?
+    let dtype_name = encoding.name();
+    let plain = match encoding {
+        ExpertEncoding::Plain(d) if crate::weights::matrix_format(d).is_some() => Some(d),
+        ExpertEncoding::Plain(d) => {
+            return Err(PackError::Source(format!(
+                "experts are stored as {d:?}, which Longhaul cannot pack: packs hold F32, F16, BF16, FP8 (with block scales) or INT4 (compressed-tensors) experts"
+            )));
+        }
+        _ => None,
     };
-    if fp8 && opts.quantization.is_some() {
-        return Err(PackError::Options(
-            "--experts: the experts are FP8 already; they are packed as published".to_string(),
-        ));
+    if plain.is_none() && opts.quantization.is_some() {
+        return Err(PackError::Options(format!(
+            "--experts: the experts are {dtype_name} already; they are packed as published"
+        )));
     }
     if let Some(q) = opts.quantization {
         for p in &plans {
@@ -235,8 +236,9 @@ pub fn write_pack(
     let mut plain_written = 0u64;
     let mut error = ErrorSums::default();
     // Plain float records are compressed losslessly (by element size).
-    let compress_elements =
-        (opts.compress && opts.quantization.is_none() && !fp8).then_some(dtype.size() as usize);
+    let compress_elements = plain
+        .filter(|_| opts.compress && opts.quantization.is_none())
+        .map(|d| d.size() as usize);
     for plan in &plans {
         let mut records = Vec::with_capacity(plan.count);
         for expert in 0..plan.count {
@@ -246,6 +248,9 @@ pub fn write_pack(
                 None => raw,
                 Some(q) => {
                     let name = format!("layer {} expert {expert}", plan.layer);
+                    let dtype = plain.ok_or_else(|| {
+                        PackError::Options("--experts: only float experts are quantised".into())
+                    })?;
                     let (bytes, e) =
                         quantize_record(&raw, dtype, plan.hidden, plan.intermediate, q, &name)
                             .map_err(|e| PackError::Source(e.to_string()))?;
@@ -390,7 +395,7 @@ struct LayerPlan<'a> {
     count: usize,
     hidden: usize,
     intermediate: usize,
-    dtype: Dtype,
+    encoding: ExpertEncoding,
     record_len: u64,
     tensors: &'a LayerTensors,
 }
@@ -407,64 +412,64 @@ impl<'a> LayerPlan<'a> {
                 .ok_or_else(|| PackError::Source(format!("tensor `{name}` is listed but missing")))
         };
         let bad = |reason: String| PackError::Source(format!("layer {layer}: {reason}"));
-        let (count, hidden, intermediate, dtype) =
-            if let [Some(gate_up), Some(down)] = &tensors.fused {
-                let (gu, d) = (info(gate_up)?, info(down)?);
-                match (gu.shape.as_slice(), d.shape.as_slice()) {
-                    ([e, two_i, h], [e2, h2, i])
-                        if e == e2 && h == h2 && *two_i == 2 * i && gu.dtype == d.dtype =>
-                    {
-                        (*e, *h, *i, gu.dtype)
-                    }
-                    _ => {
-                        return Err(bad(format!(
-                            "fused expert shapes {:?} and {:?} do not fit together",
-                            gu.shape, d.shape
-                        )));
-                    }
+        let (count, hidden, intermediate, encoding) = if let [Some(gate_up), Some(down)] =
+            &tensors.fused
+        {
+            let (gu, d) = (info(gate_up)?, info(down)?);
+            match (gu.shape.as_slice(), d.shape.as_slice()) {
+                _ if gu.dtype == Dtype::F8E4M3 => {
+                    return Err(bad(format!(
+                        "FP8 experts in the fused layout ({gate_up}) are not packed; FP8 experts are packed from per-expert tensors, as published"
+                    )));
                 }
-            } else {
-                let count = tensors.per_expert.len();
-                if tensors.per_expert.keys().copied().ne(0..count) {
-                    return Err(bad("expert ids are not 0..N".to_string()));
+                ([e, two_i, h], [e2, h2, i])
+                    if e == e2 && h == h2 && *two_i == 2 * i && gu.dtype == d.dtype =>
+                {
+                    (*e, *h, *i, ExpertEncoding::Plain(gu.dtype))
                 }
-                let first = tensors
-                    .per_expert
-                    .get(&0)
-                    .ok_or_else(|| bad("no experts".to_string()))?;
-                let gate = info(
-                    first[Part::Gate as usize]
-                        .as_deref()
-                        .ok_or_else(|| bad("expert 0 has no gate".to_string()))?,
-                )?;
-                let [i, h] = gate.shape[..] else {
-                    return Err(bad(format!("gate shape {:?} is not 2-D", gate.shape)));
-                };
-                (count, h, i, gate.dtype)
+                _ => {
+                    return Err(bad(format!(
+                        "fused expert shapes {:?} and {:?} do not fit together",
+                        gu.shape, d.shape
+                    )));
+                }
+            }
+        } else {
+            let count = tensors.per_expert.len();
+            if tensors.per_expert.keys().copied().ne(0..count) {
+                return Err(bad("expert ids are not 0..N".to_string()));
+            }
+            let first = tensors
+                .per_expert
+                .get(&0)
+                .ok_or_else(|| bad("no experts".to_string()))?;
+            let gate = first[Part::Gate as usize]
+                .as_deref()
+                .ok_or_else(|| bad("expert 0 has no gate".to_string()))?;
+            let (shape, encoding) = matrix_info(ckpt, gate)?;
+            let [i, h] = shape[..] else {
+                return Err(bad(format!("gate shape {shape:?} is not 2-D")));
             };
+            (count, h, i, encoding)
+        };
         Ok(Self {
             layer,
             count,
             hidden,
             intermediate,
-            dtype,
-            record_len: if dtype == Dtype::F8E4M3 {
-                ExpertEncoding::Fp8Blocks.record_len(hidden, intermediate)
-            } else {
-                3 * (hidden * intermediate) as u64 * dtype.size()
-            },
+            encoding,
+            record_len: encoding.record_len(hidden, intermediate),
             tensors,
         })
     }
 
-    /// Gate rows, up rows, then down, in the checkpoint's own dtype.
+    /// Gate rows, up rows, then down, at the checkpoint's own width.
     fn record_bytes(
         &self,
         ckpt: &SafetensorsCheckpoint,
         expert: usize,
     ) -> Result<Vec<u8>, PackError> {
         let (h, i) = (self.hidden, self.intermediate);
-        let part_len = (h * i) as u64 * self.dtype.size();
         let source = |e: crate::weights::WeightsError| PackError::Source(e.to_string());
         let lookup = |name: &str| {
             ckpt.info(name)
@@ -472,12 +477,13 @@ impl<'a> LayerPlan<'a> {
         };
         let mut out = Vec::with_capacity(self.record_len as usize);
         if let [Some(gate_up), Some(down)] = &self.tensors.fused {
-            if self.dtype == Dtype::F8E4M3 {
+            let ExpertEncoding::Plain(dtype) = self.encoding else {
                 return Err(PackError::Source(format!(
-                    "layer {}: FP8 experts in the fused layout ({gate_up}) are not packed; FP8 experts are packed from per-expert tensors, as published",
+                    "layer {}: quantised experts in the fused layout ({gate_up}) are not packed",
                     self.layer
                 )));
-            }
+            };
+            let part_len = (h * i) as u64 * dtype.size();
             let (f, info) = lookup(gate_up)?;
             out.extend(
                 f.read_range(info, expert as u64 * 2 * part_len, 2 * part_len)
@@ -500,34 +506,47 @@ impl<'a> LayerPlan<'a> {
                         self.layer
                     ))
                 })?;
-                let (f, info) = lookup(name)?;
-                check_part(name, info, &want, self.dtype)?;
-                let bytes = f.read_bytes(info).map_err(source)?;
-                if self.dtype == Dtype::F8E4M3 {
-                    let scales = fp8::load_scales(ckpt, name, &want).map_err(source)?;
-                    out.extend(fp8::block_rows(&bytes, &scales, want[0], want[1]));
-                } else {
-                    out.extend(bytes);
+                let (shape, encoding) = matrix_info(ckpt, name)?;
+                if shape != want || encoding != self.encoding {
+                    return Err(PackError::Source(format!(
+                        "tensor `{name}` is {} {shape:?}; the layer's other experts are {} {want:?}",
+                        encoding.name(),
+                        self.encoding.name()
+                    )));
                 }
+                let (_, bytes) = stored_rows(ckpt, name, &want, 1).map_err(source)?;
+                out.extend(bytes);
             }
         }
         Ok(out)
     }
 }
 
-fn check_part(
+/// The shape of matrix `name` and how the pack will store it: INT4
+/// matrices are found by their packed part (`name_packed`).
+fn matrix_info(
+    ckpt: &SafetensorsCheckpoint,
     name: &str,
-    info: &TensorInfo,
-    shape: &[usize],
-    dtype: Dtype,
-) -> Result<(), PackError> {
-    if info.shape != shape || info.dtype != dtype {
-        return Err(PackError::Source(format!(
-            "tensor `{name}` is {:?} {:?}; the layer's other experts are {dtype:?} {shape:?}",
-            info.dtype, info.shape
-        )));
+) -> Result<(Vec<usize>, ExpertEncoding), PackError> {
+    if let Some((_, info)) = ckpt.info(name) {
+        let encoding = match info.dtype {
+            Dtype::F8E4M3 => ExpertEncoding::Published(Format::Fp8Block),
+            d => ExpertEncoding::Plain(d),
+        };
+        return Ok((info.shape.clone(), encoding));
     }
-    Ok(())
+    let [packed, ..] = int4::parts(name);
+    match ckpt.info(&packed) {
+        Some((_, info)) if !info.shape.is_empty() => {
+            let mut shape = info.shape.clone();
+            let last = shape.len() - 1;
+            shape[last] *= int4::PER_WORD;
+            Ok((shape, ExpertEncoding::Published(Format::Int4G32)))
+        }
+        _ => Err(PackError::Source(format!(
+            "tensor `{name}` is listed but missing"
+        ))),
+    }
 }
 
 /// How many drives one record is split over.

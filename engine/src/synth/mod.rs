@@ -80,12 +80,36 @@ pub struct SynthSpec {
     pub dense_intermediate: usize,
     /// Zipf exponent of expert popularity; 0 for none.
     pub zipf: f64,
-    /// BF16 storage (as released models) or F32.
-    pub bf16: bool,
-    /// Projections in FP8 with 128×128 block scales, as DeepSeek-V3 ships;
-    /// embeddings, norms, routers and the LM head stay BF16/F32.
-    pub fp8: bool,
+    pub dtype: SynthDtype,
     pub seed: u64,
+}
+
+/// How a synthetic checkpoint stores its weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SynthDtype {
+    /// BF16, as released models are.
+    Bf16,
+    F32,
+    /// Projections in FP8 with 128×128 block scales, as DeepSeek-V3 ships;
+    /// embeddings, norms, routers and the LM head stay BF16.
+    Fp8,
+    /// Routed experts in INT4 (compressed-tensors pack-quantized, groups of
+    /// 32), as Kimi K2-Thinking ships; everything else BF16.
+    Int4,
+}
+
+impl SynthDtype {
+    pub fn parse(name: &str) -> Result<Self, SynthError> {
+        match name.to_ascii_lowercase().as_str() {
+            "bf16" => Ok(Self::Bf16),
+            "f32" => Ok(Self::F32),
+            "fp8" => Ok(Self::Fp8),
+            "int4" => Ok(Self::Int4),
+            other => Err(SynthError::Invalid(format!(
+                "--dtype {other}: expected bf16, f32, fp8 or int4"
+            ))),
+        }
+    }
 }
 
 impl SynthSpec {
@@ -103,23 +127,19 @@ impl SynthSpec {
             moe_intermediate: 512,
             dense_intermediate: 2048,
             zipf: 0.0,
-            bf16: true,
-            fp8: false,
+            dtype: SynthDtype::Bf16,
             seed: 0,
         }
     }
 
-    fn dtype_size(&self) -> u64 {
-        if self.bf16 { 2 } else { 4 }
-    }
-
-    /// Bytes of one routed expert as stored.
+    /// Bytes of one routed expert as stored (without its scales).
     pub fn expert_bytes(&self) -> u64 {
         let weights = 3 * (self.hidden * self.moe_intermediate) as u64;
-        if self.fp8 {
-            weights
-        } else {
-            weights * self.dtype_size()
+        match self.dtype {
+            SynthDtype::Bf16 => weights * 2,
+            SynthDtype::F32 => weights * 4,
+            SynthDtype::Fp8 => weights,
+            SynthDtype::Int4 => weights / 2,
         }
     }
 
@@ -157,6 +177,12 @@ impl SynthSpec {
         if self.vocab < 256 {
             return bad("--vocab must be at least 256 (the tokenizer's byte alphabet)");
         }
+        let group = crate::kernels::format::INT4_GROUP;
+        if self.dtype == SynthDtype::Int4
+            && !(self.hidden.is_multiple_of(group) && self.moe_intermediate.is_multiple_of(group))
+        {
+            return bad("int4 needs --hidden and --moe-intermediate divisible by 32 (its groups)");
+        }
         Ok(())
     }
 }
@@ -178,6 +204,8 @@ enum Fill {
     Zeros,
     /// One value everywhere (FP8 block scales).
     Constant(f32),
+    /// These values in order (an INT4 matrix's recorded shape).
+    List(Vec<f32>),
 }
 
 struct TensorPlan {
@@ -211,21 +239,23 @@ pub fn write_synthetic(
     let plans = storage_plans(spec, plan(spec));
     let sizes: Vec<u64> = plans
         .iter()
-        .map(|(p, st)| p.shape.iter().product::<usize>() as u64 * st.size())
+        .map(|(p, st)| st.bytes(p.shape.iter().product::<usize>() as u64))
         .collect();
+    let shapes: Vec<Vec<usize>> = plans.iter().map(|(p, st)| st.shape(&p.shape)).collect();
     let entries: Vec<TensorEntry> = plans
         .iter()
         .zip(&sizes)
-        .map(|((p, st), &len)| TensorEntry {
+        .zip(&shapes)
+        .map(|(((p, st), &len), shape)| TensorEntry {
             name: &p.name,
             dtype: st.name(),
-            shape: &p.shape,
+            shape,
             len,
         })
         .collect();
     let parameters: u64 = plans
         .iter()
-        .filter(|(p, _)| !matches!(p.fill, Fill::Constant(_)))
+        .filter(|(p, _)| !matches!(p.fill, Fill::Constant(_) | Fill::List(_)))
         .map(|(p, _)| p.shape.iter().product::<usize>() as u64)
         .sum();
     let total: u64 = sizes.iter().sum();
@@ -245,7 +275,7 @@ pub fn write_synthetic(
             bytes.clear();
             for k in index..index + n {
                 let v = value(&p.fill, &mut rng, k / row.max(1), k % row.max(1));
-                storage.push(v, &mut bytes);
+                storage.push(v, k, &mut bytes);
             }
             file.write_all(&bytes).map_err(io(&weights))?;
             index += n;
@@ -297,6 +327,7 @@ fn value(fill: &Fill, rng: &mut SmallRng, row: usize, col: usize) -> f32 {
         }
         Fill::Zeros => 0.0,
         Fill::Constant(v) => *v,
+        Fill::List(values) => values.get(col).copied().unwrap_or(0.0),
     }
 }
 
@@ -305,8 +336,14 @@ fn value(fill: &Fill, rng: &mut SmallRng, row: usize, col: usize) -> f32 {
 enum Storage {
     F32,
     Bf16,
+    I32,
     /// FP8 e4m3 values of `v / scale`.
     Fp8 {
+        scale: f32,
+    },
+    /// INT4 values of `v / scale`, offset by 8, two a byte (low first):
+    /// the little-endian bytes of compressed-tensors' packed words.
+    Int4 {
         scale: f32,
     },
 }
@@ -316,44 +353,96 @@ impl Storage {
         match self {
             Storage::F32 => "F32",
             Storage::Bf16 => "BF16",
+            Storage::I32 | Storage::Int4 { .. } => "I32",
             Storage::Fp8 { .. } => "F8_E4M3",
         }
     }
 
-    fn size(self) -> u64 {
+    /// Bytes of `values` values.
+    fn bytes(self, values: u64) -> u64 {
         match self {
-            Storage::F32 => 4,
-            Storage::Bf16 => 2,
-            Storage::Fp8 { .. } => 1,
+            Storage::F32 | Storage::I32 => values * 4,
+            Storage::Bf16 => values * 2,
+            Storage::Fp8 { .. } => values,
+            Storage::Int4 { .. } => values / 2,
         }
     }
 
-    fn push(self, v: f32, bytes: &mut Vec<u8>) {
+    /// The stored shape of a tensor of `shape` values.
+    fn shape(self, shape: &[usize]) -> Vec<usize> {
+        let mut s = shape.to_vec();
+        if let (Storage::Int4 { .. }, Some(last)) = (self, s.last_mut()) {
+            *last /= crate::weights::int4::PER_WORD;
+        }
+        s
+    }
+
+    /// Appends value number `k` of a tensor.
+    fn push(self, v: f32, k: usize, bytes: &mut Vec<u8>) {
         match self {
             Storage::F32 => bytes.extend(v.to_le_bytes()),
             Storage::Bf16 => bytes.extend(half::bf16::from_f32(v).to_le_bytes()),
+            Storage::I32 => bytes.extend((v as i32).to_le_bytes()),
             Storage::Fp8 { scale } => bytes.push(float8::F8E4M3::from_f32(v / scale).to_bits()),
+            Storage::Int4 { scale } => {
+                let nibble = ((v / scale).round().clamp(-8.0, 7.0) as i32 + 8) as u8;
+                match bytes.last_mut() {
+                    Some(last) if k % 2 == 1 => *last |= nibble << 4,
+                    _ => bytes.push(nibble),
+                }
+            }
         }
     }
 }
 
 /// Largest magnitude FP8 e4m3 holds.
 const FP8_MAX: f32 = 448.0;
+/// Largest magnitude of a symmetric INT4 weight, in steps of its scale.
+const INT4_MAX: f32 = 7.0;
 
-/// Each tensor with how it is stored; with `fp8`, the projections become
+/// Each tensor with how it is stored; with FP8, the projections become
 /// FP8 (their uniform values scaled to fill ±448) and gain a constant
-/// `_scale_inv` of fixed 128×128 blocks.
+/// `_scale_inv` of fixed 128×128 blocks; with INT4, routed experts become
+/// packed nibbles (scaled to fill ±7) with constant BF16 group scales.
 fn storage_plans(spec: &SynthSpec, plans: Vec<TensorPlan>) -> Vec<(TensorPlan, Storage)> {
-    let wide = if spec.bf16 {
-        Storage::Bf16
-    } else {
+    let wide = if spec.dtype == SynthDtype::F32 {
         Storage::F32
+    } else {
+        Storage::Bf16
     };
     let mut out = Vec::with_capacity(plans.len() * 2);
     for p in plans {
         let projection = p.shape.len() == 2 && p.name.ends_with("_proj.weight");
+        let expert = projection && p.name.contains(".experts.");
         match p.fill {
-            Fill::Uniform(std) if spec.fp8 && projection => {
+            Fill::Uniform(std) if spec.dtype == SynthDtype::Int4 && expert => {
+                // A BF16 scale, so the nibbles and scale are what is stored.
+                let scale = half::bf16::from_f32(std * 3f32.sqrt() / INT4_MAX).to_f32();
+                let (rows, cols) = (p.shape[0], p.shape[1]);
+                let [packed, scales, shape] = crate::weights::int4::parts(&p.name);
+                let group = crate::kernels::format::INT4_GROUP;
+                let parts = [
+                    (
+                        TensorPlan {
+                            name: scales,
+                            shape: vec![rows, cols / group],
+                            fill: Fill::Constant(scale),
+                        },
+                        Storage::Bf16,
+                    ),
+                    (
+                        TensorPlan {
+                            name: shape,
+                            shape: vec![2],
+                            fill: Fill::List(vec![rows as f32, cols as f32]),
+                        },
+                        Storage::I32,
+                    ),
+                ];
+                out.push((TensorPlan { name: packed, ..p }, Storage::Int4 { scale }));
+                out.extend(parts);
+            }
+            Fill::Uniform(std) if spec.dtype == SynthDtype::Fp8 && projection => {
                 // Uniform(-a, a) with a = std·√3 fills the block exactly.
                 let scale = std * 3f32.sqrt() / FP8_MAX;
                 let scales = TensorPlan {
@@ -572,7 +661,7 @@ fn config_json(s: &SynthSpec) -> Value {
         "max_position_embeddings": 32768,
         "rope_theta": 10000.0,
         "tie_word_embeddings": false,
-        "torch_dtype": if s.bf16 { "bfloat16" } else { "float32" },
+        "torch_dtype": if s.dtype == SynthDtype::F32 { "float32" } else { "bfloat16" },
     });
     let specific = match s.arch {
         SynthArch::DeepseekV3 => {
@@ -599,13 +688,24 @@ fn config_json(s: &SynthSpec) -> Value {
         }),
     };
     let mut merged = common;
-    if s.fp8
-        && let Some(m) = merged.as_object_mut()
-    {
-        m.insert(
-            "quantization_config".into(),
+    let quantization = match s.dtype {
+        SynthDtype::Fp8 => Some(
             json!({ "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128] }),
-        );
+        ),
+        SynthDtype::Int4 => Some(json!({
+            "quant_method": "compressed-tensors", "format": "pack-quantized",
+            "quantization_status": "compressed",
+            "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|down)_proj.*"],
+            "config_groups": { "group_0": {
+                "targets": ["Linear"], "input_activations": null, "output_activations": null,
+                "weights": { "type": "int", "num_bits": 4, "symmetric": true, "strategy": "group",
+                             "group_size": crate::kernels::format::INT4_GROUP, "actorder": null, "dynamic": false },
+            }},
+        })),
+        SynthDtype::Bf16 | SynthDtype::F32 => None,
+    };
+    if let (Some(q), Some(m)) = (quantization, merged.as_object_mut()) {
+        m.insert("quantization_config".into(), q);
     }
     if let (Some(m), Value::Object(extra)) = (merged.as_object_mut(), specific) {
         m.extend(extra);

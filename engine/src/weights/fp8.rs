@@ -34,6 +34,7 @@ pub fn load_scales(
             name: weight.to_string(),
             scale,
             path,
+            needs: "FP8 weights need their 128x128 block scales (quantization_config fp8)",
         });
     };
     let expected = scale_shape(shape);
@@ -75,6 +76,7 @@ pub fn block_rows(fp8: &[u8], scales: &[f32], rows: usize, cols: usize) -> Vec<u
 mod tests {
     use super::*;
     use crate::kernels::{Matrix, fp8_e4m3_to_f32};
+    use crate::weights::test_source::Tensors;
 
     /// A 200 × 300 matrix: partial blocks on both edges, every weight
     /// decodes to fp8 × its fixed 128×128 block's scale.
@@ -103,35 +105,6 @@ mod tests {
         }
     }
 
-    /// Tensors in memory, as a checkpoint would hand them out.
-    struct Tensors(std::collections::HashMap<String, (crate::weights::Dtype, Vec<usize>, Vec<u8>)>);
-
-    impl crate::weights::TensorSource for Tensors {
-        fn shape(&self, name: &str) -> Option<&[usize]> {
-            self.0.get(name).map(|t| t.1.as_slice())
-        }
-        fn load(&self, name: &str) -> Result<candle_core::Tensor, crate::weights::WeightsError> {
-            let (dtype, shape, bytes) = &self.0[name];
-            crate::weights::tensor_from_bytes(name, bytes, *dtype, shape, std::path::Path::new("x"))
-        }
-        fn load_raw(
-            &self,
-            name: &str,
-        ) -> Result<crate::weights::RawTensor, crate::weights::WeightsError> {
-            let (dtype, _, bytes) = &self.0[name];
-            Ok(crate::weights::RawTensor {
-                dtype: *dtype,
-                bytes: bytes.clone(),
-            })
-        }
-        fn location(&self, _: &str) -> std::path::PathBuf {
-            "model.safetensors".into()
-        }
-        fn origin(&self) -> std::path::PathBuf {
-            ".".into()
-        }
-    }
-
     #[test]
     fn checkpoints_give_fp8_matrices_with_their_scales_or_say_what_is_missing() {
         use crate::weights::{Dtype, Weights, WeightsError};
@@ -139,14 +112,13 @@ mod tests {
         let fp8: Vec<u8> = (0..rows * cols).map(|i| (i % 120) as u8).collect();
         let scales: Vec<f32> = vec![0.5, 4.0];
         let scale_bytes: Vec<u8> = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
-        let mut t = Tensors(Default::default());
-        t.0.insert(
-            "w.weight".into(),
-            (Dtype::F8E4M3, vec![rows, cols], fp8.clone()),
-        );
-        t.0.insert(
-            "w.weight_scale_inv".into(),
-            (Dtype::F32, vec![2, 1], scale_bytes.clone()),
+        let mut t = Tensors::default();
+        t.insert("w.weight", Dtype::F8E4M3, &[rows, cols], fp8.clone());
+        t.insert(
+            "w.weight_scale_inv",
+            Dtype::F32,
+            &[2, 1],
+            scale_bytes.clone(),
         );
         let m = Weights::root(&t).matrix("w.weight", rows, cols).unwrap();
         assert_eq!(m.format(), Format::Fp8Block);
@@ -157,10 +129,7 @@ mod tests {
             fp8_e4m3_to_f32(fp8[129 * cols + 5]) * 4.0
         );
         // A wrong scale shape is named; so is a missing scale.
-        t.0.insert(
-            "w.weight_scale_inv".into(),
-            (Dtype::F32, vec![1, 2], scale_bytes),
-        );
+        t.insert("w.weight_scale_inv", Dtype::F32, &[1, 2], scale_bytes);
         let err = Weights::root(&t)
             .matrix("w.weight", rows, cols)
             .unwrap_err();
@@ -168,7 +137,7 @@ mod tests {
             matches!(&err, WeightsError::Shape { name, expected, .. } if name == "w.weight_scale_inv" && *expected == vec![2, 1]),
             "{err}"
         );
-        t.0.remove("w.weight_scale_inv");
+        t.remove("w.weight_scale_inv");
         let err = Weights::root(&t)
             .matrix("w.weight", rows, cols)
             .unwrap_err()

@@ -6,7 +6,10 @@
 
 mod checkpoint;
 pub mod fp8;
+pub mod int4;
 pub mod safetensors;
+#[cfg(test)]
+mod test_source;
 
 use std::path::PathBuf;
 
@@ -41,20 +44,20 @@ pub enum WeightsError {
         expected: Vec<usize>,
     },
     #[error(
-        "{path}: tensor `{name}` is stored as {dtype:?}; supported weight dtypes are F32, F16, BF16, and F8_E4M3 for matrices with block scales"
+        "{path}: tensor `{name}` is stored as {dtype:?}; supported weight dtypes are F32, F16, BF16, F8_E4M3 with block scales, and INT4 packed by compressed-tensors"
     )]
     UnsupportedDtype {
         name: String,
         path: PathBuf,
         dtype: Dtype,
     },
-    #[error(
-        "{path}: FP8 tensor `{name}` has no `{scale}` beside it; FP8 weights need their 128x128 block scales (quantization_config fp8)"
-    )]
+    #[error("{path}: quantised tensor `{name}` has no `{scale}` beside it; {needs}")]
     MissingScale {
         name: String,
         scale: String,
         path: PathBuf,
+        /// What the format needs, e.g. FP8's 128x128 block scales.
+        needs: &'static str,
     },
     #[error("tensor `{name}` appears in both {first} and {second}")]
     Duplicate {
@@ -194,22 +197,28 @@ impl<'a> Weights<'a> {
         shape: &[usize],
         count: usize,
     ) -> Result<Vec<Matrix>, WeightsError> {
-        let full = self.check_shape(name, shape)?;
-        let mut raw = self.source.load_raw(&full)?;
-        let path = self.source.location(&full);
         let [rows, cols] = [shape[shape.len() - 2], shape[shape.len() - 1]];
-        let format = if raw.dtype == Dtype::F8E4M3 {
-            raw.bytes = self.fp8_block_rows(&full, raw.bytes, shape, count)?;
-            Format::Fp8Block
-        } else {
-            matrix_format(raw.dtype).ok_or_else(|| WeightsError::UnsupportedDtype {
-                name: full.clone(),
-                path: path.clone(),
-                dtype: raw.dtype,
-            })?
-        };
-        let each = raw.bytes.len() / count.max(1);
-        raw.bytes
+        let full = self.full_name(name);
+        if !int4::is_packed(self.source, &full) {
+            self.check_shape(name, shape)?;
+        }
+        let (format, bytes) = stored_rows(self.source, &full, shape, count)?;
+        self.split(&full, bytes, rows, cols, format, count)
+    }
+
+    /// `bytes` of tensor `full` as `count` matrices one after another.
+    fn split(
+        &self,
+        full: &str,
+        bytes: Vec<u8>,
+        rows: usize,
+        cols: usize,
+        format: Format,
+        count: usize,
+    ) -> Result<Vec<Matrix>, WeightsError> {
+        let path = self.source.location(full);
+        let each = bytes.len() / count.max(1);
+        bytes
             .chunks(each.max(1))
             .take(count)
             .map(|bytes| {
@@ -221,27 +230,6 @@ impl<'a> Weights<'a> {
                 })
             })
             .collect()
-    }
-
-    /// FP8 `bytes` of tensor `full` (`count` matrices of `shape`) with
-    /// their `_scale_inv` as [`Format::Fp8Block`] rows, one matrix after another.
-    fn fp8_block_rows(
-        &self,
-        full: &str,
-        bytes: Vec<u8>,
-        shape: &[usize],
-        count: usize,
-    ) -> Result<Vec<u8>, WeightsError> {
-        let scales = fp8::load_scales(self.source, full, shape)?;
-        let expected = fp8::scale_shape(shape);
-        let [rows, cols] = [shape[shape.len() - 2], shape[shape.len() - 1]];
-        let per_matrix = expected[expected.len() - 2] * expected[expected.len() - 1];
-        Ok(bytes
-            .chunks((rows * cols).max(1))
-            .zip(scales.chunks(per_matrix.max(1)))
-            .take(count)
-            .flat_map(|(m, s)| fp8::block_rows(m, s, rows, cols))
-            .collect())
     }
 
     /// Checks that `name` exists with shape `expected`; returns its full name.
@@ -263,6 +251,42 @@ impl<'a> Weights<'a> {
         }
         Ok(full)
     }
+}
+
+/// The rows of `count` matrices `name` (of `shape`, `[..., rows, cols]`,
+/// already checked against the source unless INT4-packed) as the kernels
+/// read them, one matrix after another, at their stored width: plain floats
+/// as they are, FP8 with its block scales, INT4 with its group scales.
+pub fn stored_rows(
+    source: &dyn TensorSource,
+    name: &str,
+    shape: &[usize],
+    count: usize,
+) -> Result<(Format, Vec<u8>), WeightsError> {
+    if int4::is_packed(source, name) {
+        return Ok((Format::Int4G32, int4::load(source, name, shape, count)?));
+    }
+    let raw = source.load_raw(name)?;
+    if raw.dtype == Dtype::F8E4M3 {
+        let scales = fp8::load_scales(source, name, shape)?;
+        let expected = fp8::scale_shape(shape);
+        let [rows, cols] = [shape[shape.len() - 2], shape[shape.len() - 1]];
+        let per_matrix = expected[expected.len() - 2] * expected[expected.len() - 1];
+        let rows = raw
+            .bytes
+            .chunks((rows * cols).max(1))
+            .zip(scales.chunks(per_matrix.max(1)))
+            .take(count)
+            .flat_map(|(m, s)| fp8::block_rows(m, s, rows, cols))
+            .collect();
+        return Ok((Format::Fp8Block, rows));
+    }
+    let format = matrix_format(raw.dtype).ok_or_else(|| WeightsError::UnsupportedDtype {
+        name: name.to_string(),
+        path: source.location(name),
+        dtype: raw.dtype,
+    })?;
+    Ok((format, raw.bytes))
 }
 
 /// The kernel format of a float dtype.

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use longhaul_engine::synth::{SynthArch, SynthSpec, write_synthetic};
+use longhaul_engine::synth::{SynthArch, SynthDtype, SynthSpec, write_synthetic};
 use serde_json::json;
 
 use super::size::parse_size;
@@ -48,13 +48,12 @@ pub struct SynthArgs {
     /// Skew expert popularity, e.g. zipf:1 (default: none).
     #[arg(long)]
     popularity: Option<String>,
-    /// Store weights as F32 instead of BF16.
-    #[arg(long)]
-    f32: bool,
-    /// Store the projections (attention, MLP, experts) as FP8 e4m3 with
-    /// 128x128 block scales, as DeepSeek-V3 is published.
-    #[arg(long)]
-    fp8: bool,
+    /// How weights are stored: bf16 (as most models are released), f32,
+    /// fp8 (projections as FP8 e4m3 with 128x128 block scales, as
+    /// DeepSeek-V3 is published) or int4 (routed experts as INT4 in groups
+    /// of 32, compressed-tensors pack-quantized, as Kimi K2-Thinking is).
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
     /// Seed for the random weights.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -78,8 +77,7 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
     set(&mut spec.moe_intermediate, args.moe_intermediate);
     set(&mut spec.vocab, args.vocab);
     set(&mut spec.layers, args.layers);
-    spec.bf16 = !args.f32;
-    spec.fp8 = args.fp8;
+    spec.dtype = SynthDtype::parse(&args.dtype)?;
     spec.seed = args.seed;
     if let Some(p) = &args.popularity {
         let Some(s) = p.strip_prefix("zipf:") else {
