@@ -17,6 +17,10 @@ fn expert_bytes(fixture: &str) -> u64 {
         "qwen3_moe_recent" => 3 * 64 * 24 * 4,
         "mixtral_released" => 3 * 64 * 48 * 4,
         "kimi_k25_text" => 3 * 64 * 16 * 4,
+        "gpt_oss_bf16" => 3 * 64 * 64 * 4,
+        // MXFP4 rows of 64 weights (two blocks of 32, each a scale byte and
+        // 16 bytes): 128 gate/up rows and 64 down rows.
+        "gpt_oss_mxfp4" => (128 + 64) * 2 * (1 + 16),
         // FP8 rows of 64 (gate, up) and 24 (down) weights, each led by a scale.
         "deepseek_v3_fp8" => 48 * (4 + 64) + 64 * (4 + 24),
         // INT4 rows of 64 weights (two groups of 32, each a BF16 scale and
@@ -144,6 +148,7 @@ fn logits_are_bitwise_identical_to_the_in_memory_model() {
         "qwen3_moe_recent",
         "mixtral_released",
         "kimi_k25_text",
+        "gpt_oss_bf16",
     ] {
         let dir = common::fixtures_dir().join(fixture);
         let exp = common::expected(&dir);
@@ -174,13 +179,14 @@ fn logits_are_bitwise_identical_to_the_in_memory_model() {
     }
 }
 
-/// FP8 and INT4 experts are packed as published, with their scales, and
-/// stream to bitwise the logits of the checkpoint held in RAM.
+/// FP8, INT4 and MXFP4 experts are packed as published, with their scales,
+/// and stream to bitwise the logits of the checkpoint held in RAM.
 #[test]
 fn quantised_experts_stream_exactly_as_published() {
     for (fixture, dtype) in [
         ("deepseek_v3_fp8", "FP8_E4M3_B128"),
         ("kimi_k2_int4", "INT4_G32"),
+        ("gpt_oss_mxfp4", "MXFP4"),
     ] {
         published_experts_stream_exactly(fixture, dtype);
     }

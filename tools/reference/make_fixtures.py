@@ -128,6 +128,33 @@ DEEPSEEK_V3_SPEC = {
 }
 
 # name, model_type, config, options
+GPT_OSS_SPEC = {
+    "model_type": "gpt_oss",
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 64,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "attention_bias": True,
+    # Small enough that the teacher text crosses the window and the clamp bites.
+    "sliding_window": 6,
+    "swiglu_alpha": 1.702,
+    "swiglu_limit": 1.5,
+    "rope": {
+        "rope_type": "yarn",
+        "rope_theta": 150000.0,
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 4096,
+    },
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": False,
+}
+
 FIXTURES = [
     (
         "qwen3_moe_released",
@@ -295,6 +322,14 @@ FIXTURES = [
         "kimi_k2_int4",
         dict(DEEPSEEK_V3_SPEC, model_type="kimi_k2", moe_intermediate_size=64),
         {"style": "old", "layout": "per_expert", "dtype": "bfloat16", "shards": 2, "int4": True},
+    ),
+    # gpt-oss as save_pretrained writes it (BF16, experts transposed and
+    # interleaved) and as released (MXFP4 experts, old-style rope fields).
+    ("gpt_oss_bf16", GPT_OSS_SPEC, {"style": "new", "layout": "fused", "dtype": "bfloat16", "shards": 1}),
+    (
+        "gpt_oss_mxfp4",
+        GPT_OSS_SPEC,
+        {"style": "old", "layout": "fused", "dtype": "bfloat16", "shards": 1, "mxfp4": True},
     ),
 ]
 
@@ -482,10 +517,53 @@ def quantize_int4(model, tensors: dict) -> dict:
     return out
 
 
+MXFP4_BLOCK = 32
+FP4_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+# gpt-oss's release keeps these in BF16.
+MXFP4_CONFIG = {
+    "quant_method": "mxfp4",
+    "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
+}
+
+
+def mxfp4_quantize(w: torch.Tensor):
+    """MXFP4 along the last dimension: returns (blocks uint8 [..., cols/32, 16],
+    scales uint8 [..., cols/32]), E2M1 codes low nibble first with E8M0 scales."""
+    *lead, cols = w.shape
+    g = w.reshape(*lead, cols // MXFP4_BLOCK, MXFP4_BLOCK)
+    amax = g.abs().amax(-1).clamp(min=1e-30)
+    exponent = torch.ceil(torch.log2(amax / 6.0)).clamp(-126, 127)
+    scales = (exponent + 127).to(torch.uint8)
+    x = g / torch.ldexp(torch.ones_like(amax), exponent.to(torch.int32)).unsqueeze(-1)
+    codes = (x.unsqueeze(-1) - FP4_VALUES).abs().argmin(-1).to(torch.uint8)
+    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return blocks.contiguous(), scales.contiguous()
+
+
+def quantize_mxfp4(model, tensors: dict) -> dict:
+    """Stores gpt-oss's expert stacks as MXFP4 blocks (output rows, blocks
+    along the reduction) and puts transformers' own dequantisation of them
+    back into `model`."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    params = dict(model.named_parameters())
+    out = {}
+    for k, v in tensors.items():
+        if not k.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+            out[k] = v
+            continue
+        blocks, scales = mxfp4_quantize(v.to(torch.float32).transpose(1, 2))
+        out[k + "_blocks"], out[k + "_scales"] = blocks, scales
+        deq = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+        assert deq.shape == v.shape, (k, deq.shape, v.shape)
+        params[k].copy_(deq)
+    return out
+
+
 def save_checkpoint(tensors: dict, out: Path, dtype: torch.dtype, shards: int, prefix: str = "") -> None:
     def stored(k, v):
         # Quantised weights and their scales are written as published.
-        published = v.dtype in (torch.float8_e4m3fn, torch.int32) or k.endswith(("_scale_inv", "_scale"))
+        published = v.dtype in (torch.float8_e4m3fn, torch.int32, torch.uint8) or k.endswith(("_scale_inv", "_scale"))
         return v if published else v.to(dtype)
 
     tensors = {prefix + k: stored(k, v).contiguous() for k, v in tensors.items()}
@@ -552,6 +630,9 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
     if opts.get("int4"):
         tensors = quantize_int4(model, tensors)
         cfg = dict(cfg, quantization_config=INT4_CONFIG)
+    if opts.get("mxfp4"):
+        tensors = quantize_mxfp4(model, tensors)
+        cfg = dict(cfg, quantization_config=MXFP4_CONFIG)
     wrapped = opts.get("wrap") == "kimi_k25"
     save_checkpoint(tensors, out, dtype, opts["shards"], "language_model." if wrapped else "")
 
@@ -572,7 +653,8 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
     # scale_rows, not the format's fixed 128: its reload is no reference here.
     # INT4 would need compressed-tensors installed to reload; the model above
     # already computes on its dequantised values.
-    if not wrapped and not opts.get("fp8") and not opts.get("int4"):
+    # MXFP4's loader wants GPU kernels; its dequantisation was run directly above.
+    if not wrapped and not any(opts.get(q) for q in ("fp8", "int4", "mxfp4")):
         # The checkpoint as written must load back in transformers to the same logits.
         reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
         again = reloaded(torch.tensor([ids])).logits[0]

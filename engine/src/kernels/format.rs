@@ -29,6 +29,11 @@ pub enum Format {
     /// offset by 8. A weight is `bf16((q − 8) × scale)`: compressed-tensors
     /// multiplies in the scale's dtype, so the product is rounded to BF16.
     Int4G32,
+    /// MXFP4 as gpt-oss publishes its experts: blocks of 32 along the row,
+    /// each its E8M0 scale byte (`2^(s − 127)`), then 16 bytes of E2M1
+    /// values, low nibble first. A weight is `e2m1 × 2^(s − 127)`, exact in
+    /// f32 for every scale a real checkpoint holds (2^-126 … 2^127).
+    Mxfp4,
 }
 
 /// Elements per Q8_0 block.
@@ -53,6 +58,14 @@ const INT4_SCALE_BYTES: usize = 2;
 const INT4_BYTES: usize = INT4_SCALE_BYTES + INT4_GROUP / 2;
 /// What a stored nibble is offset by: nibble 8 is the weight 0.
 const INT4_OFFSET: i32 = 8;
+/// Elements per MXFP4 block.
+pub const MXFP4_BLOCK: usize = 32;
+/// Bytes per MXFP4 block: the E8M0 scale, then two values a byte.
+const MXFP4_BYTES: usize = 1 + MXFP4_BLOCK / 2;
+/// The sixteen E2M1 values (sign, two exponent bits, one mantissa bit).
+const E2M1: [f32; 16] = [
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+];
 /// 2^112: moves an f16 exponent (bias 15) placed in an f32 (bias 127) home.
 const F16_EXPONENT_SHIFT: f32 = f32::from_bits((127 + 112) << 23);
 
@@ -66,6 +79,7 @@ impl Format {
             Format::Q4K => "Q4K",
             Format::Fp8Block => "FP8_E4M3_B128",
             Format::Int4G32 => "INT4_G32",
+            Format::Mxfp4 => "MXFP4",
         }
     }
 
@@ -77,6 +91,7 @@ impl Format {
             Format::Q4K => Q4K_BLOCK,
             Format::Fp8Block => FP8_BLOCK,
             Format::Int4G32 => INT4_GROUP,
+            Format::Mxfp4 => MXFP4_BLOCK,
         }
     }
 
@@ -89,6 +104,7 @@ impl Format {
             Format::Q4K => Q4K_BYTES,
             Format::Fp8Block => FP8_SCALE_BYTES + FP8_BLOCK,
             Format::Int4G32 => INT4_BYTES,
+            Format::Mxfp4 => MXFP4_BYTES,
         }
     }
 
@@ -214,6 +230,13 @@ pub fn decode_row(format: Format, bytes: &[u8], out: &mut [f32]) {
             }
         }
         Format::Fp8Block => decode_fp8_row(bytes, out),
+        Format::Mxfp4 => {
+            let (blocks, _) = bytes.as_chunks::<MXFP4_BYTES>();
+            let (outs, _) = out.as_chunks_mut::<MXFP4_BLOCK>();
+            for (o, b) in outs.iter_mut().zip(blocks) {
+                decode_mxfp4(b, o);
+            }
+        }
         Format::Int4G32 => {
             let (groups, _) = bytes.as_chunks::<INT4_BYTES>();
             let (outs, _) = out.as_chunks_mut::<INT4_GROUP>();
@@ -261,6 +284,27 @@ fn decode_int4(g: &[u8; INT4_BYTES], out: &mut [f32; INT4_GROUP]) {
         let hi = i32::from(byte >> 4) - INT4_OFFSET;
         o[0] = round_to_bf16(lo as f32 * scale);
         o[1] = round_to_bf16(hi as f32 * scale);
+    }
+}
+
+/// An E8M0 scale byte as f32: `2^(s − 127)` (255 is NaN).
+#[inline(always)]
+pub fn e8m0_to_f32(s: u8) -> f32 {
+    match s {
+        0 => f32::from_bits(1 << 22),
+        255 => f32::NAN,
+        s => f32::from_bits(u32::from(s) << 23),
+    }
+}
+
+/// One MXFP4 block: each E2M1 value times the block's power of two.
+#[inline(always)]
+fn decode_mxfp4(b: &[u8; MXFP4_BYTES], out: &mut [f32; MXFP4_BLOCK]) {
+    let scale = e8m0_to_f32(b[0]);
+    let (pairs, _) = out.as_chunks_mut::<2>();
+    for (o, &byte) in pairs.iter_mut().zip(&b[1..]) {
+        o[0] = E2M1[usize::from(byte & 0xF)] * scale;
+        o[1] = E2M1[usize::from(byte >> 4)] * scale;
     }
 }
 
@@ -443,6 +487,35 @@ mod tests {
         // The rounding is real: weight 3 is 7 × (1 + 2^-7), not a BF16.
         assert_eq!(out[3], 7.0625);
         assert_ne!(out[3], 7.0 * 1.0078125);
+    }
+
+    /// MXFP4 blocks decode as transformers' `convert_moe_packed_tensors`:
+    /// the low nibble first, each E2M1 value times `2^(scale − 127)`.
+    #[test]
+    fn mxfp4_blocks_decode_as_published() {
+        let scales = [127u8, 120, 133];
+        let mut bytes = Vec::new();
+        let mut want = Vec::new();
+        for (k, &s) in scales.iter().enumerate() {
+            bytes.push(s);
+            for i in 0..MXFP4_BLOCK / 2 {
+                let (lo, hi) = ((i + k) % 16, (i * 3 + 7) % 16);
+                bytes.push((lo | (hi << 4)) as u8);
+                let pow = 2f32.powi(i32::from(s) - 127);
+                want.push(E2M1[lo] * pow);
+                want.push(E2M1[hi] * pow);
+            }
+        }
+        let cols = 3 * MXFP4_BLOCK;
+        assert_eq!(Format::Mxfp4.row_bytes(cols), Some(bytes.len()));
+        let mut out = vec![0f32; cols];
+        decode_row(Format::Mxfp4, &bytes, &mut out);
+        assert_eq!(out, want);
+        assert_eq!(e8m0_to_f32(0), 2f32.powi(-127));
+        assert_eq!(e8m0_to_f32(254), 2f32.powi(127));
+        assert!(e8m0_to_f32(255).is_nan());
+        assert_eq!(E2M1[7], 6.0);
+        assert_eq!(E2M1[9], -0.5);
     }
 
     #[test]

@@ -68,11 +68,40 @@ pub fn softmax_in_place(row: &mut [f32]) {
     }
 }
 
+/// Softmax of one row as if it had one more logit, `sink`, which takes its
+/// share of the sum and is then dropped (gpt-oss's attention sinks).
+pub fn softmax_with_sink(row: &mut [f32], sink: f32) {
+    let max = row.iter().copied().fold(sink, f32::max);
+    let mut sum = 0f32;
+    for s in row.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    sum += (sink - max).exp();
+    for s in row.iter_mut() {
+        *s /= sum;
+    }
+}
+
 /// `silu(gate) · up`, elementwise.
 pub fn swiglu(gate: &[f32], up: &[f32]) -> Vec<f32> {
     gate.iter()
         .zip(up)
         .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
+        .collect()
+}
+
+/// gpt-oss's clamped SwiGLU, elementwise: the gate clamped above at
+/// `limit`, up to ±`limit`, then `gate · σ(alpha · gate) · (up + 1)`.
+pub fn clamped_swiglu(gate: &[f32], up: &[f32], alpha: f32, limit: f32) -> Vec<f32> {
+    gate.iter()
+        .zip(up)
+        .map(|(&g, &u)| {
+            let g = g.min(limit);
+            let u = u.clamp(-limit, limit);
+            let glu = g * (1.0 / (1.0 + (-(g * alpha)).exp()));
+            (u + 1.0) * glu
+        })
         .collect()
 }
 
@@ -106,6 +135,19 @@ impl AttentionShape {
 
 /// `softmax(q·kᵀ·scale)·v` for every query and head; output `[seq][heads][value_dim]`.
 pub fn attention(q: &[f32], k: &[f32], v: &[f32], s: &AttentionShape, scale: f32) -> Vec<f32> {
+    attention_with_sinks(q, k, v, s, scale, None)
+}
+
+/// [`attention`] where each query head's softmax also weighs a learnt sink
+/// logit (`sinks[head]`) that attends to nothing.
+pub fn attention_with_sinks(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: &AttentionShape,
+    scale: f32,
+    sinks: Option<&[f32]>,
+) -> Vec<f32> {
     let mut out = vec![0f32; s.seq * s.heads * s.value_dim];
     let group = (s.heads / s.kv_heads.max(1)).max(1);
     let one = |(row, o): (usize, &mut [f32])| {
@@ -120,6 +162,7 @@ pub fn attention(q: &[f32], k: &[f32], v: &[f32], s: &AttentionShape, scale: f32
                 shape: s,
                 visible: s.visible(i),
                 scale,
+                sink: sinks.and_then(|v| v.get(h).copied()),
                 out: o,
             },
         );
@@ -153,6 +196,7 @@ struct AttendRow<'a> {
     shape: &'a AttentionShape,
     visible: std::ops::Range<usize>,
     scale: f32,
+    sink: Option<f32>,
     out: &'a mut [f32],
 }
 
@@ -167,7 +211,10 @@ impl WithSimd for AttendRow<'_> {
             let at = (t * s.kv_heads + self.kv) * d;
             scores.push(dot(simd, self.q, &self.keys[at..at + d]) * self.scale);
         }
-        softmax_in_place(&mut scores);
+        match self.sink {
+            Some(sink) => softmax_with_sink(&mut scores, sink),
+            None => softmax_in_place(&mut scores),
+        }
         for (p, t) in scores.iter().zip(self.visible.clone()) {
             let at = (t * s.kv_heads + self.kv) * vd;
             axpy(simd, self.out, *p, &self.values[at..at + vd]);

@@ -84,6 +84,7 @@ pub fn build(
             bias: false,
             qk_norm_eps: None,
             window: c.sliding_window,
+            sinks: false,
         };
         let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape, &rope)?;
         let block = MOE_BLOCK_NAMES

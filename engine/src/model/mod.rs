@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod deepseek_v3;
+pub mod gpt_oss;
 pub mod kv_cache;
 pub mod layers;
 pub mod mixtral;
@@ -43,8 +44,14 @@ pub enum ModelError {
 }
 
 /// `model_type` values Longhaul can run.
-pub const SUPPORTED_MODEL_TYPES: &[&str] =
-    &["qwen3_moe", "mixtral", "deepseek_v3", "kimi_k2", "kimi_k25"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
+    "qwen3_moe",
+    "mixtral",
+    "deepseek_v3",
+    "kimi_k2",
+    "kimi_k25",
+    "gpt_oss",
+];
 
 /// Settings every architecture has.
 #[derive(Debug, Clone, PartialEq)]
@@ -92,6 +99,7 @@ pub enum Architecture {
     Qwen3Moe(qwen3_moe::Config),
     Mixtral(mixtral::Config),
     DeepseekV3(deepseek_v3::Config),
+    GptOss(gpt_oss::Config),
 }
 
 /// A parsed config.json: what to build and where its weights are named.
@@ -121,6 +129,7 @@ impl ModelSpec {
         let (architecture, weight_prefix) = match model_type.as_str() {
             "qwen3_moe" => (Architecture::Qwen3Moe(qwen3_moe::Config::parse(raw)?), ""),
             "mixtral" => (Architecture::Mixtral(mixtral::Config::parse(raw)?), ""),
+            "gpt_oss" => (Architecture::GptOss(gpt_oss::Config::parse(raw)?), ""),
             "deepseek_v3" | "kimi_k2" => (
                 Architecture::DeepseekV3(deepseek_v3::Config::parse(raw)?),
                 "",
@@ -155,6 +164,7 @@ impl ModelSpec {
             Architecture::Qwen3Moe(c) => &c.common,
             Architecture::Mixtral(c) => &c.common,
             Architecture::DeepseekV3(c) => &c.common,
+            Architecture::GptOss(c) => &c.common,
         }
     }
 
@@ -164,6 +174,7 @@ impl ModelSpec {
         let (layers, per_layer) = match &self.architecture {
             Architecture::Qwen3Moe(c) => (c.common.num_layers, 2 * c.kv_heads * c.head_dim),
             Architecture::Mixtral(c) => (c.common.num_layers, 2 * c.kv_heads * c.head_dim),
+            Architecture::GptOss(c) => (c.common.num_layers, 2 * c.kv_heads * c.head_dim),
             Architecture::DeepseekV3(c) => {
                 (c.common.num_layers, c.kv_lora_rank + c.qk_rope_head_dim)
             }
@@ -237,6 +248,7 @@ impl ModelSpec {
             Architecture::Qwen3Moe(c) => qwen3_moe::build(c, &w, experts),
             Architecture::Mixtral(c) => mixtral::build(c, &w, experts),
             Architecture::DeepseekV3(c) => deepseek_v3::build(c, &w, experts),
+            Architecture::GptOss(c) => gpt_oss::build(c, &w, experts),
         }
     }
 }

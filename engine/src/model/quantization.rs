@@ -3,7 +3,7 @@
 //! The frontier checkpoints Longhaul exists for are not published in BF16:
 //! DeepSeek-V3/R1 and Kimi K2 ship FP8 (e4m3) with 128×128 block scales;
 //! Kimi K2-Thinking and K2.5 ship INT4 experts through compressed-tensors
-//! (`pack-quantized`, symmetric, groups of 32).
+//! (`pack-quantized`, symmetric, groups of 32); gpt-oss ships MXFP4 experts.
 //! A method or layout Longhaul does not read is refused here, before a
 //! byte is loaded, naming what was found and what is supported — never
 //! loaded as if its packed integers were floats.
@@ -18,7 +18,8 @@ pub const FP8_WEIGHT_BLOCK: [u64; 2] = [128, 128];
 pub const INT4_GROUP_SIZE: u64 = 32;
 /// What this Longhaul reads, for messages.
 const SUPPORTED: &str = "fp8 (fmt e4m3, weight_block_size [128, 128]), or compressed-tensors \
-     (format pack-quantized, weights int 4-bit symmetric in groups of 32, no activation quantisation)";
+     (format pack-quantized, weights int 4-bit symmetric in groups of 32, no activation quantisation), \
+     or mxfp4 (gpt-oss's `_blocks`/`_scales` experts)";
 
 /// A checkpoint's weight quantisation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +30,9 @@ pub enum Quantization {
     /// `weight_scale`, `weight_shape`) in groups of 32; modules it `ignore`s
     /// stay plain floats.
     Int4Groups,
+    /// gpt-oss's MXFP4 experts (`*_blocks`, `*_scales`); the modules it
+    /// does not convert stay plain floats.
+    Mxfp4,
 }
 
 /// Reads `quantization_config` (absent: plain float weights).
@@ -50,6 +54,7 @@ pub fn parse(raw: &RawConfig) -> Result<Option<Quantization>, ConfigError> {
     match method {
         "fp8" => {}
         "compressed-tensors" => return parse_compressed_tensors(q, &unsupported),
+        "mxfp4" => return Ok(Some(Quantization::Mxfp4)),
         _ => return Err(unsupported("quant_method", method.to_string())),
     }
     if let Some(fmt) = q.get("fmt").and_then(Value::as_str)
@@ -192,6 +197,15 @@ mod tests {
                              "group_size": 32, "actorder": null, "dynamic": false, "observer": "minmax" }
             }}
         })
+    }
+
+    #[test]
+    fn gpt_oss_mxfp4_config_is_read() {
+        let q = json!({ "quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "lm_head"] });
+        assert_eq!(
+            parse_json(json!({ "quantization_config": q })).unwrap(),
+            Some(Quantization::Mxfp4)
+        );
     }
 
     #[test]

@@ -119,6 +119,7 @@ pub fn build(
             bias: c.attention_bias,
             qk_norm_eps: Some(eps),
             window: c.sliding_window,
+            sinks: false,
         };
         let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape, &rope)?;
         let mw = lw.pp("mlp");

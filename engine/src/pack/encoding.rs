@@ -64,12 +64,13 @@ pub enum ExpertEncoding {
     Quantized(Quantization),
     /// The checkpoint's quantised blocks as published, rearranged so each
     /// row decodes on its own: FP8 with its 128×128 block scales
-    /// ([`Format::Fp8Block`]), INT4 with its group scales ([`Format::Int4G32`]).
+    /// ([`Format::Fp8Block`]), INT4 with its group scales ([`Format::Int4G32`]),
+    /// MXFP4 with its block exponents ([`Format::Mxfp4`]).
     Published(Format),
 }
 
 /// The published block formats a pack holds as they are.
-pub const PUBLISHED: [Format; 2] = [Format::Fp8Block, Format::Int4G32];
+pub const PUBLISHED: [Format; 3] = [Format::Fp8Block, Format::Int4G32, Format::Mxfp4];
 
 /// A record's bytes could not be turned into an expert (or back).
 #[derive(Debug, thiserror::Error)]

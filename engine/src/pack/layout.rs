@@ -42,7 +42,7 @@ impl ExpertTensors {
             r"(?:^|\.)(?:layers|blocks)\.(\d+)\.[A-Za-z_]+\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight(_scale_inv|_packed|_scale|_shape|_zero_point|_g_idx)?$",
         )?;
         let fused = Regex::new(
-            r"(?:^|\.)(?:layers|blocks)\.(\d+)\.[A-Za-z_]+\.experts\.(gate_up_proj|down_proj)$",
+            r"(?:^|\.)(?:layers|blocks)\.(\d+)\.[A-Za-z_]+\.experts\.(gate_up_proj|down_proj)(_blocks|_scales)?$",
         )?;
         let mut out = ExpertTensors::default();
         let mut resident = Vec::new();
@@ -79,6 +79,13 @@ impl ExpertTensors {
                     resident.push(name.to_string());
                     continue;
                 };
+                // MXFP4 stacks are known by their name without `_blocks`;
+                // their scales travel with them.
+                let name = match c.get(3).map(|m| m.as_str()) {
+                    None => name,
+                    Some("_blocks") => name.trim_end_matches("_blocks"),
+                    Some(_) => continue,
+                };
                 let slot = if &c[2] == "gate_up_proj" { 0 } else { 1 };
                 out.layers.entry(layer).or_default().fused[slot] = Some(name.to_string());
             } else {
@@ -107,6 +114,9 @@ mod tests {
             "model.layers.5.mlp.experts.2.down_proj.weight_packed",
             "model.layers.5.mlp.experts.2.down_proj.weight_scale",
             "model.layers.5.mlp.experts.2.down_proj.weight_shape",
+            "model.layers.6.mlp.experts.gate_up_proj_blocks",
+            "model.layers.6.mlp.experts.gate_up_proj_scales",
+            "model.layers.6.mlp.experts.gate_up_proj_bias",
         ];
         let (experts, resident) = ExpertTensors::classify(names.iter().copied()).unwrap();
         assert_eq!(
@@ -114,7 +124,8 @@ mod tests {
             vec![
                 "model.embed_tokens.weight",
                 "model.layers.1.mlp.shared_experts.gate_proj.weight",
-                "model.layers.1.mlp.gate.weight"
+                "model.layers.1.mlp.gate.weight",
+                "model.layers.6.mlp.experts.gate_up_proj_bias"
             ]
         );
         let l1 = &experts.layers[&1].per_expert[&0];
@@ -124,6 +135,10 @@ mod tests {
             Some("model.layers.2.block_sparse_moe.experts.3.w2.weight")
         );
         assert!(experts.layers[&4].fused[0].is_some());
+        assert_eq!(
+            experts.layers[&6].fused[0].as_deref(),
+            Some("model.layers.6.mlp.experts.gate_up_proj")
+        );
         assert_eq!(
             experts.layers[&5].per_expert[&2][Part::Down as usize].as_deref(),
             Some("model.layers.5.mlp.experts.2.down_proj.weight")

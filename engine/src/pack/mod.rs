@@ -5,6 +5,7 @@ pub mod compress;
 pub mod encoding;
 mod layout;
 pub mod manifest;
+mod plan;
 pub mod verify;
 mod writer;
 

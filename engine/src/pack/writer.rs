@@ -13,17 +13,16 @@ use std::path::{Path, PathBuf};
 use super::PackError;
 use super::compress;
 use super::encoding::{ErrorSums, ExpertEncoding, Quantization, quantize_record};
-use super::layout::{ExpertTensors, LayerTensors, Part};
+use super::layout::ExpertTensors;
 use super::manifest::{
     self, ExpertLayer, ExpertSection, FORMAT, MANIFEST_FILE, Manifest, QuantizationReport, Record,
     ResidentFile, Segment, SourceFile, SourceIdentity, VERSION, VERSION_COMPRESSED, hash_file,
 };
-use crate::kernels::Format;
+use super::plan::LayerPlan;
 use crate::model::ModelSpec;
 use crate::store::DIRECT_IO_BLOCK;
-use crate::weights::int4;
 use crate::weights::safetensors::{TensorEntry, header_bytes};
-use crate::weights::{Dtype, SafetensorsCheckpoint, SafetensorsFile, TensorInfo, stored_rows};
+use crate::weights::{SafetensorsCheckpoint, SafetensorsFile, TensorInfo};
 
 /// Record alignment when none is given: large enough for direct I/O on any
 /// common device and file system.
@@ -134,7 +133,7 @@ pub fn write_pack(
         )));
     }
     // Refuse unsupported models before writing anything.
-    ModelSpec::read(&opts.source.join("config.json"))
+    let spec = ModelSpec::read(&opts.source.join("config.json"))
         .map_err(|e| PackError::Source(e.to_string()))?;
     let checkpoint =
         SafetensorsCheckpoint::open(&opts.source).map_err(|e| PackError::Source(e.to_string()))?;
@@ -149,7 +148,7 @@ pub fn write_pack(
     let plans = experts
         .layers
         .iter()
-        .map(|(&layer, tensors)| LayerPlan::new(&checkpoint, layer, tensors))
+        .map(|(&layer, tensors)| LayerPlan::new(&checkpoint, layer, tensors, &spec))
         .collect::<Result<Vec<_>, _>>()?;
     let encoding = plans[0].encoding;
     if let Some(p) = plans.iter().find(|p| p.encoding != encoding) {
@@ -241,8 +240,12 @@ pub fn write_pack(
         .map(|d| d.size() as usize);
     for plan in &plans {
         let mut records = Vec::with_capacity(plan.count);
+        let mut prepared = plan.layer_records(&checkpoint)?;
         for expert in 0..plan.count {
-            let raw = plan.record_bytes(&checkpoint, expert)?;
+            let raw = match prepared.as_mut().and_then(|r| r.get_mut(expert)) {
+                Some(record) => std::mem::take(record),
+                None => plan.record_bytes(&checkpoint, expert)?,
+            };
             done += raw.len() as u64;
             let bytes = match opts.quantization {
                 None => raw,
@@ -387,166 +390,6 @@ pub fn write_pack(
             .sum(),
         manifest,
     })
-}
-
-/// How one layer's experts are read from the checkpoint.
-struct LayerPlan<'a> {
-    layer: usize,
-    count: usize,
-    hidden: usize,
-    intermediate: usize,
-    encoding: ExpertEncoding,
-    record_len: u64,
-    tensors: &'a LayerTensors,
-}
-
-impl<'a> LayerPlan<'a> {
-    fn new(
-        ckpt: &SafetensorsCheckpoint,
-        layer: usize,
-        tensors: &'a LayerTensors,
-    ) -> Result<Self, PackError> {
-        let info = |name: &str| {
-            ckpt.info(name)
-                .map(|(_, i)| i.clone())
-                .ok_or_else(|| PackError::Source(format!("tensor `{name}` is listed but missing")))
-        };
-        let bad = |reason: String| PackError::Source(format!("layer {layer}: {reason}"));
-        let (count, hidden, intermediate, encoding) = if let [Some(gate_up), Some(down)] =
-            &tensors.fused
-        {
-            let (gu, d) = (info(gate_up)?, info(down)?);
-            match (gu.shape.as_slice(), d.shape.as_slice()) {
-                _ if gu.dtype == Dtype::F8E4M3 => {
-                    return Err(bad(format!(
-                        "FP8 experts in the fused layout ({gate_up}) are not packed; FP8 experts are packed from per-expert tensors, as published"
-                    )));
-                }
-                ([e, two_i, h], [e2, h2, i])
-                    if e == e2 && h == h2 && *two_i == 2 * i && gu.dtype == d.dtype =>
-                {
-                    (*e, *h, *i, ExpertEncoding::Plain(gu.dtype))
-                }
-                _ => {
-                    return Err(bad(format!(
-                        "fused expert shapes {:?} and {:?} do not fit together",
-                        gu.shape, d.shape
-                    )));
-                }
-            }
-        } else {
-            let count = tensors.per_expert.len();
-            if tensors.per_expert.keys().copied().ne(0..count) {
-                return Err(bad("expert ids are not 0..N".to_string()));
-            }
-            let first = tensors
-                .per_expert
-                .get(&0)
-                .ok_or_else(|| bad("no experts".to_string()))?;
-            let gate = first[Part::Gate as usize]
-                .as_deref()
-                .ok_or_else(|| bad("expert 0 has no gate".to_string()))?;
-            let (shape, encoding) = matrix_info(ckpt, gate)?;
-            let [i, h] = shape[..] else {
-                return Err(bad(format!("gate shape {shape:?} is not 2-D")));
-            };
-            (count, h, i, encoding)
-        };
-        Ok(Self {
-            layer,
-            count,
-            hidden,
-            intermediate,
-            encoding,
-            record_len: encoding.record_len(hidden, intermediate),
-            tensors,
-        })
-    }
-
-    /// Gate rows, up rows, then down, at the checkpoint's own width.
-    fn record_bytes(
-        &self,
-        ckpt: &SafetensorsCheckpoint,
-        expert: usize,
-    ) -> Result<Vec<u8>, PackError> {
-        let (h, i) = (self.hidden, self.intermediate);
-        let source = |e: crate::weights::WeightsError| PackError::Source(e.to_string());
-        let lookup = |name: &str| {
-            ckpt.info(name)
-                .ok_or_else(|| PackError::Source(format!("tensor `{name}` is listed but missing")))
-        };
-        let mut out = Vec::with_capacity(self.record_len as usize);
-        if let [Some(gate_up), Some(down)] = &self.tensors.fused {
-            let ExpertEncoding::Plain(dtype) = self.encoding else {
-                return Err(PackError::Source(format!(
-                    "layer {}: quantised experts in the fused layout ({gate_up}) are not packed",
-                    self.layer
-                )));
-            };
-            let part_len = (h * i) as u64 * dtype.size();
-            let (f, info) = lookup(gate_up)?;
-            out.extend(
-                f.read_range(info, expert as u64 * 2 * part_len, 2 * part_len)
-                    .map_err(source)?,
-            );
-            let (f, info) = lookup(down)?;
-            out.extend(
-                f.read_range(info, expert as u64 * part_len, part_len)
-                    .map_err(source)?,
-            );
-        } else {
-            let names = self.tensors.per_expert.get(&expert).ok_or_else(|| {
-                PackError::Source(format!("layer {}: expert {expert} is missing", self.layer))
-            })?;
-            let expected = [vec![i, h], vec![i, h], vec![h, i]];
-            for (slot, want) in names.iter().zip(expected) {
-                let name = slot.as_deref().ok_or_else(|| {
-                    PackError::Source(format!(
-                        "layer {}: expert {expert} lacks a projection",
-                        self.layer
-                    ))
-                })?;
-                let (shape, encoding) = matrix_info(ckpt, name)?;
-                if shape != want || encoding != self.encoding {
-                    return Err(PackError::Source(format!(
-                        "tensor `{name}` is {} {shape:?}; the layer's other experts are {} {want:?}",
-                        encoding.name(),
-                        self.encoding.name()
-                    )));
-                }
-                let (_, bytes) = stored_rows(ckpt, name, &want, 1).map_err(source)?;
-                out.extend(bytes);
-            }
-        }
-        Ok(out)
-    }
-}
-
-/// The shape of matrix `name` and how the pack will store it: INT4
-/// matrices are found by their packed part (`name_packed`).
-fn matrix_info(
-    ckpt: &SafetensorsCheckpoint,
-    name: &str,
-) -> Result<(Vec<usize>, ExpertEncoding), PackError> {
-    if let Some((_, info)) = ckpt.info(name) {
-        let encoding = match info.dtype {
-            Dtype::F8E4M3 => ExpertEncoding::Published(Format::Fp8Block),
-            d => ExpertEncoding::Plain(d),
-        };
-        return Ok((info.shape.clone(), encoding));
-    }
-    let [packed, ..] = int4::parts(name);
-    match ckpt.info(&packed) {
-        Some((_, info)) if !info.shape.is_empty() => {
-            let mut shape = info.shape.clone();
-            let last = shape.len() - 1;
-            shape[last] *= int4::PER_WORD;
-            Ok((shape, ExpertEncoding::Published(Format::Int4G32)))
-        }
-        _ => Err(PackError::Source(format!(
-            "tensor `{name}` is listed but missing"
-        ))),
-    }
 }
 
 /// How many drives one record is split over.

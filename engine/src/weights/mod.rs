@@ -7,6 +7,7 @@
 mod checkpoint;
 pub mod fp8;
 pub mod int4;
+pub mod mxfp4;
 pub mod safetensors;
 #[cfg(test)]
 mod test_source;
@@ -44,7 +45,7 @@ pub enum WeightsError {
         expected: Vec<usize>,
     },
     #[error(
-        "{path}: tensor `{name}` is stored as {dtype:?}; supported weight dtypes are F32, F16, BF16, F8_E4M3 with block scales, and INT4 packed by compressed-tensors"
+        "{path}: tensor `{name}` is stored as {dtype:?}; supported weight dtypes are F32, F16, BF16, F8_E4M3 with block scales, INT4 packed by compressed-tensors, and MXFP4 blocks"
     )]
     UnsupportedDtype {
         name: String,
@@ -145,6 +146,11 @@ impl<'a> Weights<'a> {
     }
 
     /// A view one level deeper: `w.pp("layers.3").get("q_proj.weight", ..)`.
+    /// Where the tensors come from, for loaders that read several at once.
+    pub fn source(&self) -> &'a dyn TensorSource {
+        self.source
+    }
+
     pub fn pp(&self, name: impl std::fmt::Display) -> Self {
         Self {
             source: self.source,
@@ -199,7 +205,7 @@ impl<'a> Weights<'a> {
     ) -> Result<Vec<Matrix>, WeightsError> {
         let [rows, cols] = [shape[shape.len() - 2], shape[shape.len() - 1]];
         let full = self.full_name(name);
-        if !int4::is_packed(self.source, &full) {
+        if !int4::is_packed(self.source, &full) && !mxfp4::is_blocked(self.source, &full) {
             self.check_shape(name, shape)?;
         }
         let (format, bytes) = stored_rows(self.source, &full, shape, count)?;
@@ -254,7 +260,7 @@ impl<'a> Weights<'a> {
 }
 
 /// The rows of `count` matrices `name` (of `shape`, `[..., rows, cols]`,
-/// already checked against the source unless INT4-packed) as the kernels
+/// already checked against the source unless INT4- or MXFP4-packed) as the kernels
 /// read them, one matrix after another, at their stored width: plain floats
 /// as they are, FP8 with its block scales, INT4 with its group scales.
 pub fn stored_rows(
@@ -265,6 +271,9 @@ pub fn stored_rows(
 ) -> Result<(Format, Vec<u8>), WeightsError> {
     if int4::is_packed(source, name) {
         return Ok((Format::Int4G32, int4::load(source, name, shape, count)?));
+    }
+    if mxfp4::is_blocked(source, name) {
+        return Ok((Format::Mxfp4, mxfp4::load(source, name, shape)?));
     }
     let raw = source.load_raw(name)?;
     if raw.dtype == Dtype::F8E4M3 {

@@ -1,4 +1,4 @@
-//! Grouped-query attention (Qwen3-MoE, Mixtral) and the scaled-dot-product
+//! Grouped-query attention (Qwen3-MoE, Mixtral, gpt-oss) and the scaled-dot-product
 //! core shared with multi-head latent attention.
 
 use candle_core::{Device, Tensor};
@@ -21,6 +21,9 @@ pub struct GroupedQueryAttention {
     pub head_dim: usize,
     pub rope: Rope,
     pub window: Option<usize>,
+    /// One learnt logit per query head that takes a share of the softmax
+    /// and attends to nothing (gpt-oss).
+    pub sinks: Option<Vec<f32>>,
 }
 
 /// Shape of a grouped-query attention layer, as read from a config.
@@ -34,6 +37,8 @@ pub struct GqaShape {
     /// Epsilon of the per-head q/k norms, for architectures that have them.
     pub qk_norm_eps: Option<f64>,
     pub window: Option<usize>,
+    /// Whether the layer has attention sinks (`sinks`, one per head).
+    pub sinks: bool,
 }
 
 impl GroupedQueryAttention {
@@ -46,6 +51,11 @@ impl GroupedQueryAttention {
                 RmsNorm::load(w, "k_norm", s.head_dim, eps)?,
             )),
             None => None,
+        };
+        let sinks = if s.sinks {
+            Some(w.get("sinks", &[s.heads])?.to_vec1::<f32>()?)
+        } else {
+            None
         };
         Ok(Self {
             qkv_proj: Linear::stack(&[
@@ -60,6 +70,7 @@ impl GroupedQueryAttention {
             head_dim: s.head_dim,
             rope: rope.clone(),
             window: s.window,
+            sinks,
         })
     }
 
@@ -103,7 +114,7 @@ impl GroupedQueryAttention {
             window: self.window,
         };
         let scale = (1.0 / (hd as f64).sqrt()) as f32;
-        let out = ops::attention(&q, keys, vals, &shape, scale);
+        let out = ops::attention_with_sinks(&q, keys, vals, &shape, scale, self.sinks.as_deref());
         let y = self.o_proj.forward_values(&out, seq)?;
         Ok(Tensor::from_vec(
             y,

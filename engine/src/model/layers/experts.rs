@@ -9,9 +9,27 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::kernels::Matrix;
-use crate::kernels::ops::swiglu;
+use crate::kernels::ops::{clamped_swiglu, swiglu};
 use crate::model::ModelError;
 use crate::weights::Weights;
+
+/// How an expert turns its gate and up products into the down product's input.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Activation {
+    /// `silu(gate) · up`.
+    Swiglu,
+    /// gpt-oss: the gate clamped above at `limit`, up clamped to ±`limit`,
+    /// then `gate · σ(alpha · gate) · (up + 1)`.
+    ClampedSwiglu { alpha: f32, limit: f32 },
+}
+
+/// One expert's biases, for families whose experts have them (gpt-oss):
+/// gate rows then up rows, and down.
+#[derive(Debug, Clone, Copy)]
+pub struct ExpertBias<'a> {
+    pub gate_up: &'a [f32],
+    pub down: &'a [f32],
+}
 
 /// One routed expert's SwiGLU weights, with gate and up fused for one product.
 #[derive(Debug)]
@@ -41,6 +59,11 @@ impl Expert {
         })
     }
 
+    /// Rows of the gate (and of the up) projection.
+    pub fn intermediate(&self) -> usize {
+        self.intermediate
+    }
+
     /// Bytes the weights take in RAM.
     pub fn ram_bytes(&self) -> u64 {
         self.gate_up.stored_bytes() + self.down.stored_bytes()
@@ -50,13 +73,47 @@ impl Expert {
     /// computed from the weights as stored, on the calling thread (experts
     /// are computed side by side).
     pub fn forward(&self, x: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
+        self.forward_with(x, n, Activation::Swiglu, None)
+    }
+
+    /// [`Expert::forward`] with a family's activation and biases: each bias
+    /// is added after its product, as the reference adds it.
+    pub fn forward_with(
+        &self,
+        x: &[f32],
+        n: usize,
+        activation: Activation,
+        bias: Option<ExpertBias<'_>>,
+    ) -> Result<Vec<f32>, ModelError> {
         let i = self.intermediate;
-        let h = self.gate_up.matmul_serial(x, n)?;
+        let mut h = self.gate_up.matmul_serial(x, n)?;
+        if let Some(b) = bias {
+            add_rows(&mut h, b.gate_up);
+        }
         let mut act = Vec::with_capacity(n * i);
         for row in h.chunks_exact((2 * i).max(1)) {
-            act.extend(swiglu(&row[..i], &row[i..]));
+            let (gate, up) = row.split_at(i);
+            act.extend(match activation {
+                Activation::Swiglu => swiglu(gate, up),
+                Activation::ClampedSwiglu { alpha, limit } => {
+                    clamped_swiglu(gate, up, alpha, limit)
+                }
+            });
         }
-        Ok(self.down.matmul_serial(&act, n)?)
+        let mut y = self.down.matmul_serial(&act, n)?;
+        if let Some(b) = bias {
+            add_rows(&mut y, b.down);
+        }
+        Ok(y)
+    }
+}
+
+/// Adds `bias` to every row of `rows` (rows as wide as `bias`).
+fn add_rows(rows: &mut [f32], bias: &[f32]) {
+    for row in rows.chunks_exact_mut(bias.len().max(1)) {
+        for (v, b) in row.iter_mut().zip(bias) {
+            *v += b;
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use candle_core::{Device, Tensor};
 
-use super::experts::{Expert, ExpertProvider, ExpertStream};
+use super::experts::{Activation, Expert, ExpertBias, ExpertProvider, ExpertStream};
 use super::router::{Router, Scoring};
 use super::{Linear, Mlp, values};
 use crate::model::ModelError;
@@ -20,6 +20,44 @@ pub struct MoeBlock {
     pub layer: usize,
     pub router: Router,
     pub shared: Option<Mlp>,
+    pub extras: ExpertExtras,
+}
+
+/// What a family adds around its routed experts' products.
+#[derive(Debug, Clone)]
+pub struct ExpertExtras {
+    pub activation: Activation,
+    /// Per-expert biases (gpt-oss), resident: they are small next to the
+    /// experts and the same for every token.
+    pub biases: Option<Box<ExpertBiases>>,
+}
+
+impl Default for ExpertExtras {
+    fn default() -> Self {
+        Self {
+            activation: Activation::Swiglu,
+            biases: None,
+        }
+    }
+}
+
+/// Every expert's biases of one layer: `gate_up` is `[E, 2I]` (gate then up
+/// for each expert), `down` is `[E, H]`.
+#[derive(Debug, Clone)]
+pub struct ExpertBiases {
+    pub gate_up: Vec<f32>,
+    pub down: Vec<f32>,
+}
+
+impl ExpertBiases {
+    fn of(&self, expert: usize, intermediate2: usize, hidden: usize) -> Option<ExpertBias<'_>> {
+        Some(ExpertBias {
+            gate_up: self
+                .gate_up
+                .get(expert * intermediate2..(expert + 1) * intermediate2)?,
+            down: self.down.get(expert * hidden..(expert + 1) * hidden)?,
+        })
+    }
 }
 
 impl MoeBlock {
@@ -38,6 +76,7 @@ impl MoeBlock {
             layer,
             router: Router::new(gate, experts, top_k, scoring),
             shared,
+            extras: ExpertExtras::default(),
         })
     }
 
@@ -90,7 +129,7 @@ impl MoeBlock {
             by_expert,
             stream,
         } = started;
-        let routes: Vec<&(Vec<usize>, Vec<f32>)> = by_expert.values().collect();
+        let routes: Vec<ExpertRows<'_>> = by_expert.iter().map(|(&id, r)| (id, r)).collect();
         let slots: Vec<Slot> = routes.iter().map(|_| Mutex::new(None)).collect();
         let mut failed = None;
         rayon::in_place_scope(|scope| {
@@ -102,13 +141,14 @@ impl MoeBlock {
                         break;
                     }
                 };
-                let (Some(slot), Some((rows, weights))) = (slots.get(pos), routes.get(pos)) else {
+                let (Some(slot), Some(&(id, (rows, weights)))) = (slots.get(pos), routes.get(pos))
+                else {
                     failed = Some(ModelError::Internal("an expert arrived for no request"));
                     break;
                 };
-                let xs = &xs;
+                let (xs, extras) = (&xs, &self.extras);
                 scope.spawn(move |_| {
-                    let y = weighted_output(&expert, xs, hidden, rows, weights);
+                    let y = weighted_output(&expert, id, extras, xs, hidden, rows, weights);
                     if let Ok(mut slot) = slot.lock() {
                         *slot = Some(y);
                     }
@@ -119,7 +159,7 @@ impl MoeBlock {
             return Err(e);
         }
         let mut out = vec![0f32; n * hidden];
-        for ((rows, _), slot) in routes.iter().zip(slots) {
+        for ((_, (rows, _)), slot) in routes.iter().zip(slots) {
             let y = slot
                 .into_inner()
                 .ok()
@@ -152,6 +192,9 @@ impl MoeBlock {
     }
 }
 
+/// An expert id with the token rows it serves and their weights.
+type ExpertRows<'a> = (usize, &'a (Vec<usize>, Vec<f32>));
+
 /// Where one expert's weighted output lands, from whichever thread computed it.
 type Slot = Mutex<Option<Result<Vec<f32>, ModelError>>>;
 
@@ -169,6 +212,8 @@ pub struct Started<'a> {
 /// its routing weight.
 fn weighted_output(
     expert: &Expert,
+    id: usize,
+    extras: &ExpertExtras,
     x: &[f32],
     hidden: usize,
     rows: &[usize],
@@ -178,7 +223,14 @@ fn weighted_output(
     for &r in rows {
         gathered.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
     }
-    let mut y = expert.forward(&gathered, rows.len())?;
+    let bias = match &extras.biases {
+        Some(b) => Some(
+            b.of(id, 2 * expert.intermediate(), hidden)
+                .ok_or(ModelError::Internal("an expert has no biases"))?,
+        ),
+        None => None,
+    };
+    let mut y = expert.forward_with(&gathered, rows.len(), extras.activation, bias)?;
     for (row, &w) in y.chunks_exact_mut(hidden.max(1)).zip(weights) {
         row.iter_mut().for_each(|v| *v *= w);
     }

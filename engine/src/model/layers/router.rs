@@ -11,6 +11,8 @@ pub enum Scoring {
     /// Softmax over all experts, then top-k (Qwen3-MoE, Mixtral); optionally
     /// renormalised so the chosen weights sum to one.
     Softmax { renormalize: bool },
+    /// gpt-oss: top-k of the raw logits, then a softmax over those k.
+    TopKSoftmax,
     /// DeepSeek-V3 / Kimi K2: sigmoid scores; a per-expert bias steers the
     /// choice only; experts are chosen within the best `topk_group` of
     /// `n_group` groups; weights are optionally renormalised, then scaled.
@@ -72,6 +74,11 @@ impl Router {
                     route.iter_mut().for_each(|(_, w)| *w /= sum);
                 }
                 route
+            }
+            Scoring::TopKSoftmax => {
+                let chosen = top_k(logits, self.top_k);
+                let picked: Vec<f32> = chosen.iter().map(|&e| logits[e]).collect();
+                chosen.into_iter().zip(softmax(&picked)).collect()
             }
             Scoring::SigmoidGrouped {
                 correction_bias,
@@ -155,6 +162,16 @@ mod tests {
         assert_eq!(route.iter().map(|r| r.0).collect::<Vec<_>>(), vec![1, 2]);
         let sum: f32 = route.iter().map(|r| r.1).sum();
         assert!((sum - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn top_k_softmax_routing_weighs_only_the_chosen_logits() {
+        let r = router(Scoring::TopKSoftmax, 4, 2);
+        let route = r.route_one(&[1.0, 3.0, 2.0, 0.0]);
+        assert_eq!(route.iter().map(|r| r.0).collect::<Vec<_>>(), vec![1, 2]);
+        let e = (-1f32).exp();
+        assert!((route[0].1 - 1.0 / (1.0 + e)).abs() < 1e-7);
+        assert!((route[1].1 - e / (1.0 + e)).abs() < 1e-7);
     }
 
     #[test]
