@@ -317,6 +317,52 @@ fn pack_verify_and_run_from_a_pack() {
     );
 }
 
+/// Checkpoints as published in FP8, INT4 and MXFP4 pack as they are over
+/// several drives, verify, and answer from the pack as transformers does.
+#[test]
+fn published_formats_pack_and_run_through_the_binary() {
+    for (name, dtype) in [
+        ("deepseek_v3_fp8", "FP8_E4M3_B128"),
+        ("kimi_k2_int4", "INT4_G32"),
+        ("gpt_oss_mxfp4", "MXFP4"),
+    ] {
+        let dir = fixtures().into_iter().find(|d| d.ends_with(name)).unwrap();
+        let exp = expected(&dir);
+        let tmp = tempfile::tempdir().unwrap();
+        let drives = drive_folders(tmp.path(), 3);
+        let pack = tmp.path().join("pack");
+        let out = pack_cli(&dir, &pack, &drives, &["--split-threshold", "2K", "--json"]);
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(summary["expert_dtype"], dtype, "{name}");
+        assert!(
+            summary["compression"].is_null(),
+            "{name}: stored as published"
+        );
+        let out = longhaul(&["pack", "--verify", pack.to_str().unwrap(), "--json"]);
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["problems"].as_array().unwrap().len(), 0, "{name}");
+        let out = longhaul(&[
+            "run",
+            "--model",
+            pack.to_str().unwrap(),
+            "--budget",
+            "0",
+            "--prompt",
+            exp["prompt"].as_str().unwrap(),
+            "--max-tokens",
+            "32",
+        ]);
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        assert_eq!(
+            String::from_utf8(out.stdout).unwrap(),
+            format!("{}\n", exp["greedy_text"].as_str().unwrap()),
+            "{name}"
+        );
+    }
+}
+
 #[test]
 fn pack_errors_are_explained() {
     let dir = fixtures()

@@ -1,0 +1,63 @@
+//! Published weight formats through the service: FP8, INT4 and MXFP4
+//! checkpoints packed over several drives, queued as jobs, answered as
+//! transformers answers them.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::json;
+use support::{Service, expected, fixture};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Packs fixture `name` over three drive folders under `root`.
+fn pack(name: &str, root: &Path) -> std::path::PathBuf {
+    let drives: Vec<String> = (0..3)
+        .map(|i| {
+            let d = root.join(format!("{name}-d{i}"));
+            std::fs::create_dir_all(&d).unwrap();
+            d.to_string_lossy().into_owned()
+        })
+        .collect();
+    let out = root.join(format!("{name}-pack"));
+    let status = Command::new(env!("CARGO_BIN_EXE_longhaul"))
+        .arg("pack")
+        .arg(fixture(name))
+        .arg("--out")
+        .arg(&out)
+        .arg("--drives")
+        .arg(drives.join(","))
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "{name}: pack failed");
+    out
+}
+
+#[test]
+fn published_formats_answer_through_the_queue_as_transformers_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Service::start(&dir.path().join("data"));
+    let names = ["deepseek_v3_fp8", "kimi_k2_int4", "gpt_oss_mxfp4"];
+    for name in names {
+        s.add_model(name, &pack(name, dir.path()));
+    }
+    let (_, models) = s.call("GET", "/api/models", None);
+    for name in names {
+        let exp = expected(name);
+        let job = s.post(
+            "/api/jobs",
+            json!({ "model": name, "prompt": exp["prompt"], "max_tokens": 32 }),
+        );
+        let done = s.wait_final(job["id"].as_i64().unwrap(), WAIT);
+        assert_eq!(done["state"], "done", "{name}: {done}");
+        assert_eq!(done["output"], exp["greedy_text"], "{name}");
+        assert!(
+            models.to_string().contains(name),
+            "{name} is listed: {models}"
+        );
+    }
+}
