@@ -578,51 +578,86 @@ fn blockable_checkpoint(root: &Path) -> PathBuf {
     out
 }
 
-/// A synthetic DeepSeek-V3 written FP8 (rows of 200 and 256: partial and
-/// whole blocks) loads narrow, and its pack streams bitwise the same logits.
+/// Synthetic checkpoints written as FP8 (DeepSeek-V3, rows of 200 and 256:
+/// partial and whole blocks), INT4 (Kimi K2-Thinking's layout) and MXFP4
+/// (gpt-oss) load narrow, and their packs stream bitwise the same logits.
 #[test]
-fn synthetic_fp8_checkpoints_load_narrow_and_stream_exactly() {
-    use longhaul_engine::synth::{SynthArch, SynthSpec, write_synthetic};
-    let tmp = tempfile::tempdir().unwrap();
-    let mut spec = SynthSpec::new(SynthArch::DeepseekV3);
-    (
-        spec.vocab,
-        spec.hidden,
-        spec.layers,
-        spec.heads,
-        spec.kv_heads,
-    ) = (512, 256, 3, 4, 4);
-    (
-        spec.experts,
-        spec.top_k,
-        spec.moe_intermediate,
-        spec.dense_intermediate,
-    ) = (8, 2, 200, 256);
-    spec.dtype = longhaul_engine::synth::SynthDtype::Fp8;
-    let source = tmp.path().join("fp8");
-    write_synthetic(&spec, &source, &|_, _| {}).unwrap();
-    let ids: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % 512).collect();
-    let engine = Engine::open(&source).unwrap();
-    assert_eq!(
-        engine.spec().quantization,
-        Some(longhaul_engine::model::Quantization::Fp8Blocks)
-    );
-    let reference = all_logits(&engine, &ids);
-    assert!(reference.iter().flatten().all(|v| v.is_finite()));
-    let drives: Vec<PathBuf> = (0..2).map(|i| tmp.path().join(format!("d{i}"))).collect();
-    for d in &drives {
-        std::fs::create_dir_all(d).unwrap();
-    }
-    let pack = tmp.path().join("pack");
-    let mut opts = PackOptions::new(source, pack.clone(), drives);
-    opts.split_threshold = 16 * 1024;
-    let summary = write_pack(&opts, &|_| {}).unwrap();
-    assert_eq!(summary.manifest.experts.dtype, "FP8_E4M3_B128");
-    let record = &summary.manifest.experts.layers[0].records[0];
-    // 400 gate/up rows of 256 and 256 down rows of 200, one byte each plus scales.
-    assert_eq!(record.len, 400 * (256 + 2 * 4) + 256 * (200 + 2 * 4));
-    for budget in [0, u64::MAX] {
-        assert!(all_logits(&open_with(&pack, budget, 2, true), &ids) == reference);
+fn synthetic_quantised_checkpoints_load_narrow_and_stream_exactly() {
+    use longhaul_engine::model::Quantization;
+    use longhaul_engine::synth::{SynthArch, SynthDtype, SynthSpec, write_synthetic};
+    // (arch, dtype, moe intermediate, quantization, manifest dtype, record bytes)
+    let cases = [
+        // 400 gate/up rows of 256 and 256 down rows of 200, a byte each plus scales.
+        (
+            SynthArch::DeepseekV3,
+            SynthDtype::Fp8,
+            200,
+            Quantization::Fp8Blocks,
+            "FP8_E4M3_B128",
+            400 * (256 + 2 * 4) + 256 * (200 + 2 * 4),
+        ),
+        // Groups of 32: a BF16 scale and 16 bytes.
+        (
+            SynthArch::DeepseekV3,
+            SynthDtype::Int4,
+            192,
+            Quantization::Int4Groups,
+            "INT4_G32",
+            (384 * 8 + 256 * 6) * 18,
+        ),
+        // Blocks of 32: a scale byte and 16 bytes.
+        (
+            SynthArch::GptOss,
+            SynthDtype::Mxfp4,
+            192,
+            Quantization::Mxfp4,
+            "MXFP4",
+            (384 * 8 + 256 * 6) * 17,
+        ),
+    ];
+    for (arch, dtype, inter, quantization, name, record_len) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut spec = SynthSpec::new(arch);
+        (
+            spec.vocab,
+            spec.hidden,
+            spec.layers,
+            spec.heads,
+            spec.kv_heads,
+        ) = (512, 256, 3, 4, 4);
+        (
+            spec.experts,
+            spec.top_k,
+            spec.moe_intermediate,
+            spec.dense_intermediate,
+        ) = (8, 2, inter, 256);
+        spec.dtype = dtype;
+        let source = tmp.path().join("synth");
+        write_synthetic(&spec, &source, &|_, _| {}).unwrap();
+        let ids: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % 512).collect();
+        let engine = Engine::open(&source).unwrap();
+        assert_eq!(engine.spec().quantization, Some(quantization), "{name}");
+        let reference = all_logits(&engine, &ids);
+        assert!(reference.iter().flatten().all(|v| v.is_finite()), "{name}");
+        let drives: Vec<PathBuf> = (0..2).map(|i| tmp.path().join(format!("d{i}"))).collect();
+        for d in &drives {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let pack = tmp.path().join("pack");
+        let mut opts = PackOptions::new(source, pack.clone(), drives);
+        opts.split_threshold = 16 * 1024;
+        let summary = write_pack(&opts, &|_| {}).unwrap();
+        assert_eq!(summary.manifest.experts.dtype, name);
+        assert_eq!(
+            summary.manifest.experts.layers[0].records[0].len, record_len,
+            "{name}"
+        );
+        for budget in [0, u64::MAX] {
+            assert!(
+                all_logits(&open_with(&pack, budget, 2, true), &ids) == reference,
+                "{name}: budget {budget}"
+            );
+        }
     }
 }
 

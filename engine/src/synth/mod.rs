@@ -24,6 +24,8 @@ use serde_json::{Value, json};
 
 use crate::weights::safetensors::{TensorEntry, header_bytes};
 
+mod gpt_oss;
+
 /// Values generated and written per chunk.
 const CHUNK_VALUES: usize = 1 << 20;
 /// Value of the bias channel (hidden dimension 0) in every embedding.
@@ -50,6 +52,7 @@ pub enum SynthArch {
     DeepseekV3,
     Qwen3Moe,
     Mixtral,
+    GptOss,
 }
 
 impl SynthArch {
@@ -58,8 +61,9 @@ impl SynthArch {
             "deepseek_v3" => Ok(Self::DeepseekV3),
             "qwen3_moe" => Ok(Self::Qwen3Moe),
             "mixtral" => Ok(Self::Mixtral),
+            "gpt_oss" => Ok(Self::GptOss),
             other => Err(SynthError::Invalid(format!(
-                "--arch {other} is not supported; use deepseek_v3, qwen3_moe or mixtral"
+                "--arch {other} is not supported; use deepseek_v3, qwen3_moe, mixtral or gpt_oss"
             ))),
         }
     }
@@ -96,6 +100,9 @@ pub enum SynthDtype {
     /// Routed experts in INT4 (compressed-tensors pack-quantized, groups of
     /// 32), as Kimi K2-Thinking ships; everything else BF16.
     Int4,
+    /// gpt-oss's experts in MXFP4 (E2M1 values, an E8M0 scale per 32), as
+    /// released; everything else BF16.
+    Mxfp4,
 }
 
 impl SynthDtype {
@@ -105,8 +112,9 @@ impl SynthDtype {
             "f32" => Ok(Self::F32),
             "fp8" => Ok(Self::Fp8),
             "int4" => Ok(Self::Int4),
+            "mxfp4" => Ok(Self::Mxfp4),
             other => Err(SynthError::Invalid(format!(
-                "--dtype {other}: expected bf16, f32, fp8 or int4"
+                "--dtype {other}: expected bf16, f32, fp8, int4 or mxfp4"
             ))),
         }
     }
@@ -139,7 +147,7 @@ impl SynthSpec {
             SynthDtype::Bf16 => weights * 2,
             SynthDtype::F32 => weights * 4,
             SynthDtype::Fp8 => weights,
-            SynthDtype::Int4 => weights / 2,
+            SynthDtype::Int4 | SynthDtype::Mxfp4 => weights / 2,
         }
     }
 
@@ -177,11 +185,20 @@ impl SynthSpec {
         if self.vocab < 256 {
             return bad("--vocab must be at least 256 (the tokenizer's byte alphabet)");
         }
+        let gpt_oss = self.arch == SynthArch::GptOss;
+        if self.dtype == SynthDtype::Mxfp4 && !gpt_oss {
+            return bad("--dtype mxfp4 is how gpt-oss is released: use it with --arch gpt_oss");
+        }
+        if gpt_oss && matches!(self.dtype, SynthDtype::Fp8 | SynthDtype::Int4) {
+            return bad("gpt_oss is released in MXFP4 or BF16: use --dtype mxfp4, bf16 or f32");
+        }
         let group = crate::kernels::format::INT4_GROUP;
-        if self.dtype == SynthDtype::Int4
+        if matches!(self.dtype, SynthDtype::Int4 | SynthDtype::Mxfp4)
             && !(self.hidden.is_multiple_of(group) && self.moe_intermediate.is_multiple_of(group))
         {
-            return bad("int4 needs --hidden and --moe-intermediate divisible by 32 (its groups)");
+            return bad(
+                "int4 and mxfp4 need --hidden and --moe-intermediate divisible by 32 (their blocks)",
+            );
         }
         Ok(())
     }
@@ -341,6 +358,11 @@ enum Storage {
     Fp8 {
         scale: f32,
     },
+    U8,
+    /// E2M1 codes of `v / scale`, two a byte (low first).
+    Mxfp4 {
+        scale: f32,
+    },
     /// INT4 values of `v / scale`, offset by 8, two a byte (low first):
     /// the little-endian bytes of compressed-tensors' packed words.
     Int4 {
@@ -354,6 +376,7 @@ impl Storage {
             Storage::F32 => "F32",
             Storage::Bf16 => "BF16",
             Storage::I32 | Storage::Int4 { .. } => "I32",
+            Storage::U8 | Storage::Mxfp4 { .. } => "U8",
             Storage::Fp8 { .. } => "F8_E4M3",
         }
     }
@@ -363,16 +386,22 @@ impl Storage {
         match self {
             Storage::F32 | Storage::I32 => values * 4,
             Storage::Bf16 => values * 2,
-            Storage::Fp8 { .. } => values,
-            Storage::Int4 { .. } => values / 2,
+            Storage::Fp8 { .. } | Storage::U8 => values,
+            Storage::Int4 { .. } | Storage::Mxfp4 { .. } => values / 2,
         }
     }
 
     /// The stored shape of a tensor of `shape` values.
     fn shape(self, shape: &[usize]) -> Vec<usize> {
         let mut s = shape.to_vec();
-        if let (Storage::Int4 { .. }, Some(last)) = (self, s.last_mut()) {
-            *last /= crate::weights::int4::PER_WORD;
+        match (self, s.last_mut()) {
+            (Storage::Int4 { .. }, Some(last)) => *last /= crate::weights::int4::PER_WORD,
+            (Storage::Mxfp4 { .. }, Some(last)) => {
+                let block = crate::kernels::format::MXFP4_BLOCK;
+                *last /= block;
+                s.push(block / 2);
+            }
+            _ => {}
         }
         s
     }
@@ -383,15 +412,23 @@ impl Storage {
             Storage::F32 => bytes.extend(v.to_le_bytes()),
             Storage::Bf16 => bytes.extend(half::bf16::from_f32(v).to_le_bytes()),
             Storage::I32 => bytes.extend((v as i32).to_le_bytes()),
+            Storage::U8 => bytes.push(v as u8),
+            Storage::Mxfp4 { scale } => push_nibble(gpt_oss::e2m1_code(v / scale), k, bytes),
             Storage::Fp8 { scale } => bytes.push(float8::F8E4M3::from_f32(v / scale).to_bits()),
             Storage::Int4 { scale } => {
                 let nibble = ((v / scale).round().clamp(-8.0, 7.0) as i32 + 8) as u8;
-                match bytes.last_mut() {
-                    Some(last) if k % 2 == 1 => *last |= nibble << 4,
-                    _ => bytes.push(nibble),
-                }
+                push_nibble(nibble, k, bytes);
             }
         }
+    }
+}
+
+/// Appends value `k`'s nibble: even values start a byte, odd ones fill its
+/// high half.
+fn push_nibble(nibble: u8, k: usize, bytes: &mut Vec<u8>) {
+    match bytes.last_mut() {
+        Some(last) if k % 2 == 1 => *last |= nibble << 4,
+        _ => bytes.push(nibble),
     }
 }
 
@@ -415,6 +452,12 @@ fn storage_plans(spec: &SynthSpec, plans: Vec<TensorPlan>) -> Vec<(TensorPlan, S
         let projection = p.shape.len() == 2 && p.name.ends_with("_proj.weight");
         let expert = projection && p.name.contains(".experts.");
         match p.fill {
+            Fill::Uniform(std) if p.name.ends_with("_blocks") => {
+                // The power of two its `_scales` tensor stores.
+                let scale = 2f32.powi(gpt_oss::mxfp4_exponent(std) as i32 - 127);
+                out.push((p, Storage::Mxfp4 { scale }));
+            }
+            Fill::Constant(_) if p.name.ends_with("_scales") => out.push((p, Storage::U8)),
             Fill::Uniform(std) if spec.dtype == SynthDtype::Int4 && expert => {
                 // A BF16 scale, so the nibbles and scale are what is stored.
                 let scale = half::bf16::from_f32(std * 3f32.sqrt() / INT4_MAX).to_f32();
@@ -496,6 +539,10 @@ fn plan(s: &SynthSpec) -> Vec<TensorPlan> {
             vec![h],
             Fill::NearOne,
         );
+        if s.arch == SynthArch::GptOss {
+            gpt_oss::layer(s, &p, &mut t);
+            continue;
+        }
         let a = format!("{p}.self_attn");
         match s.arch {
             SynthArch::DeepseekV3 => {
@@ -532,7 +579,7 @@ fn plan(s: &SynthSpec) -> Vec<TensorPlan> {
                     std(s.heads * mla.v),
                 );
             }
-            SynthArch::Qwen3Moe | SynthArch::Mixtral => {
+            SynthArch::Qwen3Moe | SynthArch::Mixtral | SynthArch::GptOss => {
                 t(
                     format!("{a}.q_proj.weight"),
                     vec![s.heads * head_dim, h],
@@ -686,6 +733,17 @@ fn config_json(s: &SynthSpec) -> Value {
             "model_type": "mixtral",
             "intermediate_size": s.moe_intermediate, "num_local_experts": s.experts,
         }),
+        SynthArch::GptOss => json!({
+            "model_type": "gpt_oss",
+            "head_dim": s.hidden / s.heads,
+            "intermediate_size": s.moe_intermediate, "num_local_experts": s.experts,
+            "attention_bias": true, "sliding_window": 128,
+            "swiglu_alpha": 1.702, "swiglu_limit": 7.0,
+            "rope_parameters": {
+                "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                "beta_slow": 1.0, "truncate": false, "original_max_position_embeddings": 4096,
+            },
+        }),
     };
     let mut merged = common;
     let quantization = match s.dtype {
@@ -701,6 +759,10 @@ fn config_json(s: &SynthSpec) -> Value {
                 "weights": { "type": "int", "num_bits": 4, "symmetric": true, "strategy": "group",
                              "group_size": crate::kernels::format::INT4_GROUP, "actorder": null, "dynamic": false },
             }},
+        })),
+        SynthDtype::Mxfp4 => Some(json!({
+            "quant_method": "mxfp4",
+            "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
         })),
         SynthDtype::Bf16 | SynthDtype::F32 => None,
     };
