@@ -62,7 +62,9 @@ const INT4_OFFSET: i32 = 8;
 pub const MXFP4_BLOCK: usize = 32;
 /// Bytes per MXFP4 block: the E8M0 scale, then two values a byte.
 const MXFP4_BYTES: usize = 1 + MXFP4_BLOCK / 2;
-/// The sixteen E2M1 values (sign, two exponent bits, one mantissa bit).
+/// The sixteen E2M1 values (sign, two exponent bits, one mantissa bit): the
+/// reference the arithmetic decoding is checked against.
+#[cfg(test)]
 const E2M1: [f32; 16] = [
     0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
 ];
@@ -297,14 +299,32 @@ pub fn e8m0_to_f32(s: u8) -> f32 {
     }
 }
 
+/// 2^126: moves an E2M1 exponent (bias 1) placed in an f32 (bias 127) home.
+const E2M1_EXPONENT_SHIFT: f32 = f32::from_bits((127 + 126) << 23);
+
+/// An E2M1 nibble as f32, exactly: its exponent and mantissa bits go to the
+/// top of an f32 and one multiplication by 2^126 rebases normals and the
+/// subnormal 0.5 alike (as for halves and FP8). Branch-free, so a block
+/// vectorises; a table lookup made MXFP4 decoding half as fast as BF16.
+#[inline(always)]
+fn e2m1_to_f32(n: u8) -> f32 {
+    let n = u32::from(n);
+    f32::from_bits(((n & 7) << 22) | ((n & 8) << 28)) * E2M1_EXPONENT_SHIFT
+}
+
 /// One MXFP4 block: each E2M1 value times the block's power of two.
 #[inline(always)]
 fn decode_mxfp4(b: &[u8; MXFP4_BYTES], out: &mut [f32; MXFP4_BLOCK]) {
     let scale = e8m0_to_f32(b[0]);
-    let (pairs, _) = out.as_chunks_mut::<2>();
-    for (o, &byte) in pairs.iter_mut().zip(&b[1..]) {
-        o[0] = E2M1[usize::from(byte & 0xF)] * scale;
-        o[1] = E2M1[usize::from(byte >> 4)] * scale;
+    // Nibbles in order first, then one straight widening loop: both
+    // vectorise, where writing each byte's two values at once did not.
+    let mut nibbles = [0u8; MXFP4_BLOCK];
+    let (pairs, _) = nibbles.as_chunks_mut::<2>();
+    for (n, &byte) in pairs.iter_mut().zip(&b[1..]) {
+        *n = [byte & 0xF, byte >> 4];
+    }
+    for (o, &n) in out.iter_mut().zip(&nibbles) {
+        *o = e2m1_to_f32(n) * scale;
     }
 }
 
@@ -514,6 +534,13 @@ mod tests {
         assert_eq!(e8m0_to_f32(0), 2f32.powi(-127));
         assert_eq!(e8m0_to_f32(254), 2f32.powi(127));
         assert!(e8m0_to_f32(255).is_nan());
+        for n in 0..16u8 {
+            assert_eq!(
+                e2m1_to_f32(n).to_bits(),
+                E2M1[usize::from(n)].to_bits(),
+                "{n}"
+            );
+        }
         assert_eq!(E2M1[7], 6.0);
         assert_eq!(E2M1[9], -0.5);
     }

@@ -265,9 +265,14 @@ impl Matrix {
         let run = |(p, out): (usize, &mut [f32])| {
             let first = p * per_part;
             let count = out.len() / n;
-            if isa == Isa::Best && n == 1 && self.format == Format::F16 {
+            if isa == Isa::Best && n == 1 {
                 let bytes = &self.bytes()[first * self.row_bytes..(first + count) * self.row_bytes];
-                if fast::f16_matvec(bytes, self.row_bytes, count, x, out) {
+                let done = match self.format {
+                    Format::F16 => fast::f16_matvec(bytes, self.row_bytes, count, x, out),
+                    Format::Mxfp4 => fast::mxfp4_matvec(bytes, self.row_bytes, count, x, out),
+                    _ => false,
+                };
+                if done {
                     return;
                 }
             }
@@ -619,6 +624,40 @@ mod tests {
                 bits(&widened.matmul(&x, n).unwrap()),
                 "{format:?}"
             );
+        }
+        // Published block formats from arbitrary bytes (scale bytes kept in a
+        // realistic range), one row at a time too: that is where fast paths run.
+        for format in [Format::Mxfp4, Format::Int4G32, Format::Fp8Block] {
+            let row_bytes = format.row_bytes(cols).unwrap();
+            let mut bytes: Vec<u8> = (0..rows * row_bytes)
+                .map(|i| (i.wrapping_mul(2654435761) >> 7) as u8)
+                .collect();
+            let block_bytes = format.block_bytes();
+            for (i, b) in bytes.iter_mut().enumerate() {
+                let at = i % row_bytes % block_bytes;
+                match format {
+                    Format::Mxfp4 if at == 0 => *b = 110 + *b % 30,
+                    Format::Int4G32 if at == 1 => *b = 0x3C + *b % 2,
+                    Format::Fp8Block if at < 4 => *b = [0, 0, 0x80, 0x3C][at],
+                    Format::Fp8Block if *b & 0x7F == 0x7F => *b = 0x10,
+                    _ => {}
+                }
+            }
+            let m = Matrix::from_bytes(rows, cols, format, &bytes).unwrap();
+            let widened = Matrix::from_f32(rows, cols, &m.to_f32()).unwrap();
+            assert!(m.to_f32().iter().all(|v| v.is_finite()), "{format:?}");
+            for k in [1, n] {
+                assert_eq!(
+                    bits(&m.matmul(&x[..k * cols], k).unwrap()),
+                    bits(&widened.matmul(&x[..k * cols], k).unwrap()),
+                    "{format:?}, {k} rows"
+                );
+                assert_eq!(
+                    bits(&m.matmul_on(&x[..k * cols], k, Isa::Scalar).unwrap()),
+                    bits(&widened.matmul(&x[..k * cols], k).unwrap()),
+                    "{format:?}, {k} rows, scalar"
+                );
+            }
         }
     }
 
