@@ -360,3 +360,16 @@ fn kimi_k25_as_transformers_saves_it_names_its_layers_blocks() {
     assert!(!manifest.experts.layers.is_empty(), "the experts stream");
     assert!(logits(&Engine::open(&pack).unwrap(), &ids) == want);
 }
+
+/// Kimi-K2.5 as transformers saves it has no `lm_head` and ties it to the
+/// embedding; a wrapper config that says untied needs the head, and says so.
+#[test]
+fn a_kimi_k25_without_its_head_ties_it_unless_the_config_says_untied() {
+    let (_tmp, dir) = copy_of("kimi_k25_saved");
+    assert!(Engine::open(&dir).is_ok());
+    let path = dir.join("config.json");
+    let mut config: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    config["tie_word_embeddings"] = json!(false);
+    fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+    assert_mentions(&open_err(&dir), &["language_model.lm_head.weight"]);
+}

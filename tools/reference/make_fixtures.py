@@ -155,6 +155,41 @@ GPT_OSS_SPEC = {
     "tie_word_embeddings": False,
 }
 
+FIXTURE_KIMI_K25_TEXT = {
+    "model_type": "kimi_k2",
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "q_lora_rank": 24,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 8,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 8,
+    "intermediate_size": 64,
+    "moe_intermediate_size": 16,
+    "n_routed_experts": 16,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 6,
+    "n_group": 8,
+    "topk_group": 4,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.827,
+    "first_k_dense_replace": 1,
+    "rope_interleave": True,
+    "rope": {
+        "rope_type": "yarn",
+        "rope_theta": 50000.0,
+        "factor": 32.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "beta_fast": 1.0,
+        "beta_slow": 1.0,
+        "original_max_position_embeddings": 4096,
+    },
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": False,
+}
+
 FIXTURES = [
     (
         "qwen3_moe_released",
@@ -273,40 +308,7 @@ FIXTURES = [
     ),
     (
         "kimi_k25_text",
-        {
-            "model_type": "kimi_k2",
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 4,
-            "q_lora_rank": 24,
-            "kv_lora_rank": 16,
-            "qk_nope_head_dim": 8,
-            "qk_rope_head_dim": 8,
-            "v_head_dim": 8,
-            "intermediate_size": 64,
-            "moe_intermediate_size": 16,
-            "n_routed_experts": 16,
-            "n_shared_experts": 1,
-            "num_experts_per_tok": 6,
-            "n_group": 8,
-            "topk_group": 4,
-            "norm_topk_prob": True,
-            "routed_scaling_factor": 2.827,
-            "first_k_dense_replace": 1,
-            "rope_interleave": True,
-            "rope": {
-                "rope_type": "yarn",
-                "rope_theta": 50000.0,
-                "factor": 32.0,
-                "mscale": 1.0,
-                "mscale_all_dim": 1.0,
-                "beta_fast": 1.0,
-                "beta_slow": 1.0,
-                "original_max_position_embeddings": 4096,
-            },
-            "max_position_embeddings": 131072,
-            "tie_word_embeddings": False,
-        },
+        FIXTURE_KIMI_K25_TEXT,
         {"style": "old", "layout": "per_expert", "dtype": "bfloat16", "shards": 1, "wrap": "kimi_k25"},
     ),
     # DeepSeek-V3 as published in FP8; an intermediate size of 200 makes
@@ -330,6 +332,13 @@ FIXTURES = [
         "gpt_oss_mxfp4",
         GPT_OSS_SPEC,
         {"style": "old", "layout": "fused", "dtype": "bfloat16", "shards": 1, "mxfp4": True},
+    ),
+    # Kimi-K2.5 as transformers 5.24 saves it: its wrapper ties the head to
+    # the embedding and writes no `lm_head`, while the text config says untied.
+    (
+        "kimi_k25_saved",
+        dict(FIXTURE_KIMI_K25_TEXT, tie_word_embeddings=True),
+        {"style": "new", "layout": "per_expert", "dtype": "bfloat16", "shards": 1, "wrap": "kimi_k25", "saved": True},
     ),
 ]
 
@@ -662,7 +671,10 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
         drift = (again - logits).abs().max().item()
         assert drift <= RELOAD_TOLERANCE, f"{name}: reload changed logits by {drift}"
     # Now the config as the published checkpoint spells it.
-    final_cfg = {"model_type": "kimi_k25", "text_config": cfg} if wrapped else cfg
+    # As saved: the text config keeps DeepSeek-V3's untied default; the
+    # wrapper's own tie_word_embeddings (default true) is left out.
+    text_cfg = dict(cfg, tie_word_embeddings=False) if opts.get("saved") else cfg
+    final_cfg = {"model_type": "kimi_k25", "text_config": text_cfg} if wrapped else cfg
     cfg_path.write_text(json.dumps(final_cfg, indent=1))
 
     expected = {

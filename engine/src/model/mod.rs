@@ -61,6 +61,11 @@ pub struct CommonConfig {
     pub num_layers: usize,
     pub rms_norm_eps: f64,
     pub tie_word_embeddings: bool,
+    /// Untied, but a checkpoint without `lm_head.weight` uses the embedding:
+    /// transformers 5.24 ties Kimi-K2.5's head in its wrapper class (whose
+    /// `tie_word_embeddings` defaults to true) and saves no head, while the
+    /// released files carry their own.
+    pub tie_if_head_missing: bool,
     /// End-of-sequence ids named by config.json (generation_config.json may add more).
     pub eos_token_ids: Vec<u32>,
 }
@@ -79,6 +84,7 @@ impl CommonConfig {
             num_layers: raw.positive("num_hidden_layers")?,
             rms_norm_eps: raw.f64_or("rms_norm_eps", default_eps)?,
             tie_word_embeddings: raw.bool_or("tie_word_embeddings", false)?,
+            tie_if_head_missing: false,
             eos_token_ids,
         })
     }
@@ -138,10 +144,17 @@ impl ModelSpec {
             "kimi_k25" => {
                 let text = raw.sub_config("text_config")?;
                 quantization = quantization.or(quantization::parse(&text)?);
-                (
-                    Architecture::DeepseekV3(deepseek_v3::Config::parse(&text)?),
-                    "language_model.",
-                )
+                let mut c = deepseek_v3::Config::parse(&text)?;
+                // The wrapper's own setting decides; absent, the files do.
+                match raw.get("tie_word_embeddings") {
+                    Some(v) => {
+                        c.common.tie_word_embeddings = v.as_bool().ok_or_else(|| {
+                            raw.invalid("tie_word_embeddings", "expected true or false")
+                        })?;
+                    }
+                    None => c.common.tie_if_head_missing = true,
+                }
+                (Architecture::DeepseekV3(c), "language_model.")
             }
             other => {
                 return Err(ConfigError::UnknownModelType {
@@ -265,7 +278,8 @@ pub(crate) fn assemble(
 ) -> Result<Decoder, ModelError> {
     let embed = w.matrix("model.embed_tokens.weight", c.vocab_size, c.hidden_size)?;
     // Tied means tied: as in the reference, a stray `lm_head.weight` is ignored.
-    let lm_head = if c.tie_word_embeddings {
+    let tied = c.tie_word_embeddings || (c.tie_if_head_missing && !w.has("lm_head.weight"));
+    let lm_head = if tied {
         Linear::from_matrix(embed.clone())
     } else {
         Linear::load(w, "lm_head", c.hidden_size, c.vocab_size, false)?
