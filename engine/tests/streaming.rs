@@ -713,7 +713,7 @@ fn quantised_packs_are_labelled_close_and_exact_under_any_budget() {
 }
 
 #[test]
-fn quantising_rows_that_are_not_whole_blocks_is_refused() {
+fn quantising_rows_that_fit_no_block_is_refused() {
     use longhaul_engine::pack::encoding::Quantization;
     let tmp = tempfile::tempdir().unwrap();
     let drive = tmp.path().join("d0");
@@ -725,7 +725,11 @@ fn quantising_rows_that_are_not_whole_blocks_is_refused() {
         vec![drive],
     );
     opts.quantization = Some(Quantization::Q4K);
+    // Gate/up rows of 64 would fall back to Q8_0; down rows of 24 fit nothing.
     let err = write_pack(&opts, &|_| {}).unwrap_err().to_string();
-    assert!(err.contains("blocks of 256"), "{err}");
+    assert!(
+        err.contains("blocks of 256") && err.contains("down rows hold 24"),
+        "{err}"
+    );
     assert!(!out.exists(), "nothing written for a refused pack");
 }

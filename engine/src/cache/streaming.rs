@@ -150,7 +150,7 @@ impl StreamingExperts {
         options: &StreamingOptions,
     ) -> Result<Self, ExpertError> {
         let encoding = ExpertEncoding::parse(&manifest.experts.dtype)
-            .filter(|e| e.format().is_some())
+            .filter(|e| e.formats().is_some())
             .ok_or_else(|| {
                 ExpertError::Source(format!(
                     "{}: expert dtype `{}` is not one Longhaul computes with",

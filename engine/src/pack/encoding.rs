@@ -54,6 +54,22 @@ impl Quantization {
     pub fn block(self) -> usize {
         self.ggml().block_size()
     }
+
+    fn format(self) -> Format {
+        match self {
+            Quantization::Q8_0 => Format::Q8_0,
+            Quantization::Q4K => Format::Q4K,
+        }
+    }
+
+    /// What `self` stores rows of `cols` weights as: itself where they are
+    /// whole blocks, else Q8_0 (blocks of 32), as llama.cpp's quantiser
+    /// falls back for k-quants; `None` when not even that fits.
+    fn for_rows(self, cols: usize) -> Option<Self> {
+        [self, Quantization::Q8_0]
+            .into_iter()
+            .find(|q| cols.is_multiple_of(q.block()))
+    }
 }
 
 /// How the expert records of one pack are encoded.
@@ -61,7 +77,13 @@ impl Quantization {
 pub enum ExpertEncoding {
     /// The checkpoint's own bytes.
     Plain(Dtype),
-    Quantized(Quantization),
+    /// Quantised blocks, chosen per matrix: gate/up rows hold `hidden`
+    /// weights and down rows `intermediate`, and a type whose blocks do not
+    /// divide a row falls back to one that does (named `Q4K/Q8_0`).
+    Quantized {
+        gate_up: Quantization,
+        down: Quantization,
+    },
     /// The checkpoint's quantised blocks as published, rearranged so each
     /// row decodes on its own: FP8 with its 128×128 block scales
     /// ([`Format::Fp8Block`]), INT4 with its group scales ([`Format::Int4G32`]),
@@ -99,7 +121,13 @@ impl ExpertEncoding {
         Dtype::parse(name)
             .filter(|&d| crate::weights::matrix_format(d).is_some())
             .map(ExpertEncoding::Plain)
-            .or_else(|| Quantization::parse(name).map(ExpertEncoding::Quantized))
+            .or_else(|| {
+                let (gate_up, down) = name.split_once('/').unwrap_or((name, name));
+                Some(ExpertEncoding::Quantized {
+                    gate_up: Quantization::parse(gate_up)?,
+                    down: Quantization::parse(down)?,
+                })
+            })
             .or_else(|| {
                 PUBLISHED
                     .into_iter()
@@ -108,67 +136,70 @@ impl ExpertEncoding {
             })
     }
 
-    pub fn name(self) -> &'static str {
+    /// `q` for experts of these sizes, each matrix falling back to Q8_0
+    /// where its rows are not whole blocks of `q`; refused when not even
+    /// Q8_0's blocks of 32 divide them.
+    pub fn quantized(
+        q: Quantization,
+        hidden: usize,
+        intermediate: usize,
+    ) -> Result<Self, EncodingError> {
+        let pick = |cols: usize, what: &str| {
+            q.for_rows(cols).ok_or_else(|| {
+                EncodingError::Shape(format!(
+                    "{} packs rows in blocks of {} weights (Q8_0 in blocks of 32), but the experts' {what} rows hold {cols}",
+                    q.name(),
+                    q.block()
+                ))
+            })
+        };
+        Ok(ExpertEncoding::Quantized {
+            gate_up: pick(hidden, "gate/up")?,
+            down: pick(intermediate, "down")?,
+        })
+    }
+
+    pub fn name(self) -> String {
         match self {
-            ExpertEncoding::Plain(d) => d.name().unwrap_or("unsupported"),
-            ExpertEncoding::Quantized(q) => q.name(),
-            ExpertEncoding::Published(f) => f.name(),
+            ExpertEncoding::Plain(d) => d.name().unwrap_or("unsupported").to_string(),
+            ExpertEncoding::Quantized { gate_up, down } if gate_up == down => {
+                gate_up.name().to_string()
+            }
+            ExpertEncoding::Quantized { gate_up, down } => {
+                format!("{}/{}", gate_up.name(), down.name())
+            }
+            ExpertEncoding::Published(f) => f.name().to_string(),
         }
     }
 
-    /// Stored bytes of a `[rows, cols]` matrix.
-    fn matrix_bytes(self, rows: usize, cols: usize) -> u64 {
+    /// The formats of the gate/up and the down matrix.
+    pub fn formats(self) -> Option<[Format; 2]> {
         match self {
-            ExpertEncoding::Plain(d) => (rows * cols) as u64 * d.size(),
-            ExpertEncoding::Quantized(q) => {
-                let g = q.ggml();
-                ((rows * cols / g.block_size()) * g.type_size()) as u64
-            }
-            ExpertEncoding::Published(f) => (rows * f.row_bytes(cols).unwrap_or(0)) as u64,
+            ExpertEncoding::Plain(d) => matrix_format(d).map(|f| [f, f]),
+            ExpertEncoding::Quantized { gate_up, down } => Some([gate_up.format(), down.format()]),
+            ExpertEncoding::Published(f) => Some([f, f]),
         }
+    }
+
+    /// Stored bytes of a `[rows, cols]` matrix in `format`.
+    fn matrix_bytes(format: Format, rows: usize, cols: usize) -> u64 {
+        (rows * format.row_bytes(cols).unwrap_or(0)) as u64
     }
 
     /// Bytes of one record: gate and up rows (`[2I, H]`), then down (`[H, I]`).
     pub fn record_len(self, hidden: usize, intermediate: usize) -> u64 {
-        self.matrix_bytes(2 * intermediate, hidden) + self.matrix_bytes(hidden, intermediate)
-    }
-
-    /// Refuses expert shapes whose rows are not whole blocks.
-    pub fn check_shape(self, hidden: usize, intermediate: usize) -> Result<(), EncodingError> {
-        let ExpertEncoding::Quantized(q) = self else {
-            return Ok(());
+        let Some([gu, d]) = self.formats() else {
+            return 0;
         };
-        let block = q.block();
-        if !hidden.is_multiple_of(block) || !intermediate.is_multiple_of(block) {
-            return Err(EncodingError::Shape(format!(
-                "{} packs rows in blocks of {block} weights, but experts have hidden size {hidden} \
-                 and intermediate size {intermediate}{}",
-                q.name(),
-                if block > Quantization::Q8_0.block() {
-                    "; Q8_0 (blocks of 32) may fit"
-                } else {
-                    ""
-                }
-            )));
-        }
-        Ok(())
+        Self::matrix_bytes(gu, 2 * intermediate, hidden)
+            + Self::matrix_bytes(d, hidden, intermediate)
     }
 
     /// Bytes per element of a plain float record; `None` for quantised blocks.
     pub fn element_bytes(self) -> Option<usize> {
         match self {
             ExpertEncoding::Plain(d) => Some(d.size() as usize),
-            ExpertEncoding::Quantized(_) | ExpertEncoding::Published(_) => None,
-        }
-    }
-
-    /// The kernel format the records are stored in.
-    pub fn format(self) -> Option<Format> {
-        match self {
-            ExpertEncoding::Plain(d) => matrix_format(d),
-            ExpertEncoding::Quantized(Quantization::Q8_0) => Some(Format::Q8_0),
-            ExpertEncoding::Quantized(Quantization::Q4K) => Some(Format::Q4K),
-            ExpertEncoding::Published(f) => Some(f),
+            ExpertEncoding::Quantized { .. } | ExpertEncoding::Published(_) => None,
         }
     }
 
@@ -192,7 +223,7 @@ impl ExpertEncoding {
                 "{name}: record holds {len} bytes, expected {want}"
             )));
         }
-        let format = self.format().ok_or_else(|| {
+        let [gu_format, d_format] = self.formats().ok_or_else(|| {
             EncodingError::Shape(format!(
                 "{name}: records are stored in an unsupported dtype"
             ))
@@ -201,9 +232,10 @@ impl ExpertEncoding {
             what: name.to_string(),
             source: e,
         };
-        let split = self.matrix_bytes(2 * i, h) as usize;
-        let gate_up = Matrix::shared(2 * i, h, format, Arc::clone(&record), 0).map_err(kernel)?;
-        let down = Matrix::shared(h, i, format, record, split).map_err(kernel)?;
+        let split = Self::matrix_bytes(gu_format, 2 * i, h) as usize;
+        let gate_up =
+            Matrix::shared(2 * i, h, gu_format, Arc::clone(&record), 0).map_err(kernel)?;
+        let down = Matrix::shared(h, i, d_format, record, split).map_err(kernel)?;
         let (gate_up, down) = if keep_stored {
             (gate_up, down)
         } else {
@@ -241,18 +273,24 @@ impl ErrorSums {
     }
 }
 
-/// Quantises a record held in the checkpoint's `dtype` into `q`, returning
-/// the new record and how far its weights are from the originals.
+/// Quantises a record held in the checkpoint's `dtype` into `encoding` (a
+/// [`ExpertEncoding::Quantized`]), returning the new record and how far its
+/// weights are from the originals.
 pub fn quantize_record(
     raw: &[u8],
     dtype: Dtype,
     hidden: usize,
     intermediate: usize,
-    q: Quantization,
+    encoding: ExpertEncoding,
     name: &str,
 ) -> Result<(Vec<u8>, ErrorSums), EncodingError> {
     let (h, i) = (hidden, intermediate);
-    ExpertEncoding::Quantized(q).check_shape(h, i)?;
+    let ExpertEncoding::Quantized { gate_up, down } = encoding else {
+        return Err(EncodingError::Shape(format!(
+            "{name}: {} is not a quantisation",
+            encoding.name()
+        )));
+    };
     let plain = ExpertEncoding::Plain(dtype);
     if raw.len() as u64 != plain.record_len(h, i) {
         return Err(EncodingError::Shape(format!(
@@ -261,14 +299,17 @@ pub fn quantize_record(
             plain.record_len(h, i)
         )));
     }
-    let split = plain.matrix_bytes(2 * i, h) as usize;
+    let split = (2 * i * h) * dtype.size() as usize;
     let tensor_err = |source| EncodingError::Tensor {
         what: name.to_string(),
         source,
     };
-    let mut out = Vec::with_capacity(ExpertEncoding::Quantized(q).record_len(h, i) as usize);
+    let mut out = Vec::with_capacity(encoding.record_len(h, i) as usize);
     let mut sums = ErrorSums::default();
-    for (bytes, shape) in [(&raw[..split], [2 * i, h]), (&raw[split..], [h, i])] {
+    for (bytes, shape, q) in [
+        (&raw[..split], [2 * i, h], gate_up),
+        (&raw[split..], [h, i], down),
+    ] {
         let w = tensor_from_bytes(name, bytes, dtype, &shape, Path::new(""))?;
         let qt = QTensor::quantize(&w, q.ggml()).map_err(tensor_err)?;
         let back = qt.dequantize(&Device::Cpu).map_err(tensor_err)?;
@@ -309,8 +350,9 @@ mod tests {
         let (h, i) = (256, 256);
         let raw = random_record(h, i);
         for (q, bound) in [(Quantization::Q8_0, 0.01), (Quantization::Q4K, 0.12)] {
-            let (bytes, err) = quantize_record(&raw, Dtype::F32, h, i, q, "test").unwrap();
-            let enc = ExpertEncoding::Quantized(q);
+            let enc = ExpertEncoding::quantized(q, h, i).unwrap();
+            assert_eq!(enc.name(), q.name());
+            let (bytes, err) = quantize_record(&raw, Dtype::F32, h, i, enc, "test").unwrap();
             assert_eq!(bytes.len() as u64, enc.record_len(h, i));
             assert!(
                 err.relative_rms() > 0.0 && err.relative_rms() < bound,
@@ -331,23 +373,34 @@ mod tests {
         }
     }
 
+    /// Rows that are not whole Q4_K blocks fall back to Q8_0 matrix by
+    /// matrix, labelled; rows not even whole Q8_0 blocks are refused.
     #[test]
-    fn rows_that_are_not_whole_blocks_are_refused() {
-        let err = ExpertEncoding::Quantized(Quantization::Q4K)
-            .check_shape(64, 256)
-            .unwrap_err();
-        assert!(err.to_string().contains("blocks of 256"), "{err}");
-        assert!(err.to_string().contains("Q8_0"), "{err}");
+    fn matrices_fall_back_to_blocks_that_divide_their_rows() {
+        // The demo model: gate/up rows of 256, down rows of 96.
+        let enc = ExpertEncoding::quantized(Quantization::Q4K, 256, 96).unwrap();
+        assert_eq!(enc.name(), "Q4K/Q8_0");
+        assert_eq!(ExpertEncoding::parse("Q4K/Q8_0"), Some(enc));
+        assert_eq!(enc.formats(), Some([Format::Q4K, Format::Q8_0]));
+        let raw = random_record(256, 96);
+        let (bytes, err) = quantize_record(&raw, Dtype::F32, 256, 96, enc, "demo").unwrap();
+        assert_eq!(bytes.len() as u64, enc.record_len(256, 96));
+        assert!(err.relative_rms() < 0.12);
+        let x: Vec<f32> = (0..256).map(|k| (k as f32 * 0.01).sin()).collect();
+        let record: Arc<Vec<u8>> = Arc::new(bytes);
+        let wide = enc.decode(record.clone(), 256, 96, false, "e").unwrap();
+        let kept = enc.decode(record, 256, 96, true, "e").unwrap();
+        assert_eq!(wide.forward(&x, 1).unwrap(), kept.forward(&x, 1).unwrap());
+        let err = ExpertEncoding::quantized(Quantization::Q4K, 256, 40).unwrap_err();
         assert!(
-            ExpertEncoding::Quantized(Quantization::Q8_0)
-                .check_shape(64, 96)
-                .is_ok()
+            err.to_string().contains("blocks of 256") && err.to_string().contains("hold 40"),
+            "{err}"
         );
     }
 
     #[test]
     fn a_short_record_is_an_error() {
-        let enc = ExpertEncoding::Quantized(Quantization::Q8_0);
+        let enc = ExpertEncoding::quantized(Quantization::Q8_0, 32, 32).unwrap();
         let err = enc.decode(Arc::new(vec![0u8; 10]), 32, 32, false, "layer 1 expert 2");
         assert!(err.unwrap_err().to_string().contains("layer 1 expert 2"));
     }

@@ -78,6 +78,10 @@ pub struct ExpertSection {
 pub struct QuantizationReport {
     /// The checkpoint's expert dtype.
     pub from: String,
+    /// What `--experts` asked for, where a matrix whose rows are not whole
+    /// blocks of it fell back to another type (the pack's `dtype` says which).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested: Option<String>,
     /// `‖w − q(w)‖ / ‖w‖` over every expert weight of the pack.
     pub relative_rms_error: f64,
 }

@@ -175,13 +175,29 @@ pub fn write_pack(
             "--experts: the experts are {dtype_name} already; they are packed as published"
         )));
     }
-    if let Some(q) = opts.quantization {
-        for p in &plans {
-            ExpertEncoding::Quantized(q)
-                .check_shape(p.hidden, p.intermediate)
-                .map_err(|e| PackError::Options(format!("--experts: layer {}: {e}", p.layer)))?;
+    // One quantised encoding for the pack, each matrix's type chosen to fit
+    // its rows.
+    let quantized = match opts.quantization {
+        None => None,
+        Some(q) => {
+            let mut chosen = None;
+            for p in &plans {
+                let e = ExpertEncoding::quantized(q, p.hidden, p.intermediate).map_err(|e| {
+                    PackError::Options(format!("--experts: layer {}: {e}", p.layer))
+                })?;
+                if chosen.is_some_and(|c| c != e) {
+                    return Err(PackError::Options(format!(
+                        "--experts: layer {} needs {} where earlier layers use {}; one expert encoding per pack",
+                        p.layer,
+                        e.name(),
+                        chosen.map_or(String::new(), ExpertEncoding::name)
+                    )));
+                }
+                chosen = Some(e);
+            }
+            chosen
         }
-    }
+    };
 
     let pack_name = opts
         .out
@@ -247,7 +263,7 @@ pub fn write_pack(
                 None => plan.record_bytes(&checkpoint, expert)?,
             };
             done += raw.len() as u64;
-            let bytes = match opts.quantization {
+            let bytes = match quantized {
                 None => raw,
                 Some(q) => {
                     let name = format!("layer {} expert {expert}", plan.layer);
@@ -365,12 +381,13 @@ pub fn write_pack(
         drives: drive_dirs,
         resident,
         experts: ExpertSection {
-            dtype: opts
-                .quantization
-                .map_or(dtype_name, Quantization::name)
-                .to_string(),
-            quantization: opts.quantization.map(|_| QuantizationReport {
-                from: dtype_name.to_string(),
+            dtype: quantized.map_or(dtype_name.clone(), ExpertEncoding::name),
+            quantization: quantized.map(|e| QuantizationReport {
+                from: dtype_name.clone(),
+                requested: opts
+                    .quantization
+                    .map(|q| q.name().to_string())
+                    .filter(|q| *q != e.name()),
                 relative_rms_error: error.relative_rms(),
             }),
             compression: compressed.then(|| compress::COMPRESSION_NAME.to_string()),

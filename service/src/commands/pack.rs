@@ -166,6 +166,11 @@ pub fn run(args: PackArgs) -> anyhow::Result<()> {
                 "experts quantised from {} to {}: relative RMS weight error {:.4}",
                 q.from, summary.manifest.experts.dtype, q.relative_rms_error
             );
+            if let Some(asked) = &q.requested {
+                println!(
+                    "{asked} was asked for; matrices whose rows are not whole {asked} blocks were stored as Q8_0 (`gate-up/down` in the dtype)"
+                );
+            }
         }
     }
     Ok(())
