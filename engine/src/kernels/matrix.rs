@@ -270,6 +270,7 @@ impl Matrix {
                 let done = match self.format {
                     Format::F16 => fast::f16_matvec(bytes, self.row_bytes, count, x, out),
                     Format::Mxfp4 => fast::mxfp4_matvec(bytes, self.row_bytes, count, x, out),
+                    Format::Int4G32 => fast::int4_matvec(bytes, self.row_bytes, count, x, out),
                     _ => false,
                 };
                 if done {
