@@ -733,3 +733,85 @@ fn quantising_rows_that_fit_no_block_is_refused() {
     );
     assert!(!out.exists(), "nothing written for a refused pack");
 }
+
+/// `pack --resident q8_0`: the resident matrices (not routers or norms)
+/// are stored as Q8_0, labelled lossy in the manifest; the pack loads,
+/// stays close to the checkpoint, and streams exactly under any budget.
+#[test]
+fn a_q8_0_spine_is_labelled_close_and_exact_under_any_budget() {
+    use longhaul_engine::pack::encoding::Quantization;
+    let fixture = "qwen3_moe_recent";
+    let dir = common::fixtures_dir().join(fixture);
+    let exp = common::expected(&dir);
+    let reference = all_logits(&Engine::open(&dir).unwrap(), &exp.ids);
+    let tmp = tempfile::tempdir().unwrap();
+    let drives: Vec<PathBuf> = (0..2).map(|i| tmp.path().join(format!("d{i}"))).collect();
+    for d in &drives {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let plain = pack(&tmp.path().join("plain"), fixture, 2, 4096);
+    let out = tmp.path().join("spine");
+    let mut opts = PackOptions::new(dir.clone(), out.clone(), drives.clone());
+    opts.resident_quantization = Some(Quantization::Q8_0);
+    let summary = write_pack(&opts, &|_| {}).unwrap();
+    let q = summary.manifest.resident.quantization.clone().unwrap();
+    assert_eq!(q.requested.as_deref(), Some("Q8_0"));
+    assert!(
+        q.relative_rms_error > 0.0 && q.relative_rms_error < 0.01,
+        "{q:?}"
+    );
+    assert!(
+        summary.manifest.experts.quantization.is_none(),
+        "experts as stored"
+    );
+    let plain_size = longhaul_engine::pack::Manifest::read(&plain)
+        .unwrap()
+        .resident
+        .size;
+    assert!(
+        summary.resident_bytes < plain_size * 2 / 3,
+        "{} vs {plain_size}",
+        summary.resident_bytes
+    );
+    let full = all_logits(&open(&out, u64::MAX, 2), &exp.ids);
+    for budget in [0, expert_bytes(fixture)] {
+        assert!(
+            all_logits(&open(&out, budget, 2), &exp.ids) == full,
+            "budget {budget}"
+        );
+    }
+    let worst = full
+        .iter()
+        .flatten()
+        .zip(reference.iter().flatten())
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    // A random-weight fixture's logits are nearly flat; the trained demo
+    // model keeps every top-1 token (see the README's figures).
+    assert!(worst > 0.0, "a lossy spine changes the logits");
+    let agree = full
+        .iter()
+        .zip(&reference)
+        .filter(|(a, b)| argmax(a) == argmax(b))
+        .count();
+    assert!(
+        agree * 5 >= full.len() * 4,
+        "top-1 agrees at {agree} of {} (max |Δlogit| {worst})",
+        full.len()
+    );
+    // Only q8_0 is offered for the spine.
+    let mut bad = PackOptions::new(dir, tmp.path().join("q4k-spine"), drives);
+    bad.resident_quantization = Some(Quantization::Q4K);
+    let err = write_pack(&bad, &|_| {}).unwrap_err().to_string();
+    assert!(err.contains("q8_0 only"), "{err}");
+}
+
+/// Index of the largest logit (the first of equals).
+fn argmax(row: &[f32]) -> usize {
+    row.iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |best, (i, &v)| {
+            if v > best.1 { (i, v) } else { best }
+        })
+        .0
+}

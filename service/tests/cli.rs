@@ -638,6 +638,14 @@ fn quantised_pack_is_labelled_and_compared_with_its_checkpoint() {
     );
     assert!(!out.status.success());
     assert!(stderr(&out).contains("use q8_0 or q4k"), "{}", stderr(&out));
+    let out = pack_cli(
+        &model,
+        &tmp.path().join("q4k-spine"),
+        &drives,
+        &["--resident", "q4k"],
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("q8_0 only"), "{}", stderr(&out));
     // Rows of 64 and 32 are not whole Q4_K blocks: each matrix falls back
     // to Q8_0, and the pack says what was asked for and what was stored.
     let out = pack_cli(

@@ -300,34 +300,49 @@ pub fn quantize_record(
         )));
     }
     let split = (2 * i * h) * dtype.size() as usize;
+    let mut out = Vec::with_capacity(encoding.record_len(h, i) as usize);
+    let mut sums = ErrorSums::default();
+    let parts = [
+        (&raw[..split], [2 * i, h], gate_up),
+        (&raw[split..], [h, i], down),
+    ];
+    for (bytes, shape, q) in parts {
+        let (blocks, error) = quantize_matrix(bytes, dtype, &shape, q, name)?;
+        sums.add(error);
+        out.extend_from_slice(&blocks);
+    }
+    Ok((out, sums))
+}
+
+/// One matrix (`bytes` of `dtype`, `shape` `[rows, cols]`) as `q` blocks,
+/// with how far they are from the original values.
+pub fn quantize_matrix(
+    bytes: &[u8],
+    dtype: Dtype,
+    shape: &[usize],
+    q: Quantization,
+    name: &str,
+) -> Result<(Vec<u8>, ErrorSums), EncodingError> {
     let tensor_err = |source| EncodingError::Tensor {
         what: name.to_string(),
         source,
     };
-    let mut out = Vec::with_capacity(encoding.record_len(h, i) as usize);
-    let mut sums = ErrorSums::default();
-    for (bytes, shape, q) in [
-        (&raw[..split], [2 * i, h], gate_up),
-        (&raw[split..], [h, i], down),
-    ] {
-        let w = tensor_from_bytes(name, bytes, dtype, &shape, Path::new(""))?;
-        let qt = QTensor::quantize(&w, q.ggml()).map_err(tensor_err)?;
-        let back = qt.dequantize(&Device::Cpu).map_err(tensor_err)?;
-        let sq = |t: &Tensor| -> Result<f64, EncodingError> {
-            let s = t
-                .sqr()
-                .and_then(|t| t.sum_all())
-                .and_then(|t| t.to_scalar::<f32>());
-            Ok(f64::from(s.map_err(tensor_err)?))
-        };
-        let diff = (&w - &back).map_err(tensor_err)?;
-        sums.add(ErrorSums {
-            squared_error: sq(&diff)?,
-            squared_norm: sq(&w)?,
-        });
-        out.extend_from_slice(&qt.data().map_err(tensor_err)?);
-    }
-    Ok((out, sums))
+    let w = tensor_from_bytes(name, bytes, dtype, shape, Path::new(""))?;
+    let qt = QTensor::quantize(&w, q.ggml()).map_err(tensor_err)?;
+    let back = qt.dequantize(&Device::Cpu).map_err(tensor_err)?;
+    let sq = |t: &Tensor| -> Result<f64, EncodingError> {
+        let s = t
+            .sqr()
+            .and_then(|t| t.sum_all())
+            .and_then(|t| t.to_scalar::<f32>());
+        Ok(f64::from(s.map_err(tensor_err)?))
+    };
+    let diff = (&w - &back).map_err(tensor_err)?;
+    let error = ErrorSums {
+        squared_error: sq(&diff)?,
+        squared_norm: sq(&w)?,
+    };
+    Ok((qt.data().map_err(tensor_err)?.to_vec(), error))
 }
 
 #[cfg(test)]

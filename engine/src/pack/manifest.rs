@@ -57,6 +57,10 @@ pub struct ResidentFile {
     pub path: PathBuf,
     pub size: u64,
     pub xxh3_128: String,
+    /// Set when the resident matrices were quantised on request (`pack
+    /// --resident q8_0`): a lossy spine, labelled as such.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<QuantizationReport>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

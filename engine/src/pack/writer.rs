@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use super::PackError;
 use super::compress;
-use super::encoding::{ErrorSums, ExpertEncoding, Quantization, quantize_record};
+use super::encoding::{ErrorSums, ExpertEncoding, Quantization, quantize_matrix, quantize_record};
 use super::layout::ExpertTensors;
 use super::manifest::{
     self, ExpertLayer, ExpertSection, FORMAT, MANIFEST_FILE, Manifest, QuantizationReport, Record,
@@ -22,7 +22,7 @@ use super::plan::LayerPlan;
 use crate::model::ModelSpec;
 use crate::store::DIRECT_IO_BLOCK;
 use crate::weights::safetensors::{TensorEntry, header_bytes};
-use crate::weights::{SafetensorsCheckpoint, SafetensorsFile, TensorInfo};
+use crate::weights::{Dtype, SafetensorsCheckpoint, SafetensorsFile, TensorInfo};
 
 /// Record alignment when none is given: large enough for direct I/O on any
 /// common device and file system.
@@ -61,6 +61,9 @@ pub struct PackOptions {
     pub replicate: std::collections::HashSet<(usize, usize)>,
     /// Store experts quantised instead of as the checkpoint holds them.
     pub quantization: Option<Quantization>,
+    /// Store the resident matrices quantised (only Q8_0): a lossy spine
+    /// for machines whose RAM cannot hold them at their stored width.
+    pub resident_quantization: Option<Quantization>,
     /// Compress float records losslessly where that saves space (see
     /// [`super::compress`]).
     pub compress: bool,
@@ -79,6 +82,7 @@ impl PackOptions {
             replicas: 0,
             replicate: std::collections::HashSet::new(),
             quantization: None,
+            resident_quantization: None,
             compress: true,
         }
     }
@@ -348,7 +352,13 @@ pub fn write_pack(
         None => drive_dirs[0].clone(),
     };
     let resident_path = resident_dir.join(RESIDENT_FILE);
-    let resident = write_resident(&checkpoint, &resident_names, &resident_path, report)?;
+    let resident = write_resident(
+        &checkpoint,
+        &resident_names,
+        &resident_path,
+        opts.resident_quantization,
+        report,
+    )?;
     partials.push((partial_path(&resident_path), resident_path.clone()));
 
     for (partial, done) in &partials {
@@ -521,22 +531,39 @@ fn write_resident(
     ckpt: &SafetensorsCheckpoint,
     names: &[String],
     path: &Path,
+    quantize: Option<Quantization>,
     report: &dyn Fn(PackProgress),
 ) -> Result<ResidentFile, PackError> {
     let infos: Vec<(&str, &SafetensorsFile, &TensorInfo)> = names
         .iter()
         .filter_map(|n| ckpt.info(n).map(|(f, i)| (n.as_str(), f, i)))
         .collect();
+    if let Some(q) = quantize.filter(|q| *q != Quantization::Q8_0) {
+        return Err(PackError::Options(format!(
+            "--resident {}: resident matrices are quantised to q8_0 only",
+            q.name()
+        )));
+    }
+    let spine = |name: &str, info: &TensorInfo| quantize.is_some() && spine_matrix(name, info);
     let mut entries = Vec::with_capacity(infos.len());
     for (name, _, info) in &infos {
         let dtype = info.dtype.name().ok_or_else(|| {
             PackError::Source(format!("tensor `{name}` is stored as {:?}", info.dtype))
         })?;
+        let (dtype, len) = if spine(name, info) {
+            let elements = info.shape.iter().product::<usize>() as u64;
+            let len = Dtype::Q8_0.byte_len(elements).ok_or(PackError::Internal(
+                "a spine matrix is not whole Q8_0 blocks",
+            ))?;
+            ("Q8_0", len)
+        } else {
+            (dtype, info.len)
+        };
         entries.push(TensorEntry {
             name,
             dtype,
             shape: &info.shape,
-            len: info.len,
+            len,
         });
     }
     let partial = partial_path(path);
@@ -552,14 +579,21 @@ fn write_resident(
     let total: u64 = infos.iter().map(|(_, _, i)| i.len).sum();
     let mut done = 0;
     let mut size = header.len() as u64;
-    for (_, file, info) in &infos {
-        let bytes = file
+    let mut error = ErrorSums::default();
+    for (name, file, info) in &infos {
+        let mut bytes = file
             .read_bytes(info)
             .map_err(|e| PackError::Source(e.to_string()))?;
+        if spine(name, info) {
+            let (q, e) = quantize_matrix(&bytes, info.dtype, &info.shape, Quantization::Q8_0, name)
+                .map_err(|e| PackError::Source(e.to_string()))?;
+            error.add(e);
+            bytes = q;
+        }
         out.write_all(&bytes).map_err(io)?;
         hasher.update(&bytes);
         done += info.len;
-        size += info.len;
+        size += bytes.len() as u64;
         report(PackProgress {
             phase: PackPhase::WritingResident,
             done_bytes: done,
@@ -571,7 +605,27 @@ fn write_resident(
         path: path.to_path_buf(),
         size,
         xxh3_128: format!("{:032x}", hasher.digest128()),
+        quantization: quantize.map(|q| QuantizationReport {
+            from: "stored width".to_string(),
+            requested: Some(q.name().to_string()),
+            relative_rms_error: error.relative_rms(),
+        }),
     })
+}
+
+/// Whether resident tensor `name` is quantised for a lossy spine: float
+/// matrices of whole Q8_0 blocks. Routers stay exact — a router that picks
+/// other experts changes more than its own rounding — and so do norms,
+/// biases and anything already published narrow.
+fn spine_matrix(name: &str, info: &TensorInfo) -> bool {
+    let router = [".gate.weight", ".router.weight"]
+        .iter()
+        .any(|r| name.ends_with(r));
+    info.shape.len() == 2
+        && matches!(info.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16)
+        && info.shape[1].is_multiple_of(Quantization::Q8_0.block())
+        && name.ends_with(".weight")
+        && !router
 }
 
 /// Whether the pack at `pack` was made from the checkpoint at `source` as

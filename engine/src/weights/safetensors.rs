@@ -31,6 +31,9 @@ pub enum Dtype {
     BF16,
     /// FP8 e4m3fn: computed with only beside its `_scale_inv` block scales.
     F8E4M3,
+    /// GGML Q8_0 blocks along the last dimension (34 bytes per 32 values):
+    /// held only by a pack's resident file, for `pack --resident q8_0`.
+    Q8_0,
     /// A dtype the format allows but Longhaul cannot compute with; kept so the
     /// error can name it when (and only when) such a tensor is asked for.
     Unsupported(UnsupportedDtype),
@@ -60,6 +63,7 @@ impl Dtype {
             Dtype::F16 => Some("F16"),
             Dtype::BF16 => Some("BF16"),
             Dtype::F8E4M3 => Some("F8_E4M3"),
+            Dtype::Q8_0 => Some("Q8_0"),
             Dtype::Unsupported(_) => None,
         }
     }
@@ -81,18 +85,20 @@ impl Dtype {
             "U64" => Dtype::Unsupported(U::U64),
             "BOOL" => Dtype::Unsupported(U::Bool),
             "F8_E4M3" => Dtype::F8E4M3,
+            "Q8_0" => Dtype::Q8_0,
             "F8_E5M2" => Dtype::Unsupported(U::F8E5M2),
             _ => return None,
         })
     }
 
-    /// Bytes per element.
+    /// Bytes per element (Q8_0's 34 bytes per 32 are not whole: see
+    /// [`Dtype::byte_len`]; it is never a checkpoint's expert dtype).
     pub fn size(self) -> u64 {
         use UnsupportedDtype as U;
         match self {
             Dtype::F32 => 4,
             Dtype::F16 | Dtype::BF16 => 2,
-            Dtype::F8E4M3 => 1,
+            Dtype::F8E4M3 | Dtype::Q8_0 => 1,
             Dtype::Unsupported(u) => match u {
                 U::F64 | U::I64 | U::U64 => 8,
                 U::I32 | U::U32 => 4,
@@ -102,6 +108,23 @@ impl Dtype {
         }
     }
 }
+
+impl Dtype {
+    /// Bytes of `elements` values; `None` on overflow or, for Q8_0, when
+    /// they are not whole blocks.
+    pub fn byte_len(self, elements: u64) -> Option<u64> {
+        match self {
+            Dtype::Q8_0 => elements
+                .is_multiple_of(Q8_0_VALUES)
+                .then(|| elements / Q8_0_VALUES * Q8_0_BYTES),
+            d => elements.checked_mul(d.size()),
+        }
+    }
+}
+
+/// Values per Q8_0 block, and its bytes (an f16 scale and 32 bytes).
+const Q8_0_VALUES: u64 = 32;
+const Q8_0_BYTES: u64 = 34;
 
 /// Where one tensor lives inside a safetensors file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -286,9 +309,9 @@ fn parse_entry(entry: &Value, data_len: u64) -> Result<TensorInfo, String> {
         .iter()
         .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
         .ok_or("shape overflows")?;
-    let expected = elements
-        .checked_mul(dtype.size())
-        .ok_or("shape overflows")?;
+    let expected = dtype
+        .byte_len(elements)
+        .ok_or("shape overflows or is not whole blocks")?;
     if expected != end - start {
         return Err(format!(
             "holds {} bytes but dtype {dtype_name} × shape {shape:?} needs {expected}",

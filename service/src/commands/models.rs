@@ -72,8 +72,17 @@ pub fn run(args: ModelsArgs) -> anyhow::Result<()> {
                 }
                 for m in models {
                     let place = m["path"].as_str().or(m["url"].as_str()).unwrap_or("?");
+                    let w = &m["weights"];
+                    let weights = match (w["experts"].as_str(), w["lossy"].as_bool()) {
+                        (Some(e), Some(true)) => format!(
+                            "  [lossy: experts {e}, resident {}]",
+                            w["resident"].as_str().unwrap_or("?")
+                        ),
+                        (Some(e), _) => format!("  [experts {e}]"),
+                        _ => String::new(),
+                    };
                     println!(
-                        "{:20} {:7} {place}",
+                        "{:20} {:7} {place}{weights}",
                         m["name"].as_str().unwrap_or("?"),
                         m["kind"].as_str().unwrap_or("?")
                     );

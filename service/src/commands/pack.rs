@@ -48,6 +48,12 @@ pub struct PackArgs {
     /// Store experts quantised (q8_0: ~8.5 bits per weight; q4k: ~4.5) instead of exactly as in the checkpoint. Fewer bytes per token, at some accuracy; the manifest labels it and records the weight error.
     #[arg(long, value_name = "q8_0|q4k", value_parser = parse_quantization)]
     experts: Option<Quantization>,
+    /// Store the resident matrices (attention, shared experts, dense layers,
+    /// embeddings, LM head; not routers or norms) as Q8_0: about half of
+    /// BF16, for machines whose RAM cannot hold them as stored. Lossy: the
+    /// manifest and `models` label it; `longhaul compare` measures the cost.
+    #[arg(long, value_name = "q8_0", value_parser = parse_resident)]
+    resident: Option<Quantization>,
     /// Compress float expert records losslessly where that saves at least 5%
     /// (on: the default; fewer bytes to read per token, restored by the
     /// reader threads at about 5 GB/s per core), or store them as they are.
@@ -59,6 +65,15 @@ pub struct PackArgs {
     /// Print the result as one JSON object.
     #[arg(long)]
     json: bool,
+}
+
+fn parse_resident(s: &str) -> Result<Quantization, String> {
+    match Quantization::parse(s) {
+        Some(Quantization::Q8_0) => Ok(Quantization::Q8_0),
+        _ => Err(format!(
+            "`{s}`: resident matrices are quantised to q8_0 only"
+        )),
+    }
 }
 
 fn parse_quantization(s: &str) -> Result<Quantization, String> {
@@ -104,6 +119,7 @@ pub fn run(args: PackArgs) -> anyhow::Result<()> {
     opts.split_threshold = args.split_threshold;
     opts.alignment = args.alignment;
     opts.quantization = args.experts;
+    opts.resident_quantization = args.resident;
     opts.compress = args.compress == "on";
     if args.replicas > 0 {
         let Some(heat_pack) = &args.heat_from else {
@@ -142,6 +158,7 @@ pub fn run(args: PackArgs) -> anyhow::Result<()> {
                 "resident_bytes": summary.resident_bytes,
                 "expert_dtype": summary.manifest.experts.dtype,
                 "quantization": summary.manifest.experts.quantization,
+                "resident_quantization": summary.manifest.resident.quantization,
             })
         );
     } else {
@@ -171,6 +188,13 @@ pub fn run(args: PackArgs) -> anyhow::Result<()> {
                     "{asked} was asked for; matrices whose rows are not whole {asked} blocks were stored as Q8_0 (`gate-up/down` in the dtype)"
                 );
             }
+        }
+        if let Some(q) = &summary.manifest.resident.quantization {
+            println!(
+                "resident matrices quantised to {} (a lossy spine, labelled in the manifest): relative RMS weight error {:.4}; measure its cost with `longhaul compare`",
+                q.requested.as_deref().unwrap_or("Q8_0"),
+                q.relative_rms_error
+            );
         }
     }
     Ok(())

@@ -70,7 +70,37 @@ pub async fn add_model(
 
 pub async fn list_models(State(app): State<AppState>) -> ApiResult<Json<Value>> {
     let models = app.blocking(|q| q.models()).await?;
-    Ok(Json(json!({ "models": models })))
+    let listed: Vec<Value> = models.iter().map(with_weights).collect();
+    Ok(Json(json!({ "models": listed })))
+}
+
+/// A model as listed, with how a pack stores its weights: the experts'
+/// dtype and whether anything was quantised on request (`lossy`), so a
+/// lossy pack is never mistaken for the published weights.
+fn with_weights(model: &ModelEntry) -> Value {
+    let mut v = serde_json::to_value(model).unwrap_or(Value::Null);
+    let ModelKind::Local { path } = &model.kind else {
+        return v;
+    };
+    if !longhaul_engine::pack::is_pack(path) {
+        return v;
+    }
+    if let (Ok(m), Some(obj)) = (
+        longhaul_engine::pack::Manifest::read(path),
+        v.as_object_mut(),
+    ) {
+        let experts = &m.experts;
+        let resident = m.resident.quantization.as_ref();
+        obj.insert(
+            "weights".into(),
+            json!({
+                "experts": experts.dtype,
+                "resident": resident.and_then(|q| q.requested.clone()).unwrap_or_else(|| "as stored".into()),
+                "lossy": experts.quantization.is_some() || resident.is_some(),
+            }),
+        );
+    }
+    v
 }
 
 pub async fn remove_model(
