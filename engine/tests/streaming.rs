@@ -804,6 +804,10 @@ fn a_q8_0_spine_is_labelled_close_and_exact_under_any_budget() {
     bad.resident_quantization = Some(Quantization::Q4K);
     let err = write_pack(&bad, &|_| {}).unwrap_err().to_string();
     assert!(err.contains("q8_0 only"), "{err}");
+    assert!(
+        !tmp.path().join("q4k-spine").exists(),
+        "refused before writing"
+    );
 }
 
 /// Index of the largest logit (the first of equals).

@@ -130,6 +130,15 @@ pub fn write_pack(
             opts.alignment
         )));
     }
+    if let Some(q) = opts
+        .resident_quantization
+        .filter(|q| *q != Quantization::Q8_0)
+    {
+        return Err(PackError::Options(format!(
+            "--resident {}: resident matrices are quantised to q8_0 only",
+            q.name()
+        )));
+    }
     if opts.out.join(MANIFEST_FILE).exists() {
         return Err(PackError::Options(format!(
             "{} already holds a pack; remove it or choose another --out",
@@ -538,12 +547,6 @@ fn write_resident(
         .iter()
         .filter_map(|n| ckpt.info(n).map(|(f, i)| (n.as_str(), f, i)))
         .collect();
-    if let Some(q) = quantize.filter(|q| *q != Quantization::Q8_0) {
-        return Err(PackError::Options(format!(
-            "--resident {}: resident matrices are quantised to q8_0 only",
-            q.name()
-        )));
-    }
     let spine = |name: &str, info: &TensorInfo| quantize.is_some() && spine_matrix(name, info);
     let mut entries = Vec::with_capacity(infos.len());
     for (name, _, info) in &infos {
