@@ -6,6 +6,7 @@
 
 mod checkpoint;
 pub mod fp8;
+pub mod gguf;
 pub mod int4;
 pub mod mxfp4;
 pub mod safetensors;
