@@ -23,20 +23,17 @@
 //! DeepSeek-V3 in INT4 from 110–120 to 146–163 (BF16: 126–130).
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use x86::{f16_matvec, int4_matvec, mxfp4_matvec};
+pub(super) use x86::matvec;
 
 #[cfg(not(target_arch = "x86_64"))]
-pub(super) fn f16_matvec(_: &[u8], _: usize, _: usize, _: &[f32], _: &mut [f32]) -> bool {
-    false
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-pub(super) fn mxfp4_matvec(_: &[u8], _: usize, _: usize, _: &[f32], _: &mut [f32]) -> bool {
-    false
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-pub(super) fn int4_matvec(_: &[u8], _: usize, _: usize, _: &[f32], _: &mut [f32]) -> bool {
+pub(super) fn matvec(
+    _: crate::kernels::Format,
+    _: &[u8],
+    _: usize,
+    _: usize,
+    _: &[f32],
+    _: &mut [f32],
+) -> bool {
     false
 }
 
@@ -48,8 +45,11 @@ mod x86 {
     use pulp::x86::V4;
     use pulp::{Simd, WithSimd};
 
+    use crate::kernels::Format;
     use crate::kernels::dot::{LANES, finish};
-    use crate::kernels::format::{MXFP4_BLOCK, bf16_to_f32, e8m0_to_f32, f16_to_f32};
+    use crate::kernels::format::{
+        E2M1_EXPONENT_SHIFT, MXFP4_BLOCK, bf16_to_f32, e8m0_to_f32, f16_to_f32,
+    };
 
     /// Rows fused together: eight accumulators, eight weight streams. A
     /// thread then keeps enough reads in flight to stream a matrix from DRAM:
@@ -60,68 +60,32 @@ mod x86 {
     const BLOCK_BYTES: usize = 2 * LANES;
     const CACHE_LINE: usize = 64;
 
-    /// `out[r] = Σ_k W[r][k] · x[k]` for `rows` rows of `row_bytes` bytes of
-    /// F16 in `bytes`, on AVX-512; `false` (and nothing written) where the
-    /// machine has no AVX-512.
-    pub(in crate::kernels) fn f16_matvec(
+    /// `out[r] = Σ_k W[r][k] · x[k]` for `rows` rows of `row_bytes` bytes in
+    /// `bytes`, on AVX-512, for F16, MXFP4 and INT4 rows; `false` (and
+    /// nothing written) for other formats or where the machine has no
+    /// AVX-512. 4-bit values are widened in registers (nibbles in order,
+    /// then put in place and scaled) and fused straight into the sums, the
+    /// same values in the same lanes in the same order as the portable
+    /// path; decoding into a buffer first made MXFP4 experts decode at half
+    /// the speed of BF16 ones.
+    pub(in crate::kernels) fn matvec(
+        format: Format,
         bytes: &[u8],
         row_bytes: usize,
         rows: usize,
         x: &[f32],
         out: &mut [f32],
     ) -> bool {
-        matvec(Kind::F16, bytes, row_bytes, rows, x, out)
-    }
-
-    /// [`f16_matvec`] for MXFP4 rows: each block's E2M1 values are widened
-    /// in registers (nibbles in order, then exponent and mantissa bits put
-    /// in place and rebased) and fused straight into the sums, the same
-    /// values in the same lanes in the same order as the portable path.
-    /// Decoding into a buffer first made MXFP4 experts decode at half the
-    /// speed of BF16 ones.
-    pub(in crate::kernels) fn mxfp4_matvec(
-        bytes: &[u8],
-        row_bytes: usize,
-        rows: usize,
-        x: &[f32],
-        out: &mut [f32],
-    ) -> bool {
-        matvec(Kind::Mxfp4, bytes, row_bytes, rows, x, out)
-    }
-
-    /// [`mxfp4_matvec`] for INT4 rows (groups of 32 with a BF16 scale).
-    pub(in crate::kernels) fn int4_matvec(
-        bytes: &[u8],
-        row_bytes: usize,
-        rows: usize,
-        x: &[f32],
-        out: &mut [f32],
-    ) -> bool {
-        matvec(Kind::Int4, bytes, row_bytes, rows, x, out)
-    }
-
-    #[derive(Clone, Copy)]
-    enum Kind {
-        F16,
-        Mxfp4,
-        Int4,
-    }
-
-    fn matvec(
-        kind: Kind,
-        bytes: &[u8],
-        row_bytes: usize,
-        rows: usize,
-        x: &[f32],
-        out: &mut [f32],
-    ) -> bool {
+        if !matches!(format, Format::F16 | Format::Mxfp4 | Format::Int4G32) {
+            return false;
+        }
         let Some(simd) = V4::try_new() else {
             return false;
         };
         Simd::vectorize(
             simd,
             MatVec {
-                kind,
+                format,
                 simd,
                 bytes,
                 row_bytes,
@@ -134,7 +98,7 @@ mod x86 {
     }
 
     struct MatVec<'a> {
-        kind: Kind,
+        format: Format,
         simd: V4,
         bytes: &'a [u8],
         row_bytes: usize,
@@ -149,7 +113,7 @@ mod x86 {
         #[inline(always)]
         fn with_simd<S: Simd>(self, _: S) {
             let MatVec {
-                kind,
+                format,
                 simd,
                 bytes,
                 row_bytes,
@@ -162,19 +126,20 @@ mod x86 {
             while r + ROWS <= rows {
                 let next = bytes.as_ptr().wrapping_add((r + ROWS) * row_bytes);
                 let w = std::array::from_fn(|i| row(r + i));
-                let sums = match kind {
-                    Kind::F16 => block::<ROWS>(simd, w, x, next),
-                    Kind::Mxfp4 => block_mxfp4::<ROWS>(simd, w, x, next),
-                    Kind::Int4 => block_int4::<ROWS>(simd, w, x, next),
+                let sums = match format {
+                    Format::Mxfp4 => block_mxfp4::<ROWS>(simd, w, x, next),
+                    Format::Int4G32 => block_int4::<ROWS>(simd, w, x, next),
+                    _ => block::<ROWS>(simd, w, x, next),
                 };
                 out[r..r + ROWS].copy_from_slice(&sums);
                 r += ROWS;
             }
             while r < rows {
-                out[r] = match kind {
-                    Kind::F16 => block::<1>(simd, [row(r)], x, std::ptr::null())[0],
-                    Kind::Mxfp4 => block_mxfp4::<1>(simd, [row(r)], x, std::ptr::null())[0],
-                    Kind::Int4 => block_int4::<1>(simd, [row(r)], x, std::ptr::null())[0],
+                let none = std::ptr::null();
+                out[r] = match format {
+                    Format::Mxfp4 => block_mxfp4::<1>(simd, [row(r)], x, none)[0],
+                    Format::Int4G32 => block_int4::<1>(simd, [row(r)], x, none)[0],
+                    _ => block::<1>(simd, [row(r)], x, none)[0],
                 };
                 r += 1;
             }
@@ -219,8 +184,6 @@ mod x86 {
 
     /// Bytes of the 4-bit values of a block of 32.
     const NIBBLE_BYTES: usize = MXFP4_BLOCK / 2;
-    /// 2^126, as [`crate::kernels::format`] rebases E2M1 values.
-    const E2M1_EXPONENT_SHIFT: f32 = f32::from_bits((127 + 126) << 23);
 
     /// `R` MXFP4 rows dotted with `x`: E2M1 bits put in place in an f32 and
     /// rebased, times the block's power of two.

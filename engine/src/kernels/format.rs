@@ -300,7 +300,7 @@ pub fn e8m0_to_f32(s: u8) -> f32 {
 }
 
 /// 2^126: moves an E2M1 exponent (bias 1) placed in an f32 (bias 127) home.
-const E2M1_EXPONENT_SHIFT: f32 = f32::from_bits((127 + 126) << 23);
+pub(crate) const E2M1_EXPONENT_SHIFT: f32 = f32::from_bits((127 + 126) << 23);
 
 /// An E2M1 nibble as f32, exactly: its exponent and mantissa bits go to the
 /// top of an f32 and one multiplication by 2^126 rebases normals and the

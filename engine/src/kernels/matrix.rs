@@ -267,13 +267,7 @@ impl Matrix {
             let count = out.len() / n;
             if isa == Isa::Best && n == 1 {
                 let bytes = &self.bytes()[first * self.row_bytes..(first + count) * self.row_bytes];
-                let done = match self.format {
-                    Format::F16 => fast::f16_matvec(bytes, self.row_bytes, count, x, out),
-                    Format::Mxfp4 => fast::mxfp4_matvec(bytes, self.row_bytes, count, x, out),
-                    Format::Int4G32 => fast::int4_matvec(bytes, self.row_bytes, count, x, out),
-                    _ => false,
-                };
-                if done {
+                if fast::matvec(self.format, bytes, self.row_bytes, count, x, out) {
                     return;
                 }
             }

@@ -24,7 +24,7 @@ use super::layers::{Linear, values};
 use super::qwen3_moe::check_heads;
 use super::{CommonConfig, ModelError, assemble};
 use crate::kernels::{Format, Matrix};
-use crate::weights::{TensorSource, Weights, WeightsError, mxfp4, stored_rows};
+use crate::weights::{TensorSource, Weights, WeightsError, expect_shape, mxfp4, stored_rows};
 
 const DEFAULT_ROPE_THETA: f64 = 150_000.0;
 const DEFAULT_RMS_EPS: f64 = 1e-5;
@@ -245,19 +245,7 @@ fn transposed(
     name: &str,
     shape: &[usize; 3],
 ) -> Result<(Format, Vec<u8>), ModelError> {
-    let actual = source.shape(name).ok_or_else(|| WeightsError::Missing {
-        name: name.to_string(),
-        dir: source.origin(),
-    })?;
-    if actual != shape {
-        return Err(WeightsError::Shape {
-            name: name.to_string(),
-            path: source.location(name),
-            actual: actual.to_vec(),
-            expected: shape.to_vec(),
-        }
-        .into());
-    }
+    expect_shape(source, name, shape)?;
     let (format, bytes) = stored_rows(source, name, shape, shape[0])?;
     let size: usize = match format {
         Format::F32 => 4,

@@ -400,19 +400,14 @@ mod tests {
         out.extend(3u32.to_le_bytes());
         out.extend((tensors.len() as u64).to_le_bytes());
         out.extend((meta.len() as u64).to_le_bytes());
-        let string = |s: &str| {
-            let mut v = (s.len() as u64).to_le_bytes().to_vec();
-            v.extend(s.as_bytes());
-            v
-        };
         for (k, t, v) in meta {
-            out.extend(string(k));
+            out.extend(str_value(k));
             out.extend(t.to_le_bytes());
             out.extend(v);
         }
         let mut offset = 0u64;
         for (name, dims, ty, data) in tensors {
-            out.extend(string(name));
+            out.extend(str_value(name));
             out.extend((dims.len() as u32).to_le_bytes());
             for d in dims {
                 out.extend(d.to_le_bytes());
@@ -434,6 +429,15 @@ mod tests {
         GgufFile::parse(Path::new("m.gguf"), bytes, bytes.len() as u64)
     }
 
+    /// An array value of the two strings `a` and `bc`.
+    fn token_array() -> Vec<u8> {
+        let mut tokens = 8u32.to_le_bytes().to_vec();
+        tokens.extend(2u64.to_le_bytes());
+        tokens.extend(str_value("a"));
+        tokens.extend(str_value("bc"));
+        tokens
+    }
+
     fn str_value(s: &str) -> Vec<u8> {
         let mut v = (s.len() as u64).to_le_bytes().to_vec();
         v.extend(s.as_bytes());
@@ -442,10 +446,7 @@ mod tests {
 
     #[test]
     fn metadata_and_tensors_are_read_in_row_major_order() {
-        let mut tokens = 8u32.to_le_bytes().to_vec();
-        tokens.extend(2u64.to_le_bytes());
-        tokens.extend(str_value("a"));
-        tokens.extend(str_value("bc"));
+        let tokens = token_array();
         let bytes = gguf(
             &[
                 ("general.architecture", 8, str_value("qwen3moe")),
@@ -555,10 +556,7 @@ mod tests {
     /// accepted locates its tensors inside the file.
     #[test]
     fn mutated_files_parse_or_fail_cleanly() {
-        let mut tokens = 8u32.to_le_bytes().to_vec();
-        tokens.extend(2u64.to_le_bytes());
-        tokens.extend(str_value("a"));
-        tokens.extend(str_value("bc"));
+        let tokens = token_array();
         let seed = gguf(
             &[
                 ("general.architecture", 8, str_value("llama")),

@@ -7,10 +7,12 @@
 //! scale, then its 16 bytes, so the weight stays half a byte wide.
 
 use super::safetensors::UnsupportedDtype;
-use super::{Dtype, TensorSource, WeightsError};
+use super::{Dtype, TensorSource, WeightsError, read_part};
 use crate::kernels::Format;
 use crate::kernels::format::INT4_GROUP;
 
+/// The format, for messages.
+const LAYOUT: &str = "compressed-tensors INT4";
 /// Weights per packed 32-bit word.
 pub const PER_WORD: usize = 8;
 
@@ -50,21 +52,18 @@ pub fn load(
     packed_shape[n - 1] = cols / PER_WORD;
     let mut scale_shape = shape.to_vec();
     scale_shape[n - 1] = cols / INT4_GROUP;
-    let words = check(
-        source,
-        &packed,
-        &packed_shape,
-        Dtype::Unsupported(UnsupportedDtype::I32),
-    )?;
-    let scales = check(source, &scale, &scale_shape, Dtype::BF16).map_err(|e| match e {
-        WeightsError::Missing { .. } => WeightsError::MissingScale {
-            name: weight.to_string(),
-            scale: scale.clone(),
-            path: path.clone(),
-            needs: "INT4 weights need their group scales (compressed-tensors pack-quantized)",
-        },
-        other => other,
-    })?;
+    let i32s = Dtype::Unsupported(UnsupportedDtype::I32);
+    let words = read_part(source, &packed, &packed_shape, i32s, LAYOUT)?;
+    let scales =
+        read_part(source, &scale, &scale_shape, Dtype::BF16, LAYOUT).map_err(|e| match e {
+            WeightsError::Missing { .. } => WeightsError::MissingScale {
+                name: weight.to_string(),
+                scale: scale.clone(),
+                path: path.clone(),
+                needs: "INT4 weights need their group scales (compressed-tensors pack-quantized)",
+            },
+            other => other,
+        })?;
     check_original(source, &original, rows, cols)?;
     Ok(words
         .chunks((rows * cols / 2).max(1))
@@ -72,41 +71,6 @@ pub fn load(
         .take(count)
         .flat_map(|(w, s)| group_rows(w, s, rows, cols))
         .collect())
-}
-
-/// Reads `name`, which must have `shape` and `dtype`.
-fn check(
-    source: &dyn TensorSource,
-    name: &str,
-    shape: &[usize],
-    dtype: Dtype,
-) -> Result<Vec<u8>, WeightsError> {
-    let path = source.location(name);
-    let Some(actual) = source.shape(name) else {
-        return Err(WeightsError::Missing {
-            name: name.to_string(),
-            dir: source.origin(),
-        });
-    };
-    if actual != shape {
-        return Err(WeightsError::Shape {
-            name: name.to_string(),
-            path,
-            actual: actual.to_vec(),
-            expected: shape.to_vec(),
-        });
-    }
-    let raw = source.load_raw(name)?;
-    if raw.dtype != dtype {
-        return Err(WeightsError::InvalidFile {
-            path,
-            reason: format!(
-                "INT4 part `{name}` is stored as {:?}; compressed-tensors pack-quantized stores it as {dtype:?}",
-                raw.dtype
-            ),
-        });
-    }
-    Ok(raw.bytes)
 }
 
 /// `W_shape`, where present, must say `[rows, cols]`.

@@ -242,20 +242,7 @@ impl<'a> Weights<'a> {
     /// Checks that `name` exists with shape `expected`; returns its full name.
     fn check_shape(&self, name: &str, expected: &[usize]) -> Result<String, WeightsError> {
         let full = self.full_name(name);
-        let Some(actual) = self.source.shape(&full) else {
-            return Err(WeightsError::Missing {
-                name: full,
-                dir: self.source.origin(),
-            });
-        };
-        if actual != expected {
-            return Err(WeightsError::Shape {
-                path: self.source.location(&full),
-                actual: actual.to_vec(),
-                expected: expected.to_vec(),
-                name: full,
-            });
-        }
+        expect_shape(self.source, &full, expected)?;
         Ok(full)
     }
 }
@@ -300,6 +287,52 @@ pub fn stored_rows(
         dtype: raw.dtype,
     })?;
     Ok((format, raw.bytes))
+}
+
+/// Checks that tensor `name` of `source` exists with shape `expected`.
+pub fn expect_shape(
+    source: &dyn TensorSource,
+    name: &str,
+    expected: &[usize],
+) -> Result<(), WeightsError> {
+    let Some(actual) = source.shape(name) else {
+        return Err(WeightsError::Missing {
+            name: name.to_string(),
+            dir: source.origin(),
+        });
+    };
+    if actual != expected {
+        return Err(WeightsError::Shape {
+            name: name.to_string(),
+            path: source.location(name),
+            actual: actual.to_vec(),
+            expected: expected.to_vec(),
+        });
+    }
+    Ok(())
+}
+
+/// The bytes of `name`, one part of a quantised matrix, which must have
+/// `shape` and be stored as `dtype`, as `layout` (for messages) stores it.
+fn read_part(
+    source: &dyn TensorSource,
+    name: &str,
+    shape: &[usize],
+    dtype: Dtype,
+    layout: &str,
+) -> Result<Vec<u8>, WeightsError> {
+    expect_shape(source, name, shape)?;
+    let raw = source.load_raw(name)?;
+    if raw.dtype != dtype {
+        return Err(WeightsError::InvalidFile {
+            path: source.location(name),
+            reason: format!(
+                "{layout} part `{name}` is stored as {:?}; {layout} stores it as {dtype:?}",
+                raw.dtype
+            ),
+        });
+    }
+    Ok(raw.bytes)
 }
 
 /// The kernel format of a float dtype.

@@ -6,9 +6,11 @@
 //! kernels' [`Format::Mxfp4`]: each block's scale byte, then its 16 bytes.
 
 use super::safetensors::UnsupportedDtype;
-use super::{Dtype, TensorSource, WeightsError};
+use super::{Dtype, TensorSource, WeightsError, read_part};
 use crate::kernels::format::MXFP4_BLOCK;
 
+/// The format, for messages.
+const LAYOUT: &str = "gpt-oss MXFP4";
 /// Bytes of one block's values.
 const BLOCK_BYTES: usize = MXFP4_BLOCK / 2;
 
@@ -58,56 +60,23 @@ pub fn load(
     let mut block_shape = scale_shape.clone();
     block_shape.push(BLOCK_BYTES);
     let u8s = Dtype::Unsupported(UnsupportedDtype::U8);
-    let values = read(source, &blocks_name, &block_shape, u8s)?;
-    let scales = read(source, &scales_name, &scale_shape, u8s).map_err(|e| match e {
-        WeightsError::Missing { .. } => WeightsError::MissingScale {
-            name: weight.to_string(),
-            scale: scales_name.clone(),
-            path: source.location(&blocks_name),
-            needs: "MXFP4 weights need their E8M0 block scales (quantization_config mxfp4)",
-        },
-        other => other,
-    })?;
+    let values = read_part(source, &blocks_name, &block_shape, u8s, LAYOUT)?;
+    let scales =
+        read_part(source, &scales_name, &scale_shape, u8s, LAYOUT).map_err(|e| match e {
+            WeightsError::Missing { .. } => WeightsError::MissingScale {
+                name: weight.to_string(),
+                scale: scales_name.clone(),
+                path: source.location(&blocks_name),
+                needs: "MXFP4 weights need their E8M0 block scales (quantization_config mxfp4)",
+            },
+            other => other,
+        })?;
     let mut out = Vec::with_capacity(values.len() + scales.len());
     for (block, scale) in values.chunks_exact(BLOCK_BYTES).zip(&scales) {
         out.push(*scale);
         out.extend_from_slice(block);
     }
     Ok(out)
-}
-
-/// Reads `name`, which must have `shape` and `dtype`.
-fn read(
-    source: &dyn TensorSource,
-    name: &str,
-    shape: &[usize],
-    dtype: Dtype,
-) -> Result<Vec<u8>, WeightsError> {
-    let Some(actual) = source.shape(name) else {
-        return Err(WeightsError::Missing {
-            name: name.to_string(),
-            dir: source.origin(),
-        });
-    };
-    if actual != shape {
-        return Err(WeightsError::Shape {
-            name: name.to_string(),
-            path: source.location(name),
-            actual: actual.to_vec(),
-            expected: shape.to_vec(),
-        });
-    }
-    let raw = source.load_raw(name)?;
-    if raw.dtype != dtype {
-        return Err(WeightsError::InvalidFile {
-            path: source.location(name),
-            reason: format!(
-                "MXFP4 part `{name}` is stored as {:?}; gpt-oss's MXFP4 stores it as U8",
-                raw.dtype
-            ),
-        });
-    }
-    Ok(raw.bytes)
 }
 
 #[cfg(test)]
