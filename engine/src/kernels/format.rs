@@ -8,6 +8,8 @@
 
 use half::f16;
 
+use super::ggml;
+
 /// How a matrix's elements are stored, row by row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Format {
@@ -18,6 +20,15 @@ pub enum Format {
     Q8_0,
     /// GGML Q4_K: super-blocks of 256 nibbles with 6-bit scales and minimums.
     Q4K,
+    /// The other GGML block types, as GGUF files store them (see [`ggml`]).
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q2K,
+    Q3K,
+    Q5K,
+    Q6K,
     /// FP8 E4M3 (`e4m3fn`: no infinities) in blocks of 128 along the row,
     /// each led by its f32 scale: DeepSeek/Kimi's `weight_scale_inv` of the
     /// row's 128×128 block, repeated per row so a row decodes on its own
@@ -36,16 +47,6 @@ pub enum Format {
     Mxfp4,
 }
 
-/// Elements per Q8_0 block.
-const Q8_0_BLOCK: usize = 32;
-/// Bytes per Q8_0 block: the f16 scale, then 32 signed bytes.
-const Q8_0_BYTES: usize = 2 + Q8_0_BLOCK;
-/// Elements per Q4_K super-block.
-const Q4K_BLOCK: usize = 256;
-/// Bytes of a Q4_K super-block's packed scales and minimums.
-const Q4K_SCALE_BYTES: usize = 12;
-/// Bytes per Q4_K super-block: d, dmin, scales, then 128 bytes of nibbles.
-const Q4K_BYTES: usize = 2 + 2 + Q4K_SCALE_BYTES + Q4K_BLOCK / 2;
 /// Elements per FP8 scale block along a row (the published 128×128 blocks).
 pub const FP8_BLOCK: usize = 128;
 /// Bytes of an FP8 block's scale.
@@ -79,6 +80,14 @@ impl Format {
             Format::BF16 => "BF16",
             Format::Q8_0 => "Q8_0",
             Format::Q4K => "Q4K",
+            Format::Q4_0 => "Q4_0",
+            Format::Q4_1 => "Q4_1",
+            Format::Q5_0 => "Q5_0",
+            Format::Q5_1 => "Q5_1",
+            Format::Q2K => "Q2_K",
+            Format::Q3K => "Q3_K",
+            Format::Q5K => "Q5_K",
+            Format::Q6K => "Q6_K",
             Format::Fp8Block => "FP8_E4M3_B128",
             Format::Int4G32 => "INT4_G32",
             Format::Mxfp4 => "MXFP4",
@@ -89,8 +98,8 @@ impl Format {
     pub fn block(self) -> usize {
         match self {
             Format::F32 | Format::F16 | Format::BF16 => 1,
-            Format::Q8_0 => Q8_0_BLOCK,
-            Format::Q4K => Q4K_BLOCK,
+            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1 => ggml::QK,
+            Format::Q4K | Format::Q2K | Format::Q3K | Format::Q5K | Format::Q6K => ggml::QK_K,
             Format::Fp8Block => FP8_BLOCK,
             Format::Int4G32 => INT4_GROUP,
             Format::Mxfp4 => MXFP4_BLOCK,
@@ -102,8 +111,16 @@ impl Format {
         match self {
             Format::F32 => 4,
             Format::F16 | Format::BF16 => 2,
-            Format::Q8_0 => Q8_0_BYTES,
-            Format::Q4K => Q4K_BYTES,
+            Format::Q8_0 => ggml::Q8_0_BYTES,
+            Format::Q4K => ggml::Q4_K_BYTES,
+            Format::Q4_0 => ggml::Q4_0_BYTES,
+            Format::Q4_1 => ggml::Q4_1_BYTES,
+            Format::Q5_0 => ggml::Q5_0_BYTES,
+            Format::Q5_1 => ggml::Q5_1_BYTES,
+            Format::Q2K => ggml::Q2_K_BYTES,
+            Format::Q3K => ggml::Q3_K_BYTES,
+            Format::Q5K => ggml::Q5_K_BYTES,
+            Format::Q6K => ggml::Q6_K_BYTES,
             Format::Fp8Block => FP8_SCALE_BYTES + FP8_BLOCK,
             Format::Int4G32 => INT4_BYTES,
             Format::Mxfp4 => MXFP4_BYTES,
@@ -224,13 +241,6 @@ pub fn decode_row(format: Format, bytes: &[u8], out: &mut [f32]) {
                 *o = bf16_to_f32(le_u16(h));
             }
         }
-        Format::Q8_0 => {
-            let (blocks, _) = bytes.as_chunks::<Q8_0_BYTES>();
-            let (outs, _) = out.as_chunks_mut::<Q8_0_BLOCK>();
-            for (o, b) in outs.iter_mut().zip(blocks) {
-                decode_q8_0(b, o);
-            }
-        }
         Format::Fp8Block => decode_fp8_row(bytes, out),
         Format::Mxfp4 => {
             let (blocks, _) = bytes.as_chunks::<MXFP4_BYTES>();
@@ -246,13 +256,30 @@ pub fn decode_row(format: Format, bytes: &[u8], out: &mut [f32]) {
                 decode_int4(g, o);
             }
         }
-        Format::Q4K => {
-            let (blocks, _) = bytes.as_chunks::<Q4K_BYTES>();
-            let (outs, _) = out.as_chunks_mut::<Q4K_BLOCK>();
-            for (o, b) in outs.iter_mut().zip(blocks) {
-                decode_q4k(b, o);
-            }
-        }
+        Format::Q8_0 => blocks::<{ ggml::Q8_0_BYTES }, { ggml::QK }>(bytes, out, ggml::q8_0),
+        Format::Q4K => blocks::<{ ggml::Q4_K_BYTES }, { ggml::QK_K }>(bytes, out, ggml::q4_k),
+        Format::Q4_0 => blocks::<{ ggml::Q4_0_BYTES }, { ggml::QK }>(bytes, out, ggml::q4_0),
+        Format::Q4_1 => blocks::<{ ggml::Q4_1_BYTES }, { ggml::QK }>(bytes, out, ggml::q4_1),
+        Format::Q5_0 => blocks::<{ ggml::Q5_0_BYTES }, { ggml::QK }>(bytes, out, ggml::q5_0),
+        Format::Q5_1 => blocks::<{ ggml::Q5_1_BYTES }, { ggml::QK }>(bytes, out, ggml::q5_1),
+        Format::Q2K => blocks::<{ ggml::Q2_K_BYTES }, { ggml::QK_K }>(bytes, out, ggml::q2_k),
+        Format::Q3K => blocks::<{ ggml::Q3_K_BYTES }, { ggml::QK_K }>(bytes, out, ggml::q3_k),
+        Format::Q5K => blocks::<{ ggml::Q5_K_BYTES }, { ggml::QK_K }>(bytes, out, ggml::q5_k),
+        Format::Q6K => blocks::<{ ggml::Q6_K_BYTES }, { ggml::QK_K }>(bytes, out, ggml::q6_k),
+    }
+}
+
+/// A row of `N`-byte blocks of `V` values, each decoded by `decode`.
+#[inline(always)]
+fn blocks<const N: usize, const V: usize>(
+    bytes: &[u8],
+    out: &mut [f32],
+    decode: fn(&[u8; N], &mut [f32; V]),
+) {
+    let (blocks, _) = bytes.as_chunks::<N>();
+    let (outs, _) = out.as_chunks_mut::<V>();
+    for (o, b) in outs.iter_mut().zip(blocks) {
+        decode(b, o);
     }
 }
 
@@ -328,47 +355,6 @@ fn decode_mxfp4(b: &[u8; MXFP4_BYTES], out: &mut [f32; MXFP4_BLOCK]) {
     }
 }
 
-#[inline(always)]
-fn decode_q8_0(b: &[u8; Q8_0_BYTES], out: &mut [f32; Q8_0_BLOCK]) {
-    let d = f16_to_f32(le_u16(&[b[0], b[1]]));
-    for (o, &q) in out.iter_mut().zip(&b[2..]) {
-        *o = f32::from(q as i8) * d;
-    }
-}
-
-/// Scale and minimum `j` (0..8) of a Q4_K super-block, 6 bits each.
-#[inline(always)]
-fn q4k_scale_min(j: usize, s: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (s[j] & 63, s[j + 4] & 63)
-    } else {
-        (
-            (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4),
-            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
-        )
-    }
-}
-
-#[inline(always)]
-fn decode_q4k(b: &[u8; Q4K_BYTES], out: &mut [f32; Q4K_BLOCK]) {
-    let d = f16_to_f32(le_u16(&[b[0], b[1]]));
-    let dmin = f16_to_f32(le_u16(&[b[2], b[3]]));
-    let scales = &b[4..4 + Q4K_SCALE_BYTES];
-    let qs = &b[4 + Q4K_SCALE_BYTES..];
-    for group in 0..4 {
-        let q = &qs[group * 32..group * 32 + 32];
-        let (sc, m) = q4k_scale_min(2 * group, scales);
-        let (d1, m1) = (d * f32::from(sc), dmin * f32::from(m));
-        let (sc, m) = q4k_scale_min(2 * group + 1, scales);
-        let (d2, m2) = (d * f32::from(sc), dmin * f32::from(m));
-        let o = &mut out[group * 64..group * 64 + 64];
-        for (i, &byte) in q.iter().enumerate() {
-            o[i] = d1 * f32::from(byte & 0xF) - m1;
-            o[32 + i] = d2 * f32::from(byte >> 4) - m2;
-        }
-    }
-}
-
 /// f32 values as little-endian F16 bytes (rounded to nearest), for tests and
 /// synthetic weights.
 pub fn f32_to_f16_bytes(values: &[f32]) -> Vec<u8> {
@@ -416,7 +402,17 @@ mod tests {
         for (dtype, format) in [
             (GgmlDType::Q8_0, Format::Q8_0),
             (GgmlDType::Q4K, Format::Q4K),
+            (GgmlDType::Q4_0, Format::Q4_0),
+            (GgmlDType::Q4_1, Format::Q4_1),
+            (GgmlDType::Q5_0, Format::Q5_0),
+            (GgmlDType::Q5_1, Format::Q5_1),
+            (GgmlDType::Q2K, Format::Q2K),
+            (GgmlDType::Q3K, Format::Q3K),
+            (GgmlDType::Q5K, Format::Q5K),
+            (GgmlDType::Q6K, Format::Q6K),
         ] {
+            assert_eq!(format.block_bytes(), dtype.type_size(), "{format:?}");
+            assert_eq!(format.block(), dtype.block_size(), "{format:?}");
             let q = QTensor::quantize(&t, dtype).unwrap();
             let bytes = q.data().unwrap();
             let want: Vec<f32> = q

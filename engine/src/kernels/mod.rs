@@ -17,6 +17,7 @@
 pub mod dot;
 mod fast;
 pub mod format;
+pub mod ggml;
 pub mod matrix;
 pub mod ops;
 
