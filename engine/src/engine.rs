@@ -12,6 +12,7 @@ use candle_core::Tensor;
 
 use crate::cache::{StreamingExperts, StreamingOptions};
 use crate::generate::{self, Flow, GenerateError, Generation, GenerationSettings};
+use crate::import::ModelSource;
 use crate::memory::{MemoryError, MemoryPlan, MemorySettings};
 use crate::model::{Decoder, LogitsFor, ModelError, ModelSpec, parse_token_ids};
 use crate::model::{ExpertError, ExpertProvider};
@@ -21,8 +22,10 @@ use crate::weights::{RawTensor, SafetensorsCheckpoint, TensorSource, WeightsErro
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    #[error("{path}: not a model folder (no config.json)")]
+    #[error("{path}: not a model folder (no config.json) or GGUF file")]
     NotAModel { path: PathBuf },
+    #[error(transparent)]
+    Import(#[from] crate::import::ImportError),
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error(transparent)]
@@ -149,13 +152,27 @@ impl Engine {
         options: &EngineOptions,
         report: &(dyn Fn(LoadProgress) + Sync),
     ) -> Result<Self, EngineError> {
+        let gguf = crate::import::is_gguf(path);
         let config = path.join(CONFIG_FILE);
-        if !config.is_file() {
+        if !gguf && !config.is_file() {
             return Err(EngineError::NotAModel {
                 path: path.to_path_buf(),
             });
         }
-        let spec = ModelSpec::read(&config).map_err(ModelError::from)?;
+        let source = if gguf {
+            Some(ModelSource::open(path)?)
+        } else {
+            None
+        };
+        let spec = match &source {
+            Some(s) => s.spec(),
+            None => ModelSpec::read(&config),
+        }
+        .map_err(ModelError::from)?;
+        let gguf_tokenizer = match source.as_ref().and_then(ModelSource::gguf) {
+            Some(m) => Some(gguf_tokenizer(m)?),
+            None => None,
+        };
         let mut memory_plan = None;
         let (checkpoint, streaming, checked) = if pack::is_pack(path) {
             let manifest = Manifest::read(path)?;
@@ -187,7 +204,10 @@ impl Engine {
                 .map_err(ModelError::from)?;
             (resident, Some(Arc::new(experts)), manifest.resident.size)
         } else {
-            let checkpoint = SafetensorsCheckpoint::open(path).map_err(ModelError::from)?;
+            let checkpoint = match source {
+                Some(s) => s.checkpoint,
+                None => ModelSource::open(path)?.checkpoint,
+            };
             let limit = options
                 .memory
                 .map(|m| m.limit_bytes)
@@ -211,7 +231,9 @@ impl Engine {
         // The weights are in RAM now; their file's pages would only count
         // against the memory limit.
         checkpoint.drop_page_cache();
-        let tokenizer = if path.join("tokenizer.json").is_file() {
+        let tokenizer = if gguf_tokenizer.is_some() {
+            gguf_tokenizer
+        } else if path.join("tokenizer.json").is_file() {
             Some(TextTokenizer::from_dir(path)?)
         } else {
             None
@@ -376,6 +398,16 @@ fn plan_memory(
         plan.check(streaming.budget_bytes).map_err(err)?;
     }
     Ok(plan)
+}
+
+/// The tokenizer a GGUF file's metadata describes.
+fn gguf_tokenizer(model: &crate::import::GgufModel) -> Result<TextTokenizer, EngineError> {
+    Ok(TextTokenizer::from_parts(
+        &model.path,
+        model.tokenizer.to_string().as_bytes(),
+        &model.tokenizer_config,
+        None,
+    )?)
 }
 
 fn read_generation_eos(dir: &Path) -> Result<Vec<u32>, EngineError> {

@@ -9,6 +9,7 @@ pub mod aligned;
 pub mod cache;
 pub mod engine;
 pub mod generate;
+pub mod import;
 pub mod kernels;
 pub mod memory;
 pub mod metrics;

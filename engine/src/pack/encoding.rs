@@ -89,7 +89,13 @@ pub enum ExpertEncoding {
     /// ([`Format::Fp8Block`]), INT4 with its group scales ([`Format::Int4G32`]),
     /// MXFP4 with its block exponents ([`Format::Mxfp4`]).
     Published(Format),
+    /// A GGUF file's blocks as they are: gate and up rows in one GGML type,
+    /// down rows in one (Q4_K_M files give down more bits, e.g. Q6_K).
+    Gguf { gate_up: Format, down: Format },
 }
+
+/// How the manifest names [`ExpertEncoding::Gguf`]: `GGUF:Q4_K/Q6_K`.
+const GGUF_PREFIX: &str = "GGUF:";
 
 /// The published block formats a pack holds as they are.
 pub const PUBLISHED: [Format; 3] = [Format::Fp8Block, Format::Int4G32, Format::Mxfp4];
@@ -134,6 +140,17 @@ impl ExpertEncoding {
                     .find(|f| f.name() == name)
                     .map(ExpertEncoding::Published)
             })
+            .or_else(|| {
+                let (gate_up, down) = name.strip_prefix(GGUF_PREFIX)?.split_once('/')?;
+                let block = |n: &str| match Dtype::parse(n)? {
+                    Dtype::Blocks(f) => Some(f),
+                    _ => None,
+                };
+                Some(ExpertEncoding::Gguf {
+                    gate_up: block(gate_up)?,
+                    down: block(down)?,
+                })
+            })
     }
 
     /// `q` for experts of these sizes, each matrix falling back to Q8_0
@@ -169,6 +186,10 @@ impl ExpertEncoding {
                 format!("{}/{}", gate_up.name(), down.name())
             }
             ExpertEncoding::Published(f) => f.name().to_string(),
+            ExpertEncoding::Gguf { gate_up, down } => {
+                let name = |f: Format| Dtype::Blocks(f).name().unwrap_or("?");
+                format!("{GGUF_PREFIX}{}/{}", name(gate_up), name(down))
+            }
         }
     }
 
@@ -178,6 +199,7 @@ impl ExpertEncoding {
             ExpertEncoding::Plain(d) => matrix_format(d).map(|f| [f, f]),
             ExpertEncoding::Quantized { gate_up, down } => Some([gate_up.format(), down.format()]),
             ExpertEncoding::Published(f) => Some([f, f]),
+            ExpertEncoding::Gguf { gate_up, down } => Some([gate_up, down]),
         }
     }
 
@@ -199,7 +221,9 @@ impl ExpertEncoding {
     pub fn element_bytes(self) -> Option<usize> {
         match self {
             ExpertEncoding::Plain(d) => Some(d.size() as usize),
-            ExpertEncoding::Quantized { .. } | ExpertEncoding::Published(_) => None,
+            ExpertEncoding::Quantized { .. }
+            | ExpertEncoding::Published(_)
+            | ExpertEncoding::Gguf { .. } => None,
         }
     }
 

@@ -71,12 +71,36 @@ impl<'a> LayerPlan<'a> {
                 .per_expert
                 .get(&0)
                 .ok_or_else(|| bad("no experts".to_string()))?;
-            let gate = first[Part::Gate as usize]
-                .as_deref()
-                .ok_or_else(|| bad("expert 0 has no gate".to_string()))?;
+            let part = |p: Part, what: &str| {
+                first[p as usize]
+                    .as_deref()
+                    .ok_or_else(|| bad(format!("expert 0 has no {what}")))
+            };
+            let gate = part(Part::Gate, "gate")?;
             let (shape, encoding) = matrix_info(ckpt, gate)?;
             let [i, h] = shape[..] else {
                 return Err(bad(format!("gate shape {shape:?} is not 2-D")));
+            };
+            let encoding = match encoding {
+                ExpertEncoding::Gguf { gate_up, .. } => {
+                    let (_, up) = matrix_info(ckpt, part(Part::Up, "up")?)?;
+                    let (_, down) = matrix_info(ckpt, part(Part::Down, "down")?)?;
+                    match (up, down) {
+                        (
+                            ExpertEncoding::Gguf { gate_up: u, .. },
+                            ExpertEncoding::Gguf { down, .. },
+                        ) if u == gate_up => ExpertEncoding::Gguf { gate_up, down },
+                        _ => {
+                            return Err(bad(format!(
+                                "experts store gate as {} but up as {} and down as {}; gate and up must share a GGML block type",
+                                encoding.name(),
+                                up.name(),
+                                down.name()
+                            )));
+                        }
+                    }
+                }
+                e => e,
             };
             (count, h, i, encoding)
         };
@@ -177,7 +201,7 @@ impl<'a> LayerPlan<'a> {
                 PackError::Source(format!("layer {}: expert {expert} is missing", self.layer))
             })?;
             let expected = [vec![i, h], vec![i, h], vec![h, i]];
-            for (slot, want) in names.iter().zip(expected) {
+            for (k, (slot, want)) in names.iter().zip(expected).enumerate() {
                 let name = slot.as_deref().ok_or_else(|| {
                     PackError::Source(format!(
                         "layer {}: expert {expert} lacks a projection",
@@ -185,7 +209,7 @@ impl<'a> LayerPlan<'a> {
                     ))
                 })?;
                 let (shape, encoding) = matrix_info(ckpt, name)?;
-                if shape != want || encoding != self.encoding {
+                if shape != want || !self.fits(encoding, k == Part::Down as usize) {
                     return Err(PackError::Source(format!(
                         "tensor `{name}` is {} {shape:?}; the layer's other experts are {} {want:?}",
                         encoding.name(),
@@ -200,6 +224,21 @@ impl<'a> LayerPlan<'a> {
     }
 }
 
+impl LayerPlan<'_> {
+    /// Whether one matrix stored as `encoding` belongs in this layer's
+    /// records: the same encoding, or for GGUF blocks the same type as the
+    /// layer's gate/up (or down) matrices.
+    fn fits(&self, encoding: ExpertEncoding, down: bool) -> bool {
+        match (self.encoding, encoding) {
+            (
+                ExpertEncoding::Gguf { gate_up, down: d },
+                ExpertEncoding::Gguf { gate_up: f, .. },
+            ) => f == if down { d } else { gate_up },
+            (layer, one) => layer == one,
+        }
+    }
+}
+
 /// The shape of matrix `name` and how the pack will store it: INT4
 /// matrices are found by their packed part (`name_packed`).
 fn matrix_info(
@@ -209,6 +248,11 @@ fn matrix_info(
     if let Some((_, info)) = ckpt.info(name) {
         let encoding = match info.dtype {
             Dtype::F8E4M3 => ExpertEncoding::Published(Format::Fp8Block),
+            // A GGUF's blocks; the layer's plan pairs gate/up with down.
+            Dtype::Blocks(f) => ExpertEncoding::Gguf {
+                gate_up: f,
+                down: f,
+            },
             d => ExpertEncoding::Plain(d),
         };
         return Ok((info.shape.clone(), encoding));

@@ -19,7 +19,8 @@ use super::manifest::{
     ResidentFile, Segment, SourceFile, SourceIdentity, VERSION, VERSION_COMPRESSED, hash_file,
 };
 use super::plan::LayerPlan;
-use crate::model::ModelSpec;
+use crate::import::ModelSource;
+use crate::kernels::Format;
 use crate::store::DIRECT_IO_BLOCK;
 use crate::weights::safetensors::{TensorEntry, header_bytes};
 use crate::weights::{Dtype, SafetensorsCheckpoint, SafetensorsFile, TensorInfo};
@@ -33,15 +34,6 @@ pub const DEFAULT_ALIGNMENT: u64 = 64 * 1024;
 pub const DEFAULT_SPLIT_THRESHOLD: u64 = 512 * 1024;
 /// An extent file is closed and a new one started past this size.
 pub const DEFAULT_EXTENT_FILE_BYTES: u64 = 4 * 1024 * 1024 * 1024;
-/// Files copied from the checkpoint folder into the pack folder when present.
-const AUX_FILES: &[&str] = &[
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "chat_template.jinja",
-    "special_tokens_map.json",
-];
 const RESIDENT_FILE: &str = "resident.safetensors";
 const PARTIAL_SUFFIX: &str = ".partial";
 
@@ -146,10 +138,9 @@ pub fn write_pack(
         )));
     }
     // Refuse unsupported models before writing anything.
-    let spec = ModelSpec::read(&opts.source.join("config.json"))
-        .map_err(|e| PackError::Source(e.to_string()))?;
-    let checkpoint =
-        SafetensorsCheckpoint::open(&opts.source).map_err(|e| PackError::Source(e.to_string()))?;
+    let model = ModelSource::open(&opts.source).map_err(|e| PackError::Source(e.to_string()))?;
+    let spec = model.spec().map_err(|e| PackError::Source(e.to_string()))?;
+    let checkpoint = &model.checkpoint;
     let (experts, resident_names) = ExpertTensors::classify(checkpoint.names())
         .map_err(|e| PackError::Source(e.to_string()))?;
     if experts.layers.is_empty() {
@@ -161,7 +152,7 @@ pub fn write_pack(
     let plans = experts
         .layers
         .iter()
-        .map(|(&layer, tensors)| LayerPlan::new(&checkpoint, layer, tensors, &spec))
+        .map(|(&layer, tensors)| LayerPlan::new(checkpoint, layer, tensors, &spec))
         .collect::<Result<Vec<_>, _>>()?;
     let encoding = plans[0].encoding;
     if let Some(p) = plans.iter().find(|p| p.encoding != encoding) {
@@ -242,7 +233,7 @@ pub fn write_pack(
         source,
     })?;
 
-    let source = hash_source(&opts.source, &checkpoint, report)?;
+    let source = hash_source(&model, report)?;
 
     let expert_total: u64 = plans.iter().map(|p| p.record_len * p.count as u64).sum();
     if opts.replicas > 0 && opts.replicate.is_empty() {
@@ -269,11 +260,11 @@ pub fn write_pack(
         .map(|d| d.size() as usize);
     for plan in &plans {
         let mut records = Vec::with_capacity(plan.count);
-        let mut prepared = plan.layer_records(&checkpoint)?;
+        let mut prepared = plan.layer_records(checkpoint)?;
         for expert in 0..plan.count {
             let raw = match prepared.as_mut().and_then(|r| r.get_mut(expert)) {
                 Some(record) => std::mem::take(record),
-                None => plan.record_bytes(&checkpoint, expert)?,
+                None => plan.record_bytes(checkpoint, expert)?,
             };
             done += raw.len() as u64;
             let bytes = match quantized {
@@ -362,7 +353,7 @@ pub fn write_pack(
     };
     let resident_path = resident_dir.join(RESIDENT_FILE);
     let resident = write_resident(
-        &checkpoint,
+        checkpoint,
         &resident_names,
         &resident_path,
         opts.resident_quantization,
@@ -376,13 +367,9 @@ pub fn write_pack(
             source,
         })?;
     }
-    for name in AUX_FILES {
-        let from = opts.source.join(name);
-        if from.is_file() {
-            let to = opts.out.join(name);
-            fs::copy(&from, &to).map_err(|source| PackError::Io { path: to, source })?;
-        }
-    }
+    model
+        .write_aux(&opts.out)
+        .map_err(|(path, source)| PackError::Io { path, source })?;
     let compressed = layers
         .iter()
         .flat_map(|l: &ExpertLayer| &l.records)
@@ -394,7 +381,7 @@ pub fn write_pack(
         } else {
             VERSION
         },
-        model_type: model_type(&opts.source)?,
+        model_type: spec.model_type.clone(),
         source,
         alignment: opts.alignment,
         drives: drive_dirs,
@@ -555,9 +542,11 @@ fn write_resident(
         })?;
         let (dtype, len) = if spine(name, info) {
             let elements = info.shape.iter().product::<usize>() as u64;
-            let len = Dtype::Q8_0.byte_len(elements).ok_or(PackError::Internal(
-                "a spine matrix is not whole Q8_0 blocks",
-            ))?;
+            let len = Dtype::Blocks(Format::Q8_0)
+                .byte_len(elements)
+                .ok_or(PackError::Internal(
+                    "a spine matrix is not whole Q8_0 blocks",
+                ))?;
             ("Q8_0", len)
         } else {
             (dtype, info.len)
@@ -636,28 +625,17 @@ fn spine_matrix(name: &str, info: &TensorInfo) -> bool {
 /// reuse a pack instead of writing it again.
 pub fn pack_matches_source(pack: &Path, source: &Path) -> Result<bool, PackError> {
     let manifest = Manifest::read(pack)?;
-    let checkpoint =
-        SafetensorsCheckpoint::open(source).map_err(|e| PackError::Source(e.to_string()))?;
-    let now = hash_source(source, &checkpoint, &|_| {})?;
+    let model = ModelSource::open(source).map_err(|e| PackError::Source(e.to_string()))?;
+    let now = hash_source(&model, &|_| {})?;
     Ok(now.files == manifest.source.files)
 }
 
 fn hash_source(
-    dir: &Path,
-    ckpt: &SafetensorsCheckpoint,
+    model: &ModelSource,
     report: &dyn Fn(PackProgress),
 ) -> Result<SourceIdentity, PackError> {
-    let mut paths: Vec<PathBuf> = ckpt
-        .files()
-        .iter()
-        .map(|f| f.path().to_path_buf())
-        .collect();
-    paths.extend(
-        AUX_FILES
-            .iter()
-            .map(|n| dir.join(n))
-            .filter(|p| p.is_file()),
-    );
+    let dir = &model.path;
+    let paths = model.identity_files();
     let sizes: Vec<u64> = paths
         .iter()
         .map(|p| fs::metadata(p).map(|m| m.len()).unwrap_or(0))
@@ -691,12 +669,6 @@ fn hash_source(
         path: fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()),
         files,
     })
-}
-
-fn model_type(source: &Path) -> Result<String, PackError> {
-    let spec = ModelSpec::read(&source.join("config.json"))
-        .map_err(|e| PackError::Source(e.to_string()))?;
-    Ok(spec.model_type)
 }
 
 fn write_manifest(out: &Path, manifest: &Manifest) -> Result<(), PackError> {

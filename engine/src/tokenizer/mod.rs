@@ -53,11 +53,6 @@ impl TextTokenizer {
             path: path.clone(),
             source,
         })?;
-        let inner =
-            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| TokenizerError::Invalid {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
         let config_path = dir.join(TOKENIZER_CONFIG_FILE);
         let config = if config_path.is_file() {
             let text =
@@ -73,7 +68,7 @@ impl TextTokenizer {
             Value::Null
         };
         let template_path = dir.join(CHAT_TEMPLATE_FILE);
-        let template_source = if template_path.is_file() {
+        let template = if template_path.is_file() {
             Some(
                 std::fs::read_to_string(&template_path).map_err(|source| TokenizerError::Io {
                     path: template_path.clone(),
@@ -81,17 +76,41 @@ impl TextTokenizer {
                 })?,
             )
         } else {
-            chat_template_from_config(&config).map_err(|reason| TokenizerError::Invalid {
-                path: config_path.clone(),
-                reason,
-            })?
+            None
+        };
+        Self::from_parts(dir, &bytes, &config, template)
+    }
+
+    /// A tokenizer from `tokenizer.json`'s bytes, `tokenizer_config.json`'s
+    /// value and a chat template that overrides the config's; `origin` names
+    /// where they came from in errors.
+    pub fn from_parts(
+        origin: &Path,
+        tokenizer_json: &[u8],
+        config: &Value,
+        template: Option<String>,
+    ) -> Result<Self, TokenizerError> {
+        let inner = tokenizers::Tokenizer::from_bytes(tokenizer_json).map_err(|e| {
+            TokenizerError::Invalid {
+                path: origin.join(TOKENIZER_FILE),
+                reason: e.to_string(),
+            }
+        })?;
+        let template_source = match template {
+            Some(t) => Some(t),
+            None => {
+                chat_template_from_config(config).map_err(|reason| TokenizerError::Invalid {
+                    path: origin.join(TOKENIZER_CONFIG_FILE),
+                    reason,
+                })?
+            }
         };
         Ok(Self {
             inner,
-            dir: dir.to_path_buf(),
+            dir: origin.to_path_buf(),
             chat_template: template_source.map(ChatTemplate::new),
-            bos_token: special_token(&config, "bos_token"),
-            eos_token: special_token(&config, "eos_token"),
+            bos_token: special_token(config, "bos_token"),
+            eos_token: special_token(config, "eos_token"),
         })
     }
 

@@ -29,10 +29,19 @@ impl SafetensorsCheckpoint {
 
     /// Opens the given safetensors files as one checkpoint (`dir` names it in errors).
     pub fn open_files(dir: &Path, paths: Vec<PathBuf>) -> Result<Self, WeightsError> {
-        let mut files = Vec::with_capacity(paths.len());
+        let files = paths
+            .iter()
+            .map(|p| SafetensorsFile::open(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::from_files(dir, files)
+    }
+
+    /// Files already opened, as one checkpoint; a tensor in two is refused.
+    pub fn from_files(dir: &Path, opened: Vec<SafetensorsFile>) -> Result<Self, WeightsError> {
+        let mut files: Vec<SafetensorsFile> = Vec::with_capacity(opened.len());
         let mut index: BTreeMap<String, usize> = BTreeMap::new();
-        for path in paths {
-            let file = SafetensorsFile::open(&path)?;
+        for file in opened {
+            let path = file.path().to_path_buf();
             let slot = files.len();
             for name in file.tensors().keys() {
                 if let Some(&first) = index.get(name) {

@@ -112,10 +112,33 @@ impl GgmlType {
             .map(|&(_, name, block, bytes)| (name, block, bytes))
     }
 
-    /// The type's name, or `type N` for one Longhaul does not know.
+    /// Names of the types GGML defines whose layout Longhaul does not read.
+    const OTHERS: [(u32, &'static str); 17] = [
+        (16, "IQ2_XXS"),
+        (17, "IQ2_XS"),
+        (18, "IQ3_XXS"),
+        (19, "IQ1_S"),
+        (20, "IQ4_NL"),
+        (21, "IQ3_S"),
+        (22, "IQ2_S"),
+        (23, "IQ4_XS"),
+        (24, "I8"),
+        (25, "I16"),
+        (26, "I32"),
+        (27, "I64"),
+        (28, "F64"),
+        (29, "IQ1_M"),
+        (34, "TQ1_0"),
+        (35, "TQ2_0"),
+        (39, "MXFP4"),
+    ];
+
+    /// The type's name, or `type N` for one GGML does not define.
     pub fn name(self) -> String {
         self.known()
-            .map_or_else(|| format!("type {}", self.0), |k| k.0.to_string())
+            .map(|k| k.0)
+            .or_else(|| Self::OTHERS.iter().find(|o| o.0 == self.0).map(|o| o.1))
+            .map_or_else(|| format!("type {}", self.0), str::to_string)
     }
 
     /// Bytes of a tensor of `elements` values whose rows hold `row` values;

@@ -20,7 +20,7 @@ use candle_core::{Device, Tensor};
 pub use checkpoint::SafetensorsCheckpoint;
 
 use crate::kernels::{Format, Matrix};
-pub use safetensors::{Dtype, SafetensorsFile, TensorInfo};
+pub use safetensors::{BLOCK_FORMATS, Dtype, RowOrder, SafetensorsFile, TensorInfo};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
@@ -264,8 +264,8 @@ pub fn stored_rows(
         return Ok((Format::Mxfp4, mxfp4::load(source, name, shape)?));
     }
     let raw = source.load_raw(name)?;
-    if raw.dtype == Dtype::Q8_0 {
-        return Ok((Format::Q8_0, raw.bytes));
+    if let Dtype::Blocks(format) = raw.dtype {
+        return Ok((format, raw.bytes));
     }
     if raw.dtype == Dtype::F8E4M3 {
         let scales = fp8::load_scales(source, name, shape)?;
@@ -341,7 +341,7 @@ pub fn matrix_format(dtype: Dtype) -> Option<Format> {
         Dtype::F32 => Some(Format::F32),
         Dtype::F16 => Some(Format::F16),
         Dtype::BF16 => Some(Format::BF16),
-        Dtype::F8E4M3 | Dtype::Q8_0 | Dtype::Unsupported(_) => None,
+        Dtype::F8E4M3 | Dtype::Blocks(_) | Dtype::Unsupported(_) => None,
     }
 }
 
@@ -366,13 +366,13 @@ pub fn tensor_from_bytes(
             .chunks_exact(2)
             .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
             .collect(),
-        Dtype::Q8_0 => {
+        Dtype::Blocks(format) => {
             let cols = shape.last().copied().unwrap_or(0);
-            let row_bytes = Format::Q8_0.row_bytes(cols).filter(|&b| b > 0);
+            let row_bytes = format.row_bytes(cols).filter(|&b| b > 0);
             let mut out = vec![0f32; shape.iter().product()];
             if let Some(row_bytes) = row_bytes {
                 for (o, b) in out.chunks_mut(cols).zip(bytes.chunks_exact(row_bytes)) {
-                    crate::kernels::format::decode_row(Format::Q8_0, b, o);
+                    crate::kernels::format::decode_row(format, b, o);
                 }
             }
             out

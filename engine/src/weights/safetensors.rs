@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::WeightsError;
+use crate::kernels::Format;
 
 /// Headers larger than this are refused: real checkpoints stay far below it,
 /// and a corrupt length field must not make us allocate gigabytes.
@@ -31,9 +32,10 @@ pub enum Dtype {
     BF16,
     /// FP8 e4m3fn: computed with only beside its `_scale_inv` block scales.
     F8E4M3,
-    /// GGML Q8_0 blocks along the last dimension (34 bytes per 32 values):
-    /// held only by a pack's resident file, for `pack --resident q8_0`.
-    Q8_0,
+    /// GGML blocks along the last dimension (Q8_0: 34 bytes per 32 values):
+    /// held by a pack's resident file (`pack --resident q8_0`, or a GGUF's
+    /// quantised tensors as published) and by GGUF files.
+    Blocks(Format),
     /// A dtype the format allows but Longhaul cannot compute with; kept so the
     /// error can name it when (and only when) such a tensor is asked for.
     Unsupported(UnsupportedDtype),
@@ -63,13 +65,21 @@ impl Dtype {
             Dtype::F16 => Some("F16"),
             Dtype::BF16 => Some("BF16"),
             Dtype::F8E4M3 => Some("F8_E4M3"),
-            Dtype::Q8_0 => Some("Q8_0"),
+            Dtype::Blocks(Format::Q4K) => Some("Q4_K"),
+            Dtype::Blocks(f) if !f.is_float() => Some(f.name()),
+            Dtype::Blocks(_) => None,
             Dtype::Unsupported(_) => None,
         }
     }
 
     pub fn parse(name: &str) -> Option<Self> {
         use UnsupportedDtype as U;
+        if let Some(f) = BLOCK_FORMATS
+            .into_iter()
+            .find(|f| Dtype::Blocks(*f).name() == Some(name))
+        {
+            return Some(Dtype::Blocks(f));
+        }
         Some(match name {
             "F32" => Dtype::F32,
             "F16" => Dtype::F16,
@@ -85,20 +95,19 @@ impl Dtype {
             "U64" => Dtype::Unsupported(U::U64),
             "BOOL" => Dtype::Unsupported(U::Bool),
             "F8_E4M3" => Dtype::F8E4M3,
-            "Q8_0" => Dtype::Q8_0,
             "F8_E5M2" => Dtype::Unsupported(U::F8E5M2),
             _ => return None,
         })
     }
 
-    /// Bytes per element (Q8_0's 34 bytes per 32 are not whole: see
-    /// [`Dtype::byte_len`]; it is never a checkpoint's expert dtype).
+    /// Bytes per element (blocks' bytes per value are not whole: see
+    /// [`Dtype::byte_len`]; 1 stands for them).
     pub fn size(self) -> u64 {
         use UnsupportedDtype as U;
         match self {
             Dtype::F32 => 4,
             Dtype::F16 | Dtype::BF16 => 2,
-            Dtype::F8E4M3 | Dtype::Q8_0 => 1,
+            Dtype::F8E4M3 | Dtype::Blocks(_) => 1,
             Dtype::Unsupported(u) => match u {
                 U::F64 | U::I64 | U::U64 => 8,
                 U::I32 | U::U32 => 4,
@@ -110,21 +119,34 @@ impl Dtype {
 }
 
 impl Dtype {
-    /// Bytes of `elements` values; `None` on overflow or, for Q8_0, when
+    /// Bytes of `elements` values; `None` on overflow or, for blocks, when
     /// they are not whole blocks.
     pub fn byte_len(self, elements: u64) -> Option<u64> {
         match self {
-            Dtype::Q8_0 => elements
-                .is_multiple_of(Q8_0_VALUES)
-                .then(|| elements / Q8_0_VALUES * Q8_0_BYTES),
+            Dtype::Blocks(f) => {
+                let (block, bytes) = (f.block() as u64, f.block_bytes() as u64);
+                elements
+                    .is_multiple_of(block)
+                    .then(|| elements / block * bytes)
+            }
             d => elements.checked_mul(d.size()),
         }
     }
 }
 
-/// Values per Q8_0 block, and its bytes (an f16 scale and 32 bytes).
-const Q8_0_VALUES: u64 = 32;
-const Q8_0_BYTES: u64 = 34;
+/// The GGML block types a tensor may be stored in.
+pub const BLOCK_FORMATS: [Format; 10] = [
+    Format::Q4_0,
+    Format::Q4_1,
+    Format::Q5_0,
+    Format::Q5_1,
+    Format::Q8_0,
+    Format::Q2K,
+    Format::Q3K,
+    Format::Q4K,
+    Format::Q5K,
+    Format::Q6K,
+];
 
 /// Where one tensor lives inside a safetensors file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,6 +157,43 @@ pub struct TensorInfo {
     pub offset: u64,
     /// Length in bytes.
     pub len: u64,
+    /// The order the rows are stored in.
+    pub rows: RowOrder,
+}
+
+/// How a tensor's rows are ordered in the file relative to its reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RowOrder {
+    #[default]
+    Stored,
+    /// llama.cpp's converter reorders each head's query/key rows for its
+    /// interleaved RoPE (`[h, 2, d/2] → [h, d/2, 2]`); reading puts them back.
+    /// Rows are whole blocks, so quantised rows move as they are.
+    RopePairs { heads: usize },
+}
+
+impl RowOrder {
+    /// Rows of `bytes` (`rows` of equal length) in reference order.
+    fn restore(self, bytes: Vec<u8>, rows: usize) -> Vec<u8> {
+        let RowOrder::RopePairs { heads } = self else {
+            return bytes;
+        };
+        if rows == 0 || heads == 0 || !rows.is_multiple_of(2 * heads) {
+            return bytes;
+        }
+        let row_len = bytes.len() / rows;
+        let half = rows / heads / 2;
+        let mut out = vec![0u8; bytes.len()];
+        for r in 0..rows {
+            // Reference row (h, j, i) is stored at (h, i, j).
+            let (h, rest) = (r / (2 * half), r % (2 * half));
+            let (j, i) = (rest / half, rest % half);
+            let stored = h * 2 * half + i * 2 + j;
+            out[r * row_len..(r + 1) * row_len]
+                .copy_from_slice(&bytes[stored * row_len..(stored + 1) * row_len]);
+        }
+        out
+    }
 }
 
 /// An opened, validated safetensors file.
@@ -199,6 +258,27 @@ impl SafetensorsFile {
         })
     }
 
+    /// A file whose tensors were located by another reader (a GGUF file's
+    /// table under Hugging Face names); overlaps are refused as for a header.
+    pub fn with_tensors(
+        path: &Path,
+        tensors: BTreeMap<String, TensorInfo>,
+    ) -> Result<Self, WeightsError> {
+        let file = File::open(path).map_err(|source| WeightsError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        check_overlaps(&tensors).map_err(|reason| WeightsError::InvalidFile {
+            path: path.to_path_buf(),
+            reason,
+        })?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+            tensors,
+        })
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -207,7 +287,8 @@ impl SafetensorsFile {
         &self.tensors
     }
 
-    /// Reads `len` bytes starting `start` bytes into one tensor's data.
+    /// Reads `len` bytes starting `start` bytes into one tensor's data, as
+    /// stored (rows are not reordered).
     pub fn read_range(
         &self,
         info: &TensorInfo,
@@ -233,7 +314,8 @@ impl SafetensorsFile {
         })?;
         let mut buf = vec![0u8; len];
         read_exact_at(&self.file, &self.path, &mut buf, info.offset)?;
-        Ok(buf)
+        let rows = info.shape.first().copied().unwrap_or(0);
+        Ok(info.rows.restore(buf, rows))
     }
 }
 
@@ -323,6 +405,7 @@ fn parse_entry(entry: &Value, data_len: u64) -> Result<TensorInfo, String> {
         shape,
         offset: start,
         len: end - start,
+        rows: RowOrder::Stored,
     })
 }
 

@@ -1,0 +1,273 @@
+//! GGUF tensor names and types to Hugging Face names and dtypes, per
+//! architecture, as llama.cpp's converter (`gguf-py`'s tensor map) names
+//! them. Stacked experts (`ffn_gate_exps`, `[E, I, H]`) become one tensor
+//! per expert: each is a contiguous slice of the stack, so the pack writer
+//! reads an expert's blocks where they lie.
+
+use std::collections::BTreeMap;
+
+use super::ImportError;
+use crate::kernels::Format;
+use crate::weights::gguf::{GgmlType, GgufFile, GgufTensor};
+use crate::weights::{
+    BLOCK_FORMATS, Dtype, RowOrder, SafetensorsCheckpoint, SafetensorsFile, TensorInfo,
+};
+
+/// GGUF tensor types Longhaul computes with.
+pub const SUPPORTED_TYPES: [&str; 13] = [
+    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+    "Q6_K",
+];
+
+/// GGUF architectures Longhaul reads, by `general.architecture`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    /// Qwen3-MoE.
+    Qwen3Moe,
+    /// `llama` with experts: Mixtral and its kin.
+    Llama,
+}
+
+const SUPPORTED_ARCHS: [&str; 2] = ["qwen3moe", "llama (with experts)"];
+
+impl Arch {
+    pub fn of(file: &GgufFile) -> Result<Self, ImportError> {
+        let key = "general.architecture";
+        let name = file
+            .metadata
+            .get(key)
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| ImportError::MissingKey {
+                path: file.path.clone(),
+                key: key.to_string(),
+                needs: "it names the model's architecture",
+            })?;
+        match name {
+            "qwen3moe" => Ok(Arch::Qwen3Moe),
+            "llama" => Ok(Arch::Llama),
+            other => Err(ImportError::Unsupported {
+                path: file.path.clone(),
+                what: format!(
+                    "GGUF architecture `{other}` is not supported; supported: {}",
+                    SUPPORTED_ARCHS.join(", ")
+                ),
+            }),
+        }
+    }
+
+    /// The metadata key prefix.
+    pub fn key(self) -> &'static str {
+        match self {
+            Arch::Qwen3Moe => "qwen3moe",
+            Arch::Llama => "llama",
+        }
+    }
+
+    /// The Hugging Face module holding a layer's MoE, and its expert names
+    /// for gate, up and down.
+    fn moe(self) -> (&'static str, [&'static str; 3]) {
+        match self {
+            Arch::Qwen3Moe => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
+            Arch::Llama => ("block_sparse_moe", ["w1", "w3", "w2"]),
+        }
+    }
+
+    /// The Hugging Face name of one layer's tensor `part` (the GGUF name
+    /// after `blk.N.`, without `.weight`/`.bias`).
+    fn layer_part(self, part: &str) -> Option<String> {
+        let (moe, _) = self.moe();
+        let fixed = match part {
+            "attn_norm" => "input_layernorm",
+            "attn_q" => "self_attn.q_proj",
+            "attn_k" => "self_attn.k_proj",
+            "attn_v" => "self_attn.v_proj",
+            "attn_output" => "self_attn.o_proj",
+            "attn_q_norm" => "self_attn.q_norm",
+            "attn_k_norm" => "self_attn.k_norm",
+            "ffn_norm" => "post_attention_layernorm",
+            "ffn_gate" => "mlp.gate_proj",
+            "ffn_up" => "mlp.up_proj",
+            "ffn_down" => "mlp.down_proj",
+            "ffn_gate_inp" => return Some(format!("{moe}.gate")),
+            _ => return None,
+        };
+        Some(fixed.to_string())
+    }
+}
+
+/// What one GGUF tensor becomes.
+enum Mapped {
+    One(String),
+    /// A stack of experts: the per-expert name with `{e}` for the expert.
+    Experts(String),
+}
+
+fn map_name(arch: Arch, name: &str) -> Option<(Mapped, &'static str)> {
+    let (stem, suffix) = if let Some(s) = name.strip_suffix(".weight") {
+        (s, "weight")
+    } else {
+        (name.strip_suffix(".bias")?, "bias")
+    };
+    let global = match stem {
+        "token_embd" => Some("model.embed_tokens"),
+        "output_norm" => Some("model.norm"),
+        "output" => Some("lm_head"),
+        _ => None,
+    };
+    if let Some(g) = global {
+        return Some((Mapped::One(g.to_string()), suffix));
+    }
+    let rest = stem.strip_prefix("blk.")?;
+    let (layer, part) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let prefix = format!("model.layers.{layer}");
+    let (moe, [gate, up, down]) = arch.moe();
+    let stacked = match part {
+        "ffn_gate_exps" => Some(gate),
+        "ffn_up_exps" => Some(up),
+        "ffn_down_exps" => Some(down),
+        _ => None,
+    };
+    if let Some(p) = stacked {
+        return Some((
+            Mapped::Experts(format!("{prefix}.{moe}.experts.{{e}}.{p}")),
+            suffix,
+        ));
+    }
+    // Older Mixtral files store each expert on its own: `ffn_gate.E`.
+    if let Some((kind, e)) = part.split_once('.')
+        && let Ok(e) = e.parse::<usize>()
+    {
+        let p = match kind {
+            "ffn_gate" => gate,
+            "ffn_up" => up,
+            "ffn_down" => down,
+            _ => return None,
+        };
+        return Some((
+            Mapped::One(format!("{prefix}.{moe}.experts.{e}.{p}")),
+            suffix,
+        ));
+    }
+    let hf = arch.layer_part(part)?;
+    Some((Mapped::One(format!("{prefix}.{hf}")), suffix))
+}
+
+/// The dtype a GGUF tensor type is read as, if Longhaul computes with it.
+fn dtype(ty: GgmlType) -> Option<Dtype> {
+    match ty.0 {
+        0 => Some(Dtype::F32),
+        1 => Some(Dtype::F16),
+        30 => Some(Dtype::BF16),
+        _ => {
+            let name = ty.name();
+            BLOCK_FORMATS
+                .into_iter()
+                .find(|f: &Format| Dtype::Blocks(*f).name() == Some(name.as_str()))
+                .map(Dtype::Blocks)
+        }
+    }
+}
+
+/// All tensors of `files` under Hugging Face names, as one checkpoint.
+pub fn checkpoint(arch: Arch, files: &[GgufFile]) -> Result<SafetensorsCheckpoint, ImportError> {
+    let heads = rope_heads(arch, &files[0])?;
+    let mut opened = Vec::with_capacity(files.len());
+    for file in files {
+        let mut tensors = BTreeMap::new();
+        for t in &file.tensors {
+            for (name, info) in entries(arch, file, t, heads)? {
+                tensors.insert(name, info);
+            }
+        }
+        opened.push(SafetensorsFile::with_tensors(&file.path, tensors)?);
+    }
+    let dir = files[0].path.clone();
+    Ok(SafetensorsCheckpoint::from_files(&dir, opened)?)
+}
+
+/// For `llama`, the query and key head counts whose rows the converter
+/// reordered for interleaved RoPE.
+fn rope_heads(arch: Arch, file: &GgufFile) -> Result<Option<(usize, usize)>, ImportError> {
+    if arch != Arch::Llama {
+        return Ok(None);
+    }
+    let meta = super::Meta {
+        file,
+        arch: arch.key(),
+    };
+    let heads = meta.u64("attention.head_count", "it sizes attention")? as usize;
+    let kv = meta
+        .u64_opt("attention.head_count_kv")?
+        .map_or(heads, |k| k as usize);
+    Ok(Some((heads, kv)))
+}
+
+/// The Hugging Face tensors GGUF tensor `t` holds.
+fn entries(
+    arch: Arch,
+    file: &GgufFile,
+    t: &GgufTensor,
+    rope_heads: Option<(usize, usize)>,
+) -> Result<Vec<(String, TensorInfo)>, ImportError> {
+    let unsupported = || ImportError::UnsupportedType {
+        path: file.path.clone(),
+        tensor: t.name.clone(),
+        ty: t.ggml_type.name(),
+    };
+    let dtype = dtype(t.ggml_type).ok_or_else(unsupported)?;
+    let len = t.len.ok_or_else(unsupported)?;
+    let invalid = |what: String| ImportError::Invalid {
+        path: file.path.clone(),
+        what: format!("tensor `{}`: {what}", t.name),
+    };
+    let shape: Vec<usize> = t
+        .shape
+        .iter()
+        .map(|&d| usize::try_from(d))
+        .collect::<Result<_, _>>()
+        .map_err(|_| invalid(format!("shape {:?} is too large", t.shape)))?;
+    let (mapped, suffix) = map_name(arch, &t.name).ok_or_else(|| ImportError::Unsupported {
+        path: file.path.clone(),
+        what: format!(
+            "tensor `{}` has no counterpart in the `{}` model Longhaul builds",
+            t.name,
+            arch.key()
+        ),
+    })?;
+    let info = |shape: Vec<usize>, offset: u64, len: u64, rows: RowOrder| TensorInfo {
+        dtype,
+        shape,
+        offset,
+        len,
+        rows,
+    };
+    match mapped {
+        Mapped::One(name) => {
+            let rows = match (rope_heads, name.rsplit('.').next()) {
+                (Some((q, _)), Some("q_proj")) => RowOrder::RopePairs { heads: q },
+                (Some((_, kv)), Some("k_proj")) => RowOrder::RopePairs { heads: kv },
+                _ => RowOrder::Stored,
+            };
+            Ok(vec![(
+                format!("{name}.{suffix}"),
+                info(shape, t.offset, len, rows),
+            )])
+        }
+        Mapped::Experts(pattern) => {
+            let [count, rows, cols] = shape[..] else {
+                return Err(invalid(format!(
+                    "expert stack has shape {shape:?}, not [experts, rows, cols]"
+                )));
+            };
+            let each = len / count.max(1) as u64;
+            Ok((0..count)
+                .map(|e| {
+                    let name = format!("{}.{suffix}", pattern.replace("{e}", &e.to_string()));
+                    let offset = t.offset + e as u64 * each;
+                    (name, info(vec![rows, cols], offset, each, RowOrder::Stored))
+                })
+                .collect())
+        }
+    }
+}

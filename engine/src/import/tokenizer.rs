@@ -1,0 +1,163 @@
+//! `tokenizer.ggml.*` as a Hugging Face `tokenizer.json`, so the tokenizer
+//! that serves checkpoints serves GGUF files too.
+//!
+//! Byte-level BPE (`tokenizer.ggml.model = gpt2`) is the vocabulary, the
+//! merges in rank order and a pre-tokenizer regex chosen by
+//! `tokenizer.ggml.pre` — llama.cpp keeps one regex set per name, and the
+//! names map to the expressions the original `tokenizer.json` files state.
+//! Control and user-defined tokens are matched whole, as llama.cpp does
+//! when it parses special tokens.
+
+use serde_json::{Value, json};
+
+use super::ImportError;
+use crate::weights::gguf::{GgufFile, GgufValue};
+
+/// llama.cpp's token types.
+const TOKEN_CONTROL: u64 = 3;
+const TOKEN_USER_DEFINED: u64 = 4;
+
+/// GPT-2's split, which `ByteLevel` applies itself (`use_regex`).
+const GPT2: &str = "gpt2";
+/// Qwen2/Qwen3's split (their `tokenizer.json`).
+const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Llama 3's split.
+const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// `tokenizer.ggml.pre` names read, and their split (`None`: GPT-2's own).
+const PRE_TOKENIZERS: [(&str, Option<&str>); 5] = [
+    ("default", None),
+    ("gpt-2", None),
+    ("qwen2", Some(QWEN2_REGEX)),
+    ("llama-bpe", Some(LLAMA3_REGEX)),
+    ("llama3", Some(LLAMA3_REGEX)),
+];
+
+/// `tokenizer.json` and `tokenizer_config.json` for `file`.
+pub fn tokenizer_json(file: &GgufFile) -> Result<(Value, Value), ImportError> {
+    let key = |k: &str| file.metadata.get(k);
+    let missing = |k: &str, needs: &'static str| ImportError::MissingKey {
+        path: file.path.clone(),
+        key: k.to_string(),
+        needs,
+    };
+    let unsupported = |what: String| ImportError::Unsupported {
+        path: file.path.clone(),
+        what,
+    };
+    let model = key("tokenizer.ggml.model")
+        .and_then(GgufValue::as_str)
+        .ok_or_else(|| missing("tokenizer.ggml.model", "it names the tokenizer's kind"))?;
+    if model != GPT2 {
+        return Err(unsupported(format!(
+            "tokenizer.ggml.model `{model}` is not supported; byte-level BPE (`gpt2`) is"
+        )));
+    }
+    let pre = key("tokenizer.ggml.pre")
+        .and_then(GgufValue::as_str)
+        .unwrap_or("default");
+    let split = PRE_TOKENIZERS
+        .iter()
+        .find(|(name, _)| *name == pre)
+        .map(|(_, regex)| *regex)
+        .ok_or_else(|| {
+            let known: Vec<&str> = PRE_TOKENIZERS.iter().map(|p| p.0).collect();
+            unsupported(format!(
+                "tokenizer.ggml.pre `{pre}` is not supported; supported: {}",
+                known.join(", ")
+            ))
+        })?;
+    let tokens = strings(file, "tokenizer.ggml.tokens")?
+        .ok_or_else(|| missing("tokenizer.ggml.tokens", "it is the vocabulary"))?;
+    let merges = strings(file, "tokenizer.ggml.merges")?.unwrap_or_default();
+    let types = match key("tokenizer.ggml.token_type") {
+        Some(GgufValue::Array(v)) => v.iter().map(|t| t.as_u64().unwrap_or(1)).collect(),
+        _ => vec![1; tokens.len()],
+    };
+    let mut vocab = serde_json::Map::new();
+    let mut added = Vec::new();
+    for (id, (token, ty)) in tokens
+        .iter()
+        .zip(types.iter().chain(std::iter::repeat(&1)))
+        .enumerate()
+    {
+        if *ty == TOKEN_CONTROL || *ty == TOKEN_USER_DEFINED {
+            added.push(
+                json!({"id": id, "content": token, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": *ty == TOKEN_CONTROL}),
+            );
+        }
+        vocab.insert(token.clone(), json!(id));
+    }
+    let id = |k: &str| key(k).and_then(GgufValue::as_u64);
+    let token_text = |i: Option<u64>| i.and_then(|i| tokens.get(i as usize)).cloned();
+    let bos = token_text(id("tokenizer.ggml.bos_token_id"));
+    let eos = token_text(id("tokenizer.ggml.eos_token_id"));
+    let add_bos = matches!(
+        key("tokenizer.ggml.add_bos_token"),
+        Some(GgufValue::Bool(true))
+    );
+    let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false,
+        "use_regex": split.is_none()});
+    let pre_tokenizer = match split {
+        None => byte_level.clone(),
+        Some(regex) => json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false},
+            byte_level.clone(),
+        ]}),
+    };
+    let post_processor = match (&bos, add_bos) {
+        (Some(b), true) => json!({"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": b, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": b, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                     {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {b.as_str(): {"id": b, "ids": [id("tokenizer.ggml.bos_token_id")], "tokens": [b]}}}),
+        _ => Value::Null,
+    };
+    let tokenizer = json!({
+        "version": "1.0",
+        "added_tokens": added,
+        "normalizer": if pre == "qwen2" { json!({"type": "NFC"}) } else { Value::Null },
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": post_processor,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "ignore_merges": false, "vocab": vocab, "merges": merges},
+    });
+    let mut config = json!({"add_bos_token": add_bos});
+    if let Some(t) = key("tokenizer.chat_template").and_then(GgufValue::as_str) {
+        config["chat_template"] = json!(t);
+    }
+    if let Some(b) = bos {
+        config["bos_token"] = json!(b);
+    }
+    if let Some(e) = eos {
+        config["eos_token"] = json!(e);
+    }
+    Ok((tokenizer, config))
+}
+
+/// An array of strings at `key`, if present.
+fn strings(file: &GgufFile, key: &str) -> Result<Option<Vec<String>>, ImportError> {
+    match file.metadata.get(key) {
+        None => Ok(None),
+        Some(GgufValue::Array(items)) => items
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .map(Some)
+            .ok_or_else(|| ImportError::BadKey {
+                path: file.path.clone(),
+                key: key.to_string(),
+                found: "an array holding non-strings".to_string(),
+                expected: "an array of strings",
+            }),
+        Some(v) => Err(ImportError::BadKey {
+            path: file.path.clone(),
+            key: key.to_string(),
+            found: format!("{v:?}"),
+            expected: "an array of strings",
+        }),
+    }
+}
