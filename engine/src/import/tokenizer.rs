@@ -25,8 +25,8 @@ const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// `tokenizer.ggml.pre` names read, and their split (`None`: GPT-2's own).
-const PRE_TOKENIZERS: [(&str, Option<&str>); 5] = [
-    ("default", None),
+/// llama.cpp's `default` is a split set of its own, not GPT-2's: refused.
+const PRE_TOKENIZERS: [(&str, Option<&str>); 4] = [
     ("gpt-2", None),
     ("qwen2", Some(QWEN2_REGEX)),
     ("llama-bpe", Some(LLAMA3_REGEX)),
@@ -117,7 +117,8 @@ pub fn tokenizer_json(file: &GgufFile) -> Result<(Value, Value), ImportError> {
     let tokenizer = json!({
         "version": "1.0",
         "added_tokens": added,
-        "normalizer": if pre == "qwen2" { json!({"type": "NFC"}) } else { Value::Null },
+        // llama.cpp normalises nothing before splitting; neither does this.
+        "normalizer": Value::Null,
         "pre_tokenizer": pre_tokenizer,
         "post_processor": post_processor,
         "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},

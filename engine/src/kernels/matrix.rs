@@ -143,7 +143,13 @@ impl Matrix {
         let mut bytes = Vec::new();
         let mut rows = 0;
         for p in parts {
-            if p.format != first.format || p.cols != first.cols {
+            if p.format != first.format {
+                return Err(KernelError::MixedFormats {
+                    first: first.format,
+                    other: p.format,
+                });
+            }
+            if p.cols != first.cols {
                 return Err(KernelError::Shape {
                     what: "stacked matrix width",
                     expected: first.cols,

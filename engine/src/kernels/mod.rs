@@ -48,6 +48,8 @@ pub enum KernelError {
         expected: usize,
         found: usize,
     },
+    #[error("matrices stored as {} and {} cannot be stacked into one", first.name(), other.name())]
+    MixedFormats { first: Format, other: Format },
     #[error(transparent)]
     Alloc(#[from] AllocError),
 }

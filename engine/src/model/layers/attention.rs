@@ -4,7 +4,7 @@
 use candle_core::{Device, Tensor};
 
 use super::rope::{Rope, RopeTables};
-use super::{Linear, RmsNorm, values};
+use super::{Linear, RmsNorm, Stacked, values};
 use crate::kernels::ops::{self, AttentionShape};
 use crate::model::{ModelError, kv_cache::KvCache};
 use crate::weights::Weights;
@@ -12,7 +12,7 @@ use crate::weights::Weights;
 /// Multi-head attention with fewer key/value heads than query heads.
 pub struct GroupedQueryAttention {
     /// The query, key and value projections stacked into one product.
-    pub qkv_proj: Linear,
+    pub qkv_proj: Stacked,
     pub o_proj: Linear,
     /// Per-head RMSNorm on queries and keys before rope (Qwen3).
     pub qk_norm: Option<(RmsNorm, RmsNorm)>,
@@ -58,7 +58,7 @@ impl GroupedQueryAttention {
             None
         };
         Ok(Self {
-            qkv_proj: Linear::stack(&[
+            qkv_proj: Stacked::new(vec![
                 Linear::load(w, "q_proj", s.hidden, q_out, s.bias)?,
                 Linear::load(w, "k_proj", s.hidden, kv_out, s.bias)?,
                 Linear::load(w, "v_proj", s.hidden, kv_out, s.bias)?,

@@ -117,6 +117,50 @@ impl Linear {
     }
 }
 
+/// Layers of one input whose outputs are concatenated: one product when
+/// their weights share a format, one per layer otherwise (a GGUF may store
+/// q, k and v in different block types). Each output is one row's dot
+/// product either way, so the numbers are the same.
+#[derive(Debug, Clone)]
+pub enum Stacked {
+    One(Linear),
+    Each(Vec<Linear>),
+}
+
+impl Stacked {
+    pub fn new(parts: Vec<Linear>) -> Result<Self, ModelError> {
+        let first = parts.first().map(|p| (p.weight.format(), p.weight.cols()));
+        if parts
+            .iter()
+            .all(|p| Some((p.weight.format(), p.weight.cols())) == first)
+        {
+            Ok(Stacked::One(Linear::stack(&parts)?))
+        } else {
+            Ok(Stacked::Each(parts))
+        }
+    }
+
+    /// Outputs of all layers for `n` rows of `x`, row by row.
+    pub fn forward_values(&self, x: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
+        let parts = match self {
+            Stacked::One(l) => return l.forward_values(x, n),
+            Stacked::Each(parts) => parts,
+        };
+        let outs = parts
+            .iter()
+            .map(|p| p.forward_values(x, n))
+            .collect::<Result<Vec<_>, _>>()?;
+        let widths: Vec<usize> = parts.iter().map(|p| p.weight.rows()).collect();
+        let mut y = Vec::with_capacity(n * widths.iter().sum::<usize>());
+        for row in 0..n {
+            for (out, &w) in outs.iter().zip(&widths) {
+                y.extend_from_slice(&out[row * w..(row + 1) * w]);
+            }
+        }
+        Ok(y)
+    }
+}
+
 /// Root-mean-square normalisation over the last dimension, computed in f32.
 #[derive(Debug, Clone)]
 pub struct RmsNorm {

@@ -1,0 +1,130 @@
+//! GGUF files against both references (`tools/reference/make_gguf_fixtures.py`):
+//! transformers on the file's dequantised weights (the exact contract, 1e-4)
+//! and llama.cpp itself (its tokenizer exactly; its logits by statistics,
+//! since it rounds activations inside quantised products).
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::{LOGIT_TOLERANCE, max_abs_diff};
+use longhaul_engine::Engine;
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+struct Expected {
+    ids: Vec<u32>,
+    logits: Vec<Vec<f32>>,
+    llama_cpp_logits: Vec<Vec<f32>>,
+    texts: Vec<String>,
+    llama_cpp_tokens: Vec<Vec<u32>>,
+}
+
+fn gguf_fixtures() -> Vec<(String, PathBuf, Expected)> {
+    let dir = common::fixtures_dir().join("gguf");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("gguf fixtures")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
+        .collect();
+    files.sort();
+    assert!(
+        files.len() >= 5,
+        "expected the committed GGUF fixtures, found {files:?}"
+    );
+    files
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(p.with_extension("json")).expect("expected json");
+            let name = p.file_stem().unwrap().to_string_lossy().into_owned();
+            (
+                name,
+                p,
+                serde_json::from_str(&text).expect("expected json parses"),
+            )
+        })
+        .collect()
+}
+
+/// Log-softmax of a row, in f64.
+fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+    let sum: f64 = row.iter().map(|&v| (v as f64 - max).exp()).sum();
+    row.iter().map(|&v| v as f64 - max - sum.ln()).collect()
+}
+
+fn argmax(row: &[f32]) -> usize {
+    row.iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |best, (i, &v)| {
+            if v > best.1 { (i, v) } else { best }
+        })
+        .0
+}
+
+/// Mean KL(llama.cpp ‖ ours), top-1 agreement and the median over positions
+/// of the largest |Δlogit| in each.
+fn agreement(ours: &[Vec<f32>], theirs: &[Vec<f32>]) -> (f64, f64, f32) {
+    let mut kl = 0.0;
+    let mut top1 = 0;
+    let mut worst: Vec<f32> = Vec::new();
+    for (a, b) in ours.iter().zip(theirs) {
+        let (la, lb) = (log_softmax(a), log_softmax(b));
+        kl += lb
+            .iter()
+            .zip(&la)
+            .map(|(q, p)| q.exp() * (q - p))
+            .sum::<f64>();
+        top1 += usize::from(argmax(a) == argmax(b));
+        worst.push(
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max),
+        );
+    }
+    worst.sort_by(f32::total_cmp);
+    let n = ours.len() as f64;
+    (kl / n, top1 as f64 / n, worst[worst.len() / 2])
+}
+
+#[test]
+fn gguf_logits_match_transformers_on_the_dequantised_weights() {
+    let mut failures = Vec::new();
+    for (name, path, exp) in gguf_fixtures() {
+        let engine = Engine::open(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let logits: Vec<Vec<f32>> = engine.logits(&exp.ids).unwrap().to_vec2().unwrap();
+        let diff = max_abs_diff(&logits, &exp.logits);
+        let (kl, top1, median) = agreement(&logits, &exp.llama_cpp_logits);
+        println!(
+            "{name}: max |Δ| vs transformers {diff:e}; vs llama.cpp: mean KL {kl:.2e}, top-1 {top1:.3}, median |Δ| {median:.4}"
+        );
+        if diff > LOGIT_TOLERANCE || diff.is_nan() {
+            failures.push(format!("{name}: {diff:e}"));
+        }
+        // F32 weights: llama.cpp rounds nothing either.
+        if name.ends_with("f32") {
+            let to_llama = max_abs_diff(&logits, &exp.llama_cpp_logits);
+            assert!(
+                to_llama <= LOGIT_TOLERANCE,
+                "{name}: {to_llama:e} from llama.cpp"
+            );
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "GGUF logits differ from transformers: {failures:?}"
+    );
+}
+
+#[test]
+fn gguf_tokenizer_gives_llama_cpps_ids() {
+    for (name, path, exp) in gguf_fixtures() {
+        let engine = Engine::open(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let tok = engine.tokenizer().unwrap();
+        for (text, want) in exp.texts.iter().zip(&exp.llama_cpp_tokens) {
+            let got = tok.encode(text, false).unwrap();
+            assert_eq!(&got, want, "{name}: {text:?}");
+        }
+    }
+}

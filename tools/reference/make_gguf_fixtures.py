@@ -1,0 +1,291 @@
+#!/usr/bin/env python3
+"""Builds Longhaul's GGUF fixtures and both of their references.
+
+Two tiny random Qwen3-MoE models are written as GGUF files the way llama.cpp
+users get them: converted to F32/F16 with the `gguf` package, and quantised
+by llama.cpp itself (llama-cpp-python's `llama_model_quantize`), whose own
+rules pick each tensor's type. Two more files mix block types per tensor
+(blocks copied from llama.cpp's quantisations), so that every supported type
+is computed in one of a handful of small files. For each file:
+
+- `transformers`: the exact contract. Every tensor dequantised by the
+  `gguf` package's numpy dequantiser, loaded into transformers'
+  Qwen3MoeForCausalLM in f32: teacher-forced logits and greedy tokens.
+- `llama_cpp`: llama.cpp's own logits for the same ids, which round
+  activations inside quantised products (compared by statistics, not 1e-4).
+- `tokens`: the ids llama.cpp's tokenizer gives a set of texts.
+
+Run by hand (not in CI):
+
+    ~/.cache/longhaul/refvenv/bin/pip install gguf
+    LLAMA_PY=~/.cache/longhaul-peer/venv/bin/python \\
+        ~/.cache/longhaul/refvenv/bin/python tools/reference/make_gguf_fixtures.py engine/tests/fixtures/gguf
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+import gguf
+from gguf.quants import dequantize
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+sys.path.insert(0, str(Path(__file__).parent))
+import make_fixtures as mf  # noqa: E402
+
+LLAMA_PY = os.environ.get("LLAMA_PY", str(Path.home() / ".cache/longhaul-peer/venv/bin/python"))
+LLAMA_REF = str(Path(__file__).parent / "llama_ref.py")
+VOCAB = 320
+POSITIONS = 16
+GREEDY_TOKENS = 12
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "fn main() {\n    let x = vec![1, 2, 3];\n    println!(\"{x:?}\");\n}\n",
+    "def f(a, b):\n\treturn a ** 2 + b  # 12345 67\n",
+    "日本語のテキストと中文字符",
+    "emoji 🚀🔥 and accents: café, naïve, Ångström",
+    "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n",
+    "   spaces   and\n\n\nnewlines \r\n end",
+    "It's we'll they'd I'M YOU'RE",
+]
+# name: (model, how the file is made)
+FILES = {
+    "qwen3moe-f32": ("small", ("convert", "f32")),
+    "qwen3moe-f16": ("small", ("convert", "f16")),
+    "qwen3moe-q4_k_m": ("large", ("quantize", "Q4_K_M")),
+    "qwen3moe-kquants": ("large", ("mix", ["Q2_K", "Q3_K_S", "Q4_K_S", "Q5_K_S", "Q6_K"])),
+    "qwen3moe-legacy": ("large", ("mix", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])),
+}
+MODELS = {
+    # hidden 64: rows no k-quant divides; F32 and F16 only.
+    "small": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, split="gpt-2"),
+    # hidden and expert width 256: every block type divides the rows.
+    "large": dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                  moe_intermediate_size=256, num_experts=4, num_experts_per_tok=2, split="qwen2"),
+}
+LAYERS = 2
+
+
+def build_tokenizer(split: str) -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    if split == "qwen2":
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=mf.SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([mf.CORPUS], trainer)
+    return tok
+
+
+def hf_model(spec: dict, seed: int):
+    spec = {k: v for k, v in spec.items() if k != "split"}
+    config = Qwen3MoeConfig(vocab_size=VOCAB, num_hidden_layers=LAYERS, intermediate_size=spec["moe_intermediate_size"],
+                            rms_norm_eps=1e-6, max_position_embeddings=256, rope_theta=10000.0,
+                            norm_topk_prob=True, tie_word_embeddings=False, attention_bias=False, **spec)
+    config._attn_implementation = "eager"
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    mf.randomize(model, torch.Generator().manual_seed(seed))
+    return model
+
+
+def gguf_tensors(model) -> dict:
+    """HF state as GGUF tensors (name -> f32 array), experts stacked."""
+    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3MOE, LAYERS)
+    out = {}
+    for k, v in model.state_dict().items():
+        a = v.detach().float().numpy()
+        if k.endswith("mlp.experts.gate_up_proj"):
+            layer = k.split(".")[2]
+            inter = a.shape[1] // 2
+            out[f"blk.{layer}.ffn_gate_exps.weight"] = np.ascontiguousarray(a[:, :inter])
+            out[f"blk.{layer}.ffn_up_exps.weight"] = np.ascontiguousarray(a[:, inter:])
+            continue
+        if k.endswith("mlp.experts.down_proj"):
+            out[f"blk.{k.split('.')[2]}.ffn_down_exps.weight"] = a
+            continue
+        name = tmap.get_name(k, try_suffixes=(".weight", ".bias"))
+        if name is None:
+            raise SystemExit(f"no GGUF name for {k}")
+        out[name] = a
+    return out
+
+
+def write_gguf(path: Path, model, tok: Tokenizer, split: str, tensors: dict) -> None:
+    """tensors: name -> (array, raw GGML type or None for float arrays)."""
+    cfg = model.config
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    w.add_name("longhaul-fixture")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_expert_count(cfg.num_experts)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    vocab = tok.get_vocab()
+    inv = {i: t for t, i in vocab.items()}
+    tokens = [inv.get(i, f"[PAD{i}]") for i in range(VOCAB)]
+    types = [gguf.TokenType.CONTROL if t in mf.SPECIALS else gguf.TokenType.NORMAL for t in tokens]
+    merges = [" ".join(m) if not isinstance(m, str) else m
+              for m in json.loads(tok.to_str())["model"]["merges"]]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(split)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_eos_token_id(tok.token_to_id("<|im_end|>"))
+    w.add_add_bos_token(False)
+    w.add_chat_template(mf.CHAT_TEMPLATE)
+    for name, (array, raw) in tensors.items():
+        if raw is None:
+            w.add_tensor(name, array)
+        else:
+            w.add_tensor(name, array, raw_dtype=raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def read_gguf(path: Path) -> dict:
+    """name -> (raw array as stored, GGML type) from a GGUF file."""
+    r = gguf.GGUFReader(str(path))
+    return {t.name: (np.array(t.data), t.tensor_type) for t in r.tensors}
+
+
+def dequantized_state(path: Path, model) -> dict:
+    """The file's tensors dequantised, under the HF model's names."""
+    r = gguf.GGUFReader(str(path))
+    stored = {}
+    for t in r.tensors:
+        shape = [int(d) for d in reversed(t.shape)]
+        stored[t.name] = dequantize(np.array(t.data), t.tensor_type).reshape(shape).astype(np.float32)
+    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3MOE, LAYERS)
+    state = {}
+    for k in model.state_dict():
+        if k.endswith("mlp.experts.gate_up_proj"):
+            layer = k.split(".")[2]
+            state[k] = np.concatenate([stored[f"blk.{layer}.ffn_gate_exps.weight"],
+                                       stored[f"blk.{layer}.ffn_up_exps.weight"]], axis=1)
+        elif k.endswith("mlp.experts.down_proj"):
+            state[k] = stored[f"blk.{k.split('.')[2]}.ffn_down_exps.weight"]
+        else:
+            state[k] = stored[tmap.get_name(k, try_suffixes=(".weight", ".bias"))]
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()}
+
+
+def llama(*args: str) -> None:
+    subprocess.run([LLAMA_PY, LLAMA_REF, *args], check=True)
+
+
+def mix(sources: dict, order: list) -> dict:
+    """Per quantised tensor, the blocks of one source file (each quantised
+    `pure`: one type throughout), cycling through `order`; a layer's gate and
+    up experts come from the same file. Float tensors stay as they are."""
+    first = sources[order[0]]
+    quantised = [n for n, (_, t) in first.items()
+                 if t != gguf.GGMLQuantizationType.F32 and "ffn_up_exps" not in n]
+    out = {}
+    for name, value in first.items():
+        key = name.replace("ffn_up_exps", "ffn_gate_exps")
+        if key in quantised:
+            out[name] = sources[order[quantised.index(key) % len(order)]][name]
+        else:
+            out[name] = value
+    return out
+
+
+def main() -> None:
+    out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else "engine/tests/fixtures/gguf")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(1)
+    tmp = Path(tempfile.mkdtemp(prefix="lh-gguf-"))
+    teacher_ids = None
+    made = {}
+    for seed, (kind, spec) in enumerate(MODELS.items(), start=100):
+        tok = build_tokenizer(spec["split"])
+        model = hf_model(spec, seed)
+        f32 = {n: (a, None) for n, a in gguf_tensors(model).items()}
+        base = tmp / f"{kind}-f32.gguf"
+        write_gguf(base, model, tok, spec["split"], f32)
+        made[kind] = (model, tok, base)
+    for name, (kind, (how, arg)) in FILES.items():
+        model, tok, base = made[kind]
+        path = out_dir / f"{name}.gguf"
+        if how == "convert":
+            tensors = {n: (a if arg == "f32" or a.ndim == 1 else a.astype(np.float16), None)
+                       for n, (a, _) in read_gguf(base).items()}
+            write_gguf(path, model, tok, MODELS[kind]["split"], tensors)
+        elif how == "quantize":
+            llama("quantize", str(base), str(path), arg)
+        else:
+            sources = {}
+            for ftype in arg:
+                q = tmp / f"{kind}-{ftype}.gguf"
+                llama("quantize", str(base), str(q), ftype, "pure")
+                sources[ftype] = read_gguf(q)
+            tensors = {n: (a, t if t not in (gguf.GGMLQuantizationType.F32,) else None)
+                       for n, (a, t) in mix(sources, arg).items()}
+            write_gguf(path, model, tok, MODELS[kind]["split"], tensors)
+        reference(path, model, tok)
+        types = sorted({t.name for _, t in read_gguf(path).values()})
+        print(f"{name}: {path.stat().st_size} bytes, types {types}")
+    shutil.rmtree(tmp)
+
+
+@torch.no_grad()
+def reference(path: Path, model, tok: Tokenizer) -> None:
+    ref = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32).eval()
+    ref.load_state_dict(dequantized_state(path, model), strict=True)
+    ids = tok.encode(mf.TEACHER_TEXT).ids[:POSITIONS]
+    logits = ref(torch.tensor([ids])).logits[0]
+    prompt_ids = tok.encode(mf.PROMPT_TEXT).ids
+    generated = ref.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                             max_new_tokens=GREEDY_TOKENS, do_sample=False, eos_token_id=None,
+                             pad_token_id=0, min_new_tokens=GREEDY_TOKENS)[0, len(prompt_ids):].tolist()
+    tmp = Path(tempfile.mkdtemp(prefix="lh-ref-"))
+    (tmp / "ids.json").write_text(json.dumps(ids))
+    (tmp / "texts.json").write_text(json.dumps(TEXTS))
+    llama("logits", str(path), str(tmp / "ids.json"), str(tmp / "logits.json"))
+    llama("tokenize", str(path), str(tmp / "texts.json"), str(tmp / "tokens.json"))
+    llama_logits = json.loads((tmp / "logits.json").read_text())
+    tokens = json.loads((tmp / "tokens.json").read_text())
+    expected = {
+        "transformers_version": __import__("transformers").__version__,
+        "llama_cpp_version": llama_logits["llama_cpp_version"],
+        "ids": ids,
+        "logits": [[float(x) for x in row] for row in logits],
+        "llama_cpp_logits": llama_logits["logits"],
+        "prompt": mf.PROMPT_TEXT,
+        "prompt_ids": prompt_ids,
+        "greedy_tokens": generated,
+        "texts": TEXTS,
+        "llama_cpp_tokens": tokens["ids"],
+    }
+    path.with_suffix(".json").write_text(json.dumps(expected))
+    shutil.rmtree(tmp)
+
+
+if __name__ == "__main__":
+    main()
