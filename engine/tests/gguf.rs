@@ -128,3 +128,66 @@ fn gguf_tokenizer_gives_llama_cpps_ids() {
         }
     }
 }
+
+/// The same model in three parts: opened from its first part it computes
+/// bitwise what the single file does; any other part, or a missing one, is
+/// refused with what to give instead.
+#[test]
+fn split_files_open_from_their_first_part() {
+    let dir = common::fixtures_dir().join("gguf");
+    let whole = Engine::open(&dir.join("qwen3moe-f16.gguf")).unwrap();
+    let parts = dir.join("split");
+    let first = parts.join("qwen3moe-f16-00001-of-00003.gguf");
+    let split = Engine::open(&first).unwrap();
+    let ids = [5u32, 17, 42, 99, 3, 250];
+    let a: Vec<Vec<f32>> = whole.logits(&ids).unwrap().to_vec2().unwrap();
+    let b: Vec<Vec<f32>> = split.logits(&ids).unwrap().to_vec2().unwrap();
+    assert!(a == b, "split and whole files differ");
+
+    let second = parts.join("qwen3moe-f16-00002-of-00003.gguf");
+    let err = Engine::open(&second)
+        .err()
+        .expect("a later part is refused")
+        .to_string();
+    assert!(
+        err.contains("part 2 of 3") && err.contains("00001-of-00003"),
+        "{err}"
+    );
+
+    let tmp = tempfile::tempdir().unwrap();
+    let lone = tmp.path().join("qwen3moe-f16-00001-of-00003.gguf");
+    std::fs::copy(&first, &lone).unwrap();
+    let err = Engine::open(&lone)
+        .err()
+        .expect("a missing part is refused")
+        .to_string();
+    assert!(
+        err.contains("00002-of-00003.gguf") && err.contains("missing"),
+        "{err}"
+    );
+}
+
+/// Greedy decoding from each file gives transformers' tokens.
+#[test]
+fn gguf_greedy_tokens_match_transformers() {
+    #[derive(Deserialize)]
+    struct Greedy {
+        prompt_ids: Vec<u32>,
+        greedy_tokens: Vec<u32>,
+    }
+    for (name, path, _) in gguf_fixtures() {
+        let text = std::fs::read_to_string(path.with_extension("json")).unwrap();
+        let exp: Greedy = serde_json::from_str(&text).unwrap();
+        let engine = Engine::open(&path).unwrap();
+        let mut ids = exp.prompt_ids.clone();
+        for _ in 0..exp.greedy_tokens.len() {
+            let logits: Vec<Vec<f32>> = engine.logits(&ids).unwrap().to_vec2().unwrap();
+            ids.push(argmax(logits.last().unwrap()) as u32);
+        }
+        assert_eq!(
+            &ids[exp.prompt_ids.len()..],
+            exp.greedy_tokens.as_slice(),
+            "{name}"
+        );
+    }
+}

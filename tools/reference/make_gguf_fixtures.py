@@ -74,6 +74,9 @@ MODELS = {
                   moe_intermediate_size=256, num_experts=4, num_experts_per_tok=2, split="qwen2"),
 }
 LAYERS = 2
+# The file also written in parts, and at most how many tensors a part holds.
+SPLIT_FROM = "qwen3moe-f16"
+SPLIT_TENSORS = 12
 
 
 def build_tokenizer(split: str) -> Tokenizer:
@@ -125,10 +128,11 @@ def gguf_tensors(model) -> dict:
     return out
 
 
-def write_gguf(path: Path, model, tok: Tokenizer, split: str, tensors: dict) -> None:
-    """tensors: name -> (array, raw GGML type or None for float arrays)."""
+def write_gguf(path: Path, model, tok: Tokenizer, split: str, tensors: dict, max_tensors: int = 0) -> None:
+    """tensors: name -> (array, raw GGML type or None for float arrays);
+    with `max_tensors`, split into parts of at most that many tensors."""
     cfg = model.config
-    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    w = gguf.GGUFWriter(str(path), "qwen3moe", split_max_tensors=max_tensors)
     w.add_name("longhaul-fixture")
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
@@ -234,7 +238,8 @@ def main() -> None:
         model, tok, base = made[kind]
         path = out_dir / f"{name}.gguf"
         if how == "convert":
-            tensors = {n: (a if arg == "f32" or a.ndim == 1 else a.astype(np.float16), None)
+            keep = lambda n, a: arg == "f32" or a.ndim == 1 or "ffn_gate_inp" in n  # as llama.cpp converts
+            tensors = {n: (a if keep(n, a) else a.astype(np.float16), None)
                        for n, (a, _) in read_gguf(base).items()}
             write_gguf(path, model, tok, MODELS[kind]["split"], tensors)
         elif how == "quantize":
@@ -251,6 +256,13 @@ def main() -> None:
         reference(path, model, tok)
         types = sorted({t.name for _, t in read_gguf(path).values()})
         print(f"{name}: {path.stat().st_size} bytes, types {types}")
+        if name == SPLIT_FROM:
+            # The same tensors in parts, as llama.cpp's gguf-split writes them.
+            split_dir = out_dir / "split"
+            shutil.rmtree(split_dir, ignore_errors=True)
+            split_dir.mkdir()
+            write_gguf(split_dir / f"{name}.gguf", model, tok, MODELS[kind]["split"], tensors, SPLIT_TENSORS)
+            print("split:", sorted(p.name for p in split_dir.iterdir()))
     shutil.rmtree(tmp)
 
 
@@ -280,6 +292,7 @@ def reference(path: Path, model, tok: Tokenizer) -> None:
         "prompt": mf.PROMPT_TEXT,
         "prompt_ids": prompt_ids,
         "greedy_tokens": generated,
+        "greedy_text": tok.decode(generated, skip_special_tokens=True),
         "texts": TEXTS,
         "llama_cpp_tokens": tokens["ids"],
     }

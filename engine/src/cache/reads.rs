@@ -58,7 +58,9 @@ pub(super) struct State {
 /// What the readers of a pack share with the model's side.
 pub(super) struct Shared {
     pub layers: HashMap<usize, ExpertLayer>,
+    /// The pack's expert encoding, and the layers' own where they differ.
     pub encoding: ExpertEncoding,
+    pub layer_encodings: HashMap<usize, ExpertEncoding>,
     pub verify: bool,
     pub keep_stored: bool,
     pub state: Mutex<State>,
@@ -77,6 +79,13 @@ fn name_of((layer, id): Key) -> String {
 }
 
 impl Shared {
+    /// How layer `layer`'s records are encoded.
+    pub fn encoding(&self, layer: usize) -> ExpertEncoding {
+        self.layer_encodings
+            .get(&layer)
+            .copied()
+            .unwrap_or(self.encoding)
+    }
     /// A compressed record restored into a buffer of its plain length.
     fn restore(
         &self,
@@ -163,7 +172,7 @@ impl Shared {
         }
         let name = name_of(key);
         let shared: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::clone(buf) as _;
-        self.encoding
+        self.encoding(layer_index)
             .decode(
                 shared,
                 layer.hidden,

@@ -149,15 +149,23 @@ impl StreamingExperts {
         manifest: &Manifest,
         options: &StreamingOptions,
     ) -> Result<Self, ExpertError> {
-        let encoding = ExpertEncoding::parse(&manifest.experts.dtype)
-            .filter(|e| e.formats().is_some())
-            .ok_or_else(|| {
-                ExpertError::Source(format!(
-                    "{}: expert dtype `{}` is not one Longhaul computes with",
-                    pack.display(),
-                    manifest.experts.dtype
-                ))
-            })?;
+        let parse = |dtype: &str| {
+            ExpertEncoding::parse(dtype)
+                .filter(|e| e.formats().is_some())
+                .ok_or_else(|| {
+                    ExpertError::Source(format!(
+                        "{}: expert dtype `{dtype}` is not one Longhaul computes with",
+                        pack.display(),
+                    ))
+                })
+        };
+        let encoding = parse(&manifest.experts.dtype)?;
+        let mut layer_encodings = HashMap::new();
+        for l in &manifest.experts.layers {
+            if let Some(d) = &l.dtype {
+                layer_encodings.insert(l.layer, parse(d)?);
+            }
+        }
         let store = DriveStore::open(&manifest.drives, &options.store)?;
         let state = State {
             cache: ExpertCache::with_policy(options.budget_bytes, options.policy),
@@ -177,6 +185,7 @@ impl StreamingExperts {
                     .map(|l| (l.layer, l.clone()))
                     .collect(),
                 encoding,
+                layer_encodings,
                 verify: options.verify_checksums,
                 keep_stored: options.keep_stored_dtype,
                 state: Mutex::new(state),
@@ -383,7 +392,11 @@ impl StreamingExperts {
 
     /// Bytes one expert of `layer` takes in the cache.
     pub(super) fn ram_bytes(&self, layer: &ExpertLayer) -> u64 {
-        expert_ram_bytes(layer, self.shared.encoding, self.shared.keep_stored)
+        expert_ram_bytes(
+            layer,
+            self.shared.encoding(layer.layer),
+            self.shared.keep_stored,
+        )
     }
 
     /// Starts reading one record, registering its flight (with no waiters

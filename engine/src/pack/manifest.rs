@@ -96,6 +96,10 @@ pub struct ExpertLayer {
     pub layer: usize,
     pub hidden: usize,
     pub intermediate: usize,
+    /// The layer's own encoding where it differs from the section's
+    /// `dtype` (a GGUF's layers may store their experts in other types).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<String>,
     /// Records in expert id order.
     pub records: Vec<Record>,
 }
@@ -212,8 +216,9 @@ impl Manifest {
         }
         // Record sizes size buffers: each must be what its layer's expert
         // shape needs (a segment of 2^40 bytes once aborted the process).
-        let encoding = super::encoding::ExpertEncoding::parse(&self.experts.dtype);
         for layer in &self.experts.layers {
+            let dtype = layer.dtype.as_deref().unwrap_or(&self.experts.dtype);
+            let encoding = super::encoding::ExpertEncoding::parse(dtype);
             let limit = crate::model::config::MAX_CONFIG_SIZE;
             if layer.hidden > limit || layer.intermediate > limit {
                 return Err(bad(format!(
@@ -231,7 +236,7 @@ impl Manifest {
                         record.len,
                         layer.hidden,
                         layer.intermediate,
-                        self.experts.dtype
+                        dtype
                     )));
                 }
                 if record.stored() > record.len {

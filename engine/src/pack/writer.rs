@@ -154,8 +154,19 @@ pub fn write_pack(
         .iter()
         .map(|(&layer, tensors)| LayerPlan::new(checkpoint, layer, tensors, &spec))
         .collect::<Result<Vec<_>, _>>()?;
-    let encoding = plans[0].encoding;
-    if let Some(p) = plans.iter().find(|p| p.encoding != encoding) {
+    // A GGUF's layers may store experts in other block types (llama.cpp's
+    // Q4_K_M gives some layers' down rows Q6_K): each layer keeps its own,
+    // and the pack names the most common.
+    let gguf = |e: ExpertEncoding| matches!(e, ExpertEncoding::Gguf { .. });
+    let encoding = if plans.iter().all(|p| gguf(p.encoding)) {
+        most_common(plans.iter().map(|p| p.encoding))
+    } else {
+        plans[0].encoding
+    };
+    if let Some(p) = plans
+        .iter()
+        .find(|p| p.encoding != encoding && !gguf(p.encoding))
+    {
         return Err(PackError::Source(format!(
             "layer {} stores experts as {} but layer {} as {}; one expert dtype per pack",
             p.layer,
@@ -330,6 +341,7 @@ pub fn write_pack(
             layer: plan.layer,
             hidden: plan.hidden,
             intermediate: plan.intermediate,
+            dtype: (plan.encoding != encoding).then(|| plan.encoding.name()),
             records,
         });
     }
@@ -413,6 +425,19 @@ pub fn write_pack(
             .sum(),
         manifest,
     })
+}
+
+/// The encoding most layers use (the first of equals).
+fn most_common(encodings: impl Iterator<Item = ExpertEncoding>) -> ExpertEncoding {
+    let all: Vec<ExpertEncoding> = encodings.collect();
+    let count = |e: &ExpertEncoding| all.iter().filter(|x| *x == e).count();
+    let mut best = all[0];
+    for e in &all {
+        if count(e) > count(&best) {
+            best = *e;
+        }
+    }
+    best
 }
 
 /// How many drives one record is split over.

@@ -30,11 +30,11 @@ pub async fn add_model(
 ) -> ApiResult<(StatusCode, Json<ModelEntry>)> {
     let kind = match (body.path, body.url) {
         (Some(path), None) => {
-            if !path.join("config.json").is_file() {
+            if !path.join("config.json").is_file() && !longhaul_engine::import::is_gguf(&path) {
                 return Err(ApiError::bad_param(
                     "path",
                     format!(
-                        "{} is not a model folder (no config.json): give a checkpoint or a pack",
+                        "{} is not a model folder (no config.json) or a .gguf file: give a checkpoint, a pack or a GGUF file",
                         path.display()
                     ),
                 ));
@@ -116,7 +116,7 @@ pub async fn remove_model(
 pub struct PackBody {
     /// The model name the finished pack is registered under.
     name: String,
-    /// The checkpoint folder to pack.
+    /// The checkpoint folder or GGUF file (its first part) to pack.
     source: PathBuf,
     /// Drive folders to stripe the experts over.
     drives: Vec<PathBuf>,
@@ -143,11 +143,12 @@ pub async fn start_pack(
             format!("a model named `{name}` is already registered"),
         ));
     }
-    if !body.source.join("config.json").is_file() {
+    if !body.source.join("config.json").is_file() && !longhaul_engine::import::is_gguf(&body.source)
+    {
         return Err(ApiError::bad_param(
             "source",
             format!(
-                "{} is not a checkpoint folder (no config.json)",
+                "{} is not a checkpoint folder (no config.json) or a .gguf file",
                 body.source.display()
             ),
         ));
