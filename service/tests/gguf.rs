@@ -1,0 +1,127 @@
+//! GGUF files through the binary and the service: each fixture (every
+//! supported block type among them) packed over drives and queued as a job,
+//! one served straight from its file, and a file holding a type Longhaul
+//! does not compute with refused by name before anything is written.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::Service;
+
+const WAIT: Duration = Duration::from_secs(60);
+const FILES: [&str; 5] = [
+    "qwen3moe-f32",
+    "qwen3moe-f16",
+    "qwen3moe-q4_k_m",
+    "qwen3moe-kquants",
+    "qwen3moe-legacy",
+];
+/// GGML's number for IQ4_NL, a type Longhaul refuses.
+const IQ4_NL: u32 = 20;
+
+fn gguf(name: &str) -> PathBuf {
+    support::fixture("gguf").join(format!("{name}.gguf"))
+}
+
+fn expected(name: &str) -> Value {
+    let text = std::fs::read_to_string(gguf(name).with_extension("json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn pack(source: &Path, root: &Path, name: &str) -> Output {
+    let drives: Vec<String> = (0..3)
+        .map(|i| {
+            let d = root.join(format!("{name}-d{i}"));
+            std::fs::create_dir_all(&d).unwrap();
+            d.to_string_lossy().into_owned()
+        })
+        .collect();
+    Command::new(env!("CARGO_BIN_EXE_longhaul"))
+        .arg("pack")
+        .arg(source)
+        .arg("--out")
+        .arg(root.join(format!("{name}-pack")))
+        .arg("--drives")
+        .arg(drives.join(","))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn gguf_files_pack_and_answer_through_the_queue_as_transformers_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Service::start(&dir.path().join("data"));
+    for name in FILES {
+        let out = pack(&gguf(name), dir.path(), name);
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        s.add_model(name, &dir.path().join(format!("{name}-pack")));
+    }
+    // A file can also be served as it is, without a pack.
+    s.add_model("direct", &gguf("qwen3moe-kquants"));
+    let (_, models) = s.call("GET", "/api/models", None);
+    let listed = |name: &str| {
+        models["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == name)
+            .cloned()
+            .unwrap()
+    };
+    // Q4_K_M gives the last layer's down rows Q6_K; the pack names the common pair.
+    assert_eq!(
+        listed("qwen3moe-q4_k_m")["weights"]["experts"],
+        "GGUF:Q4_K/Q4_K"
+    );
+    assert_eq!(listed("qwen3moe-q4_k_m")["weights"]["lossy"], false);
+    for (model, file) in FILES
+        .iter()
+        .map(|f| (*f, *f))
+        .chain([("direct", "qwen3moe-kquants")])
+    {
+        let exp = expected(file);
+        let job = s.post(
+            "/api/jobs",
+            json!({ "model": model, "prompt": exp["prompt"], "max_tokens": 12 }),
+        );
+        let done = s.wait_final(job["id"].as_i64().unwrap(), WAIT);
+        assert_eq!(done["state"], "done", "{model}: {done}");
+        assert_eq!(done["output"], exp["greedy_text"], "{model}");
+    }
+}
+
+#[test]
+fn a_tensor_of_an_unsupported_type_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = std::fs::read(gguf("qwen3moe-f16")).unwrap();
+    // The table entry: name, dimension count, three dimensions, then the type.
+    let name = b"blk.1.ffn_down_exps.weight";
+    let at = bytes
+        .windows(name.len())
+        .position(|w| w == name)
+        .expect("tensor entry");
+    let ty = at + name.len() + 4 + 3 * 8;
+    bytes[ty..ty + 4].copy_from_slice(&IQ4_NL.to_le_bytes());
+    let file = dir.path().join("iq4.gguf");
+    std::fs::write(&file, bytes).unwrap();
+    let out = pack(&file, dir.path(), "iq4");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("blk.1.ffn_down_exps.weight")
+            && err.contains("IQ4_NL")
+            && err.contains("Q6_K"),
+        "{err}"
+    );
+    assert!(!dir.path().join("iq4-pack").exists(), "nothing is written");
+}
