@@ -131,7 +131,63 @@ fn experts_in_one_buffer() {
     time_layers("in one buffer", &experts);
 }
 
+/// One decode-step product, [1024x1024] x 1, in each stored format: how
+/// fast a step decodes experts as a GGUF stores them.
+fn formats_speed() {
+    use candle_core::quantized::{GgmlDType, QTensor};
+    let (rows, cols) = (1024, 1024);
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i % 97) as f32 - 48.0) * 1e-3)
+        .collect();
+    let t =
+        candle_core::Tensor::from_vec(w.clone(), (rows, cols), &candle_core::Device::Cpu).unwrap();
+    let x: Vec<f32> = (0..cols).map(|i| ((i % 89) as f32 - 44.0) * 1e-2).collect();
+    let quantised = [
+        (GgmlDType::Q8_0, Format::Q8_0),
+        (GgmlDType::Q4K, Format::Q4K),
+        (GgmlDType::Q6K, Format::Q6K),
+        (GgmlDType::Q5K, Format::Q5K),
+        (GgmlDType::Q3K, Format::Q3K),
+        (GgmlDType::Q2K, Format::Q2K),
+        (GgmlDType::Q4_0, Format::Q4_0),
+    ];
+    let mut matrices = vec![(
+        Format::F16,
+        Matrix::from_bytes(rows, cols, Format::F16, &f32_to_f16_bytes(&w)).unwrap(),
+    )];
+    for (dtype, format) in quantised {
+        let bytes = QTensor::quantize(&t, dtype)
+            .unwrap()
+            .data()
+            .unwrap()
+            .to_vec();
+        matrices.push((
+            format,
+            Matrix::from_bytes(rows, cols, format, &bytes).unwrap(),
+        ));
+    }
+    for (format, m) in &matrices {
+        let reps = 2000;
+        let started = Instant::now();
+        for _ in 0..reps {
+            std::hint::black_box(m.matmul_serial(&x, 1).unwrap());
+        }
+        let secs = started.elapsed().as_secs_f64() / reps as f64;
+        println!(
+            "{:>5} [{rows}x{cols}] x 1 on one thread: {:7.3} ms  {:5.2} G weights/s  {:5.1} GB/s stored",
+            format.name(),
+            secs * 1e3,
+            (rows * cols) as f64 / secs / 1e9,
+            m.stored_bytes() as f64 / secs / 1e9
+        );
+    }
+}
+
 fn main() {
+    formats_speed();
+    if std::env::args().any(|a| a == "--formats") {
+        return;
+    }
     experts_apart();
     experts_in_one_buffer();
     decompress_speed();

@@ -45,11 +45,11 @@ mod x86 {
     use pulp::x86::V4;
     use pulp::{Simd, WithSimd};
 
-    use crate::kernels::Format;
     use crate::kernels::dot::{LANES, finish};
     use crate::kernels::format::{
         E2M1_EXPONENT_SHIFT, MXFP4_BLOCK, bf16_to_f32, e8m0_to_f32, f16_to_f32,
     };
+    use crate::kernels::{Format, ggml};
 
     /// Rows fused together: eight accumulators, eight weight streams. A
     /// thread then keeps enough reads in flight to stream a matrix from DRAM:
@@ -76,7 +76,15 @@ mod x86 {
         x: &[f32],
         out: &mut [f32],
     ) -> bool {
-        if !matches!(format, Format::F16 | Format::Mxfp4 | Format::Int4G32) {
+        if !matches!(
+            format,
+            Format::F16
+                | Format::Mxfp4
+                | Format::Int4G32
+                | Format::Q8_0
+                | Format::Q4K
+                | Format::Q6K
+        ) {
             return false;
         }
         let Some(simd) = V4::try_new() else {
@@ -129,6 +137,9 @@ mod x86 {
                 let sums = match format {
                     Format::Mxfp4 => block_mxfp4::<ROWS>(simd, w, x, next),
                     Format::Int4G32 => block_int4::<ROWS>(simd, w, x, next),
+                    Format::Q8_0 => ggml_q8_0::<ROWS>(simd, w, x, next),
+                    Format::Q4K => ggml_q4_k::<ROWS>(simd, w, x, next),
+                    Format::Q6K => ggml_q6_k::<ROWS>(simd, w, x, next),
                     _ => block::<ROWS>(simd, w, x, next),
                 };
                 out[r..r + ROWS].copy_from_slice(&sums);
@@ -139,6 +150,9 @@ mod x86 {
                 out[r] = match format {
                     Format::Mxfp4 => block_mxfp4::<1>(simd, [row(r)], x, none)[0],
                     Format::Int4G32 => block_int4::<1>(simd, [row(r)], x, none)[0],
+                    Format::Q8_0 => ggml_q8_0::<1>(simd, [row(r)], x, none)[0],
+                    Format::Q4K => ggml_q4_k::<1>(simd, [row(r)], x, none)[0],
+                    Format::Q6K => ggml_q6_k::<1>(simd, [row(r)], x, none)[0],
                     _ => block::<1>(simd, [row(r)], x, none)[0],
                 };
                 r += 1;
@@ -271,5 +285,142 @@ mod x86 {
             }
         }
         std::array::from_fn(|r| finish(cast(acc[r]), &[], &[]))
+    }
+
+    /// `R` rows of GGML blocks (`BYTES` bytes, `CHUNKS` × 16 values each)
+    /// dotted with `x`: `prepare` reads a block's scales once, `widen` gives
+    /// its `k`-th sixteen weights exactly as [`crate::kernels::ggml`] decodes
+    /// them (a product, then a difference, never fused), and each is fused
+    /// into the row's sums in order, as the portable path sums them.
+    #[inline(always)]
+    fn block_ggml<const R: usize, const BYTES: usize, const CHUNKS: usize, P: Copy>(
+        simd: V4,
+        w: [&[u8]; R],
+        x: &[f32],
+        next: *const u8,
+        prepare: impl Fn(&[u8; BYTES]) -> P,
+        widen: impl Fn(&[u8; BYTES], &P, usize) -> __m512,
+    ) -> [f32; R] {
+        let (xs, _) = x.as_chunks::<LANES>();
+        let a = simd.avx512f;
+        let mut acc = [a._mm512_setzero_ps(); R];
+        for b in 0..xs.len() / CHUNKS {
+            if !next.is_null() {
+                for l in 0..R {
+                    for line in (0..BYTES).step_by(CACHE_LINE) {
+                        let p = next.wrapping_add((b * R + l) * BYTES + line);
+                        // SAFETY: SSE is part of x86-64, and a prefetch is a
+                        // hint that never faults, whatever the address.
+                        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
+                    }
+                }
+            }
+            for r in 0..R {
+                let (blocks, _) = w[r].as_chunks::<BYTES>();
+                let blk = &blocks[b];
+                let p = prepare(blk);
+                for k in 0..CHUNKS {
+                    let xv = cast(xs[b * CHUNKS + k]);
+                    acc[r] = a._mm512_fmadd_ps(widen(blk, &p, k), xv, acc[r]);
+                }
+            }
+        }
+        std::array::from_fn(|r| finish(cast(acc[r]), &[], &[]))
+    }
+
+    /// Sixteen bytes at `at` of `b`.
+    #[inline(always)]
+    fn sixteen(b: &[u8], at: usize) -> [u8; 16] {
+        let mut v = [0u8; 16];
+        v.copy_from_slice(&b[at..at + 16]);
+        v
+    }
+
+    /// Q8_0: each signed byte times the block's scale.
+    #[inline(always)]
+    fn ggml_q8_0<const R: usize>(simd: V4, w: [&[u8]; R], x: &[f32], next: *const u8) -> [f32; R] {
+        let a = simd.avx512f;
+        block_ggml::<R, { ggml::Q8_0_BYTES }, 2, f32>(
+            simd,
+            w,
+            x,
+            next,
+            |b| f16_to_f32(u16::from_le_bytes([b[0], b[1]])),
+            |b, d, k| {
+                let q = a._mm512_cvtepi8_epi32(cast(sixteen(b, 2 + 16 * k)));
+                a._mm512_mul_ps(a._mm512_cvtepi32_ps(q), a._mm512_set1_ps(*d))
+            },
+        )
+    }
+
+    /// Q4_K: in each group of 64, low nibbles of 32 bytes then high nibbles,
+    /// `d × scale × q − dmin × min` with the sub-block's scale and minimum.
+    #[inline(always)]
+    fn ggml_q4_k<const R: usize>(simd: V4, w: [&[u8]; R], x: &[f32], next: *const u8) -> [f32; R] {
+        let a = simd.avx512f;
+        let low = simd.sse2._mm_set1_epi8(0x0F);
+        block_ggml::<R, { ggml::Q4_K_BYTES }, 16, [(f32, f32); 8]>(
+            simd,
+            w,
+            x,
+            next,
+            ggml::q4_k_scales,
+            |b, s, k| {
+                let (group, part) = (k / 4, k % 4);
+                let v = cast(sixteen(b, ggml::Q4_K_QS + 32 * group + 16 * (part % 2)));
+                let q = if part < 2 {
+                    simd.sse2._mm_and_si128(v, low)
+                } else {
+                    simd.sse2
+                        ._mm_and_si128(simd.sse2._mm_srli_epi16::<4>(v), low)
+                };
+                let (d, m) = s[2 * group + part / 2];
+                let q = a._mm512_cvtepi32_ps(a._mm512_cvtepu8_epi32(q));
+                a._mm512_sub_ps(a._mm512_mul_ps(a._mm512_set1_ps(d), q), a._mm512_set1_ps(m))
+            },
+        )
+    }
+
+    /// Q6_K: four low bits and two high bits, less 32, times `d × scale`.
+    #[inline(always)]
+    fn ggml_q6_k<const R: usize>(simd: V4, w: [&[u8]; R], x: &[f32], next: *const u8) -> [f32; R] {
+        let a = simd.avx512f;
+        let (low, three, bias) = (
+            a._mm512_set1_epi32(0x0F),
+            a._mm512_set1_epi32(3),
+            a._mm512_set1_epi32(32),
+        );
+        block_ggml::<R, { ggml::Q6_K_BYTES }, 16, [f32; 16]>(
+            simd,
+            w,
+            x,
+            next,
+            ggml::q6_k_scales,
+            |b, s, k| {
+                // Values 128n + 32j + l (l < 32) take low bits from byte
+                // 64n + l (+32 for odd j), shifted by 4 for j ≥ 2, and high
+                // bits from byte 32n + l, shifted by 2j.
+                let (n, j, half) = (k / 8, (k / 2) % 4, k % 2);
+                let l0 = 16 * half;
+                let ql = a._mm512_cvtepu8_epi32(cast(sixteen(b, 64 * n + 32 * (j % 2) + l0)));
+                let qh = a._mm512_cvtepu8_epi32(cast(sixteen(b, ggml::Q6_K_QH + 32 * n + l0)));
+                let ql = if j >= 2 {
+                    a._mm512_srli_epi32::<4>(ql)
+                } else {
+                    a._mm512_and_si512(ql, low)
+                };
+                let qh = a._mm512_and_si512(
+                    a._mm512_srlv_epi32(qh, a._mm512_set1_epi32(2 * j as i32)),
+                    three,
+                );
+                let q = a._mm512_sub_epi32(
+                    a._mm512_or_si512(a._mm512_and_si512(ql, low), a._mm512_slli_epi32::<4>(qh)),
+                    bias,
+                );
+                // The scale of sub-block (16 values): 8n + 2j + half.
+                let scale = s[8 * n + 2 * j + half];
+                a._mm512_mul_ps(a._mm512_set1_ps(scale), a._mm512_cvtepi32_ps(q))
+            },
+        )
     }
 }

@@ -274,7 +274,7 @@ pub fn decode_row(format: Format, bytes: &[u8], out: &mut [f32]) {
 fn blocks<const N: usize, const V: usize>(
     bytes: &[u8],
     out: &mut [f32],
-    decode: fn(&[u8; N], &mut [f32; V]),
+    decode: impl Fn(&[u8; N], &mut [f32; V]),
 ) {
     let (blocks, _) = bytes.as_chunks::<N>();
     let (outs, _) = out.as_chunks_mut::<V>();

@@ -182,17 +182,27 @@ fn k4_scale_min(j: usize, s: &[u8]) -> (u8, u8) {
     }
 }
 
+/// Where a Q4_K super-block's nibbles start.
+pub const Q4_K_QS: usize = 4 + K_SCALE_BYTES;
+
+/// A Q4_K super-block's eight `(d × scale, dmin × min)` pairs.
+#[inline(always)]
+pub fn q4_k_scales(b: &[u8; Q4_K_BYTES]) -> [(f32, f32); 8] {
+    let (d, dmin) = (half(b, 0), half(b, 2));
+    let scales = &b[4..Q4_K_QS];
+    std::array::from_fn(|j| {
+        let (sc, m) = k4_scale_min(j, scales);
+        (d * f32::from(sc), dmin * f32::from(m))
+    })
+}
+
 #[inline(always)]
 pub fn q4_k(b: &[u8; Q4_K_BYTES], out: &mut [f32; QK_K]) {
-    let (d, dmin) = (half(b, 0), half(b, 2));
-    let scales = &b[4..4 + K_SCALE_BYTES];
-    let qs = &b[4 + K_SCALE_BYTES..];
+    let s = q4_k_scales(b);
+    let qs = &b[Q4_K_QS..];
     for group in 0..4 {
         let q = &qs[group * 32..group * 32 + 32];
-        let (sc, m) = k4_scale_min(2 * group, scales);
-        let (d1, m1) = (d * f32::from(sc), dmin * f32::from(m));
-        let (sc, m) = k4_scale_min(2 * group + 1, scales);
-        let (d2, m2) = (d * f32::from(sc), dmin * f32::from(m));
+        let ((d1, m1), (d2, m2)) = (s[2 * group], s[2 * group + 1]);
         let o = &mut out[group * 64..group * 64 + 64];
         for (i, &byte) in q.iter().enumerate() {
             o[i] = d1 * f32::from(byte & 0xF) - m1;
@@ -224,28 +234,37 @@ pub fn q5_k(b: &[u8; Q5_K_BYTES], out: &mut [f32; QK_K]) {
     }
 }
 
+/// Where a Q6_K super-block's high bits start.
+pub const Q6_K_QH: usize = QK_K / 2;
+/// Where its scales start.
+const Q6_K_SCALES: usize = Q6_K_QH + QK_K / 4;
+
+/// A Q6_K super-block's sixteen `d × scale` factors.
+#[inline(always)]
+pub fn q6_k_scales(b: &[u8; Q6_K_BYTES]) -> [f32; 16] {
+    let d = half(b, Q6_K_BYTES - 2);
+    std::array::from_fn(|k| d * f32::from(b[Q6_K_SCALES + k] as i8))
+}
+
 /// Q6_K: 16 sub-blocks of 16 with signed 8-bit scales; four low bits and two
 /// high bits per value, offset by 32. A value is `(d × scale) × q`.
 #[inline(always)]
 pub fn q6_k(b: &[u8; Q6_K_BYTES], out: &mut [f32; QK_K]) {
-    let ql = &b[..QK_K / 2];
-    let qh = &b[QK_K / 2..QK_K / 2 + QK_K / 4];
-    let sc = &b[QK_K / 2 + QK_K / 4..QK_K / 2 + QK_K / 4 + QK_K / 16];
-    let d = half(b, Q6_K_BYTES - 2);
+    let scales = q6_k_scales(b);
     for n in 0..2 {
-        let (ql, qh, sc) = (&ql[64 * n..], &qh[32 * n..], &sc[8 * n..]);
+        let (ql, qh) = (&b[64 * n..], &b[Q6_K_QH + 32 * n..]);
+        let s = &scales[8 * n..];
         let y = &mut out[128 * n..128 * n + 128];
-        let scale = |k: usize| d * f32::from(sc[k] as i8);
         for l in 0..32 {
             let is = l / 16;
             let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i8 - 32;
             let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i8 - 32;
             let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i8 - 32;
             let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i8 - 32;
-            y[l] = scale(is) * f32::from(q1);
-            y[l + 32] = scale(is + 2) * f32::from(q2);
-            y[l + 64] = scale(is + 4) * f32::from(q3);
-            y[l + 96] = scale(is + 6) * f32::from(q4);
+            y[l] = s[is] * f32::from(q1);
+            y[l + 32] = s[is + 2] * f32::from(q2);
+            y[l + 64] = s[is + 4] * f32::from(q3);
+            y[l + 96] = s[is + 6] * f32::from(q4);
         }
     }
 }

@@ -613,18 +613,37 @@ mod tests {
         );
         let t = candle_core::Tensor::from_vec(w.clone(), (rows, cols), &candle_core::Device::Cpu)
             .unwrap();
+        use candle_core::quantized::GgmlDType as G;
         for (dtype, format) in [
-            (candle_core::quantized::GgmlDType::Q8_0, Format::Q8_0),
-            (candle_core::quantized::GgmlDType::Q4K, Format::Q4K),
+            (G::Q8_0, Format::Q8_0),
+            (G::Q4K, Format::Q4K),
+            (G::Q6K, Format::Q6K),
+            (G::Q5K, Format::Q5K),
+            (G::Q3K, Format::Q3K),
+            (G::Q2K, Format::Q2K),
+            (G::Q4_0, Format::Q4_0),
+            (G::Q4_1, Format::Q4_1),
+            (G::Q5_0, Format::Q5_0),
+            (G::Q5_1, Format::Q5_1),
         ] {
             let q = candle_core::quantized::QTensor::quantize(&t, dtype).unwrap();
             let m = Matrix::from_bytes(rows, cols, format, &q.data().unwrap()).unwrap();
             let widened = Matrix::from_f32(rows, cols, &m.to_f32()).unwrap();
-            assert_eq!(
-                bits(&m.matmul(&x, n).unwrap()),
-                bits(&widened.matmul(&x, n).unwrap()),
-                "{format:?}"
-            );
+            // One row takes the fast paths where the machine has them.
+            for k in [1, n] {
+                let xk = &x[..k * cols];
+                let want = bits(&widened.matmul(xk, k).unwrap());
+                assert_eq!(
+                    bits(&m.matmul(xk, k).unwrap()),
+                    want,
+                    "{format:?}, {k} rows"
+                );
+                assert_eq!(
+                    bits(&m.matmul_on(xk, k, Isa::Scalar).unwrap()),
+                    want,
+                    "{format:?}, {k} rows, scalar"
+                );
+            }
         }
         // Published block formats from arbitrary bytes (scale bytes kept in a
         // realistic range), one row at a time too: that is where fast paths run.
