@@ -66,6 +66,8 @@ pub struct Engine {
     /// Set when the model is a pack: the streaming provider, for its counters.
     streaming: Option<Arc<StreamingExperts>>,
     tokenizer: Option<TextTokenizer>,
+    /// Why there is no tokenizer, when there is none.
+    no_tokenizer: String,
     eos_token_ids: Vec<u32>,
     path: PathBuf,
     /// How the memory limit was spent, when one was given for a pack.
@@ -173,6 +175,10 @@ impl Engine {
             Some(m) => Some(gguf_tokenizer(m)?),
             None => None,
         };
+        let no_tokenizer = match &gguf_tokenizer {
+            Some(Err(reason)) => reason.clone(),
+            _ => "no tokenizer in this model folder".to_string(),
+        };
         let mut memory_plan = None;
         let (checkpoint, streaming, checked) = if pack::is_pack(path) {
             let manifest = Manifest::read(path)?;
@@ -231,8 +237,8 @@ impl Engine {
         // The weights are in RAM now; their file's pages would only count
         // against the memory limit.
         checkpoint.drop_page_cache();
-        let tokenizer = if gguf_tokenizer.is_some() {
-            gguf_tokenizer
+        let tokenizer = if let Some(t) = gguf_tokenizer {
+            t.ok()
         } else if path.join("tokenizer.json").is_file() {
             Some(TextTokenizer::from_dir(path)?)
         } else {
@@ -249,6 +255,7 @@ impl Engine {
             decoder,
             streaming,
             tokenizer,
+            no_tokenizer,
             eos_token_ids,
             path: path.to_path_buf(),
             memory_plan,
@@ -287,7 +294,7 @@ impl Engine {
                 path: self.path.join("tokenizer.json"),
                 source: std::io::Error::new(
                     std::io::ErrorKind::NotFound,
-                    "no tokenizer in this model folder",
+                    self.no_tokenizer.clone(),
                 ),
             })
         })
@@ -401,13 +408,19 @@ fn plan_memory(
 }
 
 /// The tokenizer a GGUF file's metadata describes.
-fn gguf_tokenizer(model: &crate::import::GgufModel) -> Result<TextTokenizer, EngineError> {
-    Ok(TextTokenizer::from_parts(
-        &model.path,
-        model.tokenizer.to_string().as_bytes(),
-        &model.tokenizer_config,
-        None,
-    )?)
+/// The tokenizer a GGUF file's metadata describes, or why there is none.
+fn gguf_tokenizer(
+    model: &crate::import::GgufModel,
+) -> Result<Result<TextTokenizer, String>, EngineError> {
+    match &model.tokenizer {
+        Err(reason) => Ok(Err(reason.clone())),
+        Ok(t) => Ok(Ok(TextTokenizer::from_parts(
+            &model.path,
+            t.json.to_string().as_bytes(),
+            &t.config,
+            None,
+        )?)),
+    }
 }
 
 fn read_generation_eos(dir: &Path) -> Result<Vec<u32>, EngineError> {

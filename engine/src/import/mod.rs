@@ -75,9 +75,17 @@ pub struct GgufModel {
     pub parts: Vec<PathBuf>,
     /// `config.json`, as the model code reads it.
     pub config: serde_json::Value,
-    /// `tokenizer.json` and `tokenizer_config.json`.
-    pub tokenizer: serde_json::Value,
-    pub tokenizer_config: serde_json::Value,
+    /// `tokenizer.json` and `tokenizer_config.json`, or why the metadata's
+    /// tokenizer cannot be rebuilt: the model still loads and scores token
+    /// ids, and asking it for text says why it cannot.
+    pub tokenizer: Result<Tokenizer, String>,
+}
+
+/// A tokenizer rebuilt from GGUF metadata.
+#[derive(Debug, Clone)]
+pub struct Tokenizer {
+    pub json: serde_json::Value,
+    pub config: serde_json::Value,
 }
 
 impl GgufModel {
@@ -93,25 +101,27 @@ impl GgufModel {
         let arch = names::Arch::of(&files[0])?;
         let checkpoint = names::checkpoint(arch, &files)?;
         let config = config::config_json(arch, &files[0], &checkpoint)?;
-        let (tokenizer, tokenizer_config) = tokenizer::tokenizer_json(&files[0])?;
+        let tokenizer = tokenizer::tokenizer_json(&files[0])
+            .map(|(json, config)| Tokenizer { json, config })
+            .map_err(|e| e.to_string());
         let model = Self {
             path: path.to_path_buf(),
             parts: paths,
             config,
             tokenizer,
-            tokenizer_config,
         };
         Ok((model, checkpoint))
     }
 
     /// The files a model folder would hold beside its weights.
-    pub fn aux_files(&self) -> [(&'static str, String); 3] {
+    pub fn aux_files(&self) -> Vec<(&'static str, String)> {
         let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
-        [
-            ("config.json", pretty(&self.config)),
-            ("tokenizer.json", self.tokenizer.to_string()),
-            ("tokenizer_config.json", pretty(&self.tokenizer_config)),
-        ]
+        let mut files = vec![("config.json", pretty(&self.config))];
+        if let Ok(t) = &self.tokenizer {
+            files.push(("tokenizer.json", t.json.to_string()));
+            files.push(("tokenizer_config.json", pretty(&t.config)));
+        }
+        files
     }
 }
 
