@@ -10,6 +10,8 @@ use super::{ImportError, Meta};
 use crate::weights::gguf::GgufFile;
 use crate::weights::{SafetensorsCheckpoint, TensorSource};
 
+/// llama.cpp's converter writes DeepSeek's `mscale_all_dim` times this.
+const YARN_LOG_MULTIPLIER_SCALE: f64 = 0.1;
 /// llama.cpp's RoPE base when a file states none.
 const DEFAULT_ROPE_BASE: f64 = 10_000.0;
 
@@ -30,37 +32,38 @@ pub fn config_json(
         })?;
     let layers = m.u64("block_count", "it counts the layers")?;
     let heads = m.u64("attention.head_count", "it sizes attention")?;
+    // MLA's latent "head" makes key and value lengths differ by design.
     let head_dim = match (
         m.u64_opt("attention.key_length")?,
         m.u64_opt("attention.value_length")?,
     ) {
-        (Some(k), Some(v)) if k != v => {
+        (Some(k), Some(v)) if k != v && arch != Arch::Deepseek2 => {
             return Err(ImportError::Unsupported {
                 path: file.path.clone(),
                 what: format!("key length {k} differs from value length {v}"),
             });
         }
-        (k, _) => k,
+        (k, _) => k.filter(|_| arch != Arch::Deepseek2),
     };
     let mut c = Map::new();
-    let mut set = |k: &str, v: Value| {
-        c.insert(k.to_string(), v);
-    };
-    set("vocab_size", json!(embed[0]));
-    set(
+    put(&mut c, "vocab_size", json!(embed[0]));
+    put(
+        &mut c,
         "hidden_size",
         json!(m.u64("embedding_length", "it is the model's width")?),
     );
-    set("num_hidden_layers", json!(layers));
-    set("num_attention_heads", json!(heads));
-    set(
+    put(&mut c, "num_hidden_layers", json!(layers));
+    put(&mut c, "num_attention_heads", json!(heads));
+    put(
+        &mut c,
         "num_key_value_heads",
         json!(m.u64_opt("attention.head_count_kv")?.unwrap_or(heads)),
     );
     if let Some(d) = head_dim {
-        set("head_dim", json!(d));
+        put(&mut c, "head_dim", json!(d));
     }
-    set(
+    put(
+        &mut c,
         "rms_norm_eps",
         json!(
             m.f64_opt("attention.layer_norm_rms_epsilon")?
@@ -73,31 +76,34 @@ pub fn config_json(
                 })?
         ),
     );
-    set(
+    put(
+        &mut c,
         "rope_theta",
         json!(m.f64_opt("rope.freq_base")?.unwrap_or(DEFAULT_ROPE_BASE)),
     );
     if let Some(ctx) = m.u64_opt("context_length")? {
-        set("max_position_embeddings", json!(ctx));
+        put(&mut c, "max_position_embeddings", json!(ctx));
     }
     if let Some(scaling) = rope_scaling(&m)? {
-        set("rope_scaling", scaling);
+        put(&mut c, "rope_scaling", scaling);
     }
-    set("hidden_act", json!("silu"));
-    set(
+    put(&mut c, "hidden_act", json!("silu"));
+    put(
+        &mut c,
         "tie_word_embeddings",
         json!(ckpt.shape("lm_head.weight").is_none()),
     );
-    set(
+    put(
+        &mut c,
         "attention_bias",
         json!(ckpt.shape("model.layers.0.self_attn.q_proj.bias").is_some()),
     );
     let token = |key: &str| file.metadata.get(key).and_then(|v| v.as_u64());
     if let Some(eos) = token("tokenizer.ggml.eos_token_id") {
-        set("eos_token_id", json!(eos));
+        put(&mut c, "eos_token_id", json!(eos));
     }
     if let Some(bos) = token("tokenizer.ggml.bos_token_id") {
-        set("bos_token_id", json!(bos));
+        put(&mut c, "bos_token_id", json!(bos));
     }
     let experts = m
         .u64_opt("expert_count")?
@@ -111,43 +117,143 @@ pub fn config_json(
         "expert_used_count",
         "it says how many experts each token uses",
     )?;
-    set("num_experts_per_tok", json!(used));
+    put(&mut c, "num_experts_per_tok", json!(used));
     match arch {
         Arch::Qwen3Moe => {
-            set("model_type", json!("qwen3_moe"));
-            set("num_experts", json!(experts));
+            put(&mut c, "model_type", json!("qwen3_moe"));
+            put(&mut c, "num_experts", json!(experts));
             let moe = m.u64("expert_feed_forward_length", "it sizes the experts")?;
-            set("moe_intermediate_size", json!(moe));
-            set(
+            put(&mut c, "moe_intermediate_size", json!(moe));
+            put(
+                &mut c,
                 "intermediate_size",
                 json!(m.u64_opt("feed_forward_length")?.unwrap_or(moe)),
             );
             // llama.cpp always renormalises Qwen3-MoE's top-k weights
             // (`norm_w` is fixed in its graph), as every released config does.
-            set("norm_topk_prob", json!(true));
+            put(&mut c, "norm_topk_prob", json!(true));
             let dense: Vec<u64> = (0..layers)
                 .filter(|l| {
                     ckpt.shape(&format!("model.layers.{l}.mlp.gate.weight"))
                         .is_none()
                 })
                 .collect();
-            set("mlp_only_layers", json!(dense));
+            put(&mut c, "mlp_only_layers", json!(dense));
         }
+        Arch::Deepseek2 => deepseek2(&m, &mut c, experts)?,
         Arch::Llama => {
-            set("model_type", json!("mixtral"));
-            set("num_local_experts", json!(experts));
-            set(
+            put(&mut c, "model_type", json!("mixtral"));
+            put(&mut c, "num_local_experts", json!(experts));
+            put(
+                &mut c,
                 "intermediate_size",
                 json!(m.u64("feed_forward_length", "it sizes the experts")?),
             );
             if head_dim.is_none()
                 && let Some(d) = m.u64_opt("rope.dimension_count")?
             {
-                set("head_dim", json!(d));
+                put(&mut c, "head_dim", json!(d));
             }
         }
     }
     Ok(Value::Object(c))
+}
+
+/// DeepSeek-V3's settings, as llama.cpp's converter states them.
+fn deepseek2(m: &Meta, c: &mut Map<String, Value>, experts: u64) -> Result<(), ImportError> {
+    let path = &m.file.path;
+    let need = |name: &str, why: &'static str| m.u64(name, why);
+    let gating = m.u64_opt("expert_gating_func")?;
+    // llama.cpp's numbering: 1 softmax, 2 sigmoid.
+    const SIGMOID: u64 = 2;
+    if gating != Some(SIGMOID) {
+        return Err(ImportError::Unsupported {
+            path: path.clone(),
+            what: format!(
+                "deepseek2.expert_gating_func is {gating:?}; Longhaul runs DeepSeek-V3-style sigmoid routing (2)"
+            ),
+        });
+    }
+    let rope_dim = need(
+        "rope.dimension_count",
+        "it sizes the rotary part of each head",
+    )?;
+    // Files that split kv_b state the per-head lengths under `_mla`;
+    // older ones under the plain keys.
+    let qk = match m.u64_opt("attention.key_length_mla")? {
+        Some(k) => k,
+        None => need("attention.key_length", "it sizes the query and key heads")?,
+    };
+    let v = match m.u64_opt("attention.value_length_mla")? {
+        Some(v) => v,
+        None => need("attention.value_length", "it sizes the value heads")?,
+    };
+    let nope = qk
+        .checked_sub(rope_dim)
+        .ok_or_else(|| ImportError::Invalid {
+            path: path.clone(),
+            what: format!("key length {qk} is shorter than the rotary part {rope_dim}"),
+        })?;
+    put(c, "model_type", json!("deepseek_v3"));
+    put(c, "n_routed_experts", json!(experts));
+    put(c, "qk_rope_head_dim", json!(rope_dim));
+    put(c, "qk_nope_head_dim", json!(nope));
+    put(c, "v_head_dim", json!(v));
+    put(
+        c,
+        "kv_lora_rank",
+        json!(need("attention.kv_lora_rank", "MLA needs it")?),
+    );
+    if let Some(q) = m.u64_opt("attention.q_lora_rank")?.filter(|&q| q > 0) {
+        put(c, "q_lora_rank", json!(q));
+    }
+    put(
+        c,
+        "moe_intermediate_size",
+        json!(need("expert_feed_forward_length", "it sizes the experts")?),
+    );
+    put(
+        c,
+        "intermediate_size",
+        json!(need("feed_forward_length", "it sizes the dense layers")?),
+    );
+    put(
+        c,
+        "n_shared_experts",
+        json!(m.u64_opt("expert_shared_count")?.unwrap_or(0)),
+    );
+    put(
+        c,
+        "first_k_dense_replace",
+        json!(m.u64_opt("leading_dense_block_count")?.unwrap_or(0)),
+    );
+    put(
+        c,
+        "routed_scaling_factor",
+        json!(m.f64_opt("expert_weights_scale")?.unwrap_or(1.0)),
+    );
+    // The converter writes the key only when true.
+    let norm = matches!(
+        m.get("expert_weights_norm"),
+        Some(crate::weights::gguf::GgufValue::Bool(true))
+    );
+    put(c, "norm_topk_prob", json!(norm));
+    put(
+        c,
+        "n_group",
+        json!(m.u64_opt("expert_group_count")?.unwrap_or(1).max(1)),
+    );
+    put(
+        c,
+        "topk_group",
+        json!(m.u64_opt("expert_group_used_count")?.unwrap_or(1).max(1)),
+    );
+    put(c, "rope_interleave", json!(true));
+    Ok(())
+}
+
+fn put(c: &mut Map<String, Value>, key: &str, value: Value) {
+    c.insert(key.to_string(), value);
 }
 
 /// `rope_scaling` from `rope.scaling.*`: none, linear or YaRN.
@@ -163,11 +269,29 @@ fn rope_scaling(m: &Meta) -> Result<Option<Value>, ImportError> {
         )),
         "yarn" => {
             let original = m.u64("rope.scaling.original_context_length", "YaRN needs it")?;
-            Ok(Some(json!({
+            let mut yarn = json!({
                 "rope_type": "yarn",
                 "factor": factor.unwrap_or(1.0),
                 "original_max_position_embeddings": original,
-            })))
+            });
+            // The model's own β where the file keeps them (llama.cpp's
+            // deepseek2 graph ignores them and uses 32/1).
+            for (key, field) in [
+                ("beta_fast", "yarn_beta_fast"),
+                ("beta_slow", "yarn_beta_slow"),
+            ] {
+                if let Some(b) = m.f64_opt(&format!("rope.scaling.{field}"))? {
+                    yarn[key] = json!(b);
+                }
+            }
+            // DeepSeek's `mscale_all_dim`, written as 0.1 × it. Its `mscale`
+            // is not written; the released models set both alike.
+            if let Some(mul) = m.f64_opt("rope.scaling.yarn_log_multiplier")? {
+                let all = mul / YARN_LOG_MULTIPLIER_SCALE;
+                yarn["mscale_all_dim"] = json!(all);
+                yarn["mscale"] = json!(all);
+            }
+            Ok(Some(yarn))
         }
         other => Err(ImportError::Unsupported {
             path: m.file.path.clone(),

@@ -26,9 +26,11 @@ pub enum Arch {
     Qwen3Moe,
     /// `llama` with experts: Mixtral and its kin.
     Llama,
+    /// DeepSeek-V3/R1 and Kimi K2 (MLA, sigmoid routing, shared experts).
+    Deepseek2,
 }
 
-const SUPPORTED_ARCHS: [&str; 2] = ["qwen3moe", "llama (with experts)"];
+const SUPPORTED_ARCHS: [&str; 3] = ["qwen3moe", "llama (with experts)", "deepseek2"];
 
 impl Arch {
     pub fn of(file: &GgufFile) -> Result<Self, ImportError> {
@@ -45,6 +47,7 @@ impl Arch {
         match name {
             "qwen3moe" => Ok(Arch::Qwen3Moe),
             "llama" => Ok(Arch::Llama),
+            "deepseek2" => Ok(Arch::Deepseek2),
             other => Err(ImportError::Unsupported {
                 path: file.path.clone(),
                 what: format!(
@@ -60,6 +63,7 @@ impl Arch {
         match self {
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Llama => "llama",
+            Arch::Deepseek2 => "deepseek2",
         }
     }
 
@@ -67,7 +71,7 @@ impl Arch {
     /// for gate, up and down.
     fn moe(self) -> (&'static str, [&'static str; 3]) {
         match self {
-            Arch::Qwen3Moe => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
+            Arch::Qwen3Moe | Arch::Deepseek2 => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
             Arch::Llama => ("block_sparse_moe", ["w1", "w3", "w2"]),
         }
     }
@@ -89,10 +93,33 @@ impl Arch {
             "ffn_up" => "mlp.up_proj",
             "ffn_down" => "mlp.down_proj",
             "ffn_gate_inp" => return Some(format!("{moe}.gate")),
+            _ if self == Arch::Deepseek2 => return deepseek2_part(part),
             _ => return None,
         };
         Some(fixed.to_string())
     }
+}
+
+/// DeepSeek-V3's own layer tensors. `attn_k_b`/`attn_v_b` are `kv_b_proj`
+/// split per head (keys transposed) by llama.cpp's converter; the model
+/// reads them as they are (see `deepseek_v3::load_kv_b`).
+fn deepseek2_part(part: &str) -> Option<String> {
+    let name = match part {
+        "attn_q" => "self_attn.q_proj",
+        "attn_q_a" => "self_attn.q_a_proj",
+        "attn_q_a_norm" => "self_attn.q_a_layernorm",
+        "attn_q_b" => "self_attn.q_b_proj",
+        "attn_kv_a_mqa" => "self_attn.kv_a_proj_with_mqa",
+        "attn_kv_a_norm" => "self_attn.kv_a_layernorm",
+        "attn_kv_b" => "self_attn.kv_b_proj",
+        "attn_k_b" => "self_attn.k_b_proj",
+        "attn_v_b" => "self_attn.v_b_proj",
+        "ffn_gate_shexp" => "mlp.shared_experts.gate_proj",
+        "ffn_up_shexp" => "mlp.shared_experts.up_proj",
+        "ffn_down_shexp" => "mlp.shared_experts.down_proj",
+        _ => return None,
+    };
+    Some(name.to_string())
 }
 
 /// What one GGUF tensor becomes.
@@ -102,7 +129,27 @@ enum Mapped {
     Experts(String),
 }
 
-fn map_name(arch: Arch, name: &str) -> Option<(Mapped, &'static str)> {
+fn map_name(arch: Arch, name: &str) -> Option<Mapped> {
+    // DeepSeek's routing bias is a parameter of the gate, not a bias.
+    if let Some(layer) = name
+        .strip_prefix("blk.")
+        .and_then(|r| r.strip_suffix(".exp_probs_b.bias"))
+        .filter(|_| arch == Arch::Deepseek2)
+    {
+        let layer: usize = layer.parse().ok()?;
+        return Some(Mapped::One(format!(
+            "model.layers.{layer}.mlp.gate.e_score_correction_bias"
+        )));
+    }
+    let (mapped, suffix) = map_stem(arch, name)?;
+    Some(match mapped {
+        Mapped::One(n) => Mapped::One(format!("{n}.{suffix}")),
+        Mapped::Experts(p) => Mapped::Experts(format!("{p}.{suffix}")),
+    })
+}
+
+/// [`map_name`] for names ending in `.weight` or `.bias`, without it.
+fn map_stem(arch: Arch, name: &str) -> Option<(Mapped, &'static str)> {
     let (stem, suffix) = if let Some(s) = name.strip_suffix(".weight") {
         (s, "weight")
     } else {
@@ -227,7 +274,7 @@ fn entries(
         .map(|&d| usize::try_from(d))
         .collect::<Result<_, _>>()
         .map_err(|_| invalid(format!("shape {:?} is too large", t.shape)))?;
-    let (mapped, suffix) = map_name(arch, &t.name).ok_or_else(|| ImportError::Unsupported {
+    let mapped = map_name(arch, &t.name).ok_or_else(|| ImportError::Unsupported {
         path: file.path.clone(),
         what: format!(
             "tensor `{}` has no counterpart in the `{}` model Longhaul builds",
@@ -244,15 +291,16 @@ fn entries(
     };
     match mapped {
         Mapped::One(name) => {
-            let rows = match (rope_heads, name.rsplit('.').next()) {
-                (Some((q, _)), Some("q_proj")) => RowOrder::RopePairs { heads: q },
-                (Some((_, kv)), Some("k_proj")) => RowOrder::RopePairs { heads: kv },
+            let rows = match rope_heads {
+                Some((q, _)) if name.ends_with(".q_proj.weight") => {
+                    RowOrder::RopePairs { heads: q }
+                }
+                Some((_, kv)) if name.ends_with(".k_proj.weight") => {
+                    RowOrder::RopePairs { heads: kv }
+                }
                 _ => RowOrder::Stored,
             };
-            Ok(vec![(
-                format!("{name}.{suffix}"),
-                info(shape, t.offset, len, rows),
-            )])
+            Ok(vec![(name, info(shape, t.offset, len, rows))])
         }
         Mapped::Experts(pattern) => {
             let [count, rows, cols] = shape[..] else {
@@ -263,7 +311,7 @@ fn entries(
             let each = len / count.max(1) as u64;
             Ok((0..count)
                 .map(|e| {
-                    let name = format!("{}.{suffix}", pattern.replace("{e}", &e.to_string()));
+                    let name = pattern.replace("{e}", &e.to_string());
                     let offset = t.offset + e as u64 * each;
                     (name, info(vec![rows, cols], offset, each, RowOrder::Stored))
                 })

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use super::config::{ConfigError, RawConfig};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
-use super::layers::mla::{LatentAttention, QueryProjection, split_kv_b};
+use super::layers::mla::{
+    HeadProjections, KeyProjection, LatentAttention, QueryProjection, split_kv_b,
+};
 use super::layers::moe::MoeBlock;
 use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::Scoring;
@@ -133,15 +135,8 @@ fn load_attention(c: &Config, w: &Weights, rope: &Rope) -> Result<LatentAttentio
         },
     };
     let base_scale = 1.0 / (qk_head as f64).sqrt();
-    let kv_b = Linear::load(
-        w,
-        "kv_b_proj",
-        c.kv_lora_rank,
-        c.heads * (c.qk_nope_head_dim + c.v_head_dim),
-        false,
-    )?;
     Ok(LatentAttention {
-        absorbed: split_kv_b(&kv_b, c.heads, c.qk_nope_head_dim, c.v_head_dim)?,
+        absorbed: load_kv_b(c, w)?,
         q,
         kv_a: Linear::load(
             w,
@@ -184,6 +179,27 @@ fn load_moe(c: &Config, w: &Weights, layer: usize) -> Result<MoeBlock, ModelErro
         scaling: c.routed_scaling_factor as f32,
     };
     MoeBlock::load(w, layer, h, e, c.top_k, scoring, shared)
+}
+
+/// Each head's key and value projections out of the latent: `kv_b_proj` as
+/// the reference stores it, or its two halves as a GGUF does (`k_b_proj`
+/// per head `[latent, nope]`, `v_b_proj` per head `[v, latent]`).
+fn load_kv_b(c: &Config, w: &Weights) -> Result<Vec<HeadProjections>, ModelError> {
+    let (nope, v, lat) = (c.qk_nope_head_dim, c.v_head_dim, c.kv_lora_rank);
+    if !w.has("kv_b_proj.weight") && w.has("k_b_proj.weight") {
+        let keys = w.matrix_stack("k_b_proj.weight", c.heads, lat, nope)?;
+        let values = w.matrix_stack("v_b_proj.weight", c.heads, v, lat)?;
+        return Ok(keys
+            .into_iter()
+            .zip(values)
+            .map(|(k, value)| HeadProjections {
+                key: KeyProjection::Transposed(k),
+                value,
+            })
+            .collect());
+    }
+    let kv_b = Linear::load(w, "kv_b_proj", lat, c.heads * (nope + v), false)?;
+    split_kv_b(&kv_b, c.heads, nope, v)
 }
 
 pub fn build(

@@ -26,8 +26,28 @@ pub enum QueryProjection {
 /// One head's slices of `kv_b`: key up-projection `[nope, latent]` and value
 /// up-projection `[v, latent]`, sharing `kv_b`'s storage.
 pub struct HeadProjections {
-    pub key: Matrix,
+    pub key: KeyProjection,
     pub value: Matrix,
+}
+
+/// One head's latent-to-key projection, as the weights store it.
+pub enum KeyProjection {
+    /// `[nope, latent]`, a slice of `kv_b_proj` (the reference's layout):
+    /// a query is carried into the latent space by `q · W`.
+    Rows(Matrix),
+    /// `[latent, nope]`, as llama.cpp's converter stores it (`attn_k_b`):
+    /// the same product, as `W · q`.
+    Transposed(Matrix),
+}
+
+impl KeyProjection {
+    /// `seq` queries (`[seq, nope]`) in the latent space (`[seq, latent]`).
+    fn to_latent(&self, q: &[f32], seq: usize) -> Result<Vec<f32>, ModelError> {
+        Ok(match self {
+            KeyProjection::Rows(m) => m.vecmat(q, seq)?,
+            KeyProjection::Transposed(m) => m.matmul(q, seq)?,
+        })
+    }
 }
 
 pub struct LatentAttention {
@@ -57,7 +77,7 @@ pub fn split_kv_b(
     (0..heads)
         .map(|h| {
             Ok(HeadProjections {
-                key: w.row_range(h * (nope + v), nope)?,
+                key: KeyProjection::Rows(w.row_range(h * (nope + v), nope)?),
                 value: w.row_range(h * (nope + v) + nope, v)?,
             })
         })
@@ -133,7 +153,7 @@ impl LatentAttention {
         for (h, p) in self.absorbed.iter().enumerate() {
             q_latent.extend(
                 p.key
-                    .vecmat(&q_pass[h * seq * nope..(h + 1) * seq * nope], seq)?,
+                    .to_latent(&q_pass[h * seq * nope..(h + 1) * seq * nope], seq)?,
             );
         }
         let shape = LatentShape {
