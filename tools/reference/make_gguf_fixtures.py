@@ -35,7 +35,7 @@ import torch
 import gguf
 from gguf.quants import dequantize
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+from transformers import AutoModelForCausalLM, DeepseekV3Config, Qwen3MoeConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
 import make_fixtures as mf  # noqa: E402
@@ -59,6 +59,8 @@ TEXTS = [
 ]
 # name: (model, how the file is made)
 FILES = {
+    "deepseek2-f32": ("deepseek-small", ("convert", "f32")),
+    "deepseek2-q4_k_m": ("deepseek", ("quantize", "Q4_K_M")),
     "qwen3moe-f32": ("small", ("convert", "f32")),
     "qwen3moe-f16": ("small", ("convert", "f16")),
     "qwen3moe-q4_k_m": ("large", ("quantize", "Q4_K_M")),
@@ -72,7 +74,39 @@ MODELS = {
     # hidden and expert width 256: every block type divides the rows.
     "large": dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                   moe_intermediate_size=256, num_experts=4, num_experts_per_tok=2, split="qwen2"),
+    # DeepSeek-V3: MLA, one dense layer, grouped sigmoid routing, a shared expert.
+    "deepseek": dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=256, num_attention_heads=4,
+                     num_key_value_heads=4, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
+                     n_group=2, topk_group=1, first_k_dense_replace=1, q_lora_rank=64, kv_lora_rank=64,
+                     qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, routed_scaling_factor=2.5,
+                     norm_topk_prob=True, split="gpt-2"),
+    # The same shape at a width no k-quant divides, for F32 (exact against llama.cpp).
+    "deepseek-small": dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                           num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, n_shared_experts=1,
+                           num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1,
+                           q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16,
+                           v_head_dim=16, routed_scaling_factor=2.5, norm_topk_prob=True, split="gpt-2"),
 }
+DEEPSEEK_NAMES = {  # HF suffix -> GGUF part, per layer
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_a_proj.weight": "attn_q_a.weight",
+    "self_attn.q_a_layernorm.weight": "attn_q_a_norm.weight",
+    "self_attn.q_b_proj.weight": "attn_q_b.weight",
+    "self_attn.kv_a_proj_with_mqa.weight": "attn_kv_a_mqa.weight",
+    "self_attn.kv_a_layernorm.weight": "attn_kv_a_norm.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
+    "mlp.shared_experts.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_experts.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight",
+}
+GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                "lm_head.weight": "output.weight"}
 LAYERS = 2
 # The file also written in parts, and at most how many tensors a part holds.
 SPLIT_FROM = "qwen3moe-f16"
@@ -97,6 +131,13 @@ def build_tokenizer(split: str) -> Tokenizer:
 
 def hf_model(spec: dict, seed: int):
     spec = {k: v for k, v in spec.items() if k != "split"}
+    if "kv_lora_rank" in spec:
+        config = DeepseekV3Config(vocab_size=VOCAB, num_hidden_layers=LAYERS, rms_norm_eps=1e-6,
+                                  max_position_embeddings=256, tie_word_embeddings=False, **spec)
+        config._attn_implementation = "eager"
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+        mf.randomize(model, torch.Generator().manual_seed(seed))
+        return model
     config = Qwen3MoeConfig(vocab_size=VOCAB, num_hidden_layers=LAYERS, intermediate_size=spec["moe_intermediate_size"],
                             rms_norm_eps=1e-6, max_position_embeddings=256, rope_theta=10000.0,
                             norm_topk_prob=True, tie_word_embeddings=False, attention_bias=False, **spec)
@@ -106,8 +147,41 @@ def hf_model(spec: dict, seed: int):
     return model
 
 
+def is_deepseek(model) -> bool:
+    return model.config.model_type == "deepseek_v3"
+
+
+def deepseek_tensors(model) -> dict:
+    """DeepSeek-V3 as llama.cpp's converter writes it: kv_b split per head
+    into k_b (transposed) and v_b, experts stacked."""
+    cfg = model.config
+    out = {}
+    for k, v in model.state_dict().items():
+        a = v.detach().float().numpy()
+        if k in GLOBAL_NAMES:
+            out[GLOBAL_NAMES[k]] = a
+            continue
+        _, _, layer, rest = k.split(".", 3)
+        blk = f"blk.{layer}"
+        if rest == "self_attn.kv_b_proj.weight":
+            kv_b = a.reshape(cfg.num_attention_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, -1)
+            out[f"{blk}.attn_k_b.weight"] = np.ascontiguousarray(kv_b[:, :cfg.qk_nope_head_dim].transpose(0, 2, 1))
+            out[f"{blk}.attn_v_b.weight"] = np.ascontiguousarray(kv_b[:, cfg.qk_nope_head_dim:])
+        elif rest == "mlp.experts.gate_up_proj":
+            inter = a.shape[1] // 2
+            out[f"{blk}.ffn_gate_exps.weight"] = np.ascontiguousarray(a[:, :inter])
+            out[f"{blk}.ffn_up_exps.weight"] = np.ascontiguousarray(a[:, inter:])
+        elif rest == "mlp.experts.down_proj":
+            out[f"{blk}.ffn_down_exps.weight"] = a
+        else:
+            out[f"{blk}.{DEEPSEEK_NAMES[rest]}"] = a
+    return out
+
+
 def gguf_tensors(model) -> dict:
     """HF state as GGUF tensors (name -> f32 array), experts stacked."""
+    if is_deepseek(model):
+        return deepseek_tensors(model)
     tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3MOE, LAYERS)
     out = {}
     for k, v in model.state_dict().items():
@@ -132,7 +206,50 @@ def write_gguf(path: Path, model, tok: Tokenizer, split: str, tensors: dict, max
     """tensors: name -> (array, raw GGML type or None for float arrays);
     with `max_tensors`, split into parts of at most that many tensors."""
     cfg = model.config
-    w = gguf.GGUFWriter(str(path), "qwen3moe", split_max_tensors=max_tensors)
+    if is_deepseek(model):
+        w = gguf.GGUFWriter(str(path), "deepseek2", split_max_tensors=max_tensors)
+        deepseek_metadata(w, cfg)
+    else:
+        w = gguf.GGUFWriter(str(path), "qwen3moe", split_max_tensors=max_tensors)
+        qwen3moe_metadata(w, cfg)
+    add_tokenizer(w, tok, split)
+    for name, (array, raw) in tensors.items():
+        if raw is None:
+            w.add_tensor(name, array)
+        else:
+            w.add_tensor(name, array, raw_dtype=raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def deepseek_metadata(w, cfg) -> None:
+    a = "deepseek2"
+    w.add_name("longhaul-fixture")
+    for key, value in [("context_length", cfg.max_position_embeddings), ("embedding_length", cfg.hidden_size),
+                       ("block_count", cfg.num_hidden_layers), ("feed_forward_length", cfg.intermediate_size),
+                       ("attention.head_count", cfg.num_attention_heads), ("attention.head_count_kv", 1),
+                       ("attention.q_lora_rank", cfg.q_lora_rank), ("attention.kv_lora_rank", cfg.kv_lora_rank),
+                       ("attention.key_length", cfg.kv_lora_rank + cfg.qk_rope_head_dim),
+                       ("attention.value_length", cfg.kv_lora_rank),
+                       ("attention.key_length_mla", cfg.qk_nope_head_dim + cfg.qk_rope_head_dim),
+                       ("attention.value_length_mla", cfg.v_head_dim),
+                       ("rope.dimension_count", cfg.qk_rope_head_dim), ("expert_count", cfg.n_routed_experts),
+                       ("expert_used_count", cfg.num_experts_per_tok),
+                       ("expert_feed_forward_length", cfg.moe_intermediate_size),
+                       ("expert_shared_count", cfg.n_shared_experts),
+                       ("leading_dense_block_count", cfg.first_k_dense_replace),
+                       ("expert_gating_func", 2), ("expert_group_count", cfg.n_group),
+                       ("expert_group_used_count", cfg.topk_group)]:
+        w.add_uint32(f"{a}.{key}", int(value))
+    w.add_float32(f"{a}.rope.freq_base", 10000.0)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
+    w.add_float32(f"{a}.expert_weights_scale", cfg.routed_scaling_factor)
+    w.add_bool(f"{a}.expert_weights_norm", bool(cfg.norm_topk_prob))
+
+
+def qwen3moe_metadata(w, cfg) -> None:
     w.add_name("longhaul-fixture")
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
@@ -147,6 +264,9 @@ def write_gguf(path: Path, model, tok: Tokenizer, split: str, tensors: dict, max
     w.add_expert_count(cfg.num_experts)
     w.add_expert_used_count(cfg.num_experts_per_tok)
     w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+
+
+def add_tokenizer(w, tok: Tokenizer, split: str) -> None:
     vocab = tok.get_vocab()
     inv = {i: t for t, i in vocab.items()}
     tokens = [inv.get(i, f"[PAD{i}]") for i in range(VOCAB)]
@@ -161,15 +281,6 @@ def write_gguf(path: Path, model, tok: Tokenizer, split: str, tensors: dict, max
     w.add_eos_token_id(tok.token_to_id("<|im_end|>"))
     w.add_add_bos_token(False)
     w.add_chat_template(mf.CHAT_TEMPLATE)
-    for name, (array, raw) in tensors.items():
-        if raw is None:
-            w.add_tensor(name, array)
-        else:
-            w.add_tensor(name, array, raw_dtype=raw)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 def read_gguf(path: Path) -> dict:
@@ -185,6 +296,8 @@ def dequantized_state(path: Path, model) -> dict:
     for t in r.tensors:
         shape = [int(d) for d in reversed(t.shape)]
         stored[t.name] = dequantize(np.array(t.data), t.tensor_type).reshape(shape).astype(np.float32)
+    if is_deepseek(model):
+        return deepseek_state(stored, model)
     tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3MOE, LAYERS)
     state = {}
     for k in model.state_dict():
@@ -196,6 +309,29 @@ def dequantized_state(path: Path, model) -> dict:
             state[k] = stored[f"blk.{k.split('.')[2]}.ffn_down_exps.weight"]
         else:
             state[k] = stored[tmap.get_name(k, try_suffixes=(".weight", ".bias"))]
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()}
+
+
+def deepseek_state(stored: dict, model) -> dict:
+    cfg = model.config
+    state = {}
+    for k in model.state_dict():
+        if k in GLOBAL_NAMES:
+            state[k] = stored[GLOBAL_NAMES[k]]
+            continue
+        _, _, layer, rest = k.split(".", 3)
+        blk = f"blk.{layer}"
+        if rest == "self_attn.kv_b_proj.weight":
+            k_b = stored[f"{blk}.attn_k_b.weight"].transpose(0, 2, 1)
+            v_b = stored[f"{blk}.attn_v_b.weight"]
+            state[k] = np.concatenate([k_b, v_b], axis=1).reshape(-1, cfg.kv_lora_rank)
+        elif rest == "mlp.experts.gate_up_proj":
+            state[k] = np.concatenate([stored[f"{blk}.ffn_gate_exps.weight"],
+                                       stored[f"{blk}.ffn_up_exps.weight"]], axis=1)
+        elif rest == "mlp.experts.down_proj":
+            state[k] = stored[f"{blk}.ffn_down_exps.weight"]
+        else:
+            state[k] = stored[f"{blk}.{DEEPSEEK_NAMES[rest]}"]
     return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()}
 
 
