@@ -4,6 +4,7 @@ builds llama.cpp from source; reference tooling, never in CI).
     python llama_ref.py quantize SRC.gguf DST.gguf FTYPE [pure]
     python llama_ref.py logits FILE.gguf IDS.json OUT.json
     python llama_ref.py tokenize FILE.gguf TEXTS.json OUT.json
+    python llama_ref.py detokenize FILE.gguf IDS.json OUT.json
 
 `logits` writes llama.cpp's logits for every position of the ids;
 `tokenize` writes the ids llama.cpp gives each text, special tokens parsed
@@ -52,6 +53,12 @@ def tokenize(path: str, texts_path: str, out: str) -> None:
     json.dump({"llama_cpp_version": llama_cpp.__version__, "ids": ids}, open(out, "w"))
 
 
+def detokenize(path: str, ids_path: str, out: str) -> None:
+    ids = json.load(open(ids_path))
+    text = model(path).detokenize(ids).decode("utf-8", errors="replace")
+    json.dump({"llama_cpp_version": llama_cpp.__version__, "text": text}, open(out, "w"))
+
+
 if __name__ == "__main__":
     cmd, *args = sys.argv[1:]
     if cmd == "quantize":
@@ -60,5 +67,7 @@ if __name__ == "__main__":
         logits(*args)
     elif cmd == "tokenize":
         tokenize(*args)
+    elif cmd == "detokenize":
+        detokenize(*args)
     else:
         raise SystemExit(f"unknown command {cmd}")

@@ -35,7 +35,7 @@ import torch
 import gguf
 from gguf.quants import dequantize
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, DeepseekV3Config, Qwen3MoeConfig
+from transformers import AutoModelForCausalLM, DeepseekV3Config, MixtralConfig, Qwen3MoeConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
 import make_fixtures as mf  # noqa: E402
@@ -61,6 +61,8 @@ TEXTS = [
 FILES = {
     "deepseek2-f32": ("deepseek-small", ("convert", "f32")),
     "deepseek2-q4_k_m": ("deepseek", ("quantize", "Q4_K_M")),
+    "mixtral-f32": ("mixtral", ("convert", "f32")),
+    "mixtral-q8_0": ("mixtral", ("quantize", "Q8_0")),
     "qwen3moe-f32": ("small", ("convert", "f32")),
     "qwen3moe-f16": ("small", ("convert", "f16")),
     "qwen3moe-q4_k_m": ("large", ("quantize", "Q4_K_M")),
@@ -86,7 +88,11 @@ MODELS = {
                            num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1,
                            q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16,
                            v_head_dim=16, routed_scaling_factor=2.5, norm_topk_prob=True, split="gpt-2"),
+    # Mixtral (`llama` with experts): q/k rows reordered by the converter, a SentencePiece vocabulary.
+    "mixtral": dict(hidden_size=64, intermediate_size=32, num_attention_heads=4, num_key_value_heads=2,
+                    num_local_experts=4, num_experts_per_tok=2, split="spm"),
 }
+# Models are seeded by their place above: add new ones at the end.
 DEEPSEEK_NAMES = {  # HF suffix -> GGUF part, per layer
     "input_layernorm.weight": "attn_norm.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
@@ -113,7 +119,36 @@ SPLIT_FROM = "qwen3moe-f16"
 SPLIT_TENSORS = 12
 
 
-def build_tokenizer(split: str) -> Tokenizer:
+class SpmVocab:
+    """A SentencePiece-style vocabulary as GGUF stores it: pieces with `▁`
+    for spaces, scores (merge order), byte tokens and control tokens."""
+
+    def __init__(self) -> None:
+        from tokenizers import SentencePieceBPETokenizer
+        trained = SentencePieceBPETokenizer()
+        trained.train_from_iterator([mf.CORPUS], vocab_size=SPM_VOCAB, show_progress=False)
+        model = json.loads(trained.to_str())["model"]
+        merged = ["".join(m) if not isinstance(m, str) else m.replace(" ", "") for m in model["merges"]]
+        singles = sorted(t for t in model["vocab"] if len(t) == 1)
+        self.tokens = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+        self.types = [2, 3, 3, 3, 3]
+        self.scores = [0.0] * 5
+        for b in range(256):
+            self.tokens.append(f"<0x{b:02X}>"); self.types.append(6); self.scores.append(0.0)
+        for i, t in enumerate(singles):
+            self.tokens.append(t); self.types.append(1); self.scores.append(-1e4 - i)
+        for i, t in enumerate(merged):
+            if t not in self.tokens:
+                self.tokens.append(t); self.types.append(1); self.scores.append(-float(i))
+        self.vocab_size = len(self.tokens)
+
+
+SPM_VOCAB = 400
+
+
+def build_tokenizer(split: str):
+    if split == "spm":
+        return SpmVocab()
     tok = Tokenizer(models.BPE())
     if split == "qwen2":
         tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -129,8 +164,15 @@ def build_tokenizer(split: str) -> Tokenizer:
     return tok
 
 
-def hf_model(spec: dict, seed: int):
+def hf_model(spec: dict, seed: int, vocab: int = VOCAB):
     spec = {k: v for k, v in spec.items() if k != "split"}
+    if "num_local_experts" in spec:
+        config = MixtralConfig(vocab_size=vocab, num_hidden_layers=LAYERS, rms_norm_eps=1e-5,
+                               max_position_embeddings=256, tie_word_embeddings=False, rope_theta=1e6, **spec)
+        config._attn_implementation = "eager"
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+        mf.randomize(model, torch.Generator().manual_seed(seed))
+        return model
     if "kv_lora_rank" in spec:
         config = DeepseekV3Config(vocab_size=VOCAB, num_hidden_layers=LAYERS, rms_norm_eps=1e-6,
                                   max_position_embeddings=256, tie_word_embeddings=False, **spec)
@@ -178,10 +220,52 @@ def deepseek_tensors(model) -> dict:
     return out
 
 
+def permute(w, n_head: int):
+    """llama.cpp's converter's q/k row order for `llama` (interleaved RoPE pairs)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def unpermute(w, n_head: int):
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+MIXTRAL_NAMES = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+                 "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+                 "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+                 "mlp.gate.weight": "ffn_gate_inp.weight"}
+
+
+def mixtral_tensors(model) -> dict:
+    cfg = model.config
+    out = {}
+    for k, v in model.state_dict().items():
+        a = v.detach().float().numpy()
+        if k in GLOBAL_NAMES:
+            out[GLOBAL_NAMES[k]] = a
+            continue
+        _, _, layer, rest = k.split(".", 3)
+        blk = f"blk.{layer}"
+        if rest == "self_attn.q_proj.weight":
+            a = permute(a, cfg.num_attention_heads)
+        elif rest == "self_attn.k_proj.weight":
+            a = permute(a, cfg.num_key_value_heads)
+        if rest == "mlp.experts.gate_up_proj":
+            inter = a.shape[1] // 2
+            out[f"{blk}.ffn_gate_exps.weight"] = np.ascontiguousarray(a[:, :inter])
+            out[f"{blk}.ffn_up_exps.weight"] = np.ascontiguousarray(a[:, inter:])
+        elif rest == "mlp.experts.down_proj":
+            out[f"{blk}.ffn_down_exps.weight"] = a
+        else:
+            out[f"{blk}.{MIXTRAL_NAMES[rest]}"] = np.ascontiguousarray(a)
+    return out
+
+
 def gguf_tensors(model) -> dict:
     """HF state as GGUF tensors (name -> f32 array), experts stacked."""
     if is_deepseek(model):
         return deepseek_tensors(model)
+    if model.config.model_type == "mixtral":
+        return mixtral_tensors(model)
     tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3MOE, LAYERS)
     out = {}
     for k, v in model.state_dict().items():
@@ -209,6 +293,9 @@ def write_gguf(path: Path, model, tok: Tokenizer, split: str, tensors: dict, max
     if is_deepseek(model):
         w = gguf.GGUFWriter(str(path), "deepseek2", split_max_tensors=max_tensors)
         deepseek_metadata(w, cfg)
+    elif cfg.model_type == "mixtral":
+        w = gguf.GGUFWriter(str(path), "llama", split_max_tensors=max_tensors)
+        mixtral_metadata(w, cfg)
     else:
         w = gguf.GGUFWriter(str(path), "qwen3moe", split_max_tensors=max_tensors)
         qwen3moe_metadata(w, cfg)
@@ -222,6 +309,20 @@ def write_gguf(path: Path, model, tok: Tokenizer, split: str, tensors: dict, max
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def mixtral_metadata(w, cfg) -> None:
+    a = "llama"
+    w.add_name("longhaul-fixture")
+    for key, value in [("context_length", cfg.max_position_embeddings), ("embedding_length", cfg.hidden_size),
+                       ("block_count", cfg.num_hidden_layers), ("feed_forward_length", cfg.intermediate_size),
+                       ("attention.head_count", cfg.num_attention_heads),
+                       ("attention.head_count_kv", cfg.num_key_value_heads),
+                       ("rope.dimension_count", cfg.hidden_size // cfg.num_attention_heads),
+                       ("expert_count", cfg.num_local_experts), ("expert_used_count", cfg.num_experts_per_tok)]:
+        w.add_uint32(f"{a}.{key}", int(value))
+    w.add_float32(f"{a}.rope.freq_base", 1e6)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
 
 
 def deepseek_metadata(w, cfg) -> None:
@@ -266,7 +367,19 @@ def qwen3moe_metadata(w, cfg) -> None:
     w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
 
 
-def add_tokenizer(w, tok: Tokenizer, split: str) -> None:
+def add_tokenizer(w, tok, split: str) -> None:
+    if isinstance(tok, SpmVocab):
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tok.tokens)
+        w.add_token_scores(tok.scores)
+        w.add_token_types(tok.types)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(tok.tokens.index("<|im_end|>"))
+        w.add_unk_token_id(0)
+        w.add_add_bos_token(False)
+        w.add_chat_template(mf.CHAT_TEMPLATE)
+        return
     vocab = tok.get_vocab()
     inv = {i: t for t, i in vocab.items()}
     tokens = [inv.get(i, f"[PAD{i}]") for i in range(VOCAB)]
@@ -298,6 +411,8 @@ def dequantized_state(path: Path, model) -> dict:
         stored[t.name] = dequantize(np.array(t.data), t.tensor_type).reshape(shape).astype(np.float32)
     if is_deepseek(model):
         return deepseek_state(stored, model)
+    if model.config.model_type == "mixtral":
+        return mixtral_state(stored, model)
     tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3MOE, LAYERS)
     state = {}
     for k in model.state_dict():
@@ -335,6 +450,30 @@ def deepseek_state(stored: dict, model) -> dict:
     return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()}
 
 
+def mixtral_state(stored: dict, model) -> dict:
+    cfg = model.config
+    state = {}
+    for k in model.state_dict():
+        if k in GLOBAL_NAMES:
+            state[k] = stored[GLOBAL_NAMES[k]]
+            continue
+        _, _, layer, rest = k.split(".", 3)
+        blk = f"blk.{layer}"
+        if rest == "mlp.experts.gate_up_proj":
+            state[k] = np.concatenate([stored[f"{blk}.ffn_gate_exps.weight"],
+                                       stored[f"{blk}.ffn_up_exps.weight"]], axis=1)
+        elif rest == "mlp.experts.down_proj":
+            state[k] = stored[f"{blk}.ffn_down_exps.weight"]
+        else:
+            a = stored[f"{blk}.{MIXTRAL_NAMES[rest]}"]
+            if rest == "self_attn.q_proj.weight":
+                a = unpermute(a, cfg.num_attention_heads)
+            elif rest == "self_attn.k_proj.weight":
+                a = unpermute(a, cfg.num_key_value_heads)
+            state[k] = a
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()}
+
+
 def llama(*args: str) -> None:
     subprocess.run([LLAMA_PY, LLAMA_REF, *args], check=True)
 
@@ -365,7 +504,7 @@ def main() -> None:
     made = {}
     for seed, (kind, spec) in enumerate(MODELS.items(), start=100):
         tok = build_tokenizer(spec["split"])
-        model = hf_model(spec, seed)
+        model = hf_model(spec, seed, getattr(tok, "vocab_size", VOCAB))
         f32 = {n: (a, None) for n, a in gguf_tensors(model).items()}
         base = tmp / f"{kind}-f32.gguf"
         write_gguf(base, model, tok, spec["split"], f32)
@@ -406,13 +545,25 @@ def main() -> None:
 def reference(path: Path, model, tok: Tokenizer) -> None:
     ref = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32).eval()
     ref.load_state_dict(dequantized_state(path, model), strict=True)
-    ids = tok.encode(mf.TEACHER_TEXT).ids[:POSITIONS]
+    tmp = Path(tempfile.mkdtemp(prefix="lh-ref-"))
+    if isinstance(tok, SpmVocab):  # no Python SentencePiece here: llama.cpp's ids
+        (tmp / "both.json").write_text(json.dumps([mf.TEACHER_TEXT, mf.PROMPT_TEXT]))
+        llama("tokenize", str(path), str(tmp / "both.json"), str(tmp / "both-ids.json"))
+        ids, prompt_ids = json.loads((tmp / "both-ids.json").read_text())["ids"]
+        ids = ids[:POSITIONS]
+    else:
+        ids = tok.encode(mf.TEACHER_TEXT).ids[:POSITIONS]
+        prompt_ids = tok.encode(mf.PROMPT_TEXT).ids
     logits = ref(torch.tensor([ids])).logits[0]
-    prompt_ids = tok.encode(mf.PROMPT_TEXT).ids
     generated = ref.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
                              max_new_tokens=GREEDY_TOKENS, do_sample=False, eos_token_id=None,
                              pad_token_id=0, min_new_tokens=GREEDY_TOKENS)[0, len(prompt_ids):].tolist()
-    tmp = Path(tempfile.mkdtemp(prefix="lh-ref-"))
+    if isinstance(tok, SpmVocab):
+        (tmp / "greedy.json").write_text(json.dumps(generated))
+        llama("detokenize", str(path), str(tmp / "greedy.json"), str(tmp / "greedy-text.json"))
+        greedy_text = json.loads((tmp / "greedy-text.json").read_text())["text"]
+    else:
+        greedy_text = tok.decode(generated, skip_special_tokens=True)
     (tmp / "ids.json").write_text(json.dumps(ids))
     (tmp / "texts.json").write_text(json.dumps(TEXTS))
     llama("logits", str(path), str(tmp / "ids.json"), str(tmp / "logits.json"))
@@ -428,7 +579,7 @@ def reference(path: Path, model, tok: Tokenizer) -> None:
         "prompt": mf.PROMPT_TEXT,
         "prompt_ids": prompt_ids,
         "greedy_tokens": generated,
-        "greedy_text": tok.decode(generated, skip_special_tokens=True),
+        "greedy_text": greedy_text,
         "texts": TEXTS,
         "llama_cpp_tokens": tokens["ids"],
     }

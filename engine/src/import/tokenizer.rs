@@ -17,6 +17,17 @@ use crate::weights::gguf::{GgufFile, GgufValue};
 const TOKEN_CONTROL: u64 = 3;
 const TOKEN_USER_DEFINED: u64 = 4;
 
+/// SentencePiece vocabularies (Llama, Mistral, Mixtral).
+const SPM: &str = "llama";
+/// SentencePiece's word marker, which stands for a space.
+const SPACE_MARK: &str = "\u{2581}";
+/// llama.cpp's byte tokens (`<0x0A>`).
+const TOKEN_BYTE: u64 = 6;
+/// llama.cpp's default special ids for SentencePiece vocabularies.
+const SPM_BOS: u64 = 1;
+const SPM_EOS: u64 = 2;
+const SPM_UNK: u64 = 0;
+
 /// GPT-2's split, which `ByteLevel` applies itself (`use_regex`).
 const GPT2: &str = "gpt2";
 /// Qwen2/Qwen3's split (their `tokenizer.json`).
@@ -48,9 +59,12 @@ pub fn tokenizer_json(file: &GgufFile) -> Result<(Value, Value), ImportError> {
     let model = key("tokenizer.ggml.model")
         .and_then(GgufValue::as_str)
         .ok_or_else(|| missing("tokenizer.ggml.model", "it names the tokenizer's kind"))?;
+    if model == SPM {
+        return spm_json(file);
+    }
     if model != GPT2 {
         return Err(unsupported(format!(
-            "tokenizer.ggml.model `{model}` is not supported; byte-level BPE (`gpt2`) is"
+            "tokenizer.ggml.model `{model}` is not supported; byte-level BPE (`gpt2`) and SentencePiece (`llama`) are"
         )));
     }
     let pre = key("tokenizer.ggml.pre")
@@ -137,6 +151,130 @@ pub fn tokenizer_json(file: &GgufFile) -> Result<(Value, Value), ImportError> {
         config["eos_token"] = json!(e);
     }
     Ok((tokenizer, config))
+}
+
+/// A SentencePiece vocabulary as llama.cpp tokenizes it: spaces become
+/// `▁` and one is put before the text (`add_space_prefix`, default on);
+/// then the adjacent pair whose joined text is the highest-scoring token is
+/// merged, again and again; characters no token covers become byte tokens.
+/// As BPE that is one merge per way of splitting each token in two, ranked
+/// by the token's score (the rule transformers' converter uses).
+fn spm_json(file: &GgufFile) -> Result<(Value, Value), ImportError> {
+    let key = |k: &str| file.metadata.get(k);
+    let tokens =
+        strings(file, "tokenizer.ggml.tokens")?.ok_or_else(|| ImportError::MissingKey {
+            path: file.path.clone(),
+            key: "tokenizer.ggml.tokens".into(),
+            needs: "it is the vocabulary",
+        })?;
+    let scores: Vec<f32> = match key("tokenizer.ggml.scores") {
+        Some(GgufValue::Array(v)) => v
+            .iter()
+            .map(|s| match s {
+                GgufValue::F32(f) => *f,
+                _ => 0.0,
+            })
+            .collect(),
+        _ => vec![0.0; tokens.len()],
+    };
+    let types: Vec<u64> = match key("tokenizer.ggml.token_type") {
+        Some(GgufValue::Array(v)) => v.iter().map(|t| t.as_u64().unwrap_or(1)).collect(),
+        _ => vec![1; tokens.len()],
+    };
+    let ty = |i: usize| types.get(i).copied().unwrap_or(1);
+    let id = |k: &str, default: u64| key(k).and_then(GgufValue::as_u64).unwrap_or(default);
+    let flag = |k: &str, default: bool| match key(k) {
+        Some(GgufValue::Bool(b)) => *b,
+        _ => default,
+    };
+    let add_space_prefix = flag("tokenizer.ggml.add_space_prefix", true);
+    let add_bos = flag("tokenizer.ggml.add_bos_token", true);
+    let mut vocab = serde_json::Map::new();
+    let mut added = Vec::new();
+    for (i, t) in tokens.iter().enumerate() {
+        vocab.insert(t.clone(), json!(i));
+        if ty(i) == TOKEN_CONTROL || ty(i) == TOKEN_USER_DEFINED {
+            added.push(
+                json!({"id": i, "content": t, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": ty(i) == TOKEN_CONTROL}),
+            );
+        }
+    }
+    let text = |i: u64| tokens.get(i as usize).cloned();
+    let (bos, eos, unk) = (
+        text(id("tokenizer.ggml.bos_token_id", SPM_BOS)),
+        text(id("tokenizer.ggml.eos_token_id", SPM_EOS)),
+        text(id("tokenizer.ggml.unknown_token_id", SPM_UNK)),
+    );
+    let mergeable = |i: usize| ty(i) != TOKEN_CONTROL && ty(i) != TOKEN_BYTE;
+    let merges = spm_merges(&tokens, &scores, mergeable);
+    let mut normalizers = Vec::new();
+    if add_space_prefix {
+        normalizers.push(json!({"type": "Prepend", "prepend": SPACE_MARK}));
+    }
+    normalizers.push(json!({"type": "Replace", "pattern": {"String": " "}, "content": SPACE_MARK}));
+    let post_processor = match (&bos, add_bos) {
+        (Some(b), true) => json!({"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": b, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": b, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                     {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {b.as_str(): {"id": b, "ids": [id("tokenizer.ggml.bos_token_id", SPM_BOS)], "tokens": [b]}}}),
+        _ => Value::Null,
+    };
+    let mut decoders = vec![
+        json!({"type": "Replace", "pattern": {"String": SPACE_MARK}, "content": " "}),
+        json!({"type": "ByteFallback"}),
+        json!({"type": "Fuse"}),
+    ];
+    if add_space_prefix {
+        decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+    }
+    let tokenizer = json!({
+        "version": "1.0",
+        "added_tokens": added,
+        "normalizer": {"type": "Sequence", "normalizers": normalizers},
+        "pre_tokenizer": null,
+        "post_processor": post_processor,
+        "decoder": {"type": "Sequence", "decoders": decoders},
+        "model": {"type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true,
+                  "ignore_merges": false, "vocab": vocab, "merges": merges},
+    });
+    let mut config = json!({"add_bos_token": add_bos});
+    if let Some(t) = key("tokenizer.chat_template").and_then(GgufValue::as_str) {
+        config["chat_template"] = json!(t);
+    }
+    if let Some(b) = bos {
+        config["bos_token"] = json!(b);
+    }
+    if let Some(e) = eos {
+        config["eos_token"] = json!(e);
+    }
+    Ok((tokenizer, config))
+}
+
+/// Every `[left, right]` pair of tokens that joins into a token, highest
+/// joined score first (ties: lower left id, then lower right id).
+fn spm_merges(tokens: &[String], scores: &[f32], mergeable: impl Fn(usize) -> bool) -> Vec<Value> {
+    let ids: std::collections::HashMap<&str, usize> = tokens
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| mergeable(*i))
+        .map(|(i, t)| (t.as_str(), i))
+        .collect();
+    let mut merges: Vec<(f32, usize, usize)> = Vec::new();
+    for (i, t) in tokens.iter().enumerate().filter(|(i, _)| mergeable(*i)) {
+        for (at, _) in t.char_indices().skip(1) {
+            if let (Some(&l), Some(&r)) = (ids.get(&t[..at]), ids.get(&t[at..])) {
+                merges.push((scores.get(i).copied().unwrap_or(0.0), l, r));
+            }
+        }
+    }
+    merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    merges
+        .into_iter()
+        .map(|(_, l, r)| json!([tokens[l], tokens[r]]))
+        .collect()
 }
 
 /// An array of strings at `key`, if present.
