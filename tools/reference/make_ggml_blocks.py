@@ -27,7 +27,12 @@ TYPES = {
     T.Q4_K: (2, [0, 2], 144),
     T.Q5_K: (2, [0, 2], 176),
     T.Q6_K: (2, [208], 210),
+    T.IQ4_NL: (8, [0], 18),
+    T.IQ4_XS: (2, [0], 136),
+    T.MXFP4: (8, [], 17),
 }
+# MXFP4's first byte is an E8M0 scale: kept near 2^0 so values stay normal.
+E8M0_RANGE = (110, 145)
 
 
 def main(out: Path) -> None:
@@ -38,6 +43,8 @@ def main(out: Path) -> None:
         for at in halves:
             scale = rng.normal(0.0, 0.05, size=blocks).astype(np.float16)
             raw[:, at:at + 2] = scale.view(np.uint8).reshape(blocks, 2)
+        if qtype == T.MXFP4:
+            raw[:, 0] = rng.integers(*E8M0_RANGE, size=blocks)
         values = dequantize(raw.reshape(-1), qtype).astype(np.float32)
         body = raw.tobytes()
         (out / f"{qtype.name}.bin").write_bytes(

@@ -68,6 +68,8 @@ FILES = {
     "qwen3moe-q4_k_m": ("large", ("quantize", "Q4_K_M")),
     "qwen3moe-kquants": ("large", ("mix", ["Q2_K", "Q3_K_S", "Q4_K_S", "Q5_K_S", "Q6_K"])),
     "qwen3moe-legacy": ("large", ("mix", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])),
+    "qwen3moe-iq4": ("large", ("mix", ["IQ4_NL", "IQ4_XS"])),
+    "qwen3moe-mxfp4_moe": ("large", ("quantize", "MXFP4_MOE")),
 }
 MODELS = {
     # hidden 64: rows no k-quant divides; F32 and F16 only.

@@ -14,10 +14,12 @@ use crate::weights::{
 };
 
 /// GGUF tensor types Longhaul computes with.
-pub const SUPPORTED_TYPES: [&str; 13] = [
+pub const SUPPORTED_TYPES: [&str; 16] = [
     "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-    "Q6_K",
+    "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4",
 ];
+/// GGML's number for MXFP4, named `MXFP4` in files.
+const GGML_MXFP4: u32 = 39;
 
 /// GGUF architectures Longhaul reads, by `general.architecture`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -206,6 +208,7 @@ fn dtype(ty: GgmlType) -> Option<Dtype> {
         0 => Some(Dtype::F32),
         1 => Some(Dtype::F16),
         30 => Some(Dtype::BF16),
+        GGML_MXFP4 => Some(Dtype::Blocks(Format::Mxfp4Ggml)),
         _ => {
             let name = ty.name();
             BLOCK_FORMATS

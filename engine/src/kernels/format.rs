@@ -29,6 +29,11 @@ pub enum Format {
     Q3K,
     Q5K,
     Q6K,
+    Iq4Nl,
+    Iq4Xs,
+    /// MXFP4 as GGUF stores it; the values of [`Format::Mxfp4`] in another
+    /// nibble order.
+    Mxfp4Ggml,
     /// FP8 E4M3 (`e4m3fn`: no infinities) in blocks of 128 along the row,
     /// each led by its f32 scale: DeepSeek/Kimi's `weight_scale_inv` of the
     /// row's 128×128 block, repeated per row so a row decodes on its own
@@ -88,6 +93,9 @@ impl Format {
             Format::Q3K => "Q3_K",
             Format::Q5K => "Q5_K",
             Format::Q6K => "Q6_K",
+            Format::Iq4Nl => "IQ4_NL",
+            Format::Iq4Xs => "IQ4_XS",
+            Format::Mxfp4Ggml => "GGML_MXFP4",
             Format::Fp8Block => "FP8_E4M3_B128",
             Format::Int4G32 => "INT4_G32",
             Format::Mxfp4 => "MXFP4",
@@ -98,8 +106,16 @@ impl Format {
     pub fn block(self) -> usize {
         match self {
             Format::F32 | Format::F16 | Format::BF16 => 1,
-            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1 => ggml::QK,
-            Format::Q4K | Format::Q2K | Format::Q3K | Format::Q5K | Format::Q6K => ggml::QK_K,
+            Format::Q8_0
+            | Format::Q4_0
+            | Format::Q4_1
+            | Format::Q5_0
+            | Format::Q5_1
+            | Format::Iq4Nl
+            | Format::Mxfp4Ggml => ggml::QK,
+            Format::Q4K | Format::Q2K | Format::Q3K | Format::Q5K | Format::Q6K | Format::Iq4Xs => {
+                ggml::QK_K
+            }
             Format::Fp8Block => FP8_BLOCK,
             Format::Int4G32 => INT4_GROUP,
             Format::Mxfp4 => MXFP4_BLOCK,
@@ -121,6 +137,9 @@ impl Format {
             Format::Q3K => ggml::Q3_K_BYTES,
             Format::Q5K => ggml::Q5_K_BYTES,
             Format::Q6K => ggml::Q6_K_BYTES,
+            Format::Iq4Nl => ggml::IQ4_NL_BYTES,
+            Format::Iq4Xs => ggml::IQ4_XS_BYTES,
+            Format::Mxfp4Ggml => ggml::MXFP4_BYTES,
             Format::Fp8Block => FP8_SCALE_BYTES + FP8_BLOCK,
             Format::Int4G32 => INT4_BYTES,
             Format::Mxfp4 => MXFP4_BYTES,
@@ -266,6 +285,9 @@ pub fn decode_row(format: Format, bytes: &[u8], out: &mut [f32]) {
         Format::Q3K => blocks::<{ ggml::Q3_K_BYTES }, { ggml::QK_K }>(bytes, out, ggml::q3_k),
         Format::Q5K => blocks::<{ ggml::Q5_K_BYTES }, { ggml::QK_K }>(bytes, out, ggml::q5_k),
         Format::Q6K => blocks::<{ ggml::Q6_K_BYTES }, { ggml::QK_K }>(bytes, out, ggml::q6_k),
+        Format::Iq4Nl => blocks::<{ ggml::IQ4_NL_BYTES }, { ggml::QK }>(bytes, out, ggml::iq4_nl),
+        Format::Iq4Xs => blocks::<{ ggml::IQ4_XS_BYTES }, { ggml::QK_K }>(bytes, out, ggml::iq4_xs),
+        Format::Mxfp4Ggml => blocks::<{ ggml::MXFP4_BYTES }, { ggml::QK }>(bytes, out, ggml::mxfp4),
     }
 }
 

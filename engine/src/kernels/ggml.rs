@@ -26,6 +26,16 @@ pub const Q3_K_BYTES: usize = QK_K / 8 + QK_K / 4 + 12 + 2;
 pub const Q4_K_BYTES: usize = 2 + 2 + K_SCALE_BYTES + QK_K / 2;
 pub const Q5_K_BYTES: usize = 2 + 2 + K_SCALE_BYTES + QK_K / 8 + QK_K / 2;
 pub const Q6_K_BYTES: usize = QK_K / 2 + QK_K / 4 + QK_K / 16 + 2;
+pub const IQ4_NL_BYTES: usize = 2 + QK / 2;
+pub const IQ4_XS_BYTES: usize = 2 + 2 + QK_K / 64 + QK_K / 2;
+pub const MXFP4_BYTES: usize = 1 + QK / 2;
+
+/// The sixteen values of IQ4_NL and IQ4_XS's non-linear 4-bit grid.
+const IQ4_VALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+/// MXFP4's E2M1 values doubled, as GGML keeps them (its scale is halved).
+const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 #[inline(always)]
 fn half(b: &[u8], at: usize) -> f32 {
@@ -266,6 +276,59 @@ pub fn q6_k(b: &[u8; Q6_K_BYTES], out: &mut [f32; QK_K]) {
             y[l + 64] = s[is + 4] * f32::from(q3);
             y[l + 96] = s[is + 6] * f32::from(q4);
         }
+    }
+}
+
+/// IQ4_NL: each nibble (low ones first, then high) picks a grid value,
+/// times the block's scale.
+#[inline(always)]
+pub fn iq4_nl(b: &[u8; IQ4_NL_BYTES], out: &mut [f32; QK]) {
+    let d = half(b, 0);
+    for (j, &q) in b[2..].iter().enumerate() {
+        out[j] = d * f32::from(IQ4_VALUES[usize::from(q & 0xF)]);
+        out[j + QK / 2] = d * f32::from(IQ4_VALUES[usize::from(q >> 4)]);
+    }
+}
+
+/// IQ4_XS: eight blocks of 32 as IQ4_NL, each with a 6-bit scale (offset
+/// by 32) under the super-block's.
+#[inline(always)]
+pub fn iq4_xs(b: &[u8; IQ4_XS_BYTES], out: &mut [f32; QK_K]) {
+    let d = half(b, 0);
+    let scales_h = u16::from_le_bytes([b[2], b[3]]);
+    let scales_l = &b[4..4 + QK_K / 64];
+    let qs = &b[4 + QK_K / 64..];
+    for ib in 0..QK_K / QK {
+        let low = (scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF;
+        let high = ((scales_h >> (2 * ib)) & 3) as u8;
+        let dl = d * f32::from((low | (high << 4)) as i8 - 32);
+        let y = &mut out[ib * QK..(ib + 1) * QK];
+        for (j, &q) in qs[ib * QK / 2..(ib + 1) * QK / 2].iter().enumerate() {
+            y[j] = dl * f32::from(IQ4_VALUES[usize::from(q & 0xF)]);
+            y[j + QK / 2] = dl * f32::from(IQ4_VALUES[usize::from(q >> 4)]);
+        }
+    }
+}
+
+/// Half of `2^(e − 127)`, as GGML widens an E8M0 scale for its doubled values.
+#[inline(always)]
+fn e8m0_half(e: u8) -> f32 {
+    if e < 2 {
+        f32::from_bits(0x0020_0000 << e)
+    } else {
+        f32::from_bits((u32::from(e) - 1) << 23)
+    }
+}
+
+/// MXFP4 as GGUF stores it (GGML type 39): the scale byte, then 16 bytes of
+/// E2M1 values, low nibbles the first 16 values and high nibbles the last
+/// (gpt-oss's own files interleave them; see [`super::Format::Mxfp4`]).
+#[inline(always)]
+pub fn mxfp4(b: &[u8; MXFP4_BYTES], out: &mut [f32; QK]) {
+    let d = e8m0_half(b[0]);
+    for (j, &q) in b[1..].iter().enumerate() {
+        out[j] = f32::from(MXFP4_VALUES[usize::from(q & 0xF)]) * d;
+        out[j + QK / 2] = f32::from(MXFP4_VALUES[usize::from(q >> 4)]) * d;
     }
 }
 

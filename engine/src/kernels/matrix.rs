@@ -647,7 +647,14 @@ mod tests {
         }
         // Published block formats from arbitrary bytes (scale bytes kept in a
         // realistic range), one row at a time too: that is where fast paths run.
-        for format in [Format::Mxfp4, Format::Int4G32, Format::Fp8Block] {
+        for format in [
+            Format::Mxfp4,
+            Format::Int4G32,
+            Format::Fp8Block,
+            Format::Iq4Nl,
+            Format::Iq4Xs,
+            Format::Mxfp4Ggml,
+        ] {
             let row_bytes = format.row_bytes(cols).unwrap();
             let mut bytes: Vec<u8> = (0..rows * row_bytes)
                 .map(|i| (i.wrapping_mul(2654435761) >> 7) as u8)
@@ -660,6 +667,8 @@ mod tests {
                     Format::Int4G32 if at == 1 => *b = 0x3C + *b % 2,
                     Format::Fp8Block if at < 4 => *b = [0, 0, 0x80, 0x3C][at],
                     Format::Fp8Block if *b & 0x7F == 0x7F => *b = 0x10,
+                    Format::Iq4Nl | Format::Iq4Xs if at == 1 => *b = 0x20 + *b % 8,
+                    Format::Mxfp4Ggml if at == 0 => *b = 110 + *b % 30,
                     _ => {}
                 }
             }

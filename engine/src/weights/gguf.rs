@@ -89,7 +89,7 @@ pub struct GgmlType(pub u32);
 impl GgmlType {
     /// Name, values per block and bytes per block of the types Longhaul
     /// knows the layout of.
-    const KNOWN: [(u32, &'static str, u64, u64); 13] = [
+    const KNOWN: [(u32, &'static str, u64, u64); 16] = [
         (0, "F32", 1, 4),
         (1, "F16", 1, 2),
         (2, "Q4_0", 32, 18),
@@ -102,7 +102,10 @@ impl GgmlType {
         (12, "Q4_K", 256, 144),
         (13, "Q5_K", 256, 176),
         (14, "Q6_K", 256, 210),
+        (20, "IQ4_NL", 32, 18),
+        (23, "IQ4_XS", 256, 136),
         (30, "BF16", 1, 2),
+        (39, "MXFP4", 32, 17),
     ];
 
     fn known(self) -> Option<(&'static str, u64, u64)> {
@@ -113,15 +116,13 @@ impl GgmlType {
     }
 
     /// Names of the types GGML defines whose layout Longhaul does not read.
-    const OTHERS: [(u32, &'static str); 17] = [
+    const OTHERS: [(u32, &'static str); 14] = [
         (16, "IQ2_XXS"),
         (17, "IQ2_XS"),
         (18, "IQ3_XXS"),
         (19, "IQ1_S"),
-        (20, "IQ4_NL"),
         (21, "IQ3_S"),
         (22, "IQ2_S"),
-        (23, "IQ4_XS"),
         (24, "I8"),
         (25, "I16"),
         (26, "I32"),
@@ -130,7 +131,6 @@ impl GgmlType {
         (29, "IQ1_M"),
         (34, "TQ1_0"),
         (35, "TQ2_0"),
-        (39, "MXFP4"),
     ];
 
     /// The type's name, or `type N` for one GGML does not define.

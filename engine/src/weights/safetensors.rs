@@ -135,7 +135,7 @@ impl Dtype {
 }
 
 /// The GGML block types a tensor may be stored in.
-pub const BLOCK_FORMATS: [Format; 10] = [
+pub const BLOCK_FORMATS: [Format; 13] = [
     Format::Q4_0,
     Format::Q4_1,
     Format::Q5_0,
@@ -146,6 +146,9 @@ pub const BLOCK_FORMATS: [Format; 10] = [
     Format::Q4K,
     Format::Q5K,
     Format::Q6K,
+    Format::Iq4Nl,
+    Format::Iq4Xs,
+    Format::Mxfp4Ggml,
 ];
 
 /// Where one tensor lives inside a safetensors file.
