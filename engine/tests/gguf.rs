@@ -102,8 +102,11 @@ fn gguf_logits_match_transformers_on_the_dequantised_weights() {
         if diff > LOGIT_TOLERANCE || diff.is_nan() {
             failures.push(format!("{name}: {diff:e}"));
         }
-        // F32 weights: llama.cpp rounds nothing either.
-        if name.ends_with("f32") {
+        // F32 weights: llama.cpp rounds nothing either. gpt-oss excepted:
+        // llama.cpp truncates YaRN's correction range, which the reference
+        // (`truncate: false`) does not (transformers with `truncate: true`
+        // gives llama.cpp's logits within 3e-6; as released, 1e-2 apart).
+        if name.ends_with("f32") && !name.starts_with("gpt-oss") {
             let to_llama = max_abs_diff(&logits, &exp.llama_cpp_logits);
             assert!(
                 to_llama <= LOGIT_TOLERANCE,

@@ -1,5 +1,5 @@
 //! GGUF files through the binary and the service: each fixture (Qwen3-MoE,
-//! DeepSeek-V3 and Mixtral, every supported block type among them) packed over drives and queued as a job,
+//! DeepSeek-V3, Mixtral and gpt-oss, every supported block type among them) packed over drives and queued as a job,
 //! one served straight from its file, and a file holding a type Longhaul
 //! does not compute with refused by name before anything is written.
 
@@ -13,9 +13,11 @@ use serde_json::{Value, json};
 use support::Service;
 
 const WAIT: Duration = Duration::from_secs(60);
-const FILES: [&str; 11] = [
+const FILES: [&str; 13] = [
     "deepseek2-f32",
     "deepseek2-q4_k_m",
+    "gpt-oss-f32",
+    "gpt-oss-mxfp4",
     "mixtral-f32",
     "mixtral-q8_0",
     "qwen3moe-f32",

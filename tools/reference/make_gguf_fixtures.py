@@ -35,7 +35,7 @@ import torch
 import gguf
 from gguf.quants import dequantize
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, DeepseekV3Config, MixtralConfig, Qwen3MoeConfig
+from transformers import AutoModelForCausalLM, DeepseekV3Config, GptOssConfig, MixtralConfig, Qwen3MoeConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
 import make_fixtures as mf  # noqa: E402
@@ -45,6 +45,9 @@ LLAMA_REF = str(Path(__file__).parent / "llama_ref.py")
 VOCAB = 320
 POSITIONS = 16
 GREEDY_TOKENS = 12
+GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 TEXTS = [
@@ -63,6 +66,8 @@ FILES = {
     "deepseek2-q4_k_m": ("deepseek", ("quantize", "Q4_K_M")),
     "mixtral-f32": ("mixtral", ("convert", "f32")),
     "mixtral-q8_0": ("mixtral", ("quantize", "Q8_0")),
+    "gpt-oss-f32": ("gpt-oss", ("convert", "f32")),
+    "gpt-oss-mxfp4": ("gpt-oss", ("quantize", "MXFP4_MOE")),
     "qwen3moe-f32": ("small", ("convert", "f32")),
     "qwen3moe-f16": ("small", ("convert", "f16")),
     "qwen3moe-q4_k_m": ("large", ("quantize", "Q4_K_M")),
@@ -93,6 +98,11 @@ MODELS = {
     # Mixtral (`llama` with experts): q/k rows reordered by the converter, a SentencePiece vocabulary.
     "mixtral": dict(hidden_size=64, intermediate_size=32, num_attention_heads=4, num_key_value_heads=2,
                     num_local_experts=4, num_experts_per_tok=2, split="spm"),
+    # gpt-oss: attention sinks, biases everywhere, alternating sliding layers,
+    # YaRN as released (factor 32 over 4096 positions, not truncated).
+    "gpt-oss": dict(hidden_size=64, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                    split="gpt-4o"),
 }
 # Models are seeded by their place above: add new ones at the end.
 DEEPSEEK_NAMES = {  # HF suffix -> GGUF part, per layer
@@ -152,9 +162,9 @@ def build_tokenizer(split: str):
     if split == "spm":
         return SpmVocab()
     tok = Tokenizer(models.BPE())
-    if split == "qwen2":
+    if split in ("qwen2", "gpt-4o"):
         tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT if split == "qwen2" else GPT4O_SPLIT), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ])
     else:
@@ -168,6 +178,13 @@ def build_tokenizer(split: str):
 
 def hf_model(spec: dict, seed: int, vocab: int = VOCAB):
     spec = {k: v for k, v in spec.items() if k != "split"}
+    if "sliding_window" in spec:
+        config = GptOssConfig(vocab_size=vocab, num_hidden_layers=LAYERS, max_position_embeddings=131072,
+                              tie_word_embeddings=False, **spec)
+        config._attn_implementation = "eager"
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+        mf.randomize(model, torch.Generator().manual_seed(seed))
+        return model
     if "num_local_experts" in spec:
         config = MixtralConfig(vocab_size=vocab, num_hidden_layers=LAYERS, rms_norm_eps=1e-5,
                                max_position_embeddings=256, tie_word_embeddings=False, rope_theta=1e6, **spec)
@@ -262,8 +279,93 @@ def mixtral_tensors(model) -> dict:
     return out
 
 
+GPT_OSS_NAMES = {"input_layernorm.weight": "attn_norm.weight",
+                 "post_attention_layernorm.weight": "post_attention_norm.weight",
+                 "self_attn.sinks": "attn_sinks.weight", "mlp.router.weight": "ffn_gate_inp.weight",
+                 "mlp.router.bias": "ffn_gate_inp.bias"}
+for _p, _g in [("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"), ("o", "attn_output")]:
+    for _s in ("weight", "bias"):
+        GPT_OSS_NAMES[f"self_attn.{_p}_proj.{_s}"] = f"{_g}.{_s}"
+
+
+def gpt_oss_tensors(model) -> dict:
+    """gpt-oss as llama.cpp's converter writes it: experts transposed to rows
+    of outputs, gate and up de-interleaved, biases beside them."""
+    out = {}
+    for k, v in model.state_dict().items():
+        a = v.detach().float().numpy()
+        if k in GLOBAL_NAMES:
+            out[GLOBAL_NAMES[k]] = a
+            continue
+        _, _, layer, rest = k.split(".", 3)
+        blk = f"blk.{layer}"
+        if rest == "mlp.experts.gate_up_proj":
+            rows = a.transpose(0, 2, 1)
+            out[f"{blk}.ffn_gate_exps.weight"] = np.ascontiguousarray(rows[:, 0::2])
+            out[f"{blk}.ffn_up_exps.weight"] = np.ascontiguousarray(rows[:, 1::2])
+        elif rest == "mlp.experts.gate_up_proj_bias":
+            out[f"{blk}.ffn_gate_exps.bias"] = np.ascontiguousarray(a[:, 0::2])
+            out[f"{blk}.ffn_up_exps.bias"] = np.ascontiguousarray(a[:, 1::2])
+        elif rest == "mlp.experts.down_proj":
+            out[f"{blk}.ffn_down_exps.weight"] = np.ascontiguousarray(a.transpose(0, 2, 1))
+        elif rest == "mlp.experts.down_proj_bias":
+            out[f"{blk}.ffn_down_exps.bias"] = a
+        else:
+            out[f"{blk}.{GPT_OSS_NAMES[rest]}"] = a
+    return out
+
+
+def gpt_oss_state(stored: dict, model) -> dict:
+    state = {}
+    for k in model.state_dict():
+        if k in GLOBAL_NAMES:
+            state[k] = stored[GLOBAL_NAMES[k]]
+            continue
+        _, _, layer, rest = k.split(".", 3)
+        blk = f"blk.{layer}"
+        if rest == "mlp.experts.gate_up_proj":
+            gate, up = stored[f"{blk}.ffn_gate_exps.weight"], stored[f"{blk}.ffn_up_exps.weight"]
+            rows = np.empty((gate.shape[0], 2 * gate.shape[1], gate.shape[2]), dtype=np.float32)
+            rows[:, 0::2], rows[:, 1::2] = gate, up
+            state[k] = rows.transpose(0, 2, 1)
+        elif rest == "mlp.experts.gate_up_proj_bias":
+            gate, up = stored[f"{blk}.ffn_gate_exps.bias"], stored[f"{blk}.ffn_up_exps.bias"]
+            both = np.empty((gate.shape[0], 2 * gate.shape[1]), dtype=np.float32)
+            both[:, 0::2], both[:, 1::2] = gate, up
+            state[k] = both
+        elif rest == "mlp.experts.down_proj":
+            state[k] = stored[f"{blk}.ffn_down_exps.weight"].transpose(0, 2, 1)
+        elif rest == "mlp.experts.down_proj_bias":
+            state[k] = stored[f"{blk}.ffn_down_exps.bias"]
+        else:
+            state[k] = stored[f"{blk}.{GPT_OSS_NAMES[rest]}"]
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()}
+
+
+def gpt_oss_metadata(w, cfg) -> None:
+    a = "gpt-oss"
+    w.add_name("longhaul-fixture")
+    for key, value in [("context_length", cfg.max_position_embeddings), ("embedding_length", cfg.hidden_size),
+                       ("block_count", cfg.num_hidden_layers), ("feed_forward_length", cfg.intermediate_size),
+                       ("attention.head_count", cfg.num_attention_heads),
+                       ("attention.head_count_kv", cfg.num_key_value_heads),
+                       ("attention.key_length", cfg.head_dim), ("attention.value_length", cfg.head_dim),
+                       ("expert_count", cfg.num_local_experts), ("expert_used_count", cfg.num_experts_per_tok),
+                       ("expert_feed_forward_length", cfg.intermediate_size),
+                       ("attention.sliding_window", cfg.sliding_window),
+                       ("rope.scaling.original_context_length",
+                        cfg.rope_parameters["original_max_position_embeddings"])]:
+        w.add_uint32(f"{a}.{key}", int(value))
+    w.add_float32(f"{a}.rope.freq_base", cfg.rope_parameters["rope_theta"])
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
+    w.add_string(f"{a}.rope.scaling.type", "yarn")
+    w.add_float32(f"{a}.rope.scaling.factor", cfg.rope_parameters["factor"])
+
+
 def gguf_tensors(model) -> dict:
     """HF state as GGUF tensors (name -> f32 array), experts stacked."""
+    if model.config.model_type == "gpt_oss":
+        return gpt_oss_tensors(model)
     if is_deepseek(model):
         return deepseek_tensors(model)
     if model.config.model_type == "mixtral":
@@ -295,6 +397,9 @@ def write_gguf(path: Path, model, tok: Tokenizer, split: str, tensors: dict, max
     if is_deepseek(model):
         w = gguf.GGUFWriter(str(path), "deepseek2", split_max_tensors=max_tensors)
         deepseek_metadata(w, cfg)
+    elif cfg.model_type == "gpt_oss":
+        w = gguf.GGUFWriter(str(path), "gpt-oss", split_max_tensors=max_tensors)
+        gpt_oss_metadata(w, cfg)
     elif cfg.model_type == "mixtral":
         w = gguf.GGUFWriter(str(path), "llama", split_max_tensors=max_tensors)
         mixtral_metadata(w, cfg)
@@ -415,6 +520,8 @@ def dequantized_state(path: Path, model) -> dict:
         return deepseek_state(stored, model)
     if model.config.model_type == "mixtral":
         return mixtral_state(stored, model)
+    if model.config.model_type == "gpt_oss":
+        return gpt_oss_state(stored, model)
     tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3MOE, LAYERS)
     state = {}
     for k in model.state_dict():

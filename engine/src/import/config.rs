@@ -141,6 +141,7 @@ pub fn config_json(
             put(&mut c, "mlp_only_layers", json!(dense));
         }
         Arch::Deepseek2 => deepseek2(&m, &mut c, experts)?,
+        Arch::GptOss => gpt_oss(&m, &mut c, experts, layers)?,
         Arch::Llama => {
             put(&mut c, "model_type", json!("mixtral"));
             put(&mut c, "num_local_experts", json!(experts));
@@ -249,6 +250,48 @@ fn deepseek2(m: &Meta, c: &mut Map<String, Value>, experts: u64) -> Result<(), I
         json!(m.u64_opt("expert_group_used_count")?.unwrap_or(1).max(1)),
     );
     put(c, "rope_interleave", json!(true));
+    Ok(())
+}
+
+/// gpt-oss's settings. Even layers use the sliding window (llama.cpp's
+/// pattern, as the released configs' `layer_types`); its YaRN does not
+/// truncate the correction range (`truncate: false` in every released
+/// config, which GGUF does not record; llama.cpp's YaRN truncates).
+fn gpt_oss(
+    m: &Meta,
+    c: &mut Map<String, Value>,
+    experts: u64,
+    layers: u64,
+) -> Result<(), ImportError> {
+    put(c, "model_type", json!("gpt_oss"));
+    put(c, "num_local_experts", json!(experts));
+    put(
+        c,
+        "intermediate_size",
+        json!(m.u64("expert_feed_forward_length", "it sizes the experts")?),
+    );
+    put(
+        c,
+        "sliding_window",
+        json!(m.u64(
+            "attention.sliding_window",
+            "gpt-oss's sliding layers need it"
+        )?),
+    );
+    let types: Vec<&str> = (0..layers)
+        .map(|l| {
+            if l % 2 == 0 {
+                "sliding_attention"
+            } else {
+                "full_attention"
+            }
+        })
+        .collect();
+    put(c, "layer_types", json!(types));
+    put(c, "attention_bias", json!(true));
+    if let Some(Value::Object(yarn)) = c.get_mut("rope_scaling") {
+        yarn.insert("truncate".into(), json!(false));
+    }
     Ok(())
 }
 

@@ -30,9 +30,11 @@ pub enum Arch {
     Llama,
     /// DeepSeek-V3/R1 and Kimi K2 (MLA, sigmoid routing, shared experts).
     Deepseek2,
+    /// gpt-oss (attention sinks, biases, MXFP4 experts).
+    GptOss,
 }
 
-const SUPPORTED_ARCHS: [&str; 3] = ["qwen3moe", "llama (with experts)", "deepseek2"];
+const SUPPORTED_ARCHS: [&str; 4] = ["qwen3moe", "llama (with experts)", "deepseek2", "gpt-oss"];
 
 impl Arch {
     pub fn of(file: &GgufFile) -> Result<Self, ImportError> {
@@ -50,6 +52,7 @@ impl Arch {
             "qwen3moe" => Ok(Arch::Qwen3Moe),
             "llama" => Ok(Arch::Llama),
             "deepseek2" => Ok(Arch::Deepseek2),
+            "gpt-oss" => Ok(Arch::GptOss),
             other => Err(ImportError::Unsupported {
                 path: file.path.clone(),
                 what: format!(
@@ -66,6 +69,7 @@ impl Arch {
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Llama => "llama",
             Arch::Deepseek2 => "deepseek2",
+            Arch::GptOss => "gpt-oss",
         }
     }
 
@@ -73,7 +77,9 @@ impl Arch {
     /// for gate, up and down.
     fn moe(self) -> (&'static str, [&'static str; 3]) {
         match self {
-            Arch::Qwen3Moe | Arch::Deepseek2 => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
+            Arch::Qwen3Moe | Arch::Deepseek2 | Arch::GptOss => {
+                ("mlp", ["gate_proj", "up_proj", "down_proj"])
+            }
             Arch::Llama => ("block_sparse_moe", ["w1", "w3", "w2"]),
         }
     }
@@ -94,6 +100,9 @@ impl Arch {
             "ffn_gate" => "mlp.gate_proj",
             "ffn_up" => "mlp.up_proj",
             "ffn_down" => "mlp.down_proj",
+            // gpt-oss calls its router a router and its second norm so.
+            "ffn_gate_inp" if self == Arch::GptOss => "mlp.router",
+            "post_attention_norm" if self == Arch::GptOss => "post_attention_layernorm",
             "ffn_gate_inp" => return Some(format!("{moe}.gate")),
             _ if self == Arch::Deepseek2 => return deepseek2_part(part),
             _ => return None,
@@ -132,6 +141,15 @@ enum Mapped {
 }
 
 fn map_name(arch: Arch, name: &str) -> Option<Mapped> {
+    // gpt-oss's sinks are a parameter of attention, not a weight.
+    if let Some(layer) = name
+        .strip_prefix("blk.")
+        .and_then(|r| r.strip_suffix(".attn_sinks.weight"))
+        .filter(|_| arch == Arch::GptOss)
+    {
+        let layer: usize = layer.parse().ok()?;
+        return Some(Mapped::One(format!("model.layers.{layer}.self_attn.sinks")));
+    }
     // DeepSeek's routing bias is a parameter of the gate, not a bias.
     if let Some(layer) = name
         .strip_prefix("blk.")
@@ -306,17 +324,22 @@ fn entries(
             Ok(vec![(name, info(shape, t.offset, len, rows))])
         }
         Mapped::Experts(pattern) => {
-            let [count, rows, cols] = shape[..] else {
-                return Err(invalid(format!(
-                    "expert stack has shape {shape:?}, not [experts, rows, cols]"
-                )));
+            // Matrices `[experts, rows, cols]`, or biases `[experts, rows]`.
+            let (count, one): (usize, Vec<usize>) = match shape[..] {
+                [count, rows, cols] => (count, vec![rows, cols]),
+                [count, rows] if pattern.ends_with(".bias") => (count, vec![rows]),
+                _ => {
+                    return Err(invalid(format!(
+                        "expert stack has shape {shape:?}, not [experts, rows, cols]"
+                    )));
+                }
             };
             let each = len / count.max(1) as u64;
             Ok((0..count)
                 .map(|e| {
                     let name = pattern.replace("{e}", &e.to_string());
                     let offset = t.offset + e as u64 * each;
-                    (name, info(vec![rows, cols], offset, each, RowOrder::Stored))
+                    (name, info(one.clone(), offset, each, RowOrder::Stored))
                 })
                 .collect())
         }

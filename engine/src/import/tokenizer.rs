@@ -35,9 +35,13 @@ const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}
 /// Llama 3's split.
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// o200k's split (gpt-oss; llama.cpp's `gpt-4o`).
+const GPT4O_REGEX: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// `tokenizer.ggml.pre` names read, and their split (`None`: GPT-2's own).
 /// llama.cpp's `default` is a split set of its own, not GPT-2's: refused.
-const PRE_TOKENIZERS: [(&str, Option<&str>); 4] = [
+const PRE_TOKENIZERS: [(&str, Option<&str>); 5] = [
+    ("gpt-4o", Some(GPT4O_REGEX)),
     ("gpt-2", None),
     ("qwen2", Some(QWEN2_REGEX)),
     ("llama-bpe", Some(LLAMA3_REGEX)),

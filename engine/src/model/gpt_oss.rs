@@ -202,6 +202,17 @@ fn biases(
     hidden: usize,
     inter: usize,
 ) -> Result<ExpertBiases, ModelError> {
+    if !ew.has("gate_up_proj_bias") && ew.has("0.gate_proj.bias") {
+        // Per expert, gate and up apart, as a GGUF stores them.
+        let (mut gate_up, mut down) = (Vec::new(), Vec::new());
+        for e in 0..count {
+            let ee = ew.pp(e);
+            gate_up.extend(values(&ee.get("gate_proj.bias", &[inter])?)?);
+            gate_up.extend(values(&ee.get("up_proj.bias", &[inter])?)?);
+            down.extend(values(&ee.get("down_proj.bias", &[hidden])?)?);
+        }
+        return Ok(ExpertBiases { gate_up, down });
+    }
     let gate_up = values(&ew.get("gate_up_proj_bias", &[count, 2 * inter])?)?;
     let down = values(&ew.get("down_proj_bias", &[count, hidden])?)?;
     let gate_up = gate_up
@@ -226,6 +237,9 @@ pub fn layer_records(
     inter: usize,
 ) -> Result<Vec<(Format, Vec<u8>)>, ModelError> {
     let source = ew.source();
+    if ew.has("0.gate_proj.weight") {
+        return per_expert_records(ew, count, hidden, inter);
+    }
     let (gate_up, down) = (ew.full_name("gate_up_proj"), ew.full_name("down_proj"));
     if mxfp4::is_blocked(source, &gate_up) {
         let gu = mxfp4::load(source, &gate_up, &[count, 2 * inter, hidden])?;
@@ -237,6 +251,45 @@ pub fn layer_records(
     let d = transposed(source, &down, &[count, inter, hidden])?;
     let format = gu.0;
     Ok(stack_records(&gu.1, &d.1, format, count, hidden, inter))
+}
+
+/// Records from experts stored one by one, gate and up apart (a GGUF's
+/// layout: llama.cpp's converter de-interleaves and transposes them).
+fn per_expert_records(
+    ew: &Weights,
+    count: usize,
+    hidden: usize,
+    inter: usize,
+) -> Result<Vec<(Format, Vec<u8>)>, ModelError> {
+    let source = ew.source();
+    (0..count)
+        .map(|e| {
+            let mut record = Vec::new();
+            let mut format = None;
+            for (part, shape) in [
+                ("gate_proj", [inter, hidden]),
+                ("up_proj", [inter, hidden]),
+                ("down_proj", [hidden, inter]),
+            ] {
+                let name = ew.full_name(&format!("{e}.{part}.weight"));
+                expect_shape(source, &name, &shape)?;
+                let (f, bytes) = stored_rows(source, &name, &shape, 1)?;
+                if format.is_some_and(|first| first != f) {
+                    return Err(WeightsError::InvalidFile {
+                        path: source.location(&name),
+                        reason: format!(
+                            "expert {e} stores `{part}` as {}, its other matrices otherwise; a gpt-oss expert is one format",
+                            f.name()
+                        ),
+                    }
+                    .into());
+                }
+                format = Some(f);
+                record.extend(bytes);
+            }
+            Ok((format.unwrap_or(Format::F32), record))
+        })
+        .collect()
 }
 
 /// The `[E, K, N]` float stack `name`, each matrix transposed to `[N, K]`.

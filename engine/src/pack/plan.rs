@@ -31,7 +31,9 @@ impl<'a> LayerPlan<'a> {
         tensors: &'a LayerTensors,
         spec: &ModelSpec,
     ) -> Result<Self, PackError> {
-        if let Architecture::GptOss(c) = &spec.architecture {
+        // gpt-oss's own stacked layout; experts stored one by one (a GGUF)
+        // take the common path.
+        if let (Architecture::GptOss(c), [Some(_), _]) = (&spec.architecture, &tensors.fused) {
             return Self::gpt_oss(ckpt, layer, tensors, c);
         }
         let info = |name: &str| {
