@@ -26,7 +26,7 @@ enum Command {
     Run(commands::run::RunArgs),
     /// Print the model's logits for a sequence of token ids.
     Logits(commands::logits::LogitsArgs),
-    /// Pack a checkpoint over several drives for streaming, or verify a pack.
+    /// Pack a checkpoint or GGUF file over several drives for streaming, or verify a pack.
     Pack(commands::pack::PackArgs),
     /// Write a random-weight checkpoint of any shape and size.
     Synth(commands::synth::SynthArgs),

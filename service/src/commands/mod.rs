@@ -115,7 +115,7 @@ impl MemoryArgs {
 /// How to find and hold a model: shared by every command that takes one.
 #[derive(clap::Args)]
 pub struct ModelArgs {
-    /// Model folder: a Hugging Face checkpoint or a pack.
+    /// The model: a Hugging Face checkpoint folder, a pack, or a GGUF file (the first part of a split one).
     #[arg(long)]
     pub model: PathBuf,
     #[command(flatten)]

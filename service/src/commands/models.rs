@@ -16,7 +16,7 @@ pub struct ModelsArgs {
 
 #[derive(Subcommand)]
 enum ModelsCommand {
-    /// Register a checkpoint or pack (PATH), or a remote OpenAI-compatible server (--url).
+    /// Register a checkpoint, pack or GGUF file (PATH), or a remote OpenAI-compatible server (--url).
     Add {
         name: String,
         path: Option<PathBuf>,

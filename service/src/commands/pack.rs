@@ -19,7 +19,7 @@ use super::size::parse_size;
 
 #[derive(Args)]
 pub struct PackArgs {
-    /// Checkpoint folder to pack (or, with --verify, the pack to check).
+    /// Checkpoint folder or GGUF file (the first part of a split one) to pack (or, with --verify, the pack to check).
     source: PathBuf,
     /// Pack folder to create: manifest, config and tokenizer files.
     #[arg(long, required_unless_present = "verify")]
