@@ -26,6 +26,12 @@ pub enum EngineError {
     NotAModel { path: PathBuf },
     #[error(transparent)]
     Import(#[from] crate::import::ImportError),
+    #[error("{path}: no tokenizer: {source}")]
+    NoTokenizer {
+        path: PathBuf,
+        #[source]
+        source: Arc<crate::import::ImportError>,
+    },
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error(transparent)]
@@ -66,8 +72,8 @@ pub struct Engine {
     /// Set when the model is a pack: the streaming provider, for its counters.
     streaming: Option<Arc<StreamingExperts>>,
     tokenizer: Option<TextTokenizer>,
-    /// Why there is no tokenizer, when there is none.
-    no_tokenizer: String,
+    /// Why a GGUF file's tokenizer could not be rebuilt, when it could not.
+    no_tokenizer: Option<Arc<crate::import::ImportError>>,
     eos_token_ids: Vec<u32>,
     path: PathBuf,
     /// How the memory limit was spent, when one was given for a pack.
@@ -176,8 +182,8 @@ impl Engine {
             None => None,
         };
         let no_tokenizer = match &gguf_tokenizer {
-            Some(Err(reason)) => reason.clone(),
-            _ => "no tokenizer in this model folder".to_string(),
+            Some(Err(reason)) => Some(Arc::clone(reason)),
+            _ => None,
         };
         let mut memory_plan = None;
         let (checkpoint, streaming, checked) = if pack::is_pack(path) {
@@ -289,15 +295,21 @@ impl Engine {
     }
 
     pub fn tokenizer(&self) -> Result<&TextTokenizer, EngineError> {
-        self.tokenizer.as_ref().ok_or_else(|| {
-            EngineError::Tokenizer(TokenizerError::Io {
-                path: self.path.join("tokenizer.json"),
-                source: std::io::Error::new(
-                    std::io::ErrorKind::NotFound,
-                    self.no_tokenizer.clone(),
-                ),
+        self.tokenizer
+            .as_ref()
+            .ok_or_else(|| match &self.no_tokenizer {
+                Some(reason) => EngineError::NoTokenizer {
+                    path: self.path.clone(),
+                    source: Arc::clone(reason),
+                },
+                None => EngineError::Tokenizer(TokenizerError::Io {
+                    path: self.path.join("tokenizer.json"),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "no tokenizer in this model folder",
+                    ),
+                }),
             })
-        })
     }
 
     /// Logits `[ids.len(), vocab]` for every position of `ids`.
@@ -411,9 +423,9 @@ fn plan_memory(
 /// The tokenizer a GGUF file's metadata describes, or why there is none.
 fn gguf_tokenizer(
     model: &crate::import::GgufModel,
-) -> Result<Result<TextTokenizer, String>, EngineError> {
+) -> Result<Result<TextTokenizer, Arc<crate::import::ImportError>>, EngineError> {
     match &model.tokenizer {
-        Err(reason) => Ok(Err(reason.clone())),
+        Err(reason) => Ok(Err(Arc::clone(reason))),
         Ok(t) => Ok(Ok(TextTokenizer::from_parts(
             &model.path,
             t.json.to_string().as_bytes(),

@@ -194,3 +194,33 @@ fn gguf_greedy_tokens_match_transformers() {
         );
     }
 }
+
+/// A file whose tokenizer cannot be rebuilt (here a split llama.cpp names
+/// but Longhaul does not know) still loads and scores ids; asking it for
+/// text says why it cannot.
+#[test]
+fn a_file_without_a_usable_tokenizer_still_scores_ids() {
+    let dir = common::fixtures_dir().join("gguf");
+    let mut bytes = std::fs::read(dir.join("qwen3moe-f32.gguf")).unwrap();
+    let (key, from) = (b"tokenizer.ggml.pre".as_slice(), b"gpt-2".as_slice());
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap();
+    let value = at
+        + bytes[at..]
+            .windows(from.len())
+            .position(|w| w == from)
+            .unwrap();
+    bytes[value..value + from.len()].copy_from_slice(b"gpt-9");
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("odd-split.gguf");
+    std::fs::write(&file, bytes).unwrap();
+    let engine = Engine::open(&file).unwrap();
+    let whole = Engine::open(&dir.join("qwen3moe-f32.gguf")).unwrap();
+    let ids = [5u32, 6, 7];
+    let (a, b): (Vec<Vec<f32>>, Vec<Vec<f32>>) = (
+        engine.logits(&ids).unwrap().to_vec2().unwrap(),
+        whole.logits(&ids).unwrap().to_vec2().unwrap(),
+    );
+    assert!(a == b);
+    let err = engine.tokenizer().err().expect("no tokenizer").to_string();
+    assert!(err.contains("tokenizer.ggml.pre `gpt-9`"), "{err}");
+}

@@ -78,7 +78,7 @@ pub struct GgufModel {
     /// `tokenizer.json` and `tokenizer_config.json`, or why the metadata's
     /// tokenizer cannot be rebuilt: the model still loads and scores token
     /// ids, and asking it for text says why it cannot.
-    pub tokenizer: Result<Tokenizer, String>,
+    pub tokenizer: Result<Tokenizer, std::sync::Arc<ImportError>>,
 }
 
 /// A tokenizer rebuilt from GGUF metadata.
@@ -103,7 +103,7 @@ impl GgufModel {
         let config = config::config_json(arch, &files[0], &checkpoint)?;
         let tokenizer = tokenizer::tokenizer_json(&files[0])
             .map(|(json, config)| Tokenizer { json, config })
-            .map_err(|e| e.to_string());
+            .map_err(std::sync::Arc::new);
         let model = Self {
             path: path.to_path_buf(),
             parts: paths,
