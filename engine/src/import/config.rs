@@ -24,13 +24,46 @@ pub fn config_json(
         file,
         arch: arch.key(),
     };
+    let mut c = Map::new();
+    let head_dim = common(&m, arch, ckpt, &mut c)?;
+    let experts = m
+        .u64_opt("expert_count")?
+        .filter(|&e| e > 0)
+        .ok_or_else(|| ImportError::MissingKey {
+            path: file.path.clone(),
+            key: format!("{}.expert_count", arch.key()),
+            needs: "Longhaul runs mixture-of-experts models, and this file states no experts",
+        })?;
+    let used = m.u64(
+        "expert_used_count",
+        "it says how many experts each token uses",
+    )?;
+    put(&mut c, "num_experts_per_tok", json!(used));
+    let layers = m.u64("block_count", "it counts the layers")?;
+    match arch {
+        Arch::Qwen3Moe => qwen3moe(&m, &mut c, experts, layers, ckpt)?,
+        Arch::Deepseek2 => deepseek2(&m, &mut c, experts)?,
+        Arch::GptOss => gpt_oss(&m, &mut c, experts, layers)?,
+        Arch::Llama => mixtral(&m, &mut c, experts, head_dim)?,
+    }
+    Ok(Value::Object(c))
+}
+
+/// What every architecture states alike: sizes, norms, RoPE, tying, bias
+/// and special tokens. Returns the head size when the file states one.
+fn common(
+    m: &Meta,
+    arch: Arch,
+    ckpt: &SafetensorsCheckpoint,
+    c: &mut Map<String, Value>,
+) -> Result<Option<u64>, ImportError> {
+    let file = m.file;
     let embed = ckpt
         .shape("model.embed_tokens.weight")
         .ok_or_else(|| ImportError::Invalid {
             path: file.path.clone(),
             what: "it holds no `token_embd.weight`".to_string(),
         })?;
-    let layers = m.u64("block_count", "it counts the layers")?;
     let heads = m.u64("attention.head_count", "it sizes attention")?;
     // MLA's latent "head" makes key and value lengths differ by design.
     let head_dim = match (
@@ -45,119 +78,98 @@ pub fn config_json(
         }
         (k, _) => k.filter(|_| arch != Arch::Deepseek2),
     };
-    let mut c = Map::new();
-    put(&mut c, "vocab_size", json!(embed[0]));
+    put(c, "vocab_size", json!(embed[0]));
+    let width = m.u64("embedding_length", "it is the model's width")?;
+    put(c, "hidden_size", json!(width));
     put(
-        &mut c,
-        "hidden_size",
-        json!(m.u64("embedding_length", "it is the model's width")?),
+        c,
+        "num_hidden_layers",
+        json!(m.u64("block_count", "it counts the layers")?),
     );
-    put(&mut c, "num_hidden_layers", json!(layers));
-    put(&mut c, "num_attention_heads", json!(heads));
-    put(
-        &mut c,
-        "num_key_value_heads",
-        json!(m.u64_opt("attention.head_count_kv")?.unwrap_or(heads)),
-    );
+    put(c, "num_attention_heads", json!(heads));
+    let kv_heads = m.u64_opt("attention.head_count_kv")?.unwrap_or(heads);
+    put(c, "num_key_value_heads", json!(kv_heads));
     if let Some(d) = head_dim {
-        put(&mut c, "head_dim", json!(d));
+        put(c, "head_dim", json!(d));
     }
-    put(
-        &mut c,
-        "rms_norm_eps",
-        json!(
-            m.f64_opt("attention.layer_norm_rms_epsilon")?
-                .ok_or_else(|| {
-                    ImportError::MissingKey {
-                        path: file.path.clone(),
-                        key: format!("{}.attention.layer_norm_rms_epsilon", arch.key()),
-                        needs: "the RMS norms need it",
-                    }
-                })?
-        ),
-    );
-    put(
-        &mut c,
-        "rope_theta",
-        json!(m.f64_opt("rope.freq_base")?.unwrap_or(DEFAULT_ROPE_BASE)),
-    );
+    let eps = m
+        .f64_opt("attention.layer_norm_rms_epsilon")?
+        .ok_or_else(|| ImportError::MissingKey {
+            path: file.path.clone(),
+            key: format!("{}.attention.layer_norm_rms_epsilon", arch.key()),
+            needs: "the RMS norms need it",
+        })?;
+    put(c, "rms_norm_eps", json!(eps));
+    let base = m.f64_opt("rope.freq_base")?.unwrap_or(DEFAULT_ROPE_BASE);
+    put(c, "rope_theta", json!(base));
     if let Some(ctx) = m.u64_opt("context_length")? {
-        put(&mut c, "max_position_embeddings", json!(ctx));
+        put(c, "max_position_embeddings", json!(ctx));
     }
-    if let Some(scaling) = rope_scaling(&m)? {
-        put(&mut c, "rope_scaling", scaling);
+    if let Some(scaling) = rope_scaling(m)? {
+        put(c, "rope_scaling", scaling);
     }
-    put(&mut c, "hidden_act", json!("silu"));
+    put(c, "hidden_act", json!("silu"));
     put(
-        &mut c,
+        c,
         "tie_word_embeddings",
         json!(ckpt.shape("lm_head.weight").is_none()),
     );
-    put(
-        &mut c,
-        "attention_bias",
-        json!(ckpt.shape("model.layers.0.self_attn.q_proj.bias").is_some()),
-    );
+    let bias = ckpt.shape("model.layers.0.self_attn.q_proj.bias").is_some();
+    put(c, "attention_bias", json!(bias));
     let token = |key: &str| file.metadata.get(key).and_then(|v| v.as_u64());
     if let Some(eos) = token("tokenizer.ggml.eos_token_id") {
-        put(&mut c, "eos_token_id", json!(eos));
+        put(c, "eos_token_id", json!(eos));
     }
     if let Some(bos) = token("tokenizer.ggml.bos_token_id") {
-        put(&mut c, "bos_token_id", json!(bos));
+        put(c, "bos_token_id", json!(bos));
     }
-    let experts = m
-        .u64_opt("expert_count")?
-        .filter(|&e| e > 0)
-        .ok_or_else(|| ImportError::MissingKey {
-            path: file.path.clone(),
-            key: format!("{}.expert_count", arch.key()),
-            needs: "Longhaul runs mixture-of-experts models, and this file states no experts",
-        })?;
-    let used = m.u64(
-        "expert_used_count",
-        "it says how many experts each token uses",
-    )?;
-    put(&mut c, "num_experts_per_tok", json!(used));
-    match arch {
-        Arch::Qwen3Moe => {
-            put(&mut c, "model_type", json!("qwen3_moe"));
-            put(&mut c, "num_experts", json!(experts));
-            let moe = m.u64("expert_feed_forward_length", "it sizes the experts")?;
-            put(&mut c, "moe_intermediate_size", json!(moe));
-            put(
-                &mut c,
-                "intermediate_size",
-                json!(m.u64_opt("feed_forward_length")?.unwrap_or(moe)),
-            );
-            // llama.cpp always renormalises Qwen3-MoE's top-k weights
-            // (`norm_w` is fixed in its graph), as every released config does.
-            put(&mut c, "norm_topk_prob", json!(true));
-            let dense: Vec<u64> = (0..layers)
-                .filter(|l| {
-                    ckpt.shape(&format!("model.layers.{l}.mlp.gate.weight"))
-                        .is_none()
-                })
-                .collect();
-            put(&mut c, "mlp_only_layers", json!(dense));
-        }
-        Arch::Deepseek2 => deepseek2(&m, &mut c, experts)?,
-        Arch::GptOss => gpt_oss(&m, &mut c, experts, layers)?,
-        Arch::Llama => {
-            put(&mut c, "model_type", json!("mixtral"));
-            put(&mut c, "num_local_experts", json!(experts));
-            put(
-                &mut c,
-                "intermediate_size",
-                json!(m.u64("feed_forward_length", "it sizes the experts")?),
-            );
-            if head_dim.is_none()
-                && let Some(d) = m.u64_opt("rope.dimension_count")?
-            {
-                put(&mut c, "head_dim", json!(d));
-            }
-        }
+    Ok(head_dim)
+}
+
+/// Qwen3-MoE's settings; layers without a router are dense.
+fn qwen3moe(
+    m: &Meta,
+    c: &mut Map<String, Value>,
+    experts: u64,
+    layers: u64,
+    ckpt: &SafetensorsCheckpoint,
+) -> Result<(), ImportError> {
+    put(c, "model_type", json!("qwen3_moe"));
+    put(c, "num_experts", json!(experts));
+    let moe = m.u64("expert_feed_forward_length", "it sizes the experts")?;
+    put(c, "moe_intermediate_size", json!(moe));
+    let dense = m.u64_opt("feed_forward_length")?.unwrap_or(moe);
+    put(c, "intermediate_size", json!(dense));
+    // llama.cpp always renormalises Qwen3-MoE's top-k weights (`norm_w` is
+    // fixed in its graph), as every released config does.
+    put(c, "norm_topk_prob", json!(true));
+    let dense: Vec<u64> = (0..layers)
+        .filter(|l| {
+            ckpt.shape(&format!("model.layers.{l}.mlp.gate.weight"))
+                .is_none()
+        })
+        .collect();
+    put(c, "mlp_only_layers", json!(dense));
+    Ok(())
+}
+
+/// Mixtral's settings (`llama` with experts).
+fn mixtral(
+    m: &Meta,
+    c: &mut Map<String, Value>,
+    experts: u64,
+    head_dim: Option<u64>,
+) -> Result<(), ImportError> {
+    put(c, "model_type", json!("mixtral"));
+    put(c, "num_local_experts", json!(experts));
+    let width = m.u64("feed_forward_length", "it sizes the experts")?;
+    put(c, "intermediate_size", json!(width));
+    if head_dim.is_none()
+        && let Some(d) = m.u64_opt("rope.dimension_count")?
+    {
+        put(c, "head_dim", json!(d));
     }
-    Ok(Value::Object(c))
+    Ok(())
 }
 
 /// DeepSeek-V3's settings, as llama.cpp's converter states them.

@@ -48,30 +48,134 @@ const PRE_TOKENIZERS: [(&str, Option<&str>); 5] = [
     ("llama3", Some(LLAMA3_REGEX)),
 ];
 
+/// A GGUF vocabulary as both tokenizer kinds read it.
+struct Vocab<'a> {
+    file: &'a GgufFile,
+    tokens: Vec<String>,
+    types: Vec<u64>,
+}
+
+impl<'a> Vocab<'a> {
+    fn read(file: &'a GgufFile) -> Result<Self, ImportError> {
+        let tokens =
+            strings(file, "tokenizer.ggml.tokens")?.ok_or_else(|| ImportError::MissingKey {
+                path: file.path.clone(),
+                key: "tokenizer.ggml.tokens".into(),
+                needs: "it is the vocabulary",
+            })?;
+        let types = match file.metadata.get("tokenizer.ggml.token_type") {
+            Some(GgufValue::Array(v)) => v.iter().map(|t| t.as_u64().unwrap_or(1)).collect(),
+            _ => Vec::new(),
+        };
+        Ok(Self {
+            file,
+            tokens,
+            types,
+        })
+    }
+
+    fn key(&self, k: &str) -> Option<&GgufValue> {
+        self.file.metadata.get(k)
+    }
+
+    fn ty(&self, i: usize) -> u64 {
+        self.types.get(i).copied().unwrap_or(1)
+    }
+
+    fn flag(&self, k: &str, default: bool) -> bool {
+        match self.key(k) {
+            Some(GgufValue::Bool(b)) => *b,
+            _ => default,
+        }
+    }
+
+    /// Token `id_key`'s id (or `default`) and text.
+    fn special(&self, id_key: &str, default: Option<u64>) -> Option<(u64, String)> {
+        let id = self.key(id_key).and_then(GgufValue::as_u64).or(default)?;
+        Some((id, self.tokens.get(id as usize)?.clone()))
+    }
+
+    /// `tokenizer.json` around `model`, with the control and user-defined
+    /// tokens matched whole, a BOS put first when `add_bos`, and the
+    /// matching `tokenizer_config.json`.
+    fn finish(
+        &self,
+        model: Value,
+        [normalizer, pre_tokenizer, decoder]: [Value; 3],
+        bos: Option<(u64, String)>,
+        eos: Option<(u64, String)>,
+        add_bos: bool,
+    ) -> (Value, Value) {
+        let added: Vec<Value> = (0..self.tokens.len())
+            .filter(|&i| matches!(self.ty(i), TOKEN_CONTROL | TOKEN_USER_DEFINED))
+            .map(|i| {
+                json!({"id": i, "content": self.tokens[i], "single_word": false, "lstrip": false,
+                    "rstrip": false, "normalized": false, "special": self.ty(i) == TOKEN_CONTROL})
+            })
+            .collect();
+        let post_processor = match (&bos, add_bos) {
+            (Some((id, b)), true) => json!({"type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": b, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"SpecialToken": {"id": b, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                         {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {b.as_str(): {"id": b, "ids": [id], "tokens": [b]}}}),
+            _ => Value::Null,
+        };
+        let tokenizer = json!({
+            "version": "1.0",
+            "added_tokens": added,
+            "normalizer": normalizer,
+            "pre_tokenizer": pre_tokenizer,
+            "post_processor": post_processor,
+            "decoder": decoder,
+            "model": model,
+        });
+        let mut config = json!({"add_bos_token": add_bos});
+        if let Some(t) = self
+            .key("tokenizer.chat_template")
+            .and_then(GgufValue::as_str)
+        {
+            config["chat_template"] = json!(t);
+        }
+        if let Some((_, b)) = bos {
+            config["bos_token"] = json!(b);
+        }
+        if let Some((_, e)) = eos {
+            config["eos_token"] = json!(e);
+        }
+        (tokenizer, config)
+    }
+}
+
 /// `tokenizer.json` and `tokenizer_config.json` for `file`.
 pub fn tokenizer_json(file: &GgufFile) -> Result<(Value, Value), ImportError> {
-    let key = |k: &str| file.metadata.get(k);
-    let missing = |k: &str, needs: &'static str| ImportError::MissingKey {
-        path: file.path.clone(),
-        key: k.to_string(),
-        needs,
-    };
     let unsupported = |what: String| ImportError::Unsupported {
         path: file.path.clone(),
         what,
     };
-    let model = key("tokenizer.ggml.model")
+    let model = file
+        .metadata
+        .get("tokenizer.ggml.model")
         .and_then(GgufValue::as_str)
-        .ok_or_else(|| missing("tokenizer.ggml.model", "it names the tokenizer's kind"))?;
-    if model == SPM {
-        return spm_json(file);
+        .ok_or_else(|| ImportError::MissingKey {
+            path: file.path.clone(),
+            key: "tokenizer.ggml.model".into(),
+            needs: "it names the tokenizer's kind",
+        })?;
+    match model {
+        SPM => spm_json(&Vocab::read(file)?),
+        GPT2 => bpe_json(&Vocab::read(file)?),
+        other => Err(unsupported(format!(
+            "tokenizer.ggml.model `{other}` is not supported; byte-level BPE (`gpt2`) and SentencePiece (`llama`) are"
+        ))),
     }
-    if model != GPT2 {
-        return Err(unsupported(format!(
-            "tokenizer.ggml.model `{model}` is not supported; byte-level BPE (`gpt2`) and SentencePiece (`llama`) are"
-        )));
-    }
-    let pre = key("tokenizer.ggml.pre")
+}
+
+/// Byte-level BPE: the merges in rank order, split first by the regex
+/// `tokenizer.ggml.pre` names.
+fn bpe_json(v: &Vocab) -> Result<(Value, Value), ImportError> {
+    let pre = v
+        .key("tokenizer.ggml.pre")
         .and_then(GgufValue::as_str)
         .unwrap_or("default");
     let split = PRE_TOKENIZERS
@@ -80,41 +184,21 @@ pub fn tokenizer_json(file: &GgufFile) -> Result<(Value, Value), ImportError> {
         .map(|(_, regex)| *regex)
         .ok_or_else(|| {
             let known: Vec<&str> = PRE_TOKENIZERS.iter().map(|p| p.0).collect();
-            unsupported(format!(
-                "tokenizer.ggml.pre `{pre}` is not supported; supported: {}",
-                known.join(", ")
-            ))
+            ImportError::Unsupported {
+                path: v.file.path.clone(),
+                what: format!(
+                    "tokenizer.ggml.pre `{pre}` is not supported; supported: {}",
+                    known.join(", ")
+                ),
+            }
         })?;
-    let tokens = strings(file, "tokenizer.ggml.tokens")?
-        .ok_or_else(|| missing("tokenizer.ggml.tokens", "it is the vocabulary"))?;
-    let merges = strings(file, "tokenizer.ggml.merges")?.unwrap_or_default();
-    let types = match key("tokenizer.ggml.token_type") {
-        Some(GgufValue::Array(v)) => v.iter().map(|t| t.as_u64().unwrap_or(1)).collect(),
-        _ => vec![1; tokens.len()],
-    };
-    let mut vocab = serde_json::Map::new();
-    let mut added = Vec::new();
-    for (id, (token, ty)) in tokens
+    let merges = strings(v.file, "tokenizer.ggml.merges")?.unwrap_or_default();
+    let vocab: serde_json::Map<String, Value> = v
+        .tokens
         .iter()
-        .zip(types.iter().chain(std::iter::repeat(&1)))
         .enumerate()
-    {
-        if *ty == TOKEN_CONTROL || *ty == TOKEN_USER_DEFINED {
-            added.push(
-                json!({"id": id, "content": token, "single_word": false, "lstrip": false,
-                "rstrip": false, "normalized": false, "special": *ty == TOKEN_CONTROL}),
-            );
-        }
-        vocab.insert(token.clone(), json!(id));
-    }
-    let id = |k: &str| key(k).and_then(GgufValue::as_u64);
-    let token_text = |i: Option<u64>| i.and_then(|i| tokens.get(i as usize)).cloned();
-    let bos = token_text(id("tokenizer.ggml.bos_token_id"));
-    let eos = token_text(id("tokenizer.ggml.eos_token_id"));
-    let add_bos = matches!(
-        key("tokenizer.ggml.add_bos_token"),
-        Some(GgufValue::Bool(true))
-    );
+        .map(|(i, t)| (t.clone(), json!(i)))
+        .collect();
     let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false,
         "use_regex": split.is_none()});
     let pre_tokenizer = match split {
@@ -124,37 +208,17 @@ pub fn tokenizer_json(file: &GgufFile) -> Result<(Value, Value), ImportError> {
             byte_level.clone(),
         ]}),
     };
-    let post_processor = match (&bos, add_bos) {
-        (Some(b), true) => json!({"type": "TemplateProcessing",
-            "single": [{"SpecialToken": {"id": b, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-            "pair": [{"SpecialToken": {"id": b, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                     {"Sequence": {"id": "B", "type_id": 1}}],
-            "special_tokens": {b.as_str(): {"id": b, "ids": [id("tokenizer.ggml.bos_token_id")], "tokens": [b]}}}),
-        _ => Value::Null,
-    };
-    let tokenizer = json!({
-        "version": "1.0",
-        "added_tokens": added,
-        // llama.cpp normalises nothing before splitting; neither does this.
-        "normalizer": Value::Null,
-        "pre_tokenizer": pre_tokenizer,
-        "post_processor": post_processor,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
-        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-                  "ignore_merges": false, "vocab": vocab, "merges": merges},
-    });
-    let mut config = json!({"add_bos_token": add_bos});
-    if let Some(t) = key("tokenizer.chat_template").and_then(GgufValue::as_str) {
-        config["chat_template"] = json!(t);
-    }
-    if let Some(b) = bos {
-        config["bos_token"] = json!(b);
-    }
-    if let Some(e) = eos {
-        config["eos_token"] = json!(e);
-    }
-    Ok((tokenizer, config))
+    let decoder = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false,
+        "use_regex": false});
+    let model = json!({"type": "BPE", "dropout": null, "unk_token": null,
+        "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false,
+        "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": merges});
+    let bos = v.special("tokenizer.ggml.bos_token_id", None);
+    let eos = v.special("tokenizer.ggml.eos_token_id", None);
+    let add_bos = v.flag("tokenizer.ggml.add_bos_token", false);
+    // llama.cpp normalises nothing before splitting; neither does this.
+    let parts = [Value::Null, pre_tokenizer, decoder];
+    Ok(v.finish(model, parts, bos, eos, add_bos))
 }
 
 /// A SentencePiece vocabulary as llama.cpp tokenizes it: spaces become
@@ -163,68 +227,32 @@ pub fn tokenizer_json(file: &GgufFile) -> Result<(Value, Value), ImportError> {
 /// merged, again and again; characters no token covers become byte tokens.
 /// As BPE that is one merge per way of splitting each token in two, ranked
 /// by the token's score (the rule transformers' converter uses).
-fn spm_json(file: &GgufFile) -> Result<(Value, Value), ImportError> {
-    let key = |k: &str| file.metadata.get(k);
-    let tokens =
-        strings(file, "tokenizer.ggml.tokens")?.ok_or_else(|| ImportError::MissingKey {
-            path: file.path.clone(),
-            key: "tokenizer.ggml.tokens".into(),
-            needs: "it is the vocabulary",
-        })?;
-    let scores: Vec<f32> = match key("tokenizer.ggml.scores") {
-        Some(GgufValue::Array(v)) => v
+fn spm_json(v: &Vocab) -> Result<(Value, Value), ImportError> {
+    let scores: Vec<f32> = match v.key("tokenizer.ggml.scores") {
+        Some(GgufValue::Array(s)) => s
             .iter()
             .map(|s| match s {
                 GgufValue::F32(f) => *f,
                 _ => 0.0,
             })
             .collect(),
-        _ => vec![0.0; tokens.len()],
+        _ => Vec::new(),
     };
-    let types: Vec<u64> = match key("tokenizer.ggml.token_type") {
-        Some(GgufValue::Array(v)) => v.iter().map(|t| t.as_u64().unwrap_or(1)).collect(),
-        _ => vec![1; tokens.len()],
-    };
-    let ty = |i: usize| types.get(i).copied().unwrap_or(1);
-    let id = |k: &str, default: u64| key(k).and_then(GgufValue::as_u64).unwrap_or(default);
-    let flag = |k: &str, default: bool| match key(k) {
-        Some(GgufValue::Bool(b)) => *b,
-        _ => default,
-    };
-    let add_space_prefix = flag("tokenizer.ggml.add_space_prefix", true);
-    let add_bos = flag("tokenizer.ggml.add_bos_token", true);
-    let mut vocab = serde_json::Map::new();
-    let mut added = Vec::new();
-    for (i, t) in tokens.iter().enumerate() {
-        vocab.insert(t.clone(), json!(i));
-        if ty(i) == TOKEN_CONTROL || ty(i) == TOKEN_USER_DEFINED {
-            added.push(
-                json!({"id": i, "content": t, "single_word": false, "lstrip": false,
-                "rstrip": false, "normalized": false, "special": ty(i) == TOKEN_CONTROL}),
-            );
-        }
-    }
-    let text = |i: u64| tokens.get(i as usize).cloned();
-    let (bos, eos, unk) = (
-        text(id("tokenizer.ggml.bos_token_id", SPM_BOS)),
-        text(id("tokenizer.ggml.eos_token_id", SPM_EOS)),
-        text(id("tokenizer.ggml.unknown_token_id", SPM_UNK)),
-    );
-    let mergeable = |i: usize| ty(i) != TOKEN_CONTROL && ty(i) != TOKEN_BYTE;
-    let merges = spm_merges(&tokens, &scores, mergeable);
+    let add_space_prefix = v.flag("tokenizer.ggml.add_space_prefix", true);
+    let vocab: serde_json::Map<String, Value> = v
+        .tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), json!(i)))
+        .collect();
+    let unk = v.special("tokenizer.ggml.unknown_token_id", Some(SPM_UNK));
+    let mergeable = |i: usize| v.ty(i) != TOKEN_CONTROL && v.ty(i) != TOKEN_BYTE;
+    let merges = spm_merges(&v.tokens, &scores, mergeable);
     let mut normalizers = Vec::new();
     if add_space_prefix {
         normalizers.push(json!({"type": "Prepend", "prepend": SPACE_MARK}));
     }
     normalizers.push(json!({"type": "Replace", "pattern": {"String": " "}, "content": SPACE_MARK}));
-    let post_processor = match (&bos, add_bos) {
-        (Some(b), true) => json!({"type": "TemplateProcessing",
-            "single": [{"SpecialToken": {"id": b, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-            "pair": [{"SpecialToken": {"id": b, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                     {"Sequence": {"id": "B", "type_id": 1}}],
-            "special_tokens": {b.as_str(): {"id": b, "ids": [id("tokenizer.ggml.bos_token_id", SPM_BOS)], "tokens": [b]}}}),
-        _ => Value::Null,
-    };
     let mut decoders = vec![
         json!({"type": "Replace", "pattern": {"String": SPACE_MARK}, "content": " "}),
         json!({"type": "ByteFallback"}),
@@ -233,28 +261,18 @@ fn spm_json(file: &GgufFile) -> Result<(Value, Value), ImportError> {
     if add_space_prefix {
         decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
     }
-    let tokenizer = json!({
-        "version": "1.0",
-        "added_tokens": added,
-        "normalizer": {"type": "Sequence", "normalizers": normalizers},
-        "pre_tokenizer": null,
-        "post_processor": post_processor,
-        "decoder": {"type": "Sequence", "decoders": decoders},
-        "model": {"type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
-                  "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true,
-                  "ignore_merges": false, "vocab": vocab, "merges": merges},
-    });
-    let mut config = json!({"add_bos_token": add_bos});
-    if let Some(t) = key("tokenizer.chat_template").and_then(GgufValue::as_str) {
-        config["chat_template"] = json!(t);
-    }
-    if let Some(b) = bos {
-        config["bos_token"] = json!(b);
-    }
-    if let Some(e) = eos {
-        config["eos_token"] = json!(e);
-    }
-    Ok((tokenizer, config))
+    let model = json!({"type": "BPE", "dropout": null, "unk_token": unk.map(|(_, t)| t),
+        "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": true,
+        "byte_fallback": true, "ignore_merges": false, "vocab": vocab, "merges": merges});
+    let parts = [
+        json!({"type": "Sequence", "normalizers": normalizers}),
+        Value::Null,
+        json!({"type": "Sequence", "decoders": decoders}),
+    ];
+    let bos = v.special("tokenizer.ggml.bos_token_id", Some(SPM_BOS));
+    let eos = v.special("tokenizer.ggml.eos_token_id", Some(SPM_EOS));
+    let add_bos = v.flag("tokenizer.ggml.add_bos_token", true);
+    Ok(v.finish(model, parts, bos, eos, add_bos))
 }
 
 /// Every `[left, right]` pair of tokens that joins into a token, highest
