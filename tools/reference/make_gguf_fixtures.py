@@ -48,6 +48,9 @@ GREEDY_TOKENS = 12
 GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
                r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+DEEPSEEK3_SPLITS = [r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
+                    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+                    r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"]
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 TEXTS = [
@@ -88,13 +91,13 @@ MODELS = {
                      num_key_value_heads=4, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
                      n_group=2, topk_group=1, first_k_dense_replace=1, q_lora_rank=64, kv_lora_rank=64,
                      qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, routed_scaling_factor=2.5,
-                     norm_topk_prob=True, split="gpt-2"),
+                     norm_topk_prob=True, split="deepseek-v3"),
     # The same shape at a width no k-quant divides, for F32 (exact against llama.cpp).
     "deepseek-small": dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
                            num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, n_shared_experts=1,
                            num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1,
                            q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16,
-                           v_head_dim=16, routed_scaling_factor=2.5, norm_topk_prob=True, split="gpt-2"),
+                           v_head_dim=16, routed_scaling_factor=2.5, norm_topk_prob=True, split="deepseek-v3"),
     # Mixtral (`llama` with experts): q/k rows reordered by the converter, a SentencePiece vocabulary.
     "mixtral": dict(hidden_size=64, intermediate_size=32, num_attention_heads=4, num_key_value_heads=2,
                     num_local_experts=4, num_experts_per_tok=2, split="spm"),
@@ -162,11 +165,11 @@ def build_tokenizer(split: str):
     if split == "spm":
         return SpmVocab()
     tok = Tokenizer(models.BPE())
-    if split in ("qwen2", "gpt-4o"):
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(QWEN2_SPLIT if split == "qwen2" else GPT4O_SPLIT), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
+    if split in ("qwen2", "gpt-4o", "deepseek-v3"):
+        regexes = {"qwen2": [QWEN2_SPLIT], "gpt-4o": [GPT4O_SPLIT], "deepseek-v3": DEEPSEEK3_SPLITS}[split]
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     else:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

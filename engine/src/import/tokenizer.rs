@@ -38,14 +38,24 @@ const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L
 /// o200k's split (gpt-oss; llama.cpp's `gpt-4o`).
 const GPT4O_REGEX: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
-/// `tokenizer.ggml.pre` names read, and their split (`None`: GPT-2's own).
-/// llama.cpp's `default` is a split set of its own, not GPT-2's: refused.
-const PRE_TOKENIZERS: [(&str, Option<&str>); 5] = [
-    ("gpt-4o", Some(GPT4O_REGEX)),
-    ("gpt-2", None),
-    ("qwen2", Some(QWEN2_REGEX)),
-    ("llama-bpe", Some(LLAMA3_REGEX)),
-    ("llama3", Some(LLAMA3_REGEX)),
+/// DeepSeek-V3's three splits, applied one after another (digits in threes,
+/// runs of CJK, then words and punctuation).
+const DEEPSEEK3_REGEXES: &[&str] = &[
+    r"\p{N}{1,3}",
+    r"[一-龥぀-ゟ゠-ヿ]+",
+    r##"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
+];
+
+/// `tokenizer.ggml.pre` names read, and their splits, applied in order
+/// (none: GPT-2's own, which `ByteLevel` applies). llama.cpp's `default` is
+/// a split set of its own, not GPT-2's: refused.
+const PRE_TOKENIZERS: [(&str, &[&str]); 6] = [
+    ("gpt-4o", &[GPT4O_REGEX]),
+    ("gpt-2", &[]),
+    ("qwen2", &[QWEN2_REGEX]),
+    ("llama-bpe", &[LLAMA3_REGEX]),
+    ("llama3", &[LLAMA3_REGEX]),
+    ("deepseek-v3", DEEPSEEK3_REGEXES),
 ];
 
 /// A GGUF vocabulary as both tokenizer kinds read it.
@@ -178,10 +188,10 @@ fn bpe_json(v: &Vocab) -> Result<(Value, Value), ImportError> {
         .key("tokenizer.ggml.pre")
         .and_then(GgufValue::as_str)
         .unwrap_or("default");
-    let split = PRE_TOKENIZERS
+    let splits = PRE_TOKENIZERS
         .iter()
         .find(|(name, _)| *name == pre)
-        .map(|(_, regex)| *regex)
+        .map(|(_, regexes)| *regexes)
         .ok_or_else(|| {
             let known: Vec<&str> = PRE_TOKENIZERS.iter().map(|p| p.0).collect();
             ImportError::Unsupported {
@@ -200,13 +210,19 @@ fn bpe_json(v: &Vocab) -> Result<(Value, Value), ImportError> {
         .map(|(i, t)| (t.clone(), json!(i)))
         .collect();
     let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false,
-        "use_regex": split.is_none()});
-    let pre_tokenizer = match split {
-        None => byte_level.clone(),
-        Some(regex) => json!({"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false},
-            byte_level.clone(),
-        ]}),
+        "use_regex": splits.is_empty()});
+    let pre_tokenizer = if splits.is_empty() {
+        byte_level
+    } else {
+        let mut steps: Vec<Value> = splits
+            .iter()
+            .map(|regex| {
+                json!({"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated",
+                    "invert": false})
+            })
+            .collect();
+        steps.push(byte_level);
+        json!({"type": "Sequence", "pretokenizers": steps})
     };
     let decoder = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false,
         "use_regex": false});
