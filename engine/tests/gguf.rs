@@ -224,3 +224,42 @@ fn a_file_without_a_usable_tokenizer_still_scores_ids() {
     let err = engine.tokenizer().err().expect("no tokenizer").to_string();
     assert!(err.contains("tokenizer.ggml.pre `gpt-9`"), "{err}");
 }
+
+/// Damaged headers — flipped bits, truncation, huge counts — in a real
+/// file, opened the whole way (tensor names, config, tokenizer, model): an
+/// error or a model, never a panic or an allocation the file cannot back.
+#[test]
+fn damaged_gguf_headers_open_or_fail_cleanly() {
+    let path = common::fixtures_dir().join("gguf/qwen3moe-f16.gguf");
+    let seed = std::fs::read(&path).unwrap();
+    let header = longhaul_engine::weights::gguf::GgufFile::open(&path)
+        .unwrap()
+        .data_offset as usize;
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("damaged.gguf");
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = |n: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n.max(1) as u64) as usize
+    };
+    let (mut opened, total) = (0, 300);
+    for _ in 0..total {
+        let mut b = seed.clone();
+        let at = next(header);
+        match next(4) {
+            0 => b[at] ^= 1 << next(8),
+            1 => b.truncate(at),
+            2 if at + 8 <= b.len() => b[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes()),
+            _ => b[at] = next(256) as u8,
+        }
+        std::fs::write(&file, &b).unwrap();
+        if let Ok(engine) = Engine::open(&file) {
+            opened += 1;
+            let _ = engine.logits(&[1, 2, 3]);
+        }
+    }
+    println!("{opened} of {total} damaged files still opened");
+    assert!(opened < total, "no damage was ever noticed");
+}
