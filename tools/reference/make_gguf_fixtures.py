@@ -51,6 +51,11 @@ GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}
 DEEPSEEK3_SPLITS = [r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
                     r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
                     r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"]
+KIMI_K2_SPLIT = (r"[\p{Han}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*"
+                 r"[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                 r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+"
+                 r"[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                 r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 TEXTS = [
@@ -69,6 +74,7 @@ FILES = {
     "deepseek2-q4_k_m": ("deepseek", ("quantize", "Q4_K_M")),
     "mixtral-f32": ("mixtral", ("convert", "f32")),
     "mixtral-q8_0": ("mixtral", ("quantize", "Q8_0")),
+    "kimi-k2-f32": ("kimi", ("convert", "f32")),
     "gpt-oss-f32": ("gpt-oss", ("convert", "f32")),
     "gpt-oss-mxfp4": ("gpt-oss", ("quantize", "MXFP4_MOE")),
     "qwen3moe-f32": ("small", ("convert", "f32")),
@@ -106,6 +112,12 @@ MODELS = {
     "gpt-oss": dict(hidden_size=64, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
                     head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
                     split="gpt-4o"),
+    # Kimi K2: DeepSeek-V3's shape with its own split (Han runs apart).
+    "kimi": dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                 num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, n_shared_experts=1,
+                 num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1,
+                 q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16,
+                 v_head_dim=16, routed_scaling_factor=2.5, norm_topk_prob=True, split="kimi-k2"),
 }
 # Models are seeded by their place above: add new ones at the end.
 DEEPSEEK_NAMES = {  # HF suffix -> GGUF part, per layer
@@ -165,8 +177,9 @@ def build_tokenizer(split: str):
     if split == "spm":
         return SpmVocab()
     tok = Tokenizer(models.BPE())
-    if split in ("qwen2", "gpt-4o", "deepseek-v3"):
-        regexes = {"qwen2": [QWEN2_SPLIT], "gpt-4o": [GPT4O_SPLIT], "deepseek-v3": DEEPSEEK3_SPLITS}[split]
+    if split in ("qwen2", "gpt-4o", "deepseek-v3", "kimi-k2"):
+        regexes = {"qwen2": [QWEN2_SPLIT], "gpt-4o": [GPT4O_SPLIT], "deepseek-v3": DEEPSEEK3_SPLITS,
+                   "kimi-k2": [KIMI_K2_SPLIT]}[split]
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
             + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])

@@ -46,10 +46,14 @@ const DEEPSEEK3_REGEXES: &[&str] = &[
     r##"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
 ];
 
+/// Kimi K2's split: o200k's with runs of Han characters kept apart.
+const KIMI_K2_REGEX: &str = r"[\p{Han}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// `tokenizer.ggml.pre` names read, and their splits, applied in order
 /// (none: GPT-2's own, which `ByteLevel` applies). llama.cpp's `default` is
 /// a split set of its own, not GPT-2's: refused.
-const PRE_TOKENIZERS: [(&str, &[&str]); 6] = [
+const PRE_TOKENIZERS: [(&str, &[&str]); 7] = [
+    ("kimi-k2", &[KIMI_K2_REGEX]),
     ("gpt-4o", &[GPT4O_REGEX]),
     ("gpt-2", &[]),
     ("qwen2", &[QWEN2_REGEX]),
