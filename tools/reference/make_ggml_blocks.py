@@ -30,7 +30,17 @@ TYPES = {
     T.IQ4_NL: (8, [0], 18),
     T.IQ4_XS: (2, [0], 136),
     T.MXFP4: (8, [], 17),
+    T.IQ2_XXS: (2, [0], 66),
+    T.IQ2_XS: (2, [0], 74),
+    T.IQ2_S: (2, [0], 82),
+    T.IQ3_XXS: (2, [0], 98),
+    T.IQ3_S: (2, [0], 110),
+    T.IQ1_S: (2, [0], 50),
+    T.IQ1_M: (2, [], 56),
 }
+# IQ1_M spreads its f16 scale over the top nibbles of the bytes at these
+# offsets: kept at 3 so the scale is a modest normal number.
+IQ1_M_SCALE_BYTES = (49, 51, 53, 55)
 # MXFP4's first byte is an E8M0 scale: kept near 2^0 so values stay normal.
 E8M0_RANGE = (110, 145)
 
@@ -45,6 +55,9 @@ def main(out: Path) -> None:
             raw[:, at:at + 2] = scale.view(np.uint8).reshape(blocks, 2)
         if qtype == T.MXFP4:
             raw[:, 0] = rng.integers(*E8M0_RANGE, size=blocks)
+        if qtype == T.IQ1_M:
+            for at in IQ1_M_SCALE_BYTES:
+                raw[:, at] = (raw[:, at] & 0x0F) | 0x30
         values = dequantize(raw.reshape(-1), qtype).astype(np.float32)
         body = raw.tobytes()
         (out / f"{qtype.name}.bin").write_bytes(

@@ -14,9 +14,10 @@ use crate::weights::{
 };
 
 /// GGUF tensor types Longhaul computes with.
-pub const SUPPORTED_TYPES: [&str; 16] = [
+pub const SUPPORTED_TYPES: [&str; 23] = [
     "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-    "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4",
+    "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS",
+    "IQ3_S",
 ];
 /// GGML's number for MXFP4, named `MXFP4` in files.
 const GGML_MXFP4: u32 = 39;

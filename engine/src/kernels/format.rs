@@ -8,7 +8,7 @@
 
 use half::f16;
 
-use super::ggml;
+use super::{ggml, iq};
 
 /// How a matrix's elements are stored, row by row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -31,6 +31,14 @@ pub enum Format {
     Q6K,
     Iq4Nl,
     Iq4Xs,
+    /// GGML's grid types (see [`super::iq`]).
+    Iq2Xxs,
+    Iq2Xs,
+    Iq2S,
+    Iq3Xxs,
+    Iq3S,
+    Iq1S,
+    Iq1M,
     /// MXFP4 as GGUF stores it; the values of [`Format::Mxfp4`] in another
     /// nibble order.
     Mxfp4Ggml,
@@ -95,6 +103,13 @@ impl Format {
             Format::Q6K => "Q6_K",
             Format::Iq4Nl => "IQ4_NL",
             Format::Iq4Xs => "IQ4_XS",
+            Format::Iq2Xxs => "IQ2_XXS",
+            Format::Iq2Xs => "IQ2_XS",
+            Format::Iq2S => "IQ2_S",
+            Format::Iq3Xxs => "IQ3_XXS",
+            Format::Iq3S => "IQ3_S",
+            Format::Iq1S => "IQ1_S",
+            Format::Iq1M => "IQ1_M",
             Format::Mxfp4Ggml => "GGML_MXFP4",
             Format::Fp8Block => "FP8_E4M3_B128",
             Format::Int4G32 => "INT4_G32",
@@ -113,9 +128,19 @@ impl Format {
             | Format::Q5_1
             | Format::Iq4Nl
             | Format::Mxfp4Ggml => ggml::QK,
-            Format::Q4K | Format::Q2K | Format::Q3K | Format::Q5K | Format::Q6K | Format::Iq4Xs => {
-                ggml::QK_K
-            }
+            Format::Q4K
+            | Format::Q2K
+            | Format::Q3K
+            | Format::Q5K
+            | Format::Q6K
+            | Format::Iq4Xs
+            | Format::Iq2Xxs
+            | Format::Iq2Xs
+            | Format::Iq2S
+            | Format::Iq3Xxs
+            | Format::Iq3S
+            | Format::Iq1S
+            | Format::Iq1M => ggml::QK_K,
             Format::Fp8Block => FP8_BLOCK,
             Format::Int4G32 => INT4_GROUP,
             Format::Mxfp4 => MXFP4_BLOCK,
@@ -139,6 +164,13 @@ impl Format {
             Format::Q6K => ggml::Q6_K_BYTES,
             Format::Iq4Nl => ggml::IQ4_NL_BYTES,
             Format::Iq4Xs => ggml::IQ4_XS_BYTES,
+            Format::Iq2Xxs => iq::IQ2_XXS_BYTES,
+            Format::Iq2Xs => iq::IQ2_XS_BYTES,
+            Format::Iq2S => iq::IQ2_S_BYTES,
+            Format::Iq3Xxs => iq::IQ3_XXS_BYTES,
+            Format::Iq3S => iq::IQ3_S_BYTES,
+            Format::Iq1S => iq::IQ1_S_BYTES,
+            Format::Iq1M => iq::IQ1_M_BYTES,
             Format::Mxfp4Ggml => ggml::MXFP4_BYTES,
             Format::Fp8Block => FP8_SCALE_BYTES + FP8_BLOCK,
             Format::Int4G32 => INT4_BYTES,
@@ -287,6 +319,13 @@ pub fn decode_row(format: Format, bytes: &[u8], out: &mut [f32]) {
         Format::Q6K => blocks::<{ ggml::Q6_K_BYTES }, { ggml::QK_K }>(bytes, out, ggml::q6_k),
         Format::Iq4Nl => blocks::<{ ggml::IQ4_NL_BYTES }, { ggml::QK }>(bytes, out, ggml::iq4_nl),
         Format::Iq4Xs => blocks::<{ ggml::IQ4_XS_BYTES }, { ggml::QK_K }>(bytes, out, ggml::iq4_xs),
+        Format::Iq2Xxs => blocks::<{ iq::IQ2_XXS_BYTES }, { ggml::QK_K }>(bytes, out, iq::iq2_xxs),
+        Format::Iq2Xs => blocks::<{ iq::IQ2_XS_BYTES }, { ggml::QK_K }>(bytes, out, iq::iq2_xs),
+        Format::Iq2S => blocks::<{ iq::IQ2_S_BYTES }, { ggml::QK_K }>(bytes, out, iq::iq2_s),
+        Format::Iq3Xxs => blocks::<{ iq::IQ3_XXS_BYTES }, { ggml::QK_K }>(bytes, out, iq::iq3_xxs),
+        Format::Iq3S => blocks::<{ iq::IQ3_S_BYTES }, { ggml::QK_K }>(bytes, out, iq::iq3_s),
+        Format::Iq1S => blocks::<{ iq::IQ1_S_BYTES }, { ggml::QK_K }>(bytes, out, iq::iq1_s),
+        Format::Iq1M => blocks::<{ iq::IQ1_M_BYTES }, { ggml::QK_K }>(bytes, out, iq::iq1_m),
         Format::Mxfp4Ggml => blocks::<{ ggml::MXFP4_BYTES }, { ggml::QK }>(bytes, out, ggml::mxfp4),
     }
 }

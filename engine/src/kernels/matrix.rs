@@ -654,6 +654,13 @@ mod tests {
             Format::Iq4Nl,
             Format::Iq4Xs,
             Format::Mxfp4Ggml,
+            Format::Iq2Xxs,
+            Format::Iq2Xs,
+            Format::Iq2S,
+            Format::Iq3Xxs,
+            Format::Iq3S,
+            Format::Iq1S,
+            Format::Iq1M,
         ] {
             let row_bytes = format.row_bytes(cols).unwrap();
             let mut bytes: Vec<u8> = (0..rows * row_bytes)
@@ -667,7 +674,19 @@ mod tests {
                     Format::Int4G32 if at == 1 => *b = 0x3C + *b % 2,
                     Format::Fp8Block if at < 4 => *b = [0, 0, 0x80, 0x3C][at],
                     Format::Fp8Block if *b & 0x7F == 0x7F => *b = 0x10,
-                    Format::Iq4Nl | Format::Iq4Xs if at == 1 => *b = 0x20 + *b % 8,
+                    Format::Iq4Nl
+                    | Format::Iq4Xs
+                    | Format::Iq2Xxs
+                    | Format::Iq2Xs
+                    | Format::Iq2S
+                    | Format::Iq3Xxs
+                    | Format::Iq3S
+                    | Format::Iq1S
+                        if at == 1 =>
+                    {
+                        *b = 0x20 + *b % 8
+                    }
+                    Format::Iq1M if matches!(at, 49 | 51 | 53 | 55) => *b = 0x30 | (*b & 0x0F),
                     Format::Mxfp4Ggml if at == 0 => *b = 110 + *b % 30,
                     _ => {}
                 }

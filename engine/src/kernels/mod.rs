@@ -18,6 +18,8 @@ pub mod dot;
 mod fast;
 pub mod format;
 pub mod ggml;
+pub mod iq;
+mod iq_grids;
 pub mod matrix;
 pub mod ops;
 

@@ -89,7 +89,7 @@ pub struct GgmlType(pub u32);
 impl GgmlType {
     /// Name, values per block and bytes per block of the types Longhaul
     /// knows the layout of.
-    const KNOWN: [(u32, &'static str, u64, u64); 16] = [
+    const KNOWN: [(u32, &'static str, u64, u64); 23] = [
         (0, "F32", 1, 4),
         (1, "F16", 1, 2),
         (2, "Q4_0", 32, 18),
@@ -102,7 +102,14 @@ impl GgmlType {
         (12, "Q4_K", 256, 144),
         (13, "Q5_K", 256, 176),
         (14, "Q6_K", 256, 210),
+        (16, "IQ2_XXS", 256, 66),
+        (17, "IQ2_XS", 256, 74),
+        (18, "IQ3_XXS", 256, 98),
+        (19, "IQ1_S", 256, 50),
         (20, "IQ4_NL", 32, 18),
+        (21, "IQ3_S", 256, 110),
+        (22, "IQ2_S", 256, 82),
+        (29, "IQ1_M", 256, 56),
         (23, "IQ4_XS", 256, 136),
         (30, "BF16", 1, 2),
         (39, "MXFP4", 32, 17),
@@ -116,19 +123,12 @@ impl GgmlType {
     }
 
     /// Names of the types GGML defines whose layout Longhaul does not read.
-    const OTHERS: [(u32, &'static str); 14] = [
-        (16, "IQ2_XXS"),
-        (17, "IQ2_XS"),
-        (18, "IQ3_XXS"),
-        (19, "IQ1_S"),
-        (21, "IQ3_S"),
-        (22, "IQ2_S"),
+    const OTHERS: [(u32, &'static str); 7] = [
         (24, "I8"),
         (25, "I16"),
         (26, "I32"),
         (27, "I64"),
         (28, "F64"),
-        (29, "IQ1_M"),
         (34, "TQ1_0"),
         (35, "TQ2_0"),
     ];

@@ -135,7 +135,7 @@ impl Dtype {
 }
 
 /// The GGML block types a tensor may be stored in.
-pub const BLOCK_FORMATS: [Format; 13] = [
+pub const BLOCK_FORMATS: [Format; 20] = [
     Format::Q4_0,
     Format::Q4_1,
     Format::Q5_0,
@@ -149,6 +149,13 @@ pub const BLOCK_FORMATS: [Format; 13] = [
     Format::Iq4Nl,
     Format::Iq4Xs,
     Format::Mxfp4Ggml,
+    Format::Iq2Xxs,
+    Format::Iq2Xs,
+    Format::Iq2S,
+    Format::Iq3Xxs,
+    Format::Iq3S,
+    Format::Iq1S,
+    Format::Iq1M,
 ];
 
 /// Where one tensor lives inside a safetensors file.
