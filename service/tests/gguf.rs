@@ -28,8 +28,8 @@ const FILES: [&str; 13] = [
     "qwen3moe-iq4",
     "qwen3moe-mxfp4_moe",
 ];
-/// GGML's number for IQ2_XXS, a type Longhaul refuses.
-const IQ2_XXS: u32 = 16;
+/// GGML's number for TQ1_0, a type Longhaul refuses.
+const TQ1_0: u32 = 34;
 
 fn gguf(name: &str) -> PathBuf {
     support::fixture("gguf").join(format!("{name}.gguf"))
@@ -132,7 +132,7 @@ fn a_tensor_of_an_unsupported_type_is_refused_by_name() {
         .position(|w| w == name)
         .expect("tensor entry");
     let ty = at + name.len() + 4 + 3 * 8;
-    bytes[ty..ty + 4].copy_from_slice(&IQ2_XXS.to_le_bytes());
+    bytes[ty..ty + 4].copy_from_slice(&TQ1_0.to_le_bytes());
     let file = dir.path().join("iq4.gguf");
     std::fs::write(&file, bytes).unwrap();
     let out = pack(&file, dir.path(), "iq4");
@@ -140,7 +140,7 @@ fn a_tensor_of_an_unsupported_type_is_refused_by_name() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("blk.1.ffn_down_exps.weight")
-            && err.contains("IQ2_XXS")
+            && err.contains("TQ1_0")
             && err.contains("Q6_K"),
         "{err}"
     );
