@@ -335,6 +335,7 @@ pub fn mxfp4(b: &[u8; MXFP4_BYTES], out: &mut [f32; QK]) {
 #[cfg(test)]
 mod tests {
     use super::super::format::{Format, decode_row};
+    use crate::weights::{BLOCK_FORMATS, Dtype};
 
     /// Random blocks (any bit pattern, finite scales) decode to exactly the
     /// values of the `gguf` package's numpy dequantiser
@@ -343,22 +344,11 @@ mod tests {
     fn blocks_decode_as_the_gguf_reference_does() {
         let dir =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ggml_blocks");
-        for format in [
-            Format::Q4_0,
-            Format::Q4_1,
-            Format::Q5_0,
-            Format::Q5_1,
-            Format::Q8_0,
-            Format::Q2K,
-            Format::Q3K,
-            Format::Q4K,
-            Format::Q5K,
-            Format::Q6K,
-        ] {
-            let name = if format == Format::Q4K {
-                "Q4_K"
-            } else {
-                format.name()
+        for format in BLOCK_FORMATS {
+            // Files are named as GGUF names the type.
+            let name = match format {
+                Format::Mxfp4Ggml => "MXFP4",
+                f => Dtype::Blocks(f).name().unwrap_or_default(),
             };
             let file = std::fs::read(dir.join(format!("{name}.bin"))).unwrap();
             let len = u32::from_le_bytes(file[..4].try_into().unwrap()) as usize;

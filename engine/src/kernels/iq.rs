@@ -37,13 +37,15 @@ impl Grid {
     fn unpack(g: &PackedGrid) -> Self {
         let hex = g.hex.as_bytes();
         let nibble = |c: u8| if c > b'@' { c + 9 } else { c } & 0x0F;
+        // Values sit at equal strides in a byte: two of 3 bits at 0 and 4.
         let per_byte = 8 / g.bits as usize;
+        let stride = 8 / per_byte as u32;
         let mask = (1u8 << g.bits) - 1;
         let mut cells = Vec::with_capacity(g.entries * g.values);
         for pair in hex.chunks_exact(2) {
             let byte = (nibble(pair[0]) << 4) | nibble(pair[1]);
             for k in 0..per_byte {
-                let index = (byte >> (k as u32 * g.bits)) & mask;
+                let index = (byte >> (k as u32 * stride)) & mask;
                 cells.push(g.map.get(usize::from(index)).copied().unwrap_or(0));
             }
         }
