@@ -139,9 +139,7 @@ fn a_tensor_of_an_unsupported_type_is_refused_by_name() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("blk.1.ffn_down_exps.weight")
-            && err.contains("TQ1_0")
-            && err.contains("Q6_K"),
+        err.contains("blk.1.ffn_down_exps.weight") && err.contains("TQ1_0") && err.contains("Q6_K"),
         "{err}"
     );
     assert!(!dir.path().join("iq4-pack").exists(), "nothing is written");

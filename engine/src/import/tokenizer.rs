@@ -88,6 +88,15 @@ impl<'a> Vocab<'a> {
         })
     }
 
+    /// Every token and its id, as `tokenizer.json`'s `vocab`.
+    fn ids(&self) -> serde_json::Map<String, Value> {
+        self.tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), json!(i)))
+            .collect()
+    }
+
     fn key(&self, k: &str) -> Option<&GgufValue> {
         self.file.metadata.get(k)
     }
@@ -207,12 +216,7 @@ fn bpe_json(v: &Vocab) -> Result<(Value, Value), ImportError> {
             }
         })?;
     let merges = strings(v.file, "tokenizer.ggml.merges")?.unwrap_or_default();
-    let vocab: serde_json::Map<String, Value> = v
-        .tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), json!(i)))
-        .collect();
+    let vocab = v.ids();
     let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false,
         "use_regex": splits.is_empty()});
     let pre_tokenizer = if splits.is_empty() {
@@ -259,12 +263,7 @@ fn spm_json(v: &Vocab) -> Result<(Value, Value), ImportError> {
         _ => Vec::new(),
     };
     let add_space_prefix = v.flag("tokenizer.ggml.add_space_prefix", true);
-    let vocab: serde_json::Map<String, Value> = v
-        .tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), json!(i)))
-        .collect();
+    let vocab = v.ids();
     let unk = v.special("tokenizer.ggml.unknown_token_id", Some(SPM_UNK));
     let mergeable = |i: usize| v.ty(i) != TOKEN_CONTROL && v.ty(i) != TOKEN_BYTE;
     let merges = spm_merges(&v.tokens, &scores, mergeable);
