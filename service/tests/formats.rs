@@ -5,11 +5,10 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::json;
-use support::{Service, expected, fixture};
+use support::{Service, expected, fixture, pack_over_three_drives};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -20,26 +19,9 @@ fn pack(name: &str, root: &Path) -> std::path::PathBuf {
 
 /// [`pack`] with extra `longhaul pack` arguments.
 fn pack_with(name: &str, root: &Path, extra: &[&str]) -> std::path::PathBuf {
-    let drives: Vec<String> = (0..3)
-        .map(|i| {
-            let d = root.join(format!("{name}-d{i}"));
-            std::fs::create_dir_all(&d).unwrap();
-            d.to_string_lossy().into_owned()
-        })
-        .collect();
     let out = root.join(format!("{name}-pack{}", extra.join("")));
-    let status = Command::new(env!("CARGO_BIN_EXE_longhaul"))
-        .arg("pack")
-        .arg(fixture(name))
-        .arg("--out")
-        .arg(&out)
-        .arg("--drives")
-        .arg(drives.join(","))
-        .args(extra)
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "{name}: pack failed");
+    let done = pack_over_three_drives(&fixture(name), root, name, &out, extra);
+    assert!(done.status.success(), "{name}: pack failed");
     out
 }
 

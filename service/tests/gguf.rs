@@ -6,7 +6,7 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -41,24 +41,8 @@ fn expected(name: &str) -> Value {
 }
 
 fn pack(source: &Path, root: &Path, name: &str) -> Output {
-    let drives: Vec<String> = (0..3)
-        .map(|i| {
-            let d = root.join(format!("{name}-d{i}"));
-            std::fs::create_dir_all(&d).unwrap();
-            d.to_string_lossy().into_owned()
-        })
-        .collect();
-    Command::new(env!("CARGO_BIN_EXE_longhaul"))
-        .arg("pack")
-        .arg(source)
-        .arg("--out")
-        .arg(root.join(format!("{name}-pack")))
-        .arg("--drives")
-        .arg(drives.join(","))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap()
+    let out = root.join(format!("{name}-pack"));
+    support::pack_over_three_drives(source, root, name, &out, &[])
 }
 
 #[test]

@@ -614,7 +614,7 @@ mod tests {
         let t = candle_core::Tensor::from_vec(w.clone(), (rows, cols), &candle_core::Device::Cpu)
             .unwrap();
         use candle_core::quantized::GgmlDType as G;
-        for (dtype, format) in [
+        let quantised = [
             (G::Q8_0, Format::Q8_0),
             (G::Q4K, Format::Q4K),
             (G::Q6K, Format::Q6K),
@@ -625,7 +625,8 @@ mod tests {
             (G::Q4_1, Format::Q4_1),
             (G::Q5_0, Format::Q5_0),
             (G::Q5_1, Format::Q5_1),
-        ] {
+        ];
+        for (dtype, format) in quantised {
             let q = candle_core::quantized::QTensor::quantize(&t, dtype).unwrap();
             let m = Matrix::from_bytes(rows, cols, format, &q.data().unwrap()).unwrap();
             let widened = Matrix::from_f32(rows, cols, &m.to_f32()).unwrap();
@@ -647,21 +648,15 @@ mod tests {
         }
         // Published block formats from arbitrary bytes (scale bytes kept in a
         // realistic range), one row at a time too: that is where fast paths run.
-        for format in [
-            Format::Mxfp4,
-            Format::Int4G32,
-            Format::Fp8Block,
-            Format::Iq4Nl,
-            Format::Iq4Xs,
-            Format::Mxfp4Ggml,
-            Format::Iq2Xxs,
-            Format::Iq2Xs,
-            Format::Iq2S,
-            Format::Iq3Xxs,
-            Format::Iq3S,
-            Format::Iq1S,
-            Format::Iq1M,
-        ] {
+        // ...and the GGML types candle cannot quantise to.
+        let quantised = quantised.map(|(_, f)| f);
+        let from_bytes = crate::weights::BLOCK_FORMATS
+            .into_iter()
+            .filter(|f| !quantised.contains(f));
+        for format in [Format::Mxfp4, Format::Int4G32, Format::Fp8Block]
+            .into_iter()
+            .chain(from_bytes)
+        {
             let row_bytes = format.row_bytes(cols).unwrap();
             let mut bytes: Vec<u8> = (0..rows * row_bytes)
                 .map(|i| (i.wrapping_mul(2654435761) >> 7) as u8)

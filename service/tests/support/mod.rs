@@ -5,7 +5,7 @@
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,36 @@ pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../engine/tests/fixtures")
         .join(name)
+}
+
+/// Runs `longhaul pack SOURCE --out OUT` over three drive folders named
+/// after `name` under `root`, with `extra` arguments.
+pub fn pack_over_three_drives(
+    source: &Path,
+    root: &Path,
+    name: &str,
+    out: &Path,
+    extra: &[&str],
+) -> Output {
+    let drives: Vec<String> = (0..3)
+        .map(|i| {
+            let d = root.join(format!("{name}-d{i}"));
+            std::fs::create_dir_all(&d).unwrap();
+            d.to_string_lossy().into_owned()
+        })
+        .collect();
+    Command::new(env!("CARGO_BIN_EXE_longhaul"))
+        .arg("pack")
+        .arg(source)
+        .arg("--out")
+        .arg(out)
+        .arg("--drives")
+        .arg(drives.join(","))
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap()
 }
 
 pub fn expected(name: &str) -> Value {
