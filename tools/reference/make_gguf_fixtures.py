@@ -228,33 +228,6 @@ def is_deepseek(model) -> bool:
     return model.config.model_type == "deepseek_v3"
 
 
-def deepseek_tensors(model) -> dict:
-    """DeepSeek-V3 as llama.cpp's converter writes it: kv_b split per head
-    into k_b (transposed) and v_b, experts stacked."""
-    cfg = model.config
-    out = {}
-    for k, v in model.state_dict().items():
-        a = v.detach().float().numpy()
-        if k in GLOBAL_NAMES:
-            out[GLOBAL_NAMES[k]] = a
-            continue
-        _, _, layer, rest = k.split(".", 3)
-        blk = f"blk.{layer}"
-        if rest == "self_attn.kv_b_proj.weight":
-            kv_b = a.reshape(cfg.num_attention_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, -1)
-            out[f"{blk}.attn_k_b.weight"] = np.ascontiguousarray(kv_b[:, :cfg.qk_nope_head_dim].transpose(0, 2, 1))
-            out[f"{blk}.attn_v_b.weight"] = np.ascontiguousarray(kv_b[:, cfg.qk_nope_head_dim:])
-        elif rest == "mlp.experts.gate_up_proj":
-            inter = a.shape[1] // 2
-            out[f"{blk}.ffn_gate_exps.weight"] = np.ascontiguousarray(a[:, :inter])
-            out[f"{blk}.ffn_up_exps.weight"] = np.ascontiguousarray(a[:, inter:])
-        elif rest == "mlp.experts.down_proj":
-            out[f"{blk}.ffn_down_exps.weight"] = a
-        else:
-            out[f"{blk}.{DEEPSEEK_NAMES[rest]}"] = a
-    return out
-
-
 def permute(w, n_head: int):
     """llama.cpp's converter's q/k row order for `llama` (interleaved RoPE pairs)."""
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -270,31 +243,6 @@ MIXTRAL_NAMES = {"input_layernorm.weight": "attn_norm.weight", "post_attention_l
                  "mlp.gate.weight": "ffn_gate_inp.weight"}
 
 
-def mixtral_tensors(model) -> dict:
-    cfg = model.config
-    out = {}
-    for k, v in model.state_dict().items():
-        a = v.detach().float().numpy()
-        if k in GLOBAL_NAMES:
-            out[GLOBAL_NAMES[k]] = a
-            continue
-        _, _, layer, rest = k.split(".", 3)
-        blk = f"blk.{layer}"
-        if rest == "self_attn.q_proj.weight":
-            a = permute(a, cfg.num_attention_heads)
-        elif rest == "self_attn.k_proj.weight":
-            a = permute(a, cfg.num_key_value_heads)
-        if rest == "mlp.experts.gate_up_proj":
-            inter = a.shape[1] // 2
-            out[f"{blk}.ffn_gate_exps.weight"] = np.ascontiguousarray(a[:, :inter])
-            out[f"{blk}.ffn_up_exps.weight"] = np.ascontiguousarray(a[:, inter:])
-        elif rest == "mlp.experts.down_proj":
-            out[f"{blk}.ffn_down_exps.weight"] = a
-        else:
-            out[f"{blk}.{MIXTRAL_NAMES[rest]}"] = np.ascontiguousarray(a)
-    return out
-
-
 GPT_OSS_NAMES = {"input_layernorm.weight": "attn_norm.weight",
                  "post_attention_layernorm.weight": "post_attention_norm.weight",
                  "self_attn.sinks": "attn_sinks.weight", "mlp.router.weight": "ffn_gate_inp.weight",
@@ -304,9 +252,10 @@ for _p, _g in [("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"), ("o", "attn_ou
         GPT_OSS_NAMES[f"self_attn.{_p}_proj.{_s}"] = f"{_g}.{_s}"
 
 
-def gpt_oss_tensors(model) -> dict:
-    """gpt-oss as llama.cpp's converter writes it: experts transposed to rows
-    of outputs, gate and up de-interleaved, biases beside them."""
+def to_gguf(model, names: dict, special=lambda rest, blk, a: None) -> dict:
+    """HF state as GGUF tensors (name -> f32 array) under `names` (HF suffix
+    -> GGUF part, per layer), experts stacked with gate and up apart;
+    `special(rest, blk, array)` returns the tensors of a part it writes itself."""
     out = {}
     for k, v in model.state_dict().items():
         a = v.detach().float().numpy()
@@ -315,23 +264,23 @@ def gpt_oss_tensors(model) -> dict:
             continue
         _, _, layer, rest = k.split(".", 3)
         blk = f"blk.{layer}"
-        if rest == "mlp.experts.gate_up_proj":
-            rows = a.transpose(0, 2, 1)
-            out[f"{blk}.ffn_gate_exps.weight"] = np.ascontiguousarray(rows[:, 0::2])
-            out[f"{blk}.ffn_up_exps.weight"] = np.ascontiguousarray(rows[:, 1::2])
-        elif rest == "mlp.experts.gate_up_proj_bias":
-            out[f"{blk}.ffn_gate_exps.bias"] = np.ascontiguousarray(a[:, 0::2])
-            out[f"{blk}.ffn_up_exps.bias"] = np.ascontiguousarray(a[:, 1::2])
+        own = special(rest, blk, a)
+        if own is not None:
+            out.update(own)
+        elif rest == "mlp.experts.gate_up_proj":
+            inter = a.shape[1] // 2
+            out[f"{blk}.ffn_gate_exps.weight"] = np.ascontiguousarray(a[:, :inter])
+            out[f"{blk}.ffn_up_exps.weight"] = np.ascontiguousarray(a[:, inter:])
         elif rest == "mlp.experts.down_proj":
-            out[f"{blk}.ffn_down_exps.weight"] = np.ascontiguousarray(a.transpose(0, 2, 1))
-        elif rest == "mlp.experts.down_proj_bias":
-            out[f"{blk}.ffn_down_exps.bias"] = a
+            out[f"{blk}.ffn_down_exps.weight"] = a
         else:
-            out[f"{blk}.{GPT_OSS_NAMES[rest]}"] = a
+            out[f"{blk}.{names[rest]}"] = np.ascontiguousarray(a)
     return out
 
 
-def gpt_oss_state(stored: dict, model) -> dict:
+def to_state(stored: dict, model, names: dict, special=lambda rest, blk: None) -> dict:
+    """The inverse of `to_gguf`: the file's dequantised tensors under the HF
+    model's names; `special(rest, blk)` returns a tensor it rebuilds itself."""
     state = {}
     for k in model.state_dict():
         if k in GLOBAL_NAMES:
@@ -339,23 +288,102 @@ def gpt_oss_state(stored: dict, model) -> dict:
             continue
         _, _, layer, rest = k.split(".", 3)
         blk = f"blk.{layer}"
-        if rest == "mlp.experts.gate_up_proj":
-            gate, up = stored[f"{blk}.ffn_gate_exps.weight"], stored[f"{blk}.ffn_up_exps.weight"]
-            rows = np.empty((gate.shape[0], 2 * gate.shape[1], gate.shape[2]), dtype=np.float32)
-            rows[:, 0::2], rows[:, 1::2] = gate, up
-            state[k] = rows.transpose(0, 2, 1)
-        elif rest == "mlp.experts.gate_up_proj_bias":
-            gate, up = stored[f"{blk}.ffn_gate_exps.bias"], stored[f"{blk}.ffn_up_exps.bias"]
-            both = np.empty((gate.shape[0], 2 * gate.shape[1]), dtype=np.float32)
-            both[:, 0::2], both[:, 1::2] = gate, up
-            state[k] = both
+        own = special(rest, blk)
+        if own is not None:
+            state[k] = own
+        elif rest == "mlp.experts.gate_up_proj":
+            state[k] = np.concatenate([stored[f"{blk}.ffn_gate_exps.weight"],
+                                       stored[f"{blk}.ffn_up_exps.weight"]], axis=1)
         elif rest == "mlp.experts.down_proj":
-            state[k] = stored[f"{blk}.ffn_down_exps.weight"].transpose(0, 2, 1)
-        elif rest == "mlp.experts.down_proj_bias":
-            state[k] = stored[f"{blk}.ffn_down_exps.bias"]
+            state[k] = stored[f"{blk}.ffn_down_exps.weight"]
         else:
-            state[k] = stored[f"{blk}.{GPT_OSS_NAMES[rest]}"]
+            state[k] = stored[f"{blk}.{names[rest]}"]
     return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()}
+
+
+def deepseek_tensors(model) -> dict:
+    """kv_b split per head into k_b (transposed) and v_b, as llama.cpp's converter does."""
+    cfg = model.config
+
+    def kv_b(rest, blk, a):
+        if rest != "self_attn.kv_b_proj.weight":
+            return None
+        kv = a.reshape(cfg.num_attention_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, -1)
+        return {f"{blk}.attn_k_b.weight": np.ascontiguousarray(kv[:, :cfg.qk_nope_head_dim].transpose(0, 2, 1)),
+                f"{blk}.attn_v_b.weight": np.ascontiguousarray(kv[:, cfg.qk_nope_head_dim:])}
+    return to_gguf(model, DEEPSEEK_NAMES, kv_b)
+
+
+def deepseek_state(stored: dict, model) -> dict:
+    cfg = model.config
+
+    def kv_b(rest, blk):
+        if rest != "self_attn.kv_b_proj.weight":
+            return None
+        k_b = stored[f"{blk}.attn_k_b.weight"].transpose(0, 2, 1)
+        return np.concatenate([k_b, stored[f"{blk}.attn_v_b.weight"]], axis=1).reshape(-1, cfg.kv_lora_rank)
+    return to_state(stored, model, DEEPSEEK_NAMES, kv_b)
+
+
+def mixtral_tensors(model) -> dict:
+    """q and k rows in llama.cpp's interleaved-RoPE order."""
+    cfg = model.config
+    heads = {"self_attn.q_proj.weight": cfg.num_attention_heads, "self_attn.k_proj.weight": cfg.num_key_value_heads}
+
+    def qk(rest, blk, a):
+        return {f"{blk}.{MIXTRAL_NAMES[rest]}": permute(a, heads[rest])} if rest in heads else None
+    return to_gguf(model, MIXTRAL_NAMES, qk)
+
+
+def mixtral_state(stored: dict, model) -> dict:
+    cfg = model.config
+    heads = {"self_attn.q_proj.weight": cfg.num_attention_heads, "self_attn.k_proj.weight": cfg.num_key_value_heads}
+
+    def qk(rest, blk):
+        return unpermute(stored[f"{blk}.{MIXTRAL_NAMES[rest]}"], heads[rest]) if rest in heads else None
+    return to_state(stored, model, MIXTRAL_NAMES, qk)
+
+
+def gpt_oss_tensors(model) -> dict:
+    """Experts transposed to rows of outputs, gate and up de-interleaved,
+    biases beside them, as llama.cpp's converter writes gpt-oss."""
+    def experts(rest, blk, a):
+        if rest == "mlp.experts.gate_up_proj":
+            rows = a.transpose(0, 2, 1)
+            return {f"{blk}.ffn_gate_exps.weight": np.ascontiguousarray(rows[:, 0::2]),
+                    f"{blk}.ffn_up_exps.weight": np.ascontiguousarray(rows[:, 1::2])}
+        if rest == "mlp.experts.gate_up_proj_bias":
+            return {f"{blk}.ffn_gate_exps.bias": np.ascontiguousarray(a[:, 0::2]),
+                    f"{blk}.ffn_up_exps.bias": np.ascontiguousarray(a[:, 1::2])}
+        if rest == "mlp.experts.down_proj":
+            return {f"{blk}.ffn_down_exps.weight": np.ascontiguousarray(a.transpose(0, 2, 1))}
+        if rest == "mlp.experts.down_proj_bias":
+            return {f"{blk}.ffn_down_exps.bias": a}
+        return None
+    return to_gguf(model, GPT_OSS_NAMES, experts)
+
+
+def gpt_oss_state(stored: dict, model) -> dict:
+    def interleave(gate, up, axis):
+        both = np.empty(gate.shape[:axis] + (2 * gate.shape[axis],) + gate.shape[axis + 1:], dtype=np.float32)
+        index = [slice(None)] * gate.ndim
+        index[axis] = slice(0, None, 2)
+        both[tuple(index)] = gate
+        index[axis] = slice(1, None, 2)
+        both[tuple(index)] = up
+        return both
+
+    def experts(rest, blk):
+        if rest == "mlp.experts.gate_up_proj":
+            return interleave(stored[f"{blk}.ffn_gate_exps.weight"], stored[f"{blk}.ffn_up_exps.weight"], 1).transpose(0, 2, 1)
+        if rest == "mlp.experts.gate_up_proj_bias":
+            return interleave(stored[f"{blk}.ffn_gate_exps.bias"], stored[f"{blk}.ffn_up_exps.bias"], 1)
+        if rest == "mlp.experts.down_proj":
+            return stored[f"{blk}.ffn_down_exps.weight"].transpose(0, 2, 1)
+        if rest == "mlp.experts.down_proj_bias":
+            return stored[f"{blk}.ffn_down_exps.bias"]
+        return None
+    return to_state(stored, model, GPT_OSS_NAMES, experts)
 
 
 def gpt_oss_metadata(w, cfg) -> None:
@@ -549,53 +577,6 @@ def dequantized_state(path: Path, model) -> dict:
             state[k] = stored[f"blk.{k.split('.')[2]}.ffn_down_exps.weight"]
         else:
             state[k] = stored[tmap.get_name(k, try_suffixes=(".weight", ".bias"))]
-    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()}
-
-
-def deepseek_state(stored: dict, model) -> dict:
-    cfg = model.config
-    state = {}
-    for k in model.state_dict():
-        if k in GLOBAL_NAMES:
-            state[k] = stored[GLOBAL_NAMES[k]]
-            continue
-        _, _, layer, rest = k.split(".", 3)
-        blk = f"blk.{layer}"
-        if rest == "self_attn.kv_b_proj.weight":
-            k_b = stored[f"{blk}.attn_k_b.weight"].transpose(0, 2, 1)
-            v_b = stored[f"{blk}.attn_v_b.weight"]
-            state[k] = np.concatenate([k_b, v_b], axis=1).reshape(-1, cfg.kv_lora_rank)
-        elif rest == "mlp.experts.gate_up_proj":
-            state[k] = np.concatenate([stored[f"{blk}.ffn_gate_exps.weight"],
-                                       stored[f"{blk}.ffn_up_exps.weight"]], axis=1)
-        elif rest == "mlp.experts.down_proj":
-            state[k] = stored[f"{blk}.ffn_down_exps.weight"]
-        else:
-            state[k] = stored[f"{blk}.{DEEPSEEK_NAMES[rest]}"]
-    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()}
-
-
-def mixtral_state(stored: dict, model) -> dict:
-    cfg = model.config
-    state = {}
-    for k in model.state_dict():
-        if k in GLOBAL_NAMES:
-            state[k] = stored[GLOBAL_NAMES[k]]
-            continue
-        _, _, layer, rest = k.split(".", 3)
-        blk = f"blk.{layer}"
-        if rest == "mlp.experts.gate_up_proj":
-            state[k] = np.concatenate([stored[f"{blk}.ffn_gate_exps.weight"],
-                                       stored[f"{blk}.ffn_up_exps.weight"]], axis=1)
-        elif rest == "mlp.experts.down_proj":
-            state[k] = stored[f"{blk}.ffn_down_exps.weight"]
-        else:
-            a = stored[f"{blk}.{MIXTRAL_NAMES[rest]}"]
-            if rest == "self_attn.q_proj.weight":
-                a = unpermute(a, cfg.num_attention_heads)
-            elif rest == "self_attn.k_proj.weight":
-                a = unpermute(a, cfg.num_key_value_heads)
-            state[k] = a
     return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()}
 
 
