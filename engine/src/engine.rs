@@ -314,7 +314,7 @@ impl Engine {
 
     /// Logits `[ids.len(), vocab]` for every position of `ids`.
     pub fn logits(&self, ids: &[u32]) -> Result<Tensor, EngineError> {
-        let mut cache = self.decoder.new_cache();
+        let mut cache = self.decoder.new_state();
         Ok(self.decoder.forward(ids, &mut cache, LogitsFor::All)?)
     }
 

@@ -325,7 +325,7 @@ fn kimi_k25_as_transformers_saves_it_names_its_layers_blocks() {
     let (tmp, dir) = copy_of("kimi_k25_text");
     let logits = |engine: &Engine, ids: &[u32]| -> Vec<Vec<f32>> {
         let d = engine.decoder();
-        d.forward(ids, &mut d.new_cache(), LogitsFor::All)
+        d.forward(ids, &mut d.new_state(), LogitsFor::All)
             .unwrap()
             .to_vec2()
             .unwrap()

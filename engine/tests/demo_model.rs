@@ -42,7 +42,7 @@ fn reference() -> Reference {
 /// The model's logits at every position of `ids`, fed in one pass.
 fn teacher_forced(dir: &Path, ids: &[u32]) -> Vec<Vec<f32>> {
     let (_, model) = load_checkpoint(dir).expect("model loads");
-    let mut cache = model.new_cache();
+    let mut cache = model.new_state();
     model
         .forward(ids, &mut cache, LogitsFor::All)
         .unwrap()

@@ -143,8 +143,8 @@ fn cut_and_resume(
             // Save what the cache holds at the halfway point and at the cut.
             if with_state && (p.tokens_so_far == cut / 2 || p.tokens_so_far >= cut) {
                 let start = p.prompt_len + saved_upto;
-                saved.push(p.cache.rows_from(start).unwrap());
-                saved_upto = p.cache.len() - p.prompt_len;
+                saved.push(p.session.snapshot_since(start).unwrap());
+                saved_upto = p.session.len() - p.prompt_len;
             }
             if p.tokens_so_far >= cut {
                 Flow::Stop
@@ -166,8 +166,17 @@ fn cut_and_resume(
 
 #[test]
 fn a_resumed_generation_ends_as_an_uninterrupted_one() {
-    let dir = &fixtures()[0];
-    let engine = Engine::open(dir).unwrap();
+    // An attention-only model and a hybrid whose linear layers' state is
+    // overwritten every token.
+    for dir in [
+        fixtures()[0].clone(),
+        common::fixtures_dir().join("kimi_linear_released"),
+    ] {
+        resumes_exactly(&Engine::open(&dir).unwrap());
+    }
+}
+
+fn resumes_exactly(engine: &Engine) {
     let prompt = engine.prompt_ids("Draft an architecture", false).unwrap();
     for sampling in [
         SamplingParams::default(),
@@ -197,7 +206,7 @@ fn a_resumed_generation_ends_as_an_uninterrupted_one() {
         for cut in 1..=whole.tokens.len() {
             for with_state in [false, true] {
                 let (before, resumed, after) =
-                    cut_and_resume(&engine, &prompt, &settings, cut, with_state);
+                    cut_and_resume(engine, &prompt, &settings, cut, with_state);
                 let what = format!("{sampling:?}, cut at {cut}, saved state {with_state}");
                 assert_eq!(resumed.tokens, whole.tokens, "{what}");
                 assert_eq!(resumed.text, whole.text, "{what}");
@@ -226,7 +235,7 @@ fn saved_attention_state_replaces_recomputing_the_answer() {
     let first = engine
         .generate_resumed(&prompt, &[], &[], &settings, |p| {
             if p.tokens_so_far == 8 {
-                rows = p.cache.rows_from(p.prompt_len).unwrap();
+                rows = p.session.snapshot_since(p.prompt_len).unwrap();
                 return Flow::Stop;
             }
             Flow::Continue

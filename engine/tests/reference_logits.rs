@@ -3,6 +3,7 @@
 mod common;
 
 use common::{LOGIT_TOLERANCE, expected, fixtures, max_abs_diff, name};
+use longhaul_engine::generate::Session;
 use longhaul_engine::model::{LogitsFor, load_checkpoint};
 
 #[test]
@@ -11,7 +12,7 @@ fn teacher_forced_logits_match_transformers() {
     for dir in fixtures() {
         let exp = expected(&dir);
         let (_, model) = load_checkpoint(&dir).unwrap_or_else(|e| panic!("{}: {e}", name(&dir)));
-        let mut cache = model.new_cache();
+        let mut cache = model.new_state();
         let logits: Vec<Vec<f32>> = model
             .forward(&exp.ids, &mut cache, LogitsFor::All)
             .unwrap()
@@ -36,14 +37,14 @@ fn batched_and_one_token_passes_agree_bitwise() {
     for dir in fixtures() {
         let exp = expected(&dir);
         let (_, model) = load_checkpoint(&dir).unwrap();
-        let mut full_cache = model.new_cache();
+        let mut full_cache = model.new_state();
         let full: Vec<Vec<f32>> = model
             .forward(&exp.ids, &mut full_cache, LogitsFor::All)
             .unwrap()
             .to_vec2()
             .unwrap();
         for chunk in [1, 3, exp.ids.len() / 2 + 1] {
-            let mut cache = model.new_cache();
+            let mut cache = model.new_state();
             let mut stepped: Vec<Vec<f32>> = Vec::new();
             for part in exp.ids.chunks(chunk) {
                 let rows: Vec<Vec<f32>> = model
@@ -59,6 +60,42 @@ fn batched_and_one_token_passes_agree_bitwise() {
                 name(&dir),
                 max_abs_diff(&stepped, &full)
             );
+        }
+    }
+}
+
+/// Decoding N tokens, cutting back to M and decoding again gives bitwise
+/// what decoding M and then the rest gives — with a mark before M (layers
+/// that cannot drop rows return to it) and without one (they start over).
+#[test]
+fn a_session_cut_back_decodes_as_one_that_never_went_further() {
+    for dir in fixtures() {
+        let exp = expected(&dir);
+        let (_, model) = load_checkpoint(&dir).unwrap();
+        let n = exp.ids.len();
+        let mut plain = Session::new(&model);
+        let want: Vec<Vec<f32>> = exp
+            .ids
+            .iter()
+            .map(|&id| plain.feed(&[id]).unwrap())
+            .collect();
+        for (cut, mark) in [(n / 2, Some(n / 3)), (n / 2, None), (1, Some(0))] {
+            let mut s = Session::new(&model);
+            for (i, &id) in exp.ids.iter().enumerate() {
+                if Some(i) == mark {
+                    s.mark();
+                }
+                s.feed(&[id]).unwrap();
+            }
+            s.truncate(cut).unwrap();
+            assert_eq!(s.len(), cut);
+            for (i, &id) in exp.ids.iter().enumerate().skip(cut) {
+                assert!(
+                    s.feed(&[id]).unwrap() == want[i],
+                    "{}: cut to {cut} (mark {mark:?}), position {i} differs",
+                    name(&dir)
+                );
+            }
         }
     }
 }

@@ -73,7 +73,7 @@ fn open_with(path: &Path, budget: u64, queue_depth: usize, keep_stored_dtype: bo
 fn all_logits(engine: &Engine, ids: &[u32]) -> Vec<Vec<f32>> {
     let mut rows: Vec<Vec<f32>> = engine.logits(ids).unwrap().to_vec2().unwrap();
     let decoder = engine.decoder();
-    let mut cache = decoder.new_cache();
+    let mut cache = decoder.new_state();
     for &id in ids {
         let row: Vec<Vec<f32>> = decoder
             .forward(&[id], &mut cache, longhaul_engine::model::LogitsFor::Last)

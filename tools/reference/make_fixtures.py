@@ -190,6 +190,40 @@ FIXTURE_KIMI_K25_TEXT = {
     "tie_word_embeddings": False,
 }
 
+KIMI_LINEAR_SPEC = {
+    "model_type": "kimi_linear",
+    "num_hidden_layers": 5,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "q_lora_rank": None,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "intermediate_size": 96,
+    "moe_intermediate_size": 24,
+    "num_experts": 16,
+    "num_experts_per_token": 4,
+    "num_shared_experts": 1,
+    "num_expert_group": 4,
+    "topk_group": 2,
+    "moe_renormalize": True,
+    "routed_scaling_factor": 2.446,
+    "first_k_dense_replace": 1,
+    # As the release spells it: 1-based layer lists.
+    "linear_attn_config": {
+        "head_dim": 16,
+        "num_heads": 4,
+        "short_conv_kernel_size": 4,
+        "kda_layers": [1, 2, 3, 5],
+        "full_attn_layers": [4],
+    },
+    "rope": None,
+    # Its default (163839) lies outside a small vocabulary.
+    "pad_token_id": 0,
+    "tie_word_embeddings": False,
+}
+
 FIXTURES = [
     (
         "qwen3_moe_released",
@@ -340,18 +374,47 @@ FIXTURES = [
         dict(FIXTURE_KIMI_K25_TEXT, tie_word_embeddings=True),
         {"style": "new", "layout": "per_expert", "dtype": "bfloat16", "shards": 1, "wrap": "kimi_k25", "saved": True},
     ),
+    # Kimi-Linear as released (KDA + MLA without rotary, per-expert `w1/w2/w3`
+    # under `block_sparse_moe`, q/k/v convolutions apart) and as transformers
+    # 5.24 holds it (fused experts, `layer_types`, a low-rank query, a
+    # kernel of 3, dense and sparse layers named one by one).
+    (
+        "kimi_linear_released",
+        KIMI_LINEAR_SPEC,
+        {"style": "old", "layout": "per_expert", "dtype": "bfloat16", "shards": 1},
+    ),
+    (
+        "kimi_linear_recent",
+        dict(
+            KIMI_LINEAR_SPEC,
+            num_hidden_layers=4,
+            q_lora_rank=24,
+            linear_attn_config=None,
+            linear_num_heads=2,
+            linear_head_dim=24,
+            linear_conv_kernel_dim=3,
+            layer_types=["full_attention", "linear_attention", "linear_attention", "full_attention"],
+            mlp_layer_types=["sparse", "dense", "sparse", "sparse"],
+            num_shared_experts=2,
+            num_expert_group=1,
+            topk_group=1,
+            moe_renormalize=False,
+        ),
+        {"style": "new", "layout": "fused", "dtype": "float32", "shards": 1},
+    ),
 ]
 
 EXPERT_NAMES = {
     "qwen3_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
     "mixtral": ("block_sparse_moe", "w1", "w3", "w2"),
     "deepseek_v3": ("mlp", "gate_proj", "up_proj", "down_proj"),
+    "kimi_linear": ("block_sparse_moe", "w1", "w3", "w2"),
 }
 
 
 def config_json(spec: dict, tok: Tokenizer, style: str) -> dict:
-    spec = copy.deepcopy(spec)
-    rope = spec.pop("rope")
+    spec = {k: v for k, v in copy.deepcopy(spec).items() if v is not None or k != "linear_attn_config"}
+    rope = spec.pop("rope", None)
     cfg = {
         "vocab_size": VOCAB,
         "hidden_size": HIDDEN,
@@ -362,7 +425,9 @@ def config_json(spec: dict, tok: Tokenizer, style: str) -> dict:
         "eos_token_id": tok.token_to_id("<|endoftext|>"),
         **spec,
     }
-    if style == "old":
+    if rope is None:
+        pass
+    elif style == "old":
         cfg.update(rope_old_style(rope))
     else:
         cfg["rope_parameters"] = rope
@@ -408,8 +473,16 @@ def checkpoint_tensors(model, cfg: dict, layout: str) -> dict:
             prefix = k[: -len("mlp.experts.down_proj")] + block + ".experts"
             for e in range(v.shape[0]):
                 out[f"{prefix}.{e}.{down_name}.weight"] = v[e].contiguous()
-        elif block != "mlp" and ".mlp.gate." in k:
-            out[k.replace(".mlp.gate.", f".{block}.gate.")] = v
+        elif block != "mlp" and (".mlp.gate." in k or ".mlp.shared_experts." in k):
+            out[k.replace(".mlp.", f".{block}.")] = v
+        elif ".forget_gate." in k:
+            # Kimi-Linear's release keeps the forget gate's tensors in the attention.
+            out[k.replace(".forget_gate.", ".")] = v
+        elif k.endswith("self_attn.conv1d.weight") and arch == "kimi_linear":
+            # ... and convolves q, k and v with three kernels.
+            third = v.shape[0] // 3
+            for i, part in enumerate(("q", "k", "v")):
+                out[k.replace("conv1d", f"{part}_conv1d")] = v[i * third : (i + 1) * third].contiguous()
         else:
             out[k] = v
     return out

@@ -1,4 +1,4 @@
-//! Turning a prompt into text: a session over the model's KV cache, token
+//! Turning a prompt into text: a session over the model's sequence state, token
 //! selection, and stop conditions (EOS ids, stop strings, a token budget).
 
 pub mod sampling;
@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::model::{Decoder, KvCache, LogitsFor, ModelError};
+use crate::model::{Decoder, LogitsFor, ModelError, SequenceState};
 use crate::tokenizer::{TextTokenizer, TokenizerError};
 pub use sampling::{Sampler, SamplingError, SamplingParams};
 use stop::{Scan, StopScanner};
@@ -25,38 +25,97 @@ pub enum GenerateError {
     EmptyPrompt,
 }
 
-/// One sequence's state: the tokens seen so far and their attention cache.
+/// One sequence: the tokens fed so far and the model's state after them.
+#[derive(Clone)]
 pub struct Session<'m> {
     model: &'m Decoder,
-    cache: KvCache,
+    state: SequenceState,
+    ids: Vec<u32>,
+}
+
+impl std::fmt::Debug for Session<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("len", &self.len())
+            .field("state_bytes", &self.state.bytes())
+            .finish()
+    }
 }
 
 impl<'m> Session<'m> {
     pub fn new(model: &'m Decoder) -> Self {
         Self {
-            cache: model.new_cache(),
+            state: model.new_state(),
             model,
+            ids: Vec::new(),
         }
     }
 
     /// Positions processed so far.
     pub fn len(&self) -> usize {
-        self.cache.len()
+        self.state.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.cache.is_empty()
+        self.state.is_empty()
     }
 
-    /// The attention state so far.
-    pub fn cache(&self) -> &KvCache {
-        &self.cache
+    /// The model's state so far.
+    pub fn state(&self) -> &SequenceState {
+        &self.state
     }
 
     /// Feeds `ids` in one batched pass; returns the logits after the last one.
     pub fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
-        let logits = self.model.forward(ids, &mut self.cache, LogitsFor::Last)?;
+        let logits = self.model.forward(ids, &mut self.state, LogitsFor::Last)?;
+        self.ids.extend_from_slice(ids);
         Ok(logits.squeeze(0)?.to_vec1()?)
+    }
+
+    /// The state from position `start` on, as bytes for [`Session::restore`].
+    pub fn snapshot_since(&self, start: usize) -> Result<Vec<u8>, ModelError> {
+        self.state.save_since(start)
+    }
+
+    /// Applies a snapshot taken at this session's length; `following` are
+    /// the tokens at the positions it covers (it may cover fewer). Returns
+    /// how many positions it held. A snapshot that does not fit is refused
+    /// with the reason and changes nothing.
+    pub fn restore(&mut self, bytes: &[u8], following: &[u32]) -> Result<usize, ModelError> {
+        let mut trial = self.state.clone();
+        let n = trial.extend_from_bytes(bytes)?;
+        let ids = following.get(..n).ok_or_else(|| {
+            ModelError::StateMismatch(format!(
+                "it covers {n} positions, only {} tokens follow",
+                following.len()
+            ))
+        })?;
+        self.state = trial;
+        self.ids.extend_from_slice(ids);
+        Ok(n)
+    }
+
+    /// Remembers the state here, so that cutting back to this length or
+    /// past it replays only what follows.
+    pub fn mark(&mut self) {
+        self.state.checkpoint();
+    }
+
+    /// Cuts the session back to its first `len` positions, exactly as if
+    /// only those had been fed. Layers whose state cannot be cut return to
+    /// the latest mark at or before `len` and the tokens after it are fed
+    /// again (one pass; every kernel is batch-invariant, so the bits agree).
+    pub fn truncate(&mut self, len: usize) -> Result<(), ModelError> {
+        let reached = self.state.truncate(len);
+        if reached < len.min(self.ids.len()) {
+            let replay = self.ids[reached..len].to_vec();
+            self.ids.truncate(reached);
+            self.model
+                .forward(&replay, &mut self.state, LogitsFor::Last)?;
+            self.ids.extend_from_slice(&replay);
+        }
+        self.ids.truncate(len);
+        Ok(())
     }
 }
 
@@ -152,18 +211,18 @@ pub struct Piece<'a> {
     pub text: &'a str,
     /// Tokens of the answer so far, this one included.
     pub tokens_so_far: usize,
-    /// The attention state: the prompt's positions, then the answer's tokens
-    /// fed so far (all but the newest). Saving rows of it lets a resumed
+    /// The session: the prompt's positions, then the answer's tokens fed
+    /// so far (all but the newest). Saving snapshots of it lets a resumed
     /// run skip recomputing them.
-    pub cache: &'a KvCache,
+    pub session: &'a Session<'a>,
     pub prompt_len: usize,
 }
 
 /// Generates from `prompt` as if the answer had already begun with
 /// `resumed` (tokens this function produced earlier for the same prompt and
 /// settings). The prompt is fed in one pass, as it was the first time; the
-/// attention state of the first resumed tokens is taken from `saved` (rows
-/// of [`Piece::cache`] kept by the caller, in order) where it holds them,
+/// state of the first resumed tokens is taken from `saved` (snapshots
+/// of [`Piece::session`] kept by the caller, in order) where it holds them,
 /// and the other resumed tokens are fed one at a time, exactly as they were
 /// computed — a batched pass sums in another order, and its last-bit
 /// differences could tip a sampled token. The tokens are replayed through
@@ -210,14 +269,13 @@ pub fn generate_resumed(
     // Saved state covers at most all but the last resumed token: its logits,
     // which pick the next token, come only from feeding it.
     let mut restored = 0;
-    for rows in saved {
-        let mut trial = session.cache.clone();
-        match trial.extend_from_bytes(rows) {
-            Ok(n) if restored + n < tokens.len() => {
-                session.cache = trial;
-                restored += n;
-            }
-            _ => break,
+    for bytes in saved {
+        let Some(following) = tokens.get(restored..tokens.len().saturating_sub(1)) else {
+            break;
+        };
+        match session.restore(bytes, following) {
+            Ok(n) => restored += n,
+            Err(_) => break,
         }
     }
     for &id in &tokens[restored..] {
@@ -247,7 +305,7 @@ pub fn generate_resumed(
             token: Some(id),
             text: &shown,
             tokens_so_far: tokens.len(),
-            cache: session.cache(),
+            session: &session,
             prompt_len: prompt.len(),
         });
         if stopped {
@@ -278,7 +336,7 @@ pub fn generate_resumed(
                 token: None,
                 text: &rest,
                 tokens_so_far: tokens.len(),
-                cache: session.cache(),
+                session: &session,
                 prompt_len: prompt.len(),
             });
         }

@@ -220,6 +220,48 @@ impl RawConfig {
         }
     }
 
+    /// A list of strings (`layer_types`), if present.
+    pub fn str_list(&self, name: &str) -> Result<Option<Vec<String>>, ConfigError> {
+        match self.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| v.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .map(Some)
+                .ok_or_else(|| self.invalid(name, "expected a list of strings")),
+            Some(_) => Err(self.invalid(name, "expected a list")),
+        }
+    }
+
+    /// Which layers use linear attention: `layer_types` when given (one
+    /// `linear_attention` or `full_attention` per layer), else `default`.
+    pub fn linear_layers(
+        &self,
+        layers: usize,
+        default: impl Fn(usize) -> bool,
+    ) -> Result<Vec<bool>, ConfigError> {
+        let Some(types) = self.str_list("layer_types")? else {
+            return Ok((0..layers).map(default).collect());
+        };
+        if types.len() != layers {
+            return Err(self.invalid(
+                "layer_types",
+                format!("{} entries for {layers} layers", types.len()),
+            ));
+        }
+        types
+            .iter()
+            .map(|t| match t.as_str() {
+                "linear_attention" => Ok(true),
+                "full_attention" => Ok(false),
+                other => {
+                    Err(self.unsupported("layer_types", other, "linear_attention, full_attention"))
+                }
+            })
+            .collect()
+    }
+
     /// Checks that the activation is SiLU, the only one these families use.
     pub fn require_silu(&self) -> Result<(), ConfigError> {
         for field in ["hidden_act", "hidden_activation"] {

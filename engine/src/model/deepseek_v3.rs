@@ -6,15 +6,13 @@
 use std::sync::Arc;
 
 use super::config::{ConfigError, RawConfig};
+use super::layers::Mlp;
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
-use super::layers::mla::{
-    HeadProjections, KeyProjection, LatentAttention, QueryProjection, split_kv_b,
-};
+use super::layers::mla::{LatentAttention, MlaShape};
 use super::layers::moe::MoeBlock;
 use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::Scoring;
-use super::layers::{Linear, Mlp, RmsNorm};
 use super::{CommonConfig, ModelError, assemble};
 use crate::weights::Weights;
 
@@ -52,6 +50,20 @@ pub struct Config {
 }
 
 impl Config {
+    pub fn mla_shape(&self) -> MlaShape {
+        MlaShape {
+            hidden: self.common.hidden_size,
+            heads: self.heads,
+            q_lora_rank: self.q_lora_rank,
+            kv_lora_rank: self.kv_lora_rank,
+            nope: self.qk_nope_head_dim,
+            rope: self.qk_rope_head_dim,
+            v: self.v_head_dim,
+            bias: self.attention_bias,
+            eps: self.common.rms_norm_eps,
+        }
+    }
+
     pub fn parse(raw: &RawConfig) -> Result<Self, ConfigError> {
         let common = CommonConfig::parse(raw, DEFAULT_RMS_EPS)?;
         if let Some(s) = raw.str_opt("scoring_func")?
@@ -123,38 +135,13 @@ impl Config {
 }
 
 fn load_attention(c: &Config, w: &Weights, rope: &Rope) -> Result<LatentAttention, ModelError> {
-    let h = c.common.hidden_size;
-    let eps = c.common.rms_norm_eps;
-    let qk_head = c.qk_nope_head_dim + c.qk_rope_head_dim;
-    let q = match c.q_lora_rank {
-        None => QueryProjection::Direct(Linear::load(w, "q_proj", h, c.heads * qk_head, false)?),
-        Some(rank) => QueryProjection::LowRank {
-            a: Linear::load(w, "q_a_proj", h, rank, c.attention_bias)?,
-            norm: RmsNorm::load(w, "q_a_layernorm", rank, eps)?,
-            b: Linear::load(w, "q_b_proj", rank, c.heads * qk_head, false)?,
-        },
-    };
-    let base_scale = 1.0 / (qk_head as f64).sqrt();
-    Ok(LatentAttention {
-        absorbed: load_kv_b(c, w)?,
-        q,
-        kv_a: Linear::load(
-            w,
-            "kv_a_proj_with_mqa",
-            h,
-            c.kv_lora_rank + c.qk_rope_head_dim,
-            c.attention_bias,
-        )?,
-        kv_a_norm: RmsNorm::load(w, "kv_a_layernorm", c.kv_lora_rank, eps)?,
-        o_proj: Linear::load(w, "o_proj", c.heads * c.v_head_dim, h, c.attention_bias)?,
-        heads: c.heads,
-        kv_lora_rank: c.kv_lora_rank,
-        qk_nope_dim: c.qk_nope_head_dim,
-        qk_rope_dim: c.qk_rope_head_dim,
-        v_dim: c.v_head_dim,
-        rope: rope.clone(),
-        scale: c.rope.mla_softmax_scale(base_scale),
-    })
+    let base_scale = 1.0 / ((c.qk_nope_head_dim + c.qk_rope_head_dim) as f64).sqrt();
+    LatentAttention::load(
+        w,
+        &c.mla_shape(),
+        rope,
+        c.rope.mla_softmax_scale(base_scale),
+    )
 }
 
 fn load_moe(c: &Config, w: &Weights, layer: usize) -> Result<MoeBlock, ModelError> {
@@ -179,27 +166,6 @@ fn load_moe(c: &Config, w: &Weights, layer: usize) -> Result<MoeBlock, ModelErro
         scaling: c.routed_scaling_factor as f32,
     };
     MoeBlock::load(w, layer, h, e, c.top_k, scoring, shared)
-}
-
-/// Each head's key and value projections out of the latent: `kv_b_proj` as
-/// the reference stores it, or its two halves as a GGUF does (`k_b_proj`
-/// per head `[latent, nope]`, `v_b_proj` per head `[v, latent]`).
-fn load_kv_b(c: &Config, w: &Weights) -> Result<Vec<HeadProjections>, ModelError> {
-    let (nope, v, lat) = (c.qk_nope_head_dim, c.v_head_dim, c.kv_lora_rank);
-    if !w.has("kv_b_proj.weight") && w.has("k_b_proj.weight") {
-        let keys = w.matrix_stack("k_b_proj.weight", c.heads, lat, nope)?;
-        let values = w.matrix_stack("v_b_proj.weight", c.heads, v, lat)?;
-        return Ok(keys
-            .into_iter()
-            .zip(values)
-            .map(|(k, value)| HeadProjections {
-                key: KeyProjection::Transposed(k),
-                value,
-            })
-            .collect());
-    }
-    let kv_b = Linear::load(w, "kv_b_proj", lat, c.heads * (nope + v), false)?;
-    split_kv_b(&kv_b, c.heads, nope, v)
 }
 
 pub fn build(

@@ -5,20 +5,21 @@
 pub mod config;
 pub mod deepseek_v3;
 pub mod gpt_oss;
-pub mod kv_cache;
+pub mod kimi_linear;
 pub mod layers;
 pub mod mixtral;
 pub mod quantization;
 pub mod qwen3_moe;
+pub mod state;
 
 use std::path::Path;
 use std::sync::Arc;
 
 pub use config::{ConfigError, RawConfig};
-pub use kv_cache::KvCache;
 pub use layers::decoder::{Decoder, LogitsFor};
 pub use layers::experts::{Expert, ExpertError, ExpertProvider, ExpertStream};
 pub use quantization::Quantization;
+pub use state::SequenceState;
 
 use crate::weights::{TensorSource, Weights, WeightsError};
 use layers::{Linear, RmsNorm};
@@ -39,6 +40,8 @@ pub enum ModelError {
     TokenOutOfRange { id: u32, vocab_size: usize },
     #[error("no input tokens")]
     EmptyInput,
+    #[error("saved sequence state does not fit this model: {0}")]
+    StateMismatch(String),
     #[error("internal error: {0}")]
     Internal(&'static str),
 }
@@ -51,6 +54,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "kimi_k2",
     "kimi_k25",
     "gpt_oss",
+    "kimi_linear",
 ];
 
 /// Settings every architecture has.
@@ -106,6 +110,7 @@ pub enum Architecture {
     Mixtral(mixtral::Config),
     DeepseekV3(deepseek_v3::Config),
     GptOss(gpt_oss::Config),
+    KimiLinear(kimi_linear::Config),
 }
 
 /// A parsed config.json: what to build and where its weights are named.
@@ -136,6 +141,10 @@ impl ModelSpec {
             "qwen3_moe" => (Architecture::Qwen3Moe(qwen3_moe::Config::parse(raw)?), ""),
             "mixtral" => (Architecture::Mixtral(mixtral::Config::parse(raw)?), ""),
             "gpt_oss" => (Architecture::GptOss(gpt_oss::Config::parse(raw)?), ""),
+            "kimi_linear" => (
+                Architecture::KimiLinear(kimi_linear::Config::parse(raw)?),
+                "",
+            ),
             "deepseek_v3" | "kimi_k2" => (
                 Architecture::DeepseekV3(deepseek_v3::Config::parse(raw)?),
                 "",
@@ -178,6 +187,7 @@ impl ModelSpec {
             Architecture::Mixtral(c) => &c.common,
             Architecture::DeepseekV3(c) => &c.common,
             Architecture::GptOss(c) => &c.common,
+            Architecture::KimiLinear(c) => &c.common,
         }
     }
 
@@ -191,6 +201,10 @@ impl ModelSpec {
             Architecture::DeepseekV3(c) => {
                 (c.common.num_layers, c.kv_lora_rank + c.qk_rope_head_dim)
             }
+            Architecture::KimiLinear(c) => (
+                c.linear_layers.iter().filter(|l| !**l).count(),
+                c.mla.kv_lora_rank + c.mla.rope,
+            ),
         };
         (layers * per_layer) as u64 * F32
     }
@@ -262,6 +276,7 @@ impl ModelSpec {
             Architecture::Mixtral(c) => mixtral::build(c, &w, experts),
             Architecture::DeepseekV3(c) => deepseek_v3::build(c, &w, experts),
             Architecture::GptOss(c) => gpt_oss::build(c, &w, experts),
+            Architecture::KimiLinear(c) => kimi_linear::build(c, &w, experts),
         }
     }
 }

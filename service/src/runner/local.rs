@@ -116,7 +116,7 @@ impl LocalBackend {
                     tokens: &tokens,
                     count: tokens.len(),
                     text: piece.text,
-                    state: Some((piece.cache, piece.prompt_len)),
+                    state: Some((piece.session, piece.prompt_len)),
                 })
             })
             .map_err(engine_error)?;

@@ -68,9 +68,9 @@ pub struct Produced<'a> {
     pub tokens: &'a [u32],
     pub count: usize,
     pub text: &'a str,
-    /// The model's attention state and the prompt's length in it, when the
-    /// model runs here.
-    pub state: Option<(&'a longhaul_engine::model::KvCache, usize)>,
+    /// The model's session and the prompt's length in it, when the model
+    /// runs here.
+    pub state: Option<(&'a longhaul_engine::generate::Session<'a>, usize)>,
 }
 
 /// Where a backend sends its output; it returns whether to go on.
@@ -431,10 +431,10 @@ impl Runner {
             {
                 // The attention rows first: they must be on disk no later
                 // than the output they belong to.
-                if let (Some(file), Some((cache, prompt_len))) = (&state_file, p.state) {
-                    let have = cache.len().saturating_sub(prompt_len);
+                if let (Some(file), Some((session, prompt_len))) = (&state_file, p.state) {
+                    let have = session.len().saturating_sub(prompt_len);
                     if have > state_saved {
-                        match cache.rows_from(prompt_len + state_saved) {
+                        match session.snapshot_since(prompt_len + state_saved) {
                             Ok(rows) => match file.append(state_saved, have - state_saved, &rows) {
                                 Ok(()) => state_saved = have,
                                 Err(e) => {

@@ -6,7 +6,7 @@ use candle_core::{Device, Tensor};
 use super::rope::{Rope, RopeTables};
 use super::{Linear, RmsNorm, Stacked, values};
 use crate::kernels::ops::{self, AttentionShape};
-use crate::model::{ModelError, kv_cache::KvCache};
+use crate::model::{ModelError, state::SequenceState};
 use crate::weights::Weights;
 
 /// Multi-head attention with fewer key/value heads than query heads.
@@ -78,7 +78,7 @@ impl GroupedQueryAttention {
         &self,
         x: &Tensor,
         layer: usize,
-        cache: &mut KvCache,
+        cache: &mut SequenceState,
         tables: &RopeTables,
     ) -> Result<Tensor, ModelError> {
         let seq = x.dim(0)?;

@@ -7,17 +7,20 @@ use candle_core::{Device, Tensor};
 
 use super::attention::GroupedQueryAttention;
 use super::experts::ExpertProvider;
+use super::linear::LinearAttention;
 use super::mla::LatentAttention;
 use super::moe::MoeBlock;
 use super::rope::Rope;
 use super::{Linear, Mlp, RmsNorm, values};
 use crate::kernels::Matrix;
-use crate::model::{ModelError, kv_cache::KvCache};
+use crate::model::{ModelError, state::SequenceState};
 use crate::weights::Weights;
 
 pub enum Attention {
     Grouped(GroupedQueryAttention),
     Latent(LatentAttention),
+    /// Linear attention with a recurrent state (KDA, Gated DeltaNet).
+    Linear(Box<LinearAttention>),
 }
 
 pub enum FeedForward {
@@ -93,15 +96,15 @@ impl Decoder {
         Ok(())
     }
 
-    pub fn new_cache(&self) -> KvCache {
-        KvCache::new(self.layers.len())
+    pub fn new_state(&self) -> SequenceState {
+        SequenceState::new(self.layers.len())
     }
 
     /// Runs `ids` after whatever `cache` holds and returns logits `[n, vocab]`.
     pub fn forward(
         &self,
         ids: &[u32],
-        cache: &mut KvCache,
+        cache: &mut SequenceState,
         which: LogitsFor,
     ) -> Result<Tensor, ModelError> {
         crate::kernels::on_compute_threads(|| self.forward_here(ids, cache, which))
@@ -110,7 +113,7 @@ impl Decoder {
     fn forward_here(
         &self,
         ids: &[u32],
-        cache: &mut KvCache,
+        cache: &mut SequenceState,
         which: LogitsFor,
     ) -> Result<Tensor, ModelError> {
         if ids.is_empty() {
@@ -136,6 +139,7 @@ impl Decoder {
             let h = match &layer.attention {
                 Attention::Grouped(a) => a.forward(&h, index, cache, &tables)?,
                 Attention::Latent(a) => a.forward(&h, index, cache, &tables)?,
+                Attention::Linear(a) => a.forward(&h, index, cache)?,
             };
             x = (x + h)?;
             let h = layer.post_attention_norm.forward(&x)?;

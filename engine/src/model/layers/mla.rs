@@ -15,7 +15,8 @@ use super::rope::{Rope, RopeTables};
 use super::{Linear, RmsNorm, values};
 use crate::kernels::Matrix;
 use crate::kernels::ops::{LatentShape, latent_attention};
-use crate::model::{ModelError, kv_cache::KvCache};
+use crate::model::{ModelError, state::SequenceState};
+use crate::weights::Weights;
 
 /// The query path: one projection, or a low-rank pair with a norm between.
 pub enum QueryProjection {
@@ -66,6 +67,76 @@ pub struct LatentAttention {
     pub absorbed: Vec<HeadProjections>,
 }
 
+/// Sizes of a latent-attention layer, as read from a config.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MlaShape {
+    pub hidden: usize,
+    pub heads: usize,
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    /// Per-head query/key width without rotary, with rotary, and value width.
+    pub nope: usize,
+    pub rope: usize,
+    pub v: usize,
+    pub bias: bool,
+    pub eps: f64,
+}
+
+impl LatentAttention {
+    /// Loads `q_proj` (or `q_a_proj`, `q_a_layernorm`, `q_b_proj`),
+    /// `kv_a_proj_with_mqa`, `kv_a_layernorm`, `kv_b_proj` (or its GGUF
+    /// halves) and `o_proj` under `w`.
+    pub fn load(w: &Weights, s: &MlaShape, rope: &Rope, scale: f64) -> Result<Self, ModelError> {
+        let h = s.hidden;
+        let qk_head = s.nope + s.rope;
+        let q = match s.q_lora_rank {
+            None => {
+                QueryProjection::Direct(Linear::load(w, "q_proj", h, s.heads * qk_head, false)?)
+            }
+            Some(rank) => QueryProjection::LowRank {
+                a: Linear::load(w, "q_a_proj", h, rank, s.bias)?,
+                norm: RmsNorm::load(w, "q_a_layernorm", rank, s.eps)?,
+                b: Linear::load(w, "q_b_proj", rank, s.heads * qk_head, false)?,
+            },
+        };
+        Ok(LatentAttention {
+            absorbed: load_kv_b(s, w)?,
+            q,
+            kv_a: Linear::load(w, "kv_a_proj_with_mqa", h, s.kv_lora_rank + s.rope, s.bias)?,
+            kv_a_norm: RmsNorm::load(w, "kv_a_layernorm", s.kv_lora_rank, s.eps)?,
+            o_proj: Linear::load(w, "o_proj", s.heads * s.v, h, s.bias)?,
+            heads: s.heads,
+            kv_lora_rank: s.kv_lora_rank,
+            qk_nope_dim: s.nope,
+            qk_rope_dim: s.rope,
+            v_dim: s.v,
+            rope: rope.clone(),
+            scale,
+        })
+    }
+}
+
+/// Each head's key and value projections out of the latent: `kv_b_proj` as
+/// the reference stores it, or its two halves as a GGUF does (`k_b_proj`
+/// per head `[latent, nope]`, `v_b_proj` per head `[v, latent]`).
+fn load_kv_b(s: &MlaShape, w: &Weights) -> Result<Vec<HeadProjections>, ModelError> {
+    let (nope, v, lat) = (s.nope, s.v, s.kv_lora_rank);
+    if !w.has("kv_b_proj.weight") && w.has("k_b_proj.weight") {
+        let keys = w.matrix_stack("k_b_proj.weight", s.heads, lat, nope)?;
+        let values = w.matrix_stack("v_b_proj.weight", s.heads, v, lat)?;
+        return Ok(keys
+            .into_iter()
+            .zip(values)
+            .map(|(k, value)| HeadProjections {
+                key: KeyProjection::Transposed(k),
+                value,
+            })
+            .collect());
+    }
+    let kv_b = Linear::load(w, "kv_b_proj", lat, s.heads * (nope + v), false)?;
+    split_kv_b(&kv_b, s.heads, nope, v)
+}
+
 /// `kv_b`'s weight (`[heads × (nope + v), latent]`) split per head.
 pub fn split_kv_b(
     kv_b: &Linear,
@@ -89,7 +160,7 @@ impl LatentAttention {
         &self,
         x: &Tensor,
         layer: usize,
-        cache: &mut KvCache,
+        cache: &mut SequenceState,
         tables: &RopeTables,
     ) -> Result<Tensor, ModelError> {
         let seq = x.dim(0)?;

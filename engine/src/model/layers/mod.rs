@@ -4,6 +4,7 @@
 pub mod attention;
 pub mod decoder;
 pub mod experts;
+pub mod linear;
 pub mod mla;
 pub mod moe;
 pub mod rope;
