@@ -18,6 +18,8 @@ fn expert_bytes(fixture: &str) -> u64 {
         "mixtral_released" => 3 * 64 * 48 * 4,
         "kimi_k25_text" => 3 * 64 * 16 * 4,
         "gpt_oss_bf16" => 3 * 64 * 64 * 4,
+        "kimi_linear_released" => 3 * 64 * 24 * 4,
+        "qwen3_next_released" | "qwen3_5_moe_wrapped" => 3 * 64 * 16 * 4,
         // MXFP4 rows of 64 weights (two blocks of 32, each a scale byte and
         // 16 bytes): 128 gate/up rows and 64 down rows.
         "gpt_oss_mxfp4" => (128 + 64) * 2 * (1 + 16),
@@ -149,6 +151,9 @@ fn logits_are_bitwise_identical_to_the_in_memory_model() {
         "mixtral_released",
         "kimi_k25_text",
         "gpt_oss_bf16",
+        "kimi_linear_released",
+        "qwen3_next_released",
+        "qwen3_5_moe_wrapped",
     ] {
         let dir = common::fixtures_dir().join(fixture);
         let exp = common::expected(&dir);

@@ -224,6 +224,56 @@ KIMI_LINEAR_SPEC = {
     "tie_word_embeddings": False,
 }
 
+QWEN3_NEXT_SPEC = {
+    "model_type": "qwen3_next",
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 8,
+    "linear_value_head_dim": 12,
+    "linear_conv_kernel_dim": 4,
+    "intermediate_size": 64,
+    "moe_intermediate_size": 16,
+    "shared_expert_intermediate_size": 24,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [1],
+    "partial_rotary_factor": 0.5,
+    "rope": {"rope_type": "default", "rope_theta": 10000.0},
+    "tie_word_embeddings": False,
+}
+
+QWEN3_5_MOE_TEXT = {
+    "model_type": "qwen3_5_moe_text",
+    "num_hidden_layers": 4,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 2,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4,
+    "moe_intermediate_size": 16,
+    "shared_expert_intermediate_size": 16,
+    "num_experts": 12,
+    "num_experts_per_tok": 3,
+    "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    "rope": {
+        "rope_type": "default",
+        "rope_theta": 1000000.0,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [2, 1, 1],
+        "mrope_interleaved": True,
+    },
+    "tie_word_embeddings": False,
+}
+
 FIXTURES = [
     (
         "qwen3_moe_released",
@@ -402,6 +452,26 @@ FIXTURES = [
         ),
         {"style": "new", "layout": "fused", "dtype": "float32", "shards": 1},
     ),
+    # Qwen3-Next as released (per-expert, BF16, top-level partial rotary,
+    # GDN projections interleaved per key head) and with fused experts, a
+    # full-attention layer every second layer and experts not renormalised.
+    (
+        "qwen3_next_released",
+        QWEN3_NEXT_SPEC,
+        {"style": "old", "layout": "per_expert", "dtype": "bfloat16", "shards": 1},
+    ),
+    (
+        "qwen3_next_recent",
+        dict(QWEN3_NEXT_SPEC, full_attention_interval=2, norm_topk_prob=False, mlp_only_layers=[], linear_conv_kernel_dim=2),
+        {"style": "new", "layout": "fused", "dtype": "float32", "shards": 1},
+    ),
+    # Qwen3.5-MoE's multimodal release: the text model under
+    # `model.language_model.`, interleaved MRoPE, projections apart.
+    (
+        "qwen3_5_moe_wrapped",
+        QWEN3_5_MOE_TEXT,
+        {"style": "new", "layout": "per_expert", "dtype": "bfloat16", "shards": 2, "wrap": "qwen3_5_moe"},
+    ),
 ]
 
 EXPERT_NAMES = {
@@ -409,7 +479,12 @@ EXPERT_NAMES = {
     "mixtral": ("block_sparse_moe", "w1", "w3", "w2"),
     "deepseek_v3": ("mlp", "gate_proj", "up_proj", "down_proj"),
     "kimi_linear": ("block_sparse_moe", "w1", "w3", "w2"),
+    "qwen3_next": ("mlp", "gate_proj", "up_proj", "down_proj"),
+    "qwen3_5_moe_text": ("mlp", "gate_proj", "up_proj", "down_proj"),
 }
+
+
+ZERO_CENTRED_NORMS = ("Qwen3NextRMSNorm", "Qwen3_5MoeRMSNorm")
 
 
 def config_json(spec: dict, tok: Tokenizer, style: str) -> dict:
@@ -448,6 +523,10 @@ def randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
             p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(fan_in))
         if name.endswith("bias"):
             p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+    # Zero-centred norms scale by 1 + weight: their weights sit around 0.
+    for module in model.modules():
+        if type(module).__name__ in ZERO_CENTRED_NORMS:
+            module.weight.copy_(0.2 * torch.randn(module.weight.shape, generator=gen))
     for name, b in model.named_buffers():
         if name.endswith("e_score_correction_bias"):
             b.copy_(0.05 * torch.randn(b.shape, generator=gen))
@@ -715,8 +794,10 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
     if opts.get("mxfp4"):
         tensors = quantize_mxfp4(model, tensors)
         cfg = dict(cfg, quantization_config=MXFP4_CONFIG)
-    wrapped = opts.get("wrap") == "kimi_k25"
-    save_checkpoint(tensors, out, dtype, opts["shards"], "language_model." if wrapped else "")
+    wrapped = opts.get("wrap")
+    if wrapped == "qwen3_5_moe":
+        tensors = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v for k, v in tensors.items()}
+    save_checkpoint(tensors, out, dtype, opts["shards"], "language_model." if wrapped == "kimi_k25" else "")
 
     ids = tok.encode(TEACHER_TEXT).ids
     logits = model(torch.tensor([ids])).logits[0]
@@ -747,7 +828,7 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
     # As saved: the text config keeps DeepSeek-V3's untied default; the
     # wrapper's own tie_word_embeddings (default true) is left out.
     text_cfg = dict(cfg, tie_word_embeddings=False) if opts.get("saved") else cfg
-    final_cfg = {"model_type": "kimi_k25", "text_config": text_cfg} if wrapped else cfg
+    final_cfg = {"model_type": wrapped, "text_config": text_cfg} if wrapped else cfg
     cfg_path.write_text(json.dumps(final_cfg, indent=1))
 
     expected = {

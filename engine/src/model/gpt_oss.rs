@@ -136,6 +136,8 @@ pub fn build(
             qk_norm_eps: None,
             window: c.sliding_window.filter(|_| c.sliding[i]),
             sinks: true,
+            output_gate: false,
+            centred_norms: false,
         };
         let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape, &rope)?;
         let mw = lw.pp("mlp");
@@ -153,6 +155,7 @@ pub fn build(
             layer: i,
             router: Router::new(router, c.num_experts, c.top_k, Scoring::TopKSoftmax),
             shared: None,
+            shared_gate: None,
             extras: ExpertExtras {
                 activation: Activation::ClampedSwiglu {
                     alpha: c.swiglu_alpha,

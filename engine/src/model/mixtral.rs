@@ -85,6 +85,8 @@ pub fn build(
             qk_norm_eps: None,
             window: c.sliding_window,
             sinks: false,
+            output_gate: false,
+            centred_norms: false,
         };
         let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape, &rope)?;
         let block = MOE_BLOCK_NAMES

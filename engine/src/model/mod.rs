@@ -10,6 +10,7 @@ pub mod layers;
 pub mod mixtral;
 pub mod quantization;
 pub mod qwen3_moe;
+pub mod qwen3_next;
 pub mod state;
 
 use std::path::Path;
@@ -55,6 +56,9 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "kimi_k25",
     "gpt_oss",
     "kimi_linear",
+    "qwen3_next",
+    "qwen3_5_moe",
+    "qwen3_5_moe_text",
 ];
 
 /// Settings every architecture has.
@@ -111,6 +115,8 @@ pub enum Architecture {
     DeepseekV3(deepseek_v3::Config),
     GptOss(gpt_oss::Config),
     KimiLinear(kimi_linear::Config),
+    /// Qwen3-Next and Qwen3.5-MoE's text model.
+    Qwen3Next(qwen3_next::Config),
 }
 
 /// A parsed config.json: what to build and where its weights are named.
@@ -120,6 +126,9 @@ pub struct ModelSpec {
     pub architecture: Architecture,
     /// Prefix of the language model's tensors (multimodal checkpoints nest it).
     pub weight_prefix: String,
+    /// Whether the text model's `model.` tensors are stored under
+    /// `model.language_model.` (Qwen3.5's multimodal release).
+    pub nested_language_model: bool,
     /// The published weight format, from `quantization_config`.
     pub quantization: Option<Quantization>,
 }
@@ -137,7 +146,26 @@ impl ModelSpec {
         // Read first: a format Longhaul cannot compute with is refused before
         // anything else is looked at (multimodal releases keep it at the top).
         let mut quantization = quantization::parse(raw)?;
+        let mut nested_language_model = false;
         let (architecture, weight_prefix) = match model_type.as_str() {
+            "qwen3_next" => (
+                Architecture::Qwen3Next(qwen3_next::Config::parse(raw, false)?),
+                "",
+            ),
+            "qwen3_5_moe_text" => (
+                Architecture::Qwen3Next(qwen3_next::Config::parse(raw, true)?),
+                "",
+            ),
+            // The vision tower is not used; text positions make MRoPE plain rotary.
+            "qwen3_5_moe" => {
+                let text = raw.sub_config("text_config")?;
+                quantization = quantization.or(quantization::parse(&text)?);
+                nested_language_model = true;
+                (
+                    Architecture::Qwen3Next(qwen3_next::Config::parse(&text, true)?),
+                    "",
+                )
+            }
             "qwen3_moe" => (Architecture::Qwen3Moe(qwen3_moe::Config::parse(raw)?), ""),
             "mixtral" => (Architecture::Mixtral(mixtral::Config::parse(raw)?), ""),
             "gpt_oss" => (Architecture::GptOss(gpt_oss::Config::parse(raw)?), ""),
@@ -177,6 +205,7 @@ impl ModelSpec {
             model_type,
             architecture,
             weight_prefix: weight_prefix.to_string(),
+            nested_language_model,
             quantization,
         })
     }
@@ -188,6 +217,7 @@ impl ModelSpec {
             Architecture::DeepseekV3(c) => &c.common,
             Architecture::GptOss(c) => &c.common,
             Architecture::KimiLinear(c) => &c.common,
+            Architecture::Qwen3Next(c) => &c.common,
         }
     }
 
@@ -205,6 +235,10 @@ impl ModelSpec {
                 c.linear_layers.iter().filter(|l| !**l).count(),
                 c.mla.kv_lora_rank + c.mla.rope,
             ),
+            Architecture::Qwen3Next(c) => (
+                c.linear_layers.iter().filter(|l| !**l).count(),
+                2 * c.kv_heads * c.head_dim,
+            ),
         };
         (layers * per_layer) as u64 * F32
     }
@@ -221,6 +255,16 @@ impl ModelSpec {
                 "{}model.{layers}.0.input_layernorm.weight",
                 self.weight_prefix
             )
+        };
+        let nested = crate::weights::Renamed {
+            inner: source,
+            asked: "model.",
+            stored: "model.language_model.",
+        };
+        let source: &dyn TensorSource = if self.nested_language_model {
+            &nested
+        } else {
+            source
         };
         let renamed = crate::weights::Renamed {
             inner: source,
@@ -277,6 +321,7 @@ impl ModelSpec {
             Architecture::DeepseekV3(c) => deepseek_v3::build(c, &w, experts),
             Architecture::GptOss(c) => gpt_oss::build(c, &w, experts),
             Architecture::KimiLinear(c) => kimi_linear::build(c, &w, experts),
+            Architecture::Qwen3Next(c) => qwen3_next::build(c, &w, experts),
         }
     }
 }

@@ -120,6 +120,8 @@ pub fn build(
             qk_norm_eps: Some(eps),
             window: c.sliding_window,
             sinks: false,
+            output_gate: false,
+            centred_norms: false,
         };
         let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape, &rope)?;
         let mw = lw.pp("mlp");

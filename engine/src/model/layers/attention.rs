@@ -24,6 +24,9 @@ pub struct GroupedQueryAttention {
     /// One learnt logit per query head that takes a share of the softmax
     /// and attends to nothing (gpt-oss).
     pub sinks: Option<Vec<f32>>,
+    /// Each head's output is scaled by `sigmoid(gate)`, the gate coming
+    /// with the query from `q_proj`.
+    pub output_gate: bool,
 }
 
 /// Shape of a grouped-query attention layer, as read from a config.
@@ -39,19 +42,26 @@ pub struct GqaShape {
     pub window: Option<usize>,
     /// Whether the layer has attention sinks (`sinks`, one per head).
     pub sinks: bool,
+    /// Whether `q_proj` also gives each head a gate on its output
+    /// (`[head][query | gate]`, Qwen3-Next).
+    pub output_gate: bool,
+    /// Whether the q/k norms scale by `1 + weight` (Qwen3-Next).
+    pub centred_norms: bool,
 }
 
 impl GroupedQueryAttention {
     /// Loads `{q,k,v,o}_proj` (and `{q,k}_norm`) under `w`.
     pub fn load(w: &Weights, s: GqaShape, rope: &Rope) -> Result<Self, ModelError> {
         let (q_out, kv_out) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
+        let offset = if s.centred_norms { 1.0 } else { 0.0 };
         let qk_norm = match s.qk_norm_eps {
             Some(eps) => Some((
-                RmsNorm::load(w, "q_norm", s.head_dim, eps)?,
-                RmsNorm::load(w, "k_norm", s.head_dim, eps)?,
+                RmsNorm::load_offset(w, "q_norm", s.head_dim, eps, offset)?,
+                RmsNorm::load_offset(w, "k_norm", s.head_dim, eps, offset)?,
             )),
             None => None,
         };
+        let q_rows = if s.output_gate { 2 * q_out } else { q_out };
         let sinks = if s.sinks {
             Some(w.get("sinks", &[s.heads])?.to_vec1::<f32>()?)
         } else {
@@ -59,7 +69,7 @@ impl GroupedQueryAttention {
         };
         Ok(Self {
             qkv_proj: Stacked::new(vec![
-                Linear::load(w, "q_proj", s.hidden, q_out, s.bias)?,
+                Linear::load(w, "q_proj", s.hidden, q_rows, s.bias)?,
                 Linear::load(w, "k_proj", s.hidden, kv_out, s.bias)?,
                 Linear::load(w, "v_proj", s.hidden, kv_out, s.bias)?,
             ])?,
@@ -71,6 +81,7 @@ impl GroupedQueryAttention {
             rope: rope.clone(),
             window: s.window,
             sinks,
+            output_gate: s.output_gate,
         })
     }
 
@@ -86,15 +97,24 @@ impl GroupedQueryAttention {
         let hd = self.head_dim;
         let (q_out, kv_out) = (self.heads * hd, self.kv_heads * hd);
         let qkv = self.qkv_proj.forward_values(&values(x)?, seq)?;
+        let q_rows = if self.output_gate { 2 * q_out } else { q_out };
         let (mut q, mut k, mut v) = (
             Vec::with_capacity(seq * q_out),
             Vec::with_capacity(seq * kv_out),
             Vec::with_capacity(seq * kv_out),
         );
-        for row in qkv.chunks_exact(q_out + 2 * kv_out) {
-            q.extend_from_slice(&row[..q_out]);
-            k.extend_from_slice(&row[q_out..q_out + kv_out]);
-            v.extend_from_slice(&row[q_out + kv_out..]);
+        let mut gate = Vec::new();
+        for row in qkv.chunks_exact(q_rows + 2 * kv_out) {
+            if self.output_gate {
+                for head in row[..q_rows].chunks_exact(2 * hd) {
+                    q.extend_from_slice(&head[..hd]);
+                    gate.extend_from_slice(&head[hd..]);
+                }
+            } else {
+                q.extend_from_slice(&row[..q_out]);
+            }
+            k.extend_from_slice(&row[q_rows..q_rows + kv_out]);
+            v.extend_from_slice(&row[q_rows + kv_out..]);
         }
         if let Some((qn, kn)) = &self.qk_norm {
             q = qn.forward_values(&q);
@@ -114,7 +134,11 @@ impl GroupedQueryAttention {
             window: self.window,
         };
         let scale = (1.0 / (hd as f64).sqrt()) as f32;
-        let out = ops::attention_with_sinks(&q, keys, vals, &shape, scale, self.sinks.as_deref());
+        let mut out =
+            ops::attention_with_sinks(&q, keys, vals, &shape, scale, self.sinks.as_deref());
+        for (o, g) in out.iter_mut().zip(&gate) {
+            *o *= 1.0 / (1.0 + (-g).exp());
+        }
         let y = self.o_proj.forward_values(&out, seq)?;
         Ok(Tensor::from_vec(
             y,

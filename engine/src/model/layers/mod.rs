@@ -171,8 +171,24 @@ pub struct RmsNorm {
 
 impl RmsNorm {
     pub fn load(w: &Weights, name: &str, dim: usize, eps: f64) -> Result<Self, ModelError> {
+        Self::load_offset(w, name, dim, eps, 0.0)
+    }
+
+    /// A norm that scales by `offset + weight`: zero-centred norms (Qwen3-Next)
+    /// store `weight` around 0 and scale by `1 + weight`.
+    pub fn load_offset(
+        w: &Weights,
+        name: &str,
+        dim: usize,
+        eps: f64,
+        offset: f32,
+    ) -> Result<Self, ModelError> {
+        let mut weight = values(&w.get(&format!("{name}.weight"), &[dim])?)?;
+        if offset != 0.0 {
+            weight.iter_mut().for_each(|v| *v += offset);
+        }
         Ok(Self {
-            weight: values(&w.get(&format!("{name}.weight"), &[dim])?)?,
+            weight,
             eps: eps as f32,
         })
     }

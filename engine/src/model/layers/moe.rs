@@ -20,6 +20,8 @@ pub struct MoeBlock {
     pub layer: usize,
     pub router: Router,
     pub shared: Option<Mlp>,
+    /// Scales the shared expert's output by `sigmoid(gate · x)` (Qwen3-Next).
+    pub shared_gate: Option<Box<Linear>>,
     pub extras: ExpertExtras,
 }
 
@@ -76,6 +78,7 @@ impl MoeBlock {
             layer,
             router: Router::new(gate, experts, top_k, scoring),
             shared,
+            shared_gate: None,
             extras: ExpertExtras::default(),
         })
     }
@@ -172,7 +175,14 @@ impl MoeBlock {
             }
         }
         if let Some(shared) = &self.shared {
-            let s = shared.forward_values(&xs, n)?;
+            let mut s = shared.forward_values(&xs, n)?;
+            if let Some(gate) = &self.shared_gate {
+                let g = gate.forward_values(&xs, n)?;
+                for (row, g) in s.chunks_mut(hidden.max(1)).zip(g) {
+                    let scale = 1.0 / (1.0 + (-g).exp());
+                    row.iter_mut().for_each(|v| *v *= scale);
+                }
+            }
             for (o, v) in out.iter_mut().zip(&s) {
                 *o += v;
             }
