@@ -408,7 +408,7 @@ fn plan_memory(
         m.limit_bytes,
         manifest.resident.size,
         m.context_tokens,
-        spec.kv_bytes_per_token(),
+        spec.state_bytes(),
         windows * streaming.window_bytes,
         smallest_expert,
     )

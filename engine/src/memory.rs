@@ -59,13 +59,13 @@ pub struct MemoryPlan {
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum MemoryError {
     #[error(
-        "a memory limit of {} leaves no room for experts: resident weights take {}, the attention cache for {} tokens {}, read buffers {}, the runtime {} and headroom {}; raise the limit to at least {}",
+        "a memory limit of {} leaves no room for experts: resident weights take {}, the sequence state for {} tokens {}, read buffers {}, the runtime {} and headroom {}; raise the limit to at least {}",
         mib(plan.limit_bytes), mib(plan.resident_bytes), plan.context_tokens, mib(plan.kv_bytes),
         mib(plan.window_bytes), mib(plan.runtime_bytes), mib(plan.headroom_bytes), mib(*needed)
     )]
     TooSmall { plan: MemoryPlan, needed: u64 },
     #[error(
-        "an expert budget of {} does not fit in a memory limit of {}: at most {} is left after resident weights ({}), the attention cache ({}), read buffers ({}), the runtime ({}) and headroom ({})",
+        "an expert budget of {} does not fit in a memory limit of {}: at most {} is left after resident weights ({}), the sequence state ({}), read buffers ({}), the runtime ({}) and headroom ({})",
         mib(*budget), mib(plan.limit_bytes), mib(plan.budget_bytes), mib(plan.resident_bytes),
         mib(plan.kv_bytes), mib(plan.window_bytes), mib(plan.runtime_bytes), mib(plan.headroom_bytes)
     )]
@@ -86,20 +86,38 @@ pub fn check_fits(bytes: u64, limit: Option<u64>) -> Result<(), MemoryError> {
     }
 }
 
+/// What a sequence's state takes: bytes per position (attention caches)
+/// and bytes whatever the length (recurrent layers' state and windows,
+/// with the copies kept for cutting back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StateBytes {
+    pub per_token: u64,
+    pub fixed: u64,
+}
+
+impl StateBytes {
+    pub fn per_token(per_token: u64) -> Self {
+        Self {
+            per_token,
+            fixed: 0,
+        }
+    }
+}
+
 fn mib(bytes: u64) -> String {
     format!("{:.0} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
 
 impl MemoryPlan {
     /// Spends `limit_bytes` on a model whose non-expert weights take
-    /// `resident_bytes`, for `context_tokens` positions of `kv_per_token`
-    /// bytes, with `window_bytes` of one-use read buffers. The smallest
-    /// useful budget is one expert of `min_expert_bytes`.
+    /// `resident_bytes`, for `context_tokens` positions of sequence state
+    /// sized by `state`, with `window_bytes` of one-use read buffers. The
+    /// smallest useful budget is one expert of `min_expert_bytes`.
     pub fn new(
         limit_bytes: u64,
         resident_bytes: u64,
         context_tokens: u64,
-        kv_per_token: u64,
+        state: StateBytes,
         window_bytes: u64,
         min_expert_bytes: u64,
     ) -> Result<Self, MemoryError> {
@@ -107,7 +125,7 @@ impl MemoryPlan {
             limit_bytes,
             resident_bytes,
             context_tokens,
-            kv_bytes: context_tokens * kv_per_token * KV_COPIES,
+            kv_bytes: (context_tokens * state.per_token + state.fixed) * KV_COPIES,
             window_bytes,
             runtime_bytes: RUNTIME_BYTES,
             headroom_bytes: (limit_bytes as f64 * HEADROOM_SHARE) as u64,
@@ -294,7 +312,15 @@ mod tests {
     #[test]
     fn a_plan_spends_the_limit_and_says_what_does_not_fit() {
         let gib = 1u64 << 30;
-        let plan = MemoryPlan::new(2 * gib, 264 << 20, 64, 49152, 64 << 20, 3 << 20).unwrap();
+        let plan = MemoryPlan::new(
+            2 * gib,
+            264 << 20,
+            64,
+            StateBytes::per_token(49152),
+            64 << 20,
+            3 << 20,
+        )
+        .unwrap();
         let spent = plan.resident_bytes
             + plan.kv_bytes
             + plan.window_bytes
@@ -306,7 +332,15 @@ mod tests {
         assert!(plan.check(plan.budget_bytes).is_ok());
         let too_big = plan.check(plan.budget_bytes + 1).unwrap_err().to_string();
         assert!(too_big.contains("does not fit"), "{too_big}");
-        let err = MemoryPlan::new(300 << 20, 264 << 20, 64, 49152, 64 << 20, 3 << 20).unwrap_err();
+        let err = MemoryPlan::new(
+            300 << 20,
+            264 << 20,
+            64,
+            StateBytes::per_token(49152),
+            64 << 20,
+            3 << 20,
+        )
+        .unwrap_err();
         let MemoryError::TooSmall { needed, .. } = err.clone() else {
             panic!("{err}")
         };
@@ -314,7 +348,17 @@ mod tests {
             err.to_string().contains("resident weights take 264 MiB"),
             "{err}"
         );
-        assert!(MemoryPlan::new(needed, 264 << 20, 64, 49152, 64 << 20, 3 << 20).is_ok());
+        assert!(
+            MemoryPlan::new(
+                needed,
+                264 << 20,
+                64,
+                StateBytes::per_token(49152),
+                64 << 20,
+                3 << 20
+            )
+            .is_ok()
+        );
     }
 
     #[test]

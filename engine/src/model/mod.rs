@@ -221,7 +221,27 @@ impl ModelSpec {
         }
     }
 
-    /// Bytes the attention cache holds per position (f32, every layer).
+    /// What one sequence's state takes: the attention layers' rows per
+    /// position, and the linear layers' fixed state and convolution window
+    /// with the checkpoints kept of them (f32).
+    pub fn state_bytes(&self) -> crate::memory::StateBytes {
+        const F32: u64 = 4;
+        let linear = match &self.architecture {
+            Architecture::KimiLinear(c) => Some((&c.linear, &c.linear_layers)),
+            Architecture::Qwen3Next(c) => Some((&c.linear, &c.linear_layers)),
+            _ => None,
+        };
+        let fixed = linear.map_or(0, |(s, layers)| {
+            let count = layers.iter().filter(|l| **l).count();
+            (count * s.state_values()) as u64 * F32 * (1 + state::MAX_CHECKPOINTS as u64)
+        });
+        crate::memory::StateBytes {
+            per_token: self.kv_bytes_per_token(),
+            fixed,
+        }
+    }
+
+    /// Bytes the attention cache holds per position (f32, every attention layer).
     pub fn kv_bytes_per_token(&self) -> u64 {
         const F32: u64 = 4;
         let (layers, per_layer) = match &self.architecture {

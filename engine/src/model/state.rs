@@ -25,7 +25,7 @@ use std::collections::VecDeque;
 use super::ModelError;
 
 /// Checkpoints kept for cutting back recurrent layers; older ones are dropped.
-const MAX_CHECKPOINTS: usize = 4;
+pub const MAX_CHECKPOINTS: usize = 4;
 
 #[derive(Debug, Clone, Default, PartialEq)]
 enum LayerState {

@@ -25,6 +25,7 @@ use serde_json::{Value, json};
 use crate::weights::safetensors::{TensorEntry, header_bytes};
 
 mod gpt_oss;
+mod kimi_linear;
 
 /// Values generated and written per chunk.
 const CHUNK_VALUES: usize = 1 << 20;
@@ -53,6 +54,7 @@ pub enum SynthArch {
     Qwen3Moe,
     Mixtral,
     GptOss,
+    KimiLinear,
 }
 
 impl SynthArch {
@@ -62,8 +64,9 @@ impl SynthArch {
             "qwen3_moe" => Ok(Self::Qwen3Moe),
             "mixtral" => Ok(Self::Mixtral),
             "gpt_oss" => Ok(Self::GptOss),
+            "kimi_linear" => Ok(Self::KimiLinear),
             other => Err(SynthError::Invalid(format!(
-                "--arch {other} is not supported; use deepseek_v3, qwen3_moe, mixtral or gpt_oss"
+                "--arch {other} is not supported; use deepseek_v3, kimi_linear, qwen3_moe, mixtral or gpt_oss"
             ))),
         }
     }
@@ -160,7 +163,7 @@ impl SynthSpec {
 
     fn dense_prefix(&self) -> usize {
         match self.arch {
-            SynthArch::DeepseekV3 => 1,
+            SynthArch::DeepseekV3 | SynthArch::KimiLinear => 1,
             _ => 0,
         }
     }
@@ -184,6 +187,11 @@ impl SynthSpec {
         }
         if self.vocab < 256 {
             return bad("--vocab must be at least 256 (the tokenizer's byte alphabet)");
+        }
+        if self.arch == SynthArch::KimiLinear
+            && !matches!(self.dtype, SynthDtype::Bf16 | SynthDtype::F32)
+        {
+            return bad("kimi_linear is released in BF16: use --dtype bf16 or f32");
         }
         let gpt_oss = self.arch == SynthArch::GptOss;
         if self.dtype == SynthDtype::Mxfp4 && !gpt_oss {
@@ -545,6 +553,7 @@ fn plan(s: &SynthSpec) -> Vec<TensorPlan> {
         }
         let a = format!("{p}.self_attn");
         match s.arch {
+            SynthArch::KimiLinear => kimi_linear::attention(s, &a, l, &mut t),
             SynthArch::DeepseekV3 => {
                 let qk = mla.nope + mla.rope;
                 t(format!("{a}.q_a_proj.weight"), vec![mla.q_lora, h], std(h));
@@ -615,7 +624,7 @@ fn plan(s: &SynthSpec) -> Vec<TensorPlan> {
             continue;
         }
         let (block, names) = match s.arch {
-            SynthArch::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+            SynthArch::Mixtral | SynthArch::KimiLinear => ("block_sparse_moe", ["w1", "w3", "w2"]),
             _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
         };
         let m = format!("{p}.{block}");
@@ -628,7 +637,7 @@ fn plan(s: &SynthSpec) -> Vec<TensorPlan> {
                 popularity: popularity(s.experts, s.zipf),
             },
         );
-        if s.arch == SynthArch::DeepseekV3 {
+        if matches!(s.arch, SynthArch::DeepseekV3 | SynthArch::KimiLinear) {
             t(
                 format!("{m}.gate.e_score_correction_bias"),
                 vec![s.experts],
@@ -674,7 +683,7 @@ fn plan(s: &SynthSpec) -> Vec<TensorPlan> {
 }
 
 /// MLA sizes derived from the hidden size, in DeepSeek-V3's proportions.
-struct MlaDims {
+pub(super) struct MlaDims {
     q_lora: usize,
     kv_lora: usize,
     nope: usize,
@@ -711,6 +720,7 @@ fn config_json(s: &SynthSpec) -> Value {
         "torch_dtype": if s.dtype == SynthDtype::F32 { "float32" } else { "bfloat16" },
     });
     let specific = match s.arch {
+        SynthArch::KimiLinear => kimi_linear::config(s),
         SynthArch::DeepseekV3 => {
             let m = MlaDims::of(s);
             json!({

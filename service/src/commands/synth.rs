@@ -12,7 +12,8 @@ use super::size::parse_size;
 
 #[derive(Args)]
 pub struct SynthArgs {
-    /// Architecture: deepseek_v3, qwen3_moe or mixtral.
+    /// Architecture: deepseek_v3, kimi_linear (Kimi K3's kind: mostly linear
+    /// attention, hundreds of experts), qwen3_moe, mixtral or gpt_oss.
     #[arg(long)]
     arch: String,
     /// Folder to write the checkpoint into.

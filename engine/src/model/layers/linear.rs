@@ -87,6 +87,11 @@ impl DeltaShape {
     fn state_len(&self) -> usize {
         self.v_heads * self.k_dim * self.v_dim
     }
+
+    /// Values a layer keeps whatever the context: its state and window.
+    pub fn state_values(&self) -> usize {
+        self.state_len() + self.window_len()
+    }
 }
 
 pub struct LinearAttention {
