@@ -3,6 +3,9 @@
 //! once, done, with exactly the text an uninterrupted run gives, in a
 //! database that passes `PRAGMA integrity_check`.
 //!
+//! It runs on an attention-only model and on a hybrid whose linear layers
+//! keep a recurrent state that every token overwrites.
+//!
 //! `LONGHAUL_KILLS` sets the number of kills (default 30; the stress run uses 300).
 
 mod support;
@@ -11,7 +14,7 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
-use support::{Service, synth_model};
+use support::{Service, synth_model, synth_model_of};
 
 const DEFAULT_KILLS: usize = 30;
 /// Longest a service lives before it is killed, in milliseconds.
@@ -40,20 +43,41 @@ fn reference(root: &std::path::Path, model: &std::path::Path) -> (Vec<Value>, Du
     (out, started.elapsed())
 }
 
-#[test]
-fn killed_at_random_moments_no_job_is_lost_duplicated_or_changed() {
-    let kills: usize = std::env::var("LONGHAUL_KILLS")
+fn kills() -> usize {
+    std::env::var("LONGHAUL_KILLS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(DEFAULT_KILLS);
+        .unwrap_or(DEFAULT_KILLS)
+}
+
+#[test]
+fn killed_at_random_moments_no_job_is_lost_duplicated_or_changed() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = synth_model(tmp.path());
-    let (want, one_round) = reference(tmp.path(), &model);
+    killed_at_random_moments(tmp.path(), &synth_model(tmp.path()), kills());
+}
+
+/// Kimi-Linear's shape: KDA layers between a dense first layer and an MLA
+/// fourth layer.
+#[test]
+fn a_hybrid_model_killed_at_random_moments_loses_and_changes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = synth_model_of(
+        tmp.path(),
+        "kimi_linear",
+        &["--layers", "4", "--top-k", "4"],
+    );
+    killed_at_random_moments(tmp.path(), &model, kills());
+}
+
+fn killed_at_random_moments(root: &std::path::Path, model: &std::path::Path, kills: usize) {
+    let tmp = root;
+    let model = model.to_path_buf();
+    let (want, one_round) = reference(tmp, &model);
     for w in &want {
         assert_eq!(w["state"], "done", "{w}");
     }
 
-    let data = tmp.path().join("killed");
+    let data = tmp.join("killed");
     let s = Service::start(&data);
     s.add_model("m", &model);
     // Enough work that kills keep landing mid-job: rounds of the jobs for

@@ -283,30 +283,29 @@ fn terminate(pid: u32) {
 /// A small random-weight MoE checkpoint with no end-of-sequence token, so
 /// answers run to `max_tokens`.
 pub fn synth_model(dir: &Path) -> PathBuf {
-    let out = dir.join("synth");
+    synth_model_of(
+        dir,
+        "qwen3_moe",
+        &["--kv-heads", "2", "--layers", "2", "--top-k", "2"],
+    )
+}
+
+/// A tiny synthetic `arch` checkpoint (hidden 64, 4 heads, 8 experts of
+/// 32, vocabulary 512) with `extra` settings, written under `dir`.
+pub fn synth_model_of(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
+    let out = dir.join(format!("synth-{arch}"));
     let status = Command::new(env!("CARGO_BIN_EXE_longhaul"))
+        .args(["synth", "--arch", arch, "--hidden", "64", "--heads", "4"])
         .args([
-            "synth",
-            "--arch",
-            "qwen3_moe",
-            "--hidden",
-            "64",
-            "--heads",
-            "4",
-            "--kv-heads",
-            "2",
-            "--layers",
-            "2",
             "--experts",
             "8",
-            "--top-k",
-            "2",
             "--moe-intermediate",
             "32",
             "--vocab",
             "512",
-            "--out",
         ])
+        .args(extra)
+        .arg("--out")
         .arg(&out)
         .stdout(Stdio::null())
         .status()
