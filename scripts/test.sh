@@ -15,6 +15,10 @@ echo "== format"
 cargo fmt --all --check
 echo "== lints"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== the engine's face"
+# Without the engine's `internals` feature (its own tests turn it on), the
+# service sees only Engine, Session, settings, stats and tools.
+cargo check -p longhaul-service --lib --bins --locked
 echo "== tests"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT

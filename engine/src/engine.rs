@@ -10,10 +10,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use candle_core::Tensor;
 
-use crate::cache::{StreamingExperts, StreamingOptions};
-use crate::generate::{self, Flow, GenerateError, Generation, GenerationSettings};
+use crate::cache::{Lookup, StreamingExperts, StreamingOptions};
+use crate::generate::{self, Flow, GenerateError, Generation, GenerationSettings, Session};
 use crate::import::ModelSource;
 use crate::memory::{MemoryError, MemoryPlan, MemorySettings};
+use crate::metrics::EngineStats;
 use crate::model::{Decoder, LogitsFor, ModelError, ModelSpec, parse_token_ids};
 use crate::model::{ExpertError, ExpertProvider};
 use crate::pack::{self, Manifest, PackError};
@@ -63,6 +64,17 @@ impl EngineError {
                 )))
         )
     }
+}
+
+/// What a loaded model is.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ModelInfo {
+    /// `model_type` as the checkpoint names it (`kimi_linear`, `deepseek_v3`, …).
+    pub model_type: String,
+    pub layers: usize,
+    pub vocab_size: usize,
+    /// Layers with a fixed-size recurrent state (linear attention).
+    pub linear_layers: usize,
 }
 
 /// A loaded model with its tokenizer and end-of-sequence ids.
@@ -273,15 +285,57 @@ impl Engine {
         self.memory_plan.as_ref()
     }
 
-    /// Cache and drive counters when running from a pack.
+    /// What the model is.
+    pub fn info(&self) -> ModelInfo {
+        ModelInfo {
+            model_type: self.spec.model_type.clone(),
+            layers: self.spec.common().num_layers,
+            vocab_size: self.decoder.vocab_size,
+            linear_layers: self.decoder.linear_layers(),
+        }
+    }
+
+    /// Every cache, drive and pilot counter, read now, when running from a
+    /// pack (a model in RAM streams nothing).
+    pub fn stats(&self) -> Option<EngineStats> {
+        self.streaming.as_ref().map(|s| s.stats())
+    }
+
+    /// Saves the experts' heat histogram next to the pack, for the next run
+    /// to pin the hottest; nothing to save for a model in RAM.
+    pub fn save_heat(&self) -> std::io::Result<()> {
+        match &self.streaming {
+            Some(s) => s.save_heat(),
+            None => Ok(()),
+        }
+    }
+
+    /// The expert lookups recorded since the last call (with
+    /// `StreamingOptions::record_trace`), leaving the record empty.
+    pub fn take_trace(&self) -> Vec<Lookup> {
+        self.streaming
+            .as_ref()
+            .map(|s| s.take_trace())
+            .unwrap_or_default()
+    }
+
+    /// A new sequence on this model.
+    pub fn session(&self) -> Session<'_> {
+        Session::new(&self.decoder)
+    }
+
+    /// The streaming provider (the engine's own tests look inside).
+    #[cfg(feature = "internals")]
     pub fn streaming(&self) -> Option<&StreamingExperts> {
         self.streaming.as_deref()
     }
 
+    #[cfg(feature = "internals")]
     pub fn spec(&self) -> &ModelSpec {
         &self.spec
     }
 
+    #[cfg(feature = "internals")]
     pub fn decoder(&self) -> &Decoder {
         &self.decoder
     }

@@ -2,23 +2,45 @@
 //!
 //! It runs Mixture-of-Experts language models exactly as their reference
 //! implementations do, with routed experts behind a narrow interface
-//! ([`model::ExpertProvider`]) so that they can live in RAM or be streamed
+//! (`model::ExpertProvider`) so that they can live in RAM or be streamed
 //! from drives without the model code knowing. No UI, SQL or HTTP here.
+//!
+//! Its face is small: [`Engine`] (open a model, score, generate), [`Session`]
+//! (one sequence's state, with snapshot, restore and truncate), the settings
+//! they take, [`EngineStats`] for dashboards, and [`tools`] for what works on
+//! model files rather than a loaded model (pack, verify, probe, synth, heat).
+//! Everything else is internal, so the compiler keeps the service out of the
+//! model, cache and store code. The `internals` feature opens the modules to
+//! the engine's own tests.
 
-pub mod aligned;
-pub mod cache;
-pub mod engine;
-pub mod generate;
-pub mod import;
-pub mod kernels;
+/// Declares modules that are public only with the `internals` feature.
+macro_rules! internal_modules {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[cfg(feature = "internals")]
+            pub mod $name;
+            #[cfg(not(feature = "internals"))]
+            #[allow(dead_code, unused_imports)]
+            mod $name;
+        )*
+    };
+}
+
+internal_modules!(
+    aligned, cache, generate, import, kernels, metrics, model, pack, pilot, store, synth,
+    tokenizer, weights,
+);
+
+mod engine;
 pub mod memory;
-pub mod metrics;
-pub mod model;
-pub mod pack;
-pub mod pilot;
-pub mod store;
-pub mod synth;
-pub mod tokenizer;
-pub mod weights;
+pub mod tools;
 
-pub use engine::{Engine, EngineError, EngineOptions, LoadProgress};
+pub use cache::{DEFAULT_PINNED_FRACTION, EvictionPolicy, StreamingOptions};
+pub use engine::{Engine, EngineError, EngineOptions, LoadProgress, ModelInfo};
+pub use generate::{
+    FinishReason, Flow, Generation, GenerationSettings, GenerationStats, Piece, SamplingParams,
+    Session,
+};
+pub use memory::{MemoryPlan, MemorySettings};
+pub use metrics::{DriveMetrics, EngineStats, MetricsSampler, MetricsSnapshot};
+pub use tokenizer::ChatMessage;

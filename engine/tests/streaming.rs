@@ -475,10 +475,10 @@ fn metrics_snapshots_report_drive_rates_and_latencies() {
     let tmp = tempfile::tempdir().unwrap();
     let pack = pack(tmp.path(), "deepseek_v3_released", 2, 4096);
     let engine = open(&pack, 0, 1);
-    let streaming = engine.streaming().unwrap();
-    let mut sampler = longhaul_engine::metrics::MetricsSampler::new(streaming);
+    let stats = || engine.stats().unwrap();
+    let mut sampler = longhaul_engine::MetricsSampler::new(&stats());
     engine.logits(&[1, 2, 3, 4]).unwrap();
-    let m = sampler.sample(streaming);
+    let m = sampler.sample(&stats());
     assert_eq!(m.drives.len(), 2);
     for d in &m.drives {
         assert!(d.bytes > 0 && d.reads > 0, "{d:?}");
@@ -486,7 +486,7 @@ fn metrics_snapshots_report_drive_rates_and_latencies() {
         assert!(d.latency_p50_ms.is_some() && d.latency_p99_ms >= d.latency_p50_ms);
     }
     assert_eq!(m.cache.hits, 0, "a zero budget never hits");
-    let again = sampler.sample(streaming);
+    let again = sampler.sample(&stats());
     assert!(
         again.drives.iter().all(|d| d.mb_per_s == 0.0),
         "nothing read since the last sample"

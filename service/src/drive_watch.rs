@@ -28,7 +28,7 @@ fn drives_of(runner: &Runner, model: &str) -> Vec<PathBuf> {
     let ModelKind::Local { path } = entry.kind else {
         return Vec::new();
     };
-    longhaul_engine::pack::Manifest::read(&path)
+    longhaul_engine::tools::Manifest::read(&path)
         .map(|m| m.drives)
         .unwrap_or_default()
 }

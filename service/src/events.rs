@@ -61,7 +61,7 @@ pub struct MetricsEvent {
     pub running_job: Option<i64>,
     pub tokens_per_second: Option<f64>,
     /// Drive and cache counters; absent for models held in RAM.
-    pub engine: Option<longhaul_engine::metrics::MetricsSnapshot>,
+    pub engine: Option<longhaul_engine::MetricsSnapshot>,
     pub budget_bytes: u64,
 }
 

@@ -64,13 +64,13 @@ pub const WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_millis
 
 /// The drive-read faults `store-eio-while` and `store-delay-ms` ask for
 /// (`None` when neither is set: reads pay nothing).
-pub fn store_faults() -> Option<std::sync::Arc<longhaul_engine::store::StoreFaults>> {
+pub fn store_faults() -> Option<std::sync::Arc<longhaul_engine::tools::StoreFaults>> {
     let eio = value("store-eio-while");
     let delay = value("store-delay-ms").and_then(|v| v.parse::<u64>().ok());
     if eio.is_none() && delay.is_none() {
         return None;
     }
-    let faults = std::sync::Arc::new(longhaul_engine::store::StoreFaults::default());
+    let faults = std::sync::Arc::new(longhaul_engine::tools::StoreFaults::default());
     if let Some(ms) = delay {
         faults.set_delay(std::time::Duration::from_millis(ms));
     }

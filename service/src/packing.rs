@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use longhaul_engine::pack::encoding::Quantization;
-use longhaul_engine::pack::{PackOptions, PackPhase, PackProgress, write_pack};
+use longhaul_engine::tools::Quantization;
+use longhaul_engine::tools::{PackOptions, PackPhase, PackProgress, write_pack};
 use serde::Serialize;
 
 use crate::queue::{ModelEntry, ModelKind, Queue};

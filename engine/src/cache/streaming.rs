@@ -288,6 +288,24 @@ impl StreamingExperts {
         Ok(())
     }
 
+    /// Every counter, read now.
+    pub fn stats(&self) -> crate::metrics::EngineStats {
+        crate::metrics::EngineStats {
+            cache: self.cache_counters(),
+            pilot: self.pilot_counters(),
+            drives: self.drive_snapshots(),
+            joined_flights: self.joined_flights(),
+            records_read: self.records_read(),
+            drives_busy: self.drives_busy(),
+            buffer_bytes: self.buffer_bytes(),
+            peak_buffer_bytes: self.peak_buffer_bytes(),
+            decompress_seconds: self.decompress_seconds(),
+            stall_seconds: self.stall_seconds(),
+            resident_expert_bytes: self.resident_expert_bytes(),
+            largest_record_bytes: self.largest_record_bytes(),
+        }
+    }
+
     /// Saves the heat histogram next to the pack for the next run.
     pub fn save_heat(&self) -> std::io::Result<()> {
         let heat = self

@@ -5,6 +5,7 @@
 pub mod quality;
 pub mod replay;
 pub mod snapshot;
+pub mod stats;
 pub mod trace;
 
 pub use quality::{QualityReport, compare_logits};
@@ -12,6 +13,7 @@ pub use replay::{
     RoutingStats, belady_hit_rate, lfu_hit_rate, lru_hit_rate, oracle_pin_hit_rate, routing_stats,
 };
 pub use snapshot::{DriveMetrics, MetricsSampler, MetricsSnapshot};
+pub use stats::EngineStats;
 
 /// One expert lookup: (decoder layer, expert id).
 pub type Access = (usize, usize);

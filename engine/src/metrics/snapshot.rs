@@ -8,7 +8,8 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::cache::{CacheCounters, StreamingExperts};
+use super::EngineStats;
+use crate::cache::CacheCounters;
 use crate::pilot::PilotCounters;
 use crate::store::DriveSnapshot;
 
@@ -49,15 +50,15 @@ pub struct MetricsSampler {
 }
 
 impl MetricsSampler {
-    pub fn new(experts: &StreamingExperts) -> Self {
+    pub fn new(stats: &EngineStats) -> Self {
         Self {
-            last: (Instant::now(), experts.drive_snapshots()),
+            last: (Instant::now(), stats.drives.clone()),
         }
     }
 
-    pub fn sample(&mut self, experts: &StreamingExperts) -> MetricsSnapshot {
+    pub fn sample(&mut self, stats: &EngineStats) -> MetricsSnapshot {
         let now = Instant::now();
-        let drives = experts.drive_snapshots();
+        let drives = stats.drives.clone();
         let seconds = now.duration_since(self.last.0).as_secs_f64().max(1e-9);
         let metrics = drives
             .iter()
@@ -80,8 +81,7 @@ impl MetricsSampler {
             })
             .collect();
         self.last = (now, drives);
-        let cache = experts.cache_counters();
-        let pilot = experts.pilot_counters();
+        let (cache, pilot) = (stats.cache, stats.pilot);
         MetricsSnapshot {
             prefetch_recall: pilot.recall(),
             pilot,
@@ -89,7 +89,7 @@ impl MetricsSampler {
             drives: metrics,
             hit_rate: cache.hits as f64 / (cache.hits + cache.misses).max(1) as f64,
             cache,
-            stall_seconds: experts.stall_seconds(),
+            stall_seconds: stats.stall_seconds,
         }
     }
 }

@@ -10,19 +10,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use longhaul_engine::cache::StreamingExperts;
-use longhaul_engine::generate::Session;
-use longhaul_engine::generate::sampling::argmax;
 use longhaul_engine::memory;
-use longhaul_engine::metrics::{
-    MetricsSampler, belady_hit_rate, lfu_hit_rate, lru_hit_rate, oracle_pin_hit_rate,
-    routing_stats, trace,
+use longhaul_engine::tools::{
+    DEFAULT_QUEUE_DEPTH, DriveSnapshot, Manifest, PilotCounters, ProbeReport, StoreConfig, argmax,
+    belady_hit_rate, lfu_hit_rate, lru_hit_rate, oracle_pin_hit_rate, probe, routing_stats, trace,
 };
-use longhaul_engine::pack::Manifest;
-use longhaul_engine::pilot::PilotCounters;
-use longhaul_engine::store::probe::{ProbeReport, probe};
-use longhaul_engine::store::{DEFAULT_QUEUE_DEPTH, DriveSnapshot, StoreConfig};
-use longhaul_engine::{Engine, EngineOptions};
+use longhaul_engine::{Engine, EngineOptions, EngineStats, MetricsSampler};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -125,18 +118,18 @@ struct Mark {
 }
 
 impl Mark {
-    fn take(s: &StreamingExperts) -> Self {
+    fn take(s: &EngineStats) -> Self {
         Self {
             at: Instant::now(),
             wall: 0.0,
-            stall: s.stall_seconds(),
-            busy_any: s.drives_busy(),
-            drives: s.drive_snapshots(),
-            pilot: s.pilot_counters(),
-            joined: s.joined_flights(),
+            stall: s.stall_seconds,
+            busy_any: s.drives_busy,
+            drives: s.drives.clone(),
+            pilot: s.pilot,
+            joined: s.joined_flights,
             limit_hits: memory::cgroup_limit_hits(),
-            decompress: s.decompress_seconds(),
-            reads: s.records_read(),
+            decompress: s.decompress_seconds,
+            reads: s.records_read,
         }
     }
 
@@ -201,7 +194,7 @@ fn memory_report(
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    if !longhaul_engine::pack::is_pack(&args.model) {
+    if !longhaul_engine::tools::is_pack(&args.model) {
         bail!(
             "{} is not a pack; make one with `longhaul pack`",
             args.model.display()
@@ -220,39 +213,34 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     args.cache.apply(&mut options.streaming);
     options.streaming.verify_checksums = !args.no_verify_checksums;
     options.streaming.store.queue_depth = args.queue_depth;
-    let heat_was_warm = longhaul_engine::cache::heat::HeatMap::path(&args.model).is_file();
+    let heat_was_warm = longhaul_engine::tools::HeatMap::path(&args.model).is_file();
     let load_started = Instant::now();
     let engine = Engine::open_with(&args.model, &options, &|_| {})?;
     let load_seconds = load_started.elapsed().as_secs_f64();
-    let streaming = engine
-        .streaming()
-        .context("the pack did not open with streaming experts")?;
-    let budget = streaming.cache_counters().budget_bytes;
+    if engine.stats().is_none() {
+        bail!("the pack did not open with streaming experts");
+    }
+    let stats = || engine.stats().unwrap_or_default();
+    let budget = stats().cache.budget_bytes;
     if let Some(plan) = engine.memory_plan() {
         eprintln!("{plan}");
     }
-    let drive_bytes = || {
-        streaming
-            .drive_snapshots()
-            .iter()
-            .map(|d| d.bytes)
-            .sum::<u64>()
-    };
+    let drive_bytes = || stats().drive_bytes();
 
     let mut rng = SmallRng::seed_from_u64(args.seed);
     let vocab = engine.vocab_size() as u32;
     let prompt: Vec<u32> = (0..args.prompt_tokens.max(1))
         .map(|_| rng.random_range(0..vocab))
         .collect();
-    let mut session = Session::new(engine.decoder());
-    let before_prefill = Mark::take(streaming);
+    let mut session = engine.session();
+    let before_prefill = Mark::take(&stats());
     let started = Instant::now();
     let mut logits = session.feed(&prompt)?;
     let prefill_seconds = started.elapsed().as_secs_f64();
     let mut token = argmax(&logits);
     let ttft = started.elapsed().as_secs_f64();
-    let prefill_trace = streaming.take_trace();
-    let prefill = Mark::take(streaming).since(&before_prefill);
+    let prefill_trace = engine.take_trace();
+    let prefill = Mark::take(&stats()).since(&before_prefill);
 
     let warmup = args
         .warmup
@@ -260,22 +248,22 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         .min(args.gen_tokens - 1);
     let (mut steady_seconds, mut steady_bytes, mut steady_stall) = (0.0, 0u64, 0.0);
     let mut per_token = Vec::with_capacity(args.gen_tokens);
-    let mut sampler = MetricsSampler::new(streaming);
+    let mut sampler = MetricsSampler::new(&stats());
     let decode_started = Instant::now();
-    let hits_before = streaming.cache_counters();
+    let hits_before = stats().cache;
     let mut steady_counters = hits_before;
-    let mut steady_from = Mark::take(streaming);
+    let mut steady_from = Mark::take(&stats());
     for step in 0..args.gen_tokens {
         if step == warmup {
-            steady_counters = streaming.cache_counters();
-            steady_from = Mark::take(streaming);
+            steady_counters = stats().cache;
+            steady_from = Mark::take(&stats());
         }
-        let (bytes0, stall0) = (drive_bytes(), streaming.stall_seconds());
+        let (bytes0, stall0) = (drive_bytes(), stats().stall_seconds);
         let t = Instant::now();
         logits = session.feed(&[token])?;
         let seconds = t.elapsed().as_secs_f64();
         token = argmax(&logits);
-        let (bytes, stall) = (drive_bytes() - bytes0, streaming.stall_seconds() - stall0);
+        let (bytes, stall) = (drive_bytes() - bytes0, stats().stall_seconds - stall0);
         per_token.push(json!({"seconds": seconds, "expert_bytes": bytes, "stall_seconds": stall}));
         if step >= warmup {
             steady_seconds += seconds;
@@ -283,10 +271,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             steady_stall += stall;
         }
     }
-    let steady = Mark::take(streaming).since(&steady_from);
+    let steady = Mark::take(&stats()).since(&steady_from);
     let decode_seconds = decode_started.elapsed().as_secs_f64();
-    let decode_trace = streaming.take_trace();
-    let counters = streaming.cache_counters();
+    let decode_trace = engine.take_trace();
+    let counters = stats().cache;
     let steady_tokens = (args.gen_tokens - warmup) as f64;
     let tok_s = steady_tokens / steady_seconds.max(1e-9);
     let missed_per_token = steady_bytes as f64 / steady_tokens;
@@ -301,7 +289,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let warmup_lookups = (warmup * layers).min(decode_trace.len());
     let count_from = accesses.len() + trace::accesses(&decode_trace[..warmup_lookups]).len();
     accesses.extend(trace::accesses(&decode_trace));
-    let slots = (budget / streaming.resident_expert_bytes().max(1)) as usize;
+    let slots = (budget / stats().resident_expert_bytes.max(1)) as usize;
     let steady_lookups =
         (counters.hits + counters.misses) - (steady_counters.hits + steady_counters.misses);
     let steady_hits = counters.hits - steady_counters.hits;
@@ -313,8 +301,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         let all: Vec<_> = prefill_trace.iter().chain(&decode_trace).cloned().collect();
         trace::write_jsonl(path, &all).with_context(|| format!("writing {}", path.display()))?;
     }
-    let decode_metrics = sampler.sample(streaming);
-    streaming
+    let decode_metrics = sampler.sample(&stats());
+    engine
         .save_heat()
         .with_context(|| format!("saving the heat histogram next to {}", args.model.display()))?;
     let pilot = &steady.pilot;
@@ -339,7 +327,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "pinned_fraction": args.cache.pinned_fraction,
         "cache_dtype": args.cache.cache_dtype,
         "checksums_verified": !args.no_verify_checksums,
-        "expert_bytes_in_ram": streaming.resident_expert_bytes(),
+        "expert_bytes_in_ram": stats().resident_expert_bytes,
         "load_seconds": load_seconds,
         "prompt_tokens": prompt.len(),
         "prefill_tok_s": prompt.len() as f64 / prefill_seconds.max(1e-9),
@@ -363,9 +351,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "read_time_hidden_share": steady.hidden_share(),
         "prefetch": prefetch,
         "memory": memory_report(&start_usage, limit_hits_at_start, &steady),
-        "record_buffer_bytes": streaming.buffer_bytes(),
-        "record_buffer_peak_bytes": streaming.peak_buffer_bytes(),
-        "kernels": longhaul_engine::kernels::instruction_set(),
+        "record_buffer_bytes": stats().buffer_bytes,
+        "record_buffer_peak_bytes": stats().peak_buffer_bytes,
+        "kernels": longhaul_engine::tools::instruction_set(),
         "hit_rate": steady_hits as f64 / steady_lookups.max(1) as f64,
         "records_read_per_token": per_token_steady(steady.reads as f64),
         "lookups_per_token": per_token_steady(steady_lookups as f64),

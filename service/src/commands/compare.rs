@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use longhaul_engine::metrics::compare_logits;
+use longhaul_engine::tools::compare_logits;
 
 #[derive(Args)]
 pub struct CompareArgs {

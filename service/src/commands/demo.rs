@@ -19,7 +19,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Args;
 use indicatif::ProgressBar;
-use longhaul_engine::pack::{Manifest, PackOptions, pack_matches_source};
+use longhaul_engine::tools::{Manifest, PackOptions, pack_matches_source};
 use longhaul_service::client::Client;
 use longhaul_service::http::{ServeConfig, serve};
 use longhaul_service::runner::RunnerConfig;

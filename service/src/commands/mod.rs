@@ -18,8 +18,8 @@ use std::time::Instant;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use longhaul_engine::cache::{DEFAULT_PINNED_FRACTION, EvictionPolicy, StreamingOptions};
 use longhaul_engine::memory::{self, MemorySettings};
+use longhaul_engine::{DEFAULT_PINNED_FRACTION, EvictionPolicy, StreamingOptions};
 use longhaul_engine::{Engine, EngineOptions, LoadProgress};
 use size::SizeOrAuto;
 
@@ -202,11 +202,12 @@ pub fn open_model(path: &Path, options: &EngineOptions) -> anyhow::Result<Engine
     });
     bar.finish_and_clear();
     let engine = engine.with_context(|| format!("cannot load the model at {}", path.display()))?;
+    let info = engine.info();
     eprintln!(
         "loaded {} ({} layers, vocabulary {}) in {:.2} s",
-        engine.spec().model_type,
-        engine.spec().common().num_layers,
-        engine.vocab_size(),
+        info.model_type,
+        info.layers,
+        info.vocab_size,
         started.elapsed().as_secs_f64()
     );
     if let Some(plan) = engine.memory_plan() {

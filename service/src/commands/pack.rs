@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use longhaul_engine::cache::heat::HeatMap;
-use longhaul_engine::pack::encoding::Quantization;
-use longhaul_engine::pack::verify::verify_pack;
-use longhaul_engine::pack::{
+use longhaul_engine::tools::HeatMap;
+use longhaul_engine::tools::Quantization;
+use longhaul_engine::tools::verify_pack;
+use longhaul_engine::tools::{
     DEFAULT_ALIGNMENT, DEFAULT_SPLIT_THRESHOLD, PackError, PackOptions, PackPhase, PackProgress,
     PackSummary, write_pack,
 };

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use longhaul_engine::generate::{Flow, GenerationSettings, SamplingParams};
-use longhaul_engine::metrics::trace;
+use longhaul_engine::tools::trace;
+use longhaul_engine::{Flow, GenerationSettings, SamplingParams};
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -90,16 +90,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         s.decode_tokens_per_second(),
         generation.finish_reason,
     );
-    if let Some(streaming) = engine.streaming() {
+    if let Some(stats) = engine.stats() {
         if let Some(path) = &args.trace {
-            trace::write_jsonl(path, &streaming.take_trace())
+            trace::write_jsonl(path, &engine.take_trace())
                 .with_context(|| format!("writing the routing trace to {}", path.display()))?;
         }
-        if let Err(e) = streaming.save_heat() {
+        if let Err(e) = engine.save_heat() {
             eprintln!("warning: could not save the heat histogram: {e}");
         }
-        let c = streaming.cache_counters();
-        let read: u64 = streaming.drive_snapshots().iter().map(|d| d.bytes).sum();
+        let c = stats.cache;
+        let read = stats.drive_bytes();
         let lookups = (c.hits + c.misses).max(1);
         eprintln!(
             "experts: {:.1}% cache hits ({} hits, {} misses, {} evictions), {:.1} MB held of a {:.1} MB budget, {:.1} MB read from drives",

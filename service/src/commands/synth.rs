@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use longhaul_engine::synth::{SynthArch, SynthDtype, SynthSpec, write_synthetic};
+use longhaul_engine::tools::{SynthArch, SynthDtype, SynthSpec, write_synthetic};
 use serde_json::json;
 
 use super::size::parse_size;

@@ -425,14 +425,14 @@ pub async fn preview(
             .collect();
         let (tokens, estimate) = match &model.kind {
             ModelKind::Local { path } => {
-                let tokenizer = longhaul_engine::tokenizer::TextTokenizer::from_dir(path)
+                let tokenizer = longhaul_engine::tools::TextTokenizer::from_dir(path)
                     .map_err(|e| ApiError::bad_param("model", e.to_string()))?;
                 let ids = if messages.is_empty() {
                     tokenizer.encode(&format!("{}{prompt}", attached.text), true)
                 } else {
-                    let mut chat: Vec<longhaul_engine::tokenizer::ChatMessage> = messages
+                    let mut chat: Vec<longhaul_engine::ChatMessage> = messages
                         .iter()
-                        .map(|m| longhaul_engine::tokenizer::ChatMessage {
+                        .map(|m| longhaul_engine::ChatMessage {
                             role: m.role.clone(),
                             content: m.content.clone(),
                         })

@@ -312,8 +312,8 @@ async fn info(State(app): State<AppState>) -> Json<serde_json::Value> {
         "address": app.address,
         "budget_bytes": app.runner.config().streaming.budget_bytes,
         "policy": match app.runner.config().streaming.policy {
-            longhaul_engine::cache::EvictionPolicy::LeastFrequentlyUsed => "least frequently used",
-            longhaul_engine::cache::EvictionPolicy::LeastRecentlyUsed => "least recently used",
+            longhaul_engine::EvictionPolicy::LeastFrequentlyUsed => "least frequently used",
+            longhaul_engine::EvictionPolicy::LeastRecentlyUsed => "least recently used",
         },
         "cache_dtype": if app.runner.config().streaming.keep_stored_dtype { "stored" } else { "f32" },
     }))
@@ -394,25 +394,21 @@ pub fn router(app: AppState) -> Router {
 
 /// Publishes engine metrics once a second while a model is loaded.
 async fn sample_metrics(app: AppState) {
-    let mut sampler: Option<(PathBuf, longhaul_engine::metrics::MetricsSampler)> = None;
+    let mut sampler: Option<(PathBuf, longhaul_engine::MetricsSampler)> = None;
     let mut tick = tokio::time::interval(METRICS_INTERVAL);
     loop {
         tick.tick().await;
         let Some((path, engine)) = app.runner.loaded.current() else {
             continue;
         };
-        let engine_metrics = engine.streaming().map(|s| {
+        let stats = engine.stats();
+        let engine_metrics = stats.as_ref().map(|s| {
             if sampler.as_ref().is_none_or(|(p, _)| *p != path) {
-                sampler = Some((
-                    path.clone(),
-                    longhaul_engine::metrics::MetricsSampler::new(s),
-                ));
+                sampler = Some((path.clone(), longhaul_engine::MetricsSampler::new(s)));
             }
             sampler.as_mut().map(|(_, m)| m.sample(s))
         });
-        let budget = engine
-            .streaming()
-            .map_or(0, |s| s.cache_counters().budget_bytes);
+        let budget = stats.map_or(0, |s| s.cache.budget_bytes);
         let event = MetricsEvent {
             model: path.display().to_string(),
             running_job: app.runner.control.running(),

@@ -30,7 +30,7 @@ pub async fn add_model(
 ) -> ApiResult<(StatusCode, Json<ModelEntry>)> {
     let kind = match (body.path, body.url) {
         (Some(path), None) => {
-            if !path.join("config.json").is_file() && !longhaul_engine::import::is_gguf(&path) {
+            if !path.join("config.json").is_file() && !longhaul_engine::tools::is_gguf(&path) {
                 return Err(ApiError::bad_param(
                     "path",
                     format!(
@@ -82,11 +82,11 @@ fn with_weights(model: &ModelEntry) -> Value {
     let ModelKind::Local { path } = &model.kind else {
         return v;
     };
-    if !longhaul_engine::pack::is_pack(path) {
+    if !longhaul_engine::tools::is_pack(path) {
         return v;
     }
     if let (Ok(m), Some(obj)) = (
-        longhaul_engine::pack::Manifest::read(path),
+        longhaul_engine::tools::Manifest::read(path),
         v.as_object_mut(),
     ) {
         let experts = &m.experts;
@@ -143,7 +143,7 @@ pub async fn start_pack(
             format!("a model named `{name}` is already registered"),
         ));
     }
-    if !body.source.join("config.json").is_file() && !longhaul_engine::import::is_gguf(&body.source)
+    if !body.source.join("config.json").is_file() && !longhaul_engine::tools::is_gguf(&body.source)
     {
         return Err(ApiError::bad_param(
             "source",
@@ -168,7 +168,7 @@ pub async fn start_pack(
     let quantization = match body.experts.as_deref().filter(|e| !e.is_empty()) {
         None => None,
         Some(e) => Some(
-            longhaul_engine::pack::encoding::Quantization::parse(e).ok_or_else(|| {
+            longhaul_engine::tools::Quantization::parse(e).ok_or_else(|| {
                 ApiError::bad_param(
                     "experts",
                     format!("`{e}` is not a quantisation; use q8_0 or q4k"),

@@ -79,10 +79,10 @@ pub fn drives(app: &AppState) -> Vec<DriveView> {
         let ModelKind::Local { path } = &m.kind else {
             continue;
         };
-        let Ok(manifest) = longhaul_engine::pack::Manifest::read(path) else {
+        let Ok(manifest) = longhaul_engine::tools::Manifest::read(path) else {
             continue;
         };
-        let probe = longhaul_engine::store::probe::ProbeReport::load(path);
+        let probe = longhaul_engine::tools::ProbeReport::load(path);
         for dir in &manifest.drives {
             let ceiling = probe
                 .as_ref()
@@ -187,11 +187,11 @@ pub async fn heat(
         ));
     };
     let result = tokio::task::spawn_blocking(move || {
-        let Ok(manifest) = longhaul_engine::pack::Manifest::read(&path) else {
+        let Ok(manifest) = longhaul_engine::tools::Manifest::read(&path) else {
             // A checkpoint held in RAM streams nothing, so it has no heat.
             return json!({ "layers": [], "experts": 0, "heat": [] });
         };
-        let heat = longhaul_engine::cache::heat::HeatMap::load(&path);
+        let heat = longhaul_engine::tools::HeatMap::load(&path);
         let values: std::collections::HashMap<(usize, usize), f64> =
             heat.hottest().into_iter().collect();
         let layers: Vec<usize> = manifest.experts.layers.iter().map(|l| l.layer).collect();

@@ -4,11 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use longhaul_engine::cache::StreamingOptions;
-use longhaul_engine::generate::{FinishReason, GenerationSettings, SamplingParams};
+use longhaul_engine::ChatMessage;
+use longhaul_engine::StreamingOptions;
 use longhaul_engine::memory::MemorySettings;
-use longhaul_engine::tokenizer::ChatMessage;
 use longhaul_engine::{Engine, EngineError, EngineOptions};
+use longhaul_engine::{FinishReason, GenerationSettings, SamplingParams};
 
 use super::{Outcome, Produced, RunError, Sink};
 use crate::queue::{DriveBytes, Input, Runnable};
@@ -121,9 +121,7 @@ impl LocalBackend {
             })
             .map_err(engine_error)?;
         let after = counters(&engine);
-        if let Some(streaming) = engine.streaming()
-            && let Err(e) = streaming.save_heat()
-        {
+        if let Err(e) = engine.save_heat() {
             tracing::warn!("cannot save the heat histogram: {e}");
         }
         Ok(Outcome {
@@ -168,18 +166,13 @@ struct Counters {
 }
 
 fn counters(engine: &Engine) -> Counters {
-    engine.streaming().map_or_else(Counters::default, |s| {
-        let c = s.cache_counters();
-        let drives: Vec<(PathBuf, u64)> = s
-            .drive_snapshots()
-            .into_iter()
-            .map(|d| (d.path, d.bytes))
-            .collect();
+    engine.stats().map_or_else(Counters::default, |s| {
+        let drives: Vec<(PathBuf, u64)> = s.drives.into_iter().map(|d| (d.path, d.bytes)).collect();
         Counters {
             bytes: drives.iter().map(|(_, b)| b).sum(),
             drives,
-            hits: c.hits,
-            misses: c.misses,
+            hits: s.cache.hits,
+            misses: s.cache.misses,
         }
     })
 }

@@ -19,8 +19,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use longhaul_engine::cache::StreamingOptions;
-use longhaul_engine::generate::Flow;
+use longhaul_engine::Flow;
+use longhaul_engine::StreamingOptions;
 use longhaul_engine::memory::MemorySettings;
 
 use crate::events::{Event, Events, JobProgress, QueueOrder};
@@ -70,7 +70,7 @@ pub struct Produced<'a> {
     pub text: &'a str,
     /// The model's session and the prompt's length in it, when the model
     /// runs here.
-    pub state: Option<(&'a longhaul_engine::generate::Session<'a>, usize)>,
+    pub state: Option<(&'a longhaul_engine::Session<'a>, usize)>,
 }
 
 /// Where a backend sends its output; it returns whether to go on.

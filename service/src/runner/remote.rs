@@ -8,7 +8,7 @@
 use std::io::BufRead;
 use std::time::Duration;
 
-use longhaul_engine::generate::Flow;
+use longhaul_engine::Flow;
 use serde_json::{Value, json};
 
 use super::{Outcome, Produced, RunError, Sink};

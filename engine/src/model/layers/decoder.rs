@@ -96,6 +96,14 @@ impl Decoder {
         Ok(())
     }
 
+    /// Layers with linear attention (a fixed-size recurrent state).
+    pub fn linear_layers(&self) -> usize {
+        self.layers
+            .iter()
+            .filter(|l| matches!(l.attention, Attention::Linear(_)))
+            .count()
+    }
+
     pub fn new_state(&self) -> SequenceState {
         SequenceState::new(self.layers.len())
     }

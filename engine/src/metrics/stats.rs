@@ -1,0 +1,40 @@
+//! Every counter the engine keeps, read at one moment: what dashboards,
+//! `run` and `bench` report. One plain value, so that nothing outside the
+//! engine reaches into the cache, the store or the pilot for its figures.
+
+use std::time::Duration;
+
+use crate::cache::CacheCounters;
+use crate::pilot::PilotCounters;
+use crate::store::DriveSnapshot;
+
+#[derive(Debug, Clone, Default)]
+pub struct EngineStats {
+    pub cache: CacheCounters,
+    /// How well next-layer predictions matched what layers asked for.
+    pub pilot: PilotCounters,
+    pub drives: Vec<DriveSnapshot>,
+    /// Demand lookups that found their expert already on its way.
+    pub joined_flights: u64,
+    /// Records read from the drives, prefetches included.
+    pub records_read: u64,
+    /// Wall time during which any drive was reading.
+    pub drives_busy: Duration,
+    /// Bytes of record buffers allocated, and the most held at once.
+    pub buffer_bytes: u64,
+    pub peak_buffer_bytes: u64,
+    /// Reader time spent restoring compressed records.
+    pub decompress_seconds: f64,
+    /// Time spent waiting for expert reads.
+    pub stall_seconds: f64,
+    /// Bytes of one expert as held in the cache, and of the largest record.
+    pub resident_expert_bytes: u64,
+    pub largest_record_bytes: u64,
+}
+
+impl EngineStats {
+    /// Bytes read from all drives.
+    pub fn drive_bytes(&self) -> u64 {
+        self.drives.iter().map(|d| d.bytes).sum()
+    }
+}

@@ -1,0 +1,26 @@
+//! What works on model files rather than on a loaded model: packing and
+//! verifying packs, probing drives, writing synthetic checkpoints, heat
+//! histograms, routing traces and logit comparisons.
+
+pub use crate::cache::heat::HeatMap;
+pub use crate::cache::{CacheCounters, Lookup};
+pub use crate::generate::sampling::argmax;
+pub use crate::import::is_gguf;
+pub use crate::kernels::instruction_set;
+pub use crate::metrics::replay::{
+    RoutingStats, belady_hit_rate, lfu_hit_rate, lru_hit_rate, oracle_pin_hit_rate, routing_stats,
+};
+pub use crate::metrics::{QualityReport, compare_logits, trace};
+pub use crate::pack::encoding::Quantization;
+pub use crate::pack::verify::verify_pack;
+pub use crate::pack::{
+    DEFAULT_ALIGNMENT, DEFAULT_SPLIT_THRESHOLD, Manifest, PackError, PackOptions, PackPhase,
+    PackProgress, PackSummary, is_pack, pack_matches_source, write_pack,
+};
+pub use crate::pilot::PilotCounters;
+pub use crate::store::probe::{ProbeReport, probe};
+pub use crate::store::{DEFAULT_QUEUE_DEPTH, DriveSnapshot, StoreConfig, StoreFaults};
+pub use crate::synth::{
+    SynthArch, SynthDtype, SynthError, SynthSpec, SynthSummary, write_synthetic,
+};
+pub use crate::tokenizer::TextTokenizer;
