@@ -150,6 +150,10 @@ pub struct GenerationStats {
     /// Time in forward passes after the prefill.
     pub decode_seconds: f64,
     pub decode_steps: usize,
+    /// Positions of a resumed answer taken from saved state, not recomputed.
+    pub restored_positions: usize,
+    /// Why saved state was refused (it was recomputed instead), if it was.
+    pub restore_refused: Option<String>,
 }
 
 impl GenerationStats {
@@ -275,9 +279,13 @@ pub fn generate_resumed(
         };
         match session.restore(bytes, following) {
             Ok(n) => restored += n,
-            Err(_) => break,
+            Err(e) => {
+                stats.restore_refused = Some(e.to_string());
+                break;
+            }
         }
     }
+    stats.restored_positions = restored;
     for &id in &tokens[restored..] {
         logits = session.feed(&[id])?;
     }

@@ -152,6 +152,7 @@ impl LocalBackend {
                 after.misses.saturating_sub(before.misses),
             ),
             reported_tokens: None,
+            state_refused: generation.stats.restore_refused.clone(),
         })
     }
 }

@@ -90,6 +90,8 @@ pub struct Outcome {
     /// Tokens the run produced, as a remote server reported them (its
     /// stream chunks need not be one token each).
     pub reported_tokens: Option<usize>,
+    /// Why a resume could not use the saved model state (it recomputed).
+    pub state_refused: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -545,6 +547,14 @@ impl Runner {
             let (hits, misses) = o.lookups;
             if hits + misses > 0 {
                 stats.cache_hit_rate = Some(hits as f64 / (hits + misses) as f64);
+            }
+            if let Some(reason) = &o.state_refused {
+                let _ = self.queue.log(
+                    id,
+                    &format!(
+                        "saved model state not used ({reason}); the answer so far was recomputed"
+                    ),
+                );
             }
         }
 

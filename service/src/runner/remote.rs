@@ -160,6 +160,7 @@ impl RemoteBackend<'_> {
                     drive_bytes: Vec::new(),
                     lookups: (0, 0),
                     reported_tokens: None,
+                    state_refused: None,
                 });
             }
         }
@@ -170,6 +171,7 @@ impl RemoteBackend<'_> {
             drive_bytes: Vec::new(),
             lookups: (0, 0),
             reported_tokens: reported,
+            state_refused: None,
         })
     }
 
