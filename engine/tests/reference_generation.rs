@@ -280,7 +280,10 @@ fn saved_attention_state_replaces_recomputing_the_answer() {
         .unwrap();
     assert_eq!(recomputed.tokens, other_whole.tokens);
     let reason = recomputed.stats.restore_refused.expect("a reason");
-    assert!(reason.contains("saved for 3 layers, the model has 2"), "{reason}");
+    assert!(
+        reason.contains("saved for 3 layers, the model has 2"),
+        "{reason}"
+    );
     assert_eq!(recomputed.stats.restored_positions, 0);
     assert_eq!(resumed.stats.restored_positions, 7);
 }
