@@ -126,22 +126,121 @@ def deepseek(rng: random.Random) -> dict:
     }
 
 
+def layer_kinds(rng: random.Random, layers: int) -> list:
+    # At least one of each: transformers' generate needs an attention layer.
+    kinds = [rng.choice(["linear_attention", "full_attention"]) for _ in range(layers)]
+    first = rng.randrange(layers)
+    kinds[first] = "linear_attention"
+    kinds[(first + 1) % layers] = "full_attention"
+    return kinds
+
+
+def kimi_linear(rng: random.Random) -> dict:
+    groups = rng.choice([1, 2])
+    experts = groups * rng.choice([4, 8])
+    topk_group = rng.randint(1, groups)
+    layers = rng.randint(2, 5)
+    heads = rng.choice([1, 2, 4])
+    lin_heads, lin_dim = rng.choice([1, 2, 4]), rng.choice([8, 16, 24])
+    spec = {
+        "model_type": "kimi_linear",
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "q_lora_rank": rng.choice([None, 16]),
+        "kv_lora_rank": rng.choice([8, 32]),
+        "qk_nope_head_dim": rng.choice([8, 16]),
+        "qk_rope_head_dim": rng.choice([4, 8]),
+        "v_head_dim": rng.choice([8, 12]),
+        "intermediate_size": rng.choice([32, 80]),
+        "moe_intermediate_size": rng.choice([8, 24]),
+        "num_experts": experts,
+        "num_experts_per_token": rng.randint(1, experts // groups * topk_group),
+        "num_shared_experts": rng.choice([1, 2]),
+        "num_expert_group": groups,
+        "topk_group": topk_group,
+        "moe_renormalize": rng.random() < 0.5,
+        "routed_scaling_factor": rng.choice([1.0, 2.446]),
+        "rope": None,
+        "pad_token_id": 0,
+        # transformers' Kimi-Linear never ties its head (no `_tied_weights_keys`).
+        "tie_word_embeddings": False,
+    }
+    kinds = layer_kinds(rng, layers)
+    if rng.random() < 0.5:
+        spec["linear_attn_config"] = {
+            "head_dim": lin_dim, "num_heads": lin_heads, "short_conv_kernel_size": rng.choice([2, 3, 4]),
+            "kda_layers": [i + 1 for i, k in enumerate(kinds) if k == "linear_attention"],
+            "full_attn_layers": [i + 1 for i, k in enumerate(kinds) if k == "full_attention"],
+        }
+        spec["first_k_dense_replace"] = rng.randint(0, layers)
+    else:
+        spec.update(linear_num_heads=lin_heads, linear_head_dim=lin_dim,
+                    linear_conv_kernel_dim=rng.choice([2, 3, 4]), layer_types=kinds,
+                    mlp_layer_types=[rng.choice(["dense", "sparse"]) for _ in range(layers)])
+    return spec
+
+
+def qwen3_next(rng: random.Random) -> dict:
+    layers = rng.randint(2, 4)
+    heads = rng.choice([2, 4])
+    k_heads = rng.choice([1, 2])
+    experts = rng.choice([4, 8])
+    qwen3_5 = rng.random() < 0.4
+    head_dim = rng.choice([16, 32])
+    partial = rng.choice([0.25, 0.5, 1.0])
+    spec = {
+        "model_type": "qwen3_5_moe_text" if qwen3_5 else "qwen3_next",
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": rng.choice([k for k in (1, 2, heads) if heads % k == 0]),
+        "head_dim": head_dim,
+        "attention_bias": False,
+        "linear_num_key_heads": k_heads,
+        "linear_num_value_heads": k_heads * rng.choice([1, 2]),
+        "linear_key_head_dim": rng.choice([8, 16]),
+        "linear_value_head_dim": rng.choice([8, 12]),
+        "linear_conv_kernel_dim": rng.choice([2, 4]),
+        "moe_intermediate_size": rng.choice([8, 16]),
+        "shared_expert_intermediate_size": rng.choice([8, 24]),
+        "num_experts": experts,
+        "num_experts_per_tok": rng.randint(1, experts),
+        "layer_types": layer_kinds(rng, layers),
+        "rope": {"rope_type": "default", "rope_theta": rng.choice([10000.0, 1000000.0]),
+                 "partial_rotary_factor": partial},
+        "tie_word_embeddings": rng.random() < 0.2,
+    }
+    if not qwen3_5:
+        spec.update(intermediate_size=rng.choice([32, 64]), norm_topk_prob=rng.random() < 0.5,
+                    decoder_sparse_step=rng.choice([1, 2]), mlp_only_layers=[])
+    return spec
+
+
+FAMILIES = {"qwen3_moe": qwen3, "mixtral": mixtral, "deepseek_v3": deepseek,
+            "kimi_linear": kimi_linear, "qwen3_next": qwen3_next}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--longhaul", required=True)
     ap.add_argument("--count", type=int, default=30)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--keep", help="write the checkpoints here instead of a temporary folder")
+    ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated, from " + ", ".join(FAMILIES))
     args = ap.parse_args()
+    families = [FAMILIES[f] for f in args.families.split(",")]
     rng = random.Random(args.seed)
     tok = fx.build_tokenizer()
     worst, failures, skipped = 0.0, 0, 0
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = args.keep or scratch
         for i in range(args.count):
-            spec = [qwen3, mixtral, deepseek][i % 3](rng)
+            spec = families[i % len(families)](rng)
             if spec["model_type"] == "deepseek_v3" and spec["n_shared_experts"] == 0:
                 spec["n_shared_experts"] = 1  # transformers' DeepSeek-V3 always builds shared experts
             opts = {
-                "style": rng.choice(["old", "new"]),
+                # Old-style rope fields drop partial rotary (Qwen3-Next's is top-level then).
+                "style": rng.choice(["old", "new"]) if spec["rope"] and "partial_rotary_factor" not in spec["rope"] else "new",
                 "layout": rng.choice(["per_expert", "fused"]),
                 "dtype": rng.choice(["float32", "bfloat16", "float16"]),
                 "shards": rng.choice([1, 1, 2]),
@@ -168,7 +267,8 @@ def main() -> None:
             worst = max(worst, diff)
             ok = diff <= TOLERANCE
             failures += not ok
-            print(json.dumps({"name": name, "model_type": spec["model_type"], "rope": spec["rope"]["rope_type"],
+            print(json.dumps({"name": name, "model_type": spec["model_type"],
+                              "rope": (spec["rope"] or {}).get("rope_type"),
                               **opts, "max_abs_diff": diff, "ok": ok}), flush=True)
     print(json.dumps({"checked": args.count - skipped, "skipped": skipped, "failures": failures,
                       "worst_max_abs_diff": worst}))
