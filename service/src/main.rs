@@ -44,6 +44,20 @@ enum Command {
     Drives(commands::drives::DrivesArgs),
 }
 
+/// Commands that print and end behave as other Unix tools when their
+/// reader goes away (`longhaul jobs list | head -2`): they stop, quietly.
+/// Rust ignores SIGPIPE, so a closed pipe would otherwise make `println!`
+/// panic. The service keeps ignoring it: a browser closing its connection
+/// must not end the service.
+fn die_quietly_on_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of one signal, before any
+    // thread is started; no handler is installed.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -52,6 +66,9 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_) | Command::Demo(_)) {
+        die_quietly_on_closed_pipe();
+    }
     let result = match cli.command {
         Command::Demo(args) => commands::demo::run(args),
         Command::Run(args) => commands::run::run(args),

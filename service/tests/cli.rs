@@ -665,3 +665,25 @@ fn quantised_pack_is_labelled_and_compared_with_its_checkpoint() {
             < 0.01
     );
 }
+
+/// A reader that goes away (`longhaul logits … | head -1`) ends the
+/// command quietly, as it ends other Unix tools: no panic on stderr.
+#[cfg(unix)]
+#[test]
+fn a_closed_pipe_ends_a_command_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let dir = fixtures()[0].to_str().unwrap().to_string();
+    let ids: Vec<String> = (0..64).map(|i| (i % 300).to_string()).collect();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_longhaul"))
+        .args(["logits", "--model", &dir, "--ids", &ids.join(","), "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{err}");
+}

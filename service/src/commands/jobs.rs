@@ -24,33 +24,40 @@ enum JobsCommand {
     Submit(SubmitArgs),
     /// List jobs, newest first.
     List {
+        /// Print the jobs as one JSON object.
         #[arg(long)]
         json: bool,
     },
     /// Show one job with its output so far.
     Show {
+        /// The job's id (`jobs list` shows them).
         id: i64,
+        /// Print the job as one JSON object.
         #[arg(long)]
         json: bool,
     },
     /// Follow a job: its text as it is written, and a progress bar with tokens/s and ETA.
     Watch {
+        /// The job's id.
         id: i64,
     },
+    /// End a job for good: its output so far is kept, it does not run again.
     Cancel {
+        /// The job's id.
         id: i64,
     },
+    /// Stop a job where it is (running or waiting) until `jobs resume`; nothing is lost.
     Pause {
+        /// The job's id.
         id: i64,
     },
+    /// Queue a paused job again; it continues where it stopped.
     Resume {
+        /// The job's id.
         id: i64,
     },
     /// Move a waiting job to INDEX (0 = next) among jobs of its priority.
-    Move {
-        id: i64,
-        index: usize,
-    },
+    Move { id: i64, index: usize },
     /// Write a job as Markdown or JSON, with its settings and statistics.
     Export {
         id: i64,
@@ -64,6 +71,7 @@ enum JobsCommand {
 
 #[derive(Args)]
 struct SubmitArgs {
+    /// The task, as text (or give --prompt-file).
     prompt: Option<String>,
     /// Read the prompt from this file.
     #[arg(long, conflicts_with = "prompt")]
@@ -77,18 +85,26 @@ struct SubmitArgs {
     /// Files or folders whose text goes before the prompt (repeatable).
     #[arg(long = "attach")]
     attach: Vec<PathBuf>,
+    /// A name for the job in lists and exports (default: the prompt's start).
     #[arg(long)]
     title: Option<String>,
-    #[arg(long, default_value_t = 0)]
+    /// Higher runs sooner: waiting jobs run by priority, highest first, then
+    /// in queue order.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     priority: i64,
+    /// Most tokens to generate (default: 1,024).
     #[arg(long)]
     max_tokens: Option<usize>,
+    /// Sampling temperature; 0 picks the likeliest token every time (greedy).
     #[arg(long)]
     temperature: Option<f32>,
+    /// Sample only from the smallest set of tokens whose probability reaches P.
     #[arg(long)]
     top_p: Option<f32>,
+    /// Sample only from the K likeliest tokens.
     #[arg(long)]
     top_k: Option<usize>,
+    /// Seed of the sampler: the same seed, prompt and settings give the same text.
     #[arg(long)]
     seed: Option<u64>,
     /// Stop when this text appears (repeatable).
@@ -97,6 +113,7 @@ struct SubmitArgs {
     /// Follow the job after queueing it.
     #[arg(long)]
     watch: bool,
+    /// Print the queued job as one JSON object.
     #[arg(long)]
     json: bool,
 }
