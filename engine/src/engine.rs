@@ -75,6 +75,8 @@ pub struct ModelInfo {
     pub vocab_size: usize,
     /// Layers with a fixed-size recurrent state (linear attention).
     pub linear_layers: usize,
+    /// Positions the model was trained for, when its config states it.
+    pub context_length: Option<usize>,
 }
 
 /// A loaded model with its tokenizer and end-of-sequence ids.
@@ -292,6 +294,7 @@ impl Engine {
             layers: self.spec.common().num_layers,
             vocab_size: self.decoder.vocab_size,
             linear_layers: self.decoder.linear_layers(),
+            context_length: self.spec.common().context_length,
         }
     }
 

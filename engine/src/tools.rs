@@ -24,3 +24,15 @@ pub use crate::synth::{
     SynthArch, SynthDtype, SynthError, SynthSpec, SynthSummary, write_synthetic,
 };
 pub use crate::tokenizer::TextTokenizer;
+
+/// The context length a model folder, pack or GGUF file states
+/// (`max_position_embeddings`), read without loading the model; `None` when
+/// it states none or cannot be read.
+pub fn context_length(path: &std::path::Path) -> Option<usize> {
+    let spec = if crate::import::is_gguf(path) {
+        crate::import::ModelSource::open(path).ok()?.spec().ok()?
+    } else {
+        crate::model::ModelSpec::read(&path.join("config.json")).ok()?
+    };
+    spec.common().context_length
+}

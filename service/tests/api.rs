@@ -706,3 +706,50 @@ fn an_empty_queue_database_is_reported_at_start() {
         "{said:?}"
     );
 }
+
+/// A job must fit the model's context (`max_position_embeddings`, 64 for
+/// the fixture): an explicit `max_tokens` that does not fit and a prompt
+/// that leaves no room are refused with the numbers; without `max_tokens`
+/// the default is cut to what the context leaves. Preview shows the context.
+#[test]
+fn jobs_that_cannot_fit_the_context_are_refused_with_the_numbers() {
+    let (_tmp, s) = started();
+    let preview = s.post(
+        "/api/jobs/preview",
+        json!({ "model": "tiny", "prompt": "Draft" }),
+    );
+    assert_eq!(preview["context_tokens"], 64, "{preview}");
+    let prompt = preview["prompt_tokens"].as_u64().unwrap();
+    let body = json!({ "model": "tiny", "prompt": "Draft", "max_tokens": 70 });
+    let (status, err) = s.call("POST", "/api/jobs", Some(&body));
+    assert_eq!(status, 400, "{err}");
+    assert_eq!(err["error"]["param"], "max_tokens");
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!(
+            "the prompt ({prompt} tokens) plus max_tokens (70)"
+        )) && message.contains("context of 64 tokens")
+            && message.contains(&format!("lower max_tokens to at most {}", 64 - prompt)),
+        "{message}"
+    );
+    let long = "storage engine audit ".repeat(40);
+    let (status, err) = s.call(
+        "POST",
+        "/api/jobs",
+        Some(&json!({ "model": "tiny", "prompt": long })),
+    );
+    assert_eq!(status, 400, "{err}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("shorten the prompt"),
+        "{err}"
+    );
+    let job = s.post("/api/jobs", json!({ "model": "tiny", "prompt": "Draft" }));
+    assert_eq!(
+        job["request"]["settings"]["max_tokens"].as_u64(),
+        Some(64 - prompt),
+        "{job}"
+    );
+}

@@ -76,6 +76,8 @@ pub struct CommonConfig {
     pub tie_if_head_missing: bool,
     /// End-of-sequence ids named by config.json (generation_config.json may add more).
     pub eos_token_ids: Vec<u32>,
+    /// Positions the model was trained for (`max_position_embeddings`), if stated.
+    pub context_length: Option<usize>,
 }
 
 impl CommonConfig {
@@ -94,6 +96,7 @@ impl CommonConfig {
             tie_word_embeddings: raw.bool_or("tie_word_embeddings", false)?,
             tie_if_head_missing: false,
             eos_token_ids,
+            context_length: raw.usize_any(&["max_position_embeddings", "model_max_length"])?,
         })
     }
 }

@@ -13,7 +13,9 @@ use serde_json::{Value, json};
 use super::error::{ApiError, ApiResult};
 use super::{ApiJson, ApiPath, AppState};
 use crate::attach;
-use crate::queue::{Input, JobState, JobView, Message, ModelKind, NewJob, Request, Settings};
+use crate::queue::{
+    Input, JobState, JobView, Message, ModelEntry, ModelKind, NewJob, Request, Settings,
+};
 
 /// Longest answer a job may ask for.
 pub const MAX_TOKENS_LIMIT: usize = 1_000_000;
@@ -178,6 +180,10 @@ pub async fn submit(
     ApiJson(body): ApiJson<SubmitBody>,
 ) -> ApiResult<(StatusCode, Json<JobView>)> {
     let settings = body.settings()?;
+    let (prompt, messages) = (
+        body.prompt.clone().unwrap_or_default(),
+        body.messages.clone().unwrap_or_default(),
+    );
     let (input, default_title) = check_input(body.prompt, body.messages)?;
     let attachments = match body.attachments.filter(|a| !a.is_empty()) {
         None => String::new(),
@@ -189,6 +195,22 @@ pub async fn submit(
                 .text
         }
     };
+    // A model that is not registered is reported by the queue, as before.
+    let model_name = body.model.clone();
+    let mut settings = settings;
+    if let Ok(model) = app.blocking(move |q| q.model(&model_name)).await {
+        let attached = attachments.clone();
+        let (asked, explicit) = (settings.max_tokens, body.max_tokens.is_some());
+        settings.max_tokens = tokio::task::spawn_blocking(move || {
+            // Only an exact count can refuse a job.
+            match prompt_tokens(&model, &attached, &prompt, &messages)? {
+                (tokens, false) => fit_answer(tokens, asked, explicit, context_of(&model)),
+                (_, true) => Ok(asked),
+            }
+        })
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
+    }
     let job = NewJob {
         title: body
             .title
@@ -402,6 +424,103 @@ pub async fn queue_status(State(app): State<AppState>) -> ApiResult<Json<Value>>
 /// Characters per token when a remote model's tokenizer is not at hand.
 const CHARS_PER_TOKEN_ESTIMATE: usize = 4;
 
+/// The prompt's length in tokens as the model will see it (attachments
+/// first), and whether it is an estimate: exact with a local model's
+/// tokenizer, about four characters a token otherwise.
+fn prompt_tokens(
+    model: &ModelEntry,
+    attached: &str,
+    prompt: &str,
+    messages: &[Message],
+) -> Result<(usize, bool), ApiError> {
+    let local = match &model.kind {
+        // A GGUF file's tokenizer is rebuilt when the model loads; until
+        // then its prompts are estimated like a remote model's.
+        ModelKind::Local { path } => longhaul_engine::tools::TextTokenizer::from_dir(path).ok(),
+        ModelKind::Remote { .. } => None,
+    };
+    match local {
+        Some(tokenizer) => {
+            let ids = if messages.is_empty() {
+                tokenizer.encode(&format!("{attached}{prompt}"), true)
+            } else {
+                let mut chat: Vec<longhaul_engine::ChatMessage> = messages
+                    .iter()
+                    .map(|m| longhaul_engine::ChatMessage {
+                        role: m.role.clone(),
+                        content: m.content.clone(),
+                    })
+                    .collect();
+                if let Some(first) = chat.iter_mut().find(|m| m.role == "user") {
+                    first.content = format!("{attached}{}", first.content);
+                }
+                tokenizer
+                    .render_chat(&chat, true)
+                    .and_then(|t| tokenizer.encode(&t, false))
+            }
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            Ok((ids.len(), false))
+        }
+        None => {
+            let chars = attached.chars().count()
+                + prompt.chars().count()
+                + messages
+                    .iter()
+                    .map(|m| m.content.chars().count())
+                    .sum::<usize>();
+            Ok((chars.div_ceil(CHARS_PER_TOKEN_ESTIMATE), true))
+        }
+    }
+}
+
+/// The context length a local model states; none for a remote one.
+fn context_of(model: &ModelEntry) -> Option<usize> {
+    match &model.kind {
+        ModelKind::Local { path } => longhaul_engine::tools::context_length(path),
+        ModelKind::Remote { .. } => None,
+    }
+}
+
+/// The answer's token budget for a prompt of `prompt` tokens: `asked`
+/// when it fits the model's context; without an explicit ask, the default
+/// cut to what the context leaves. A prompt that leaves no room, or an
+/// explicit ask that does not fit, is refused with the numbers and what to
+/// change.
+fn fit_answer(
+    prompt: usize,
+    asked: usize,
+    explicit: bool,
+    context: Option<usize>,
+) -> Result<usize, ApiError> {
+    let Some(context) = context else {
+        return Ok(asked);
+    };
+    if prompt + asked <= context {
+        return Ok(asked);
+    }
+    if !explicit && prompt < context {
+        return Ok(context - prompt);
+    }
+    let max_tokens = asked;
+    let advice = if prompt >= context {
+        format!(
+            "shorten the prompt or its attachments by at least {} tokens",
+            prompt + 1 - context
+        )
+    } else {
+        format!(
+            "lower max_tokens to at most {} or shorten the prompt or its attachments",
+            context - prompt
+        )
+    };
+    Err(ApiError::bad_param(
+        "max_tokens",
+        format!(
+            "the prompt ({prompt} tokens) plus max_tokens ({max_tokens}) is more than the model's context of {context} tokens: {advice}"
+        ),
+    ))
+}
+
 /// `POST /api/jobs/preview`: what a submission would send, before sending
 /// it — the prompt's token count and which attached files are read or skipped.
 pub async fn preview(
@@ -423,43 +542,12 @@ pub async fn preview(
             .iter()
             .map(|(p, why)| json!({ "path": p, "reason": why }))
             .collect();
-        let (tokens, estimate) = match &model.kind {
-            ModelKind::Local { path } => {
-                let tokenizer = longhaul_engine::tools::TextTokenizer::from_dir(path)
-                    .map_err(|e| ApiError::bad_param("model", e.to_string()))?;
-                let ids = if messages.is_empty() {
-                    tokenizer.encode(&format!("{}{prompt}", attached.text), true)
-                } else {
-                    let mut chat: Vec<longhaul_engine::ChatMessage> = messages
-                        .iter()
-                        .map(|m| longhaul_engine::ChatMessage {
-                            role: m.role.clone(),
-                            content: m.content.clone(),
-                        })
-                        .collect();
-                    if let Some(first) = chat.iter_mut().find(|m| m.role == "user") {
-                        first.content = format!("{}{}", attached.text, first.content);
-                    }
-                    tokenizer
-                        .render_chat(&chat, true)
-                        .and_then(|t| tokenizer.encode(&t, false))
-                }
-                .map_err(|e| ApiError::bad_request(e.to_string()))?;
-                (ids.len(), false)
-            }
-            ModelKind::Remote { .. } => {
-                let chars = attached.text.chars().count()
-                    + prompt.chars().count()
-                    + messages
-                        .iter()
-                        .map(|m| m.content.chars().count())
-                        .sum::<usize>();
-                (chars.div_ceil(CHARS_PER_TOKEN_ESTIMATE), true)
-            }
-        };
+        let (tokens, estimate) = prompt_tokens(&model, &attached.text, &prompt, &messages)?;
+        let context = context_of(&model);
         Ok(json!({
             "prompt_tokens": tokens,
             "estimate": estimate,
+            "context_tokens": context,
             "attachment_files": attached.files,
             "attachment_bytes": attached.text.len(),
             "skipped": skipped,
