@@ -139,9 +139,14 @@ test("tasks: bad input is explained inline, a task is queued and finishes", asyn
 
   await page.fill('input[name="temperature"]', "0");
   await page.fill('input[name="title"]', "Storage engine draft");
+  // More than the demo model's 1,024-token context: counting says so first.
+  await page.fill('input[name="max_tokens"]', "5000");
+  await page.click("#count");
+  await page.waitForSelector("#token-count.warn:has-text('does not fit')");
+  assert.match(await page.textContent("#token-count"), /of the model's 1024-token context/);
   await page.fill('input[name="max_tokens"]', "300");
   await page.click("#count");
-  await page.waitForSelector("#token-count:has-text('prompt tokens')");
+  await page.waitForSelector("#token-count:not(.warn):has-text('prompt tokens')");
   await page.click("#submit");
   await page.waitForSelector("#jobs li.job a:text('Storage engine draft')");
   await page.waitForSelector("#jobs li.job[data-state=done]", { timeout: WAIT });

@@ -160,12 +160,28 @@ export async function render(root: HTMLElement): Promise<() => void> {
       clearFormErrors(f);
       const b = body(f);
       try {
-        const p = await post<{ prompt_tokens: number; estimate: boolean; attachment_files: string[]; skipped: { path: string; reason: string }[] }>(
+        const p = await post<{
+          prompt_tokens: number;
+          estimate: boolean;
+          context_tokens: number | null;
+          attachment_files: string[];
+          skipped: { path: string; reason: string }[];
+        }>(
           "/api/jobs/preview",
           { model: b.model, prompt: b.prompt, messages: b.messages, attachments: b.attachments },
         );
         const skipped = p.skipped.length ? ` · skipped ${p.skipped.map((s) => `${s.path} (${s.reason})`).join(", ")}` : "";
-        counted.textContent = `${p.estimate ? "about " : ""}${p.prompt_tokens} prompt tokens · ${p.attachment_files.length} attached files${skipped}`;
+        const context = p.context_tokens ? ` of the model's ${p.context_tokens}-token context` : "";
+        counted.textContent = `${p.estimate ? "about " : ""}${p.prompt_tokens} prompt tokens${context} · ${p.attachment_files.length} attached files${skipped}`;
+        // The service refuses a job that cannot fit; say so before it is sent.
+        const asked = Number(b.max_tokens ?? 0);
+        const room = (p.context_tokens ?? Infinity) - p.prompt_tokens;
+        counted.classList.toggle("warn", !p.estimate && (room <= 0 || asked > room));
+        if (!p.estimate && room <= 0) {
+          counted.textContent += ` — too long for the model: shorten it by at least ${1 - room} tokens`;
+        } else if (!p.estimate && asked > room) {
+          counted.textContent += ` — with max tokens ${asked} it does not fit: at most ${room}`;
+        }
       } catch (e) {
         showFormError(f, e);
       }
