@@ -687,3 +687,17 @@ fn a_closed_pipe_ends_a_command_quietly() {
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{err}");
 }
+
+/// `serve` takes no service URL; a remote model's URL is not the service's.
+#[test]
+fn help_offers_only_the_options_that_mean_something() {
+    let help = |args: &[&str]| String::from_utf8(longhaul(args).stdout).unwrap();
+    assert!(!help(&["serve", "--help"]).contains("--url"));
+    let add = help(&["models", "add", "--help"]);
+    assert!(
+        add.contains("--remote-url") && add.contains("--data-dir"),
+        "{add}"
+    );
+    let submit = help(&["jobs", "submit", "--help"]);
+    assert!(submit.contains("Higher runs sooner"), "{submit}");
+}

@@ -297,6 +297,23 @@ pub enum Echo {
 
 /// Follows a job to its end, printing its text as it arrives (unless quiet)
 /// with a progress bar on stderr; returns the job as it ended.
+/// What a job that is not producing text is doing, for the progress bar.
+fn waiting_message(job: &Value) -> String {
+    match (job["state"].as_str(), job["queue_position"].as_u64()) {
+        (_, Some(pos)) => format!("waiting in line: number {pos} in the queue"),
+        (Some("queued"), None) => "waiting in line".into(),
+        (Some("interrupted"), None) => "interrupted; it continues when the service runs it".into(),
+        (Some("paused"), None) => format!(
+            "paused: {}",
+            job["pause_reason"]
+                .as_str()
+                .unwrap_or("until `jobs resume`")
+        ),
+        (Some(state), None) => state.to_string(),
+        (None, None) => String::new(),
+    }
+}
+
 pub fn watch(client: &Client, id: i64, echo: Echo) -> anyhow::Result<Value> {
     let out = |text: &str| {
         if echo == Echo::Text {
@@ -316,6 +333,7 @@ pub fn watch(client: &Client, id: i64, echo: Echo) -> anyhow::Result<Value> {
     let mut shown = job["output"].as_str().unwrap_or("").to_string();
     bar.suspend(|| out(&shown));
     bar.set_position(job["tokens"].as_u64().unwrap_or(0));
+    bar.set_message(waiting_message(&job));
     let ended = ["done", "failed", "cancelled"].contains(&job["state"].as_str().unwrap_or(""));
     if !ended {
         client.events(|name, data| {
@@ -324,9 +342,7 @@ pub fn watch(client: &Client, id: i64, echo: Echo) -> anyhow::Result<Value> {
             }
             let Some(offset) = data["offset"].as_u64().map(|o| o as usize) else {
                 // Only the job's place in the queue.
-                if let Some(pos) = data["queue_position"].as_u64() {
-                    bar.set_message(format!("waiting, number {pos} in the queue"));
-                }
+                bar.set_message(waiting_message(data));
                 return true;
             };
             let delta = data["delta"].as_str().unwrap_or("");
@@ -398,5 +414,25 @@ fn short_duration(seconds: f64) -> String {
         0..60 => format!("{s}s"),
         60..3600 => format!("{}m{:02}s", s / 60, s % 60),
         _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_that_is_not_writing_says_what_it_waits_for() {
+        let at = |state: &str, pos: Option<u64>| {
+            waiting_message(&json!({ "state": state, "queue_position": pos }))
+        };
+        assert_eq!(
+            at("queued", Some(3)),
+            "waiting in line: number 3 in the queue"
+        );
+        assert_eq!(at("queued", None), "waiting in line");
+        assert!(at("interrupted", None).contains("continues"));
+        let paused = json!({ "state": "paused", "pause_reason": "drive missing" });
+        assert_eq!(waiting_message(&paused), "paused: drive missing");
     }
 }

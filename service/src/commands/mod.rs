@@ -23,12 +23,25 @@ use longhaul_engine::{DEFAULT_PINNED_FRACTION, EvictionPolicy, StreamingOptions}
 use longhaul_engine::{Engine, EngineOptions, LoadProgress};
 use size::SizeOrAuto;
 
-/// Where the service keeps its data, and how to reach it.
+/// Where the service keeps its data (for the service itself).
 #[derive(clap::Args)]
-pub struct DataDirArgs {
+pub struct DataDir {
     /// The service's data folder: queue database, token (default: the user's data dir, `longhaul`).
     #[arg(long, global = true)]
     pub data_dir: Option<PathBuf>,
+}
+
+impl DataDir {
+    pub fn data_dir(&self) -> PathBuf {
+        self.data_dir.clone().unwrap_or_else(default_data_dir)
+    }
+}
+
+/// Where the service keeps its data, and how to reach it (for its clients).
+#[derive(clap::Args)]
+pub struct DataDirArgs {
+    #[command(flatten)]
+    pub dir: DataDir,
     /// The service's URL (default: the one the running service wrote to the data dir).
     #[arg(long, global = true)]
     pub url: Option<String>,
@@ -36,7 +49,7 @@ pub struct DataDirArgs {
 
 impl DataDirArgs {
     pub fn data_dir(&self) -> PathBuf {
-        self.data_dir.clone().unwrap_or_else(default_data_dir)
+        self.dir.data_dir()
     }
 
     pub fn client(&self) -> anyhow::Result<longhaul_service::client::Client> {

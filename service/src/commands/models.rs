@@ -16,26 +16,33 @@ pub struct ModelsArgs {
 
 #[derive(Subcommand)]
 enum ModelsCommand {
-    /// Register a checkpoint, pack or GGUF file (PATH), or a remote OpenAI-compatible server (--url).
+    /// Register a checkpoint, pack or GGUF file (PATH), or a remote OpenAI-compatible server (--remote-url).
     Add {
+        /// The name jobs use for the model.
         name: String,
+        /// A checkpoint folder, pack folder or GGUF file.
         path: Option<PathBuf>,
+        /// Base URL of a remote OpenAI-compatible server, e.g. http://gpu-box:8000.
         #[arg(long, conflicts_with = "path")]
-        url: Option<String>,
+        remote_url: Option<String>,
         /// Bearer key for the remote server.
-        #[arg(long, requires = "url")]
+        #[arg(long, requires = "remote_url")]
         api_key: Option<String>,
         /// The model's name on the remote server (default: NAME).
-        #[arg(long, requires = "url")]
+        #[arg(long, requires = "remote_url")]
         remote_model: Option<String>,
     },
     /// List registered models.
     List {
+        /// Print the models as one JSON object.
         #[arg(long)]
         json: bool,
     },
     /// Forget a model (its files are left alone).
-    Remove { name: String },
+    Remove {
+        /// The model's name.
+        name: String,
+    },
 }
 
 pub fn run(args: ModelsArgs) -> anyhow::Result<()> {
@@ -44,11 +51,11 @@ pub fn run(args: ModelsArgs) -> anyhow::Result<()> {
         ModelsCommand::Add {
             name,
             path,
-            url,
+            remote_url,
             api_key,
             remote_model,
         } => {
-            let body = match (path, url) {
+            let body = match (path, remote_url) {
                 (Some(p), None) => {
                     let p = std::fs::canonicalize(&p).unwrap_or(p);
                     json!({ "name": name, "path": p })
@@ -56,7 +63,7 @@ pub fn run(args: ModelsArgs) -> anyhow::Result<()> {
                 (None, Some(u)) => {
                     json!({ "name": name, "url": u, "api_key": api_key, "remote_model": remote_model })
                 }
-                _ => bail!("give a model folder PATH or --url"),
+                _ => bail!("give a model PATH or --remote-url"),
             };
             let m: Value = client.post("/api/models", &body)?;
             println!("registered `{}`", m["name"].as_str().unwrap_or(&name));

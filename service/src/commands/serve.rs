@@ -12,7 +12,7 @@ use longhaul_service::runner::RunnerConfig;
 #[derive(Args)]
 pub struct ServeArgs {
     #[command(flatten)]
-    data: super::DataDirArgs,
+    data: super::DataDir,
     /// Port to listen on (0 picks a free one).
     #[arg(long, default_value_t = DEFAULT_PORT)]
     port: u16,
