@@ -61,11 +61,17 @@ export async function render(root: HTMLElement, id: number): Promise<() => void>
   const utf8 = new TextEncoder();
   let outputBytes = utf8.encode(output).length;
 
+  // One click must not end an overnight job: Cancel asks once more.
+  let confirming = false;
   const draw = () => {
+    const active = ["queued", "running", "paused", "interrupted"].includes(job.state);
     const controls = [
       ["queued", "running", "interrupted"].includes(job.state) ? `<button data-act="pause" class="secondary">Pause</button>` : "",
       job.state === "paused" ? `<button data-act="resume">Resume</button>` : "",
-      ["queued", "running", "paused", "interrupted"].includes(job.state) ? `<button data-act="cancel" class="secondary">Cancel</button>` : "",
+      active && !confirming ? `<button data-act="cancel" class="secondary">Cancel</button>` : "",
+      active && confirming
+        ? `<span class="confirm">End it for good? Its output is kept.</span><button data-act="cancel-confirm">End task</button><button data-act="keep" class="secondary">Keep it</button>`
+        : "",
     ].join("");
     root.innerHTML = `
       <div class="card">
@@ -90,6 +96,11 @@ export async function render(root: HTMLElement, id: number): Promise<() => void>
     const b = (ev.target as HTMLElement).closest("button[data-act]") as HTMLButtonElement | null;
     if (!b) return;
     const act = b.dataset.act;
+    if (act === "cancel" || act === "keep") {
+      confirming = act === "cancel";
+      draw();
+      return;
+    }
     if (act === "copy") {
       try {
         await navigator.clipboard.writeText(output);
@@ -100,7 +111,8 @@ export async function render(root: HTMLElement, id: number): Promise<() => void>
       return;
     }
     try {
-      job = await post<Job>(`/api/jobs/${id}/${act}`);
+      confirming = false;
+      job = await post<Job>(`/api/jobs/${id}/${act === "cancel-confirm" ? "cancel" : act}`);
       output = job.output ?? output;
       outputBytes = utf8.encode(output).length;
       draw();

@@ -76,7 +76,10 @@ function jobRow(j: Job): string {
     j.state === "queued" ? act("up", "↑") + act("down", "↓") : "",
     ["queued", "running", "interrupted"].includes(j.state) ? act("pause", "Pause") : "",
     j.state === "paused" ? act("resume", "Resume") : "",
-    ACTIVE.has(j.state) ? act("cancel", "Cancel") : "",
+    ACTIVE.has(j.state) && !confirming.has(j.id) ? act("cancel", "Cancel") : "",
+    ACTIVE.has(j.state) && confirming.has(j.id)
+      ? `<span class="confirm">End it for good? Its output is kept.</span>` + act("cancel-confirm", "End task") + act("keep", "Keep it")
+      : "",
   ].join("");
   return `
   <li class="job" data-id="${j.id}" data-state="${j.state}">
@@ -90,6 +93,9 @@ function jobRow(j: Job): string {
     <div class="actions">${actions}</div>
   </li>`;
 }
+
+/// Jobs whose Cancel was clicked once: one click must not end an overnight job.
+const confirming = new Set<number>();
 
 export async function render(root: HTMLElement): Promise<() => void> {
   root.innerHTML = `<div class="two-col"><div id="form-slot"><div class="card loading">Loading models…</div></div>
@@ -138,8 +144,17 @@ export async function render(root: HTMLElement): Promise<() => void> {
     if (!b) return;
     const id = Number(b.dataset.id);
     const act = b.dataset.act;
+    if (act === "cancel" || act === "keep") {
+      if (act === "cancel") confirming.add(id);
+      else confirming.delete(id);
+      draw();
+      return;
+    }
     try {
-      if (act === "up" || act === "down") {
+      if (act === "cancel-confirm") {
+        confirming.delete(id);
+        await post(`/api/jobs/${id}/cancel`);
+      } else if (act === "up" || act === "down") {
         const waiting = jobs.filter((j) => j.state === "queued" && j.priority === jobs.find((x) => x.id === id)?.priority)
           .sort((a, c) => (a.queue_position ?? 0) - (c.queue_position ?? 0));
         const i = waiting.findIndex((j) => j.id === id);
