@@ -10,9 +10,8 @@ use super::layers::Mlp;
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
 use super::layers::mla::{LatentAttention, MlaShape};
-use super::layers::moe::MoeBlock;
+use super::layers::moe::{MoeBlock, SigmoidGroupedMoe};
 use super::layers::rope::{Rope, RopeParams};
-use super::layers::router::Scoring;
 use super::{CommonConfig, ModelError, assemble};
 use crate::weights::Weights;
 
@@ -145,27 +144,17 @@ fn load_attention(c: &Config, w: &Weights, rope: &Rope) -> Result<LatentAttentio
 }
 
 fn load_moe(c: &Config, w: &Weights, layer: usize) -> Result<MoeBlock, ModelError> {
-    let h = c.common.hidden_size;
-    let e = c.n_routed_experts;
-    let gate = w.pp("gate");
-    let bias: Vec<f32> = gate.get("e_score_correction_bias", &[e])?.to_vec1()?;
-    let shared = if c.n_shared_experts > 0 {
-        Some(Mlp::load(
-            &w.pp("shared_experts"),
-            h,
-            c.moe_intermediate_size * c.n_shared_experts,
-        )?)
-    } else {
-        None
-    };
-    let scoring = Scoring::SigmoidGrouped {
-        correction_bias: bias,
+    let moe = SigmoidGroupedMoe {
+        experts: c.n_routed_experts,
+        top_k: c.top_k,
         n_group: c.n_group,
         topk_group: c.topk_group,
         renormalize: c.norm_topk_prob,
-        scaling: c.routed_scaling_factor as f32,
+        scaling: c.routed_scaling_factor,
+        intermediate: c.moe_intermediate_size,
+        shared: c.n_shared_experts,
     };
-    MoeBlock::load(w, layer, h, e, c.top_k, scoring, shared)
+    moe.load(w, layer, c.common.hidden_size)
 }
 
 pub fn build(

@@ -17,9 +17,8 @@ use super::layers::experts::{
 };
 use super::layers::linear::{Decay, DeltaShape, LinearAttention, OutputGate, load_conv, load_flat};
 use super::layers::mla::{LatentAttention, MlaShape};
-use super::layers::moe::MoeBlock;
+use super::layers::moe::{MoeBlock, SigmoidGroupedMoe};
 use super::layers::rope::{Rope, RopeKind, RopeParams};
-use super::layers::router::Scoring;
 use super::layers::{Linear, Mlp, RmsNorm, Stacked};
 use super::{CommonConfig, ModelError, assemble};
 use crate::weights::Weights;
@@ -238,27 +237,17 @@ fn load_kda(c: &Config, w: &Weights) -> Result<LinearAttention, ModelError> {
 }
 
 fn load_moe(c: &Config, w: &Weights, layer: usize) -> Result<MoeBlock, ModelError> {
-    let (h, e) = (c.common.hidden_size, c.num_experts);
-    let bias: Vec<f32> = w
-        .pp("gate")
-        .get("e_score_correction_bias", &[e])?
-        .to_vec1()?;
-    let shared = match c.shared_experts {
-        0 => None,
-        n => Some(Mlp::load(
-            &w.pp("shared_experts"),
-            h,
-            c.moe_intermediate_size * n,
-        )?),
-    };
-    let scoring = Scoring::SigmoidGrouped {
-        correction_bias: bias,
+    let moe = SigmoidGroupedMoe {
+        experts: c.num_experts,
+        top_k: c.top_k,
         n_group: c.n_group,
         topk_group: c.topk_group,
         renormalize: c.renormalize,
-        scaling: c.routed_scaling_factor as f32,
+        scaling: c.routed_scaling_factor,
+        intermediate: c.moe_intermediate_size,
+        shared: c.shared_experts,
     };
-    MoeBlock::load(w, layer, h, e, c.top_k, scoring, shared)
+    moe.load(w, layer, c.common.hidden_size)
 }
 
 /// The MoE's folder and expert names: the release's or transformers'.

@@ -62,6 +62,44 @@ impl ExpertBiases {
     }
 }
 
+/// DeepSeek-V3's MoE, which Kimi K2 and Kimi-Linear keep: sigmoid scores
+/// routed within the best groups, a correction bias (`gate.e_score_correction_bias`)
+/// that steers the choice only, and shared experts beside the routed ones.
+#[derive(Debug, Clone, Copy)]
+pub struct SigmoidGroupedMoe {
+    pub experts: usize,
+    pub top_k: usize,
+    pub n_group: usize,
+    pub topk_group: usize,
+    pub renormalize: bool,
+    pub scaling: f64,
+    /// Width of one expert; the shared experts are `shared` of them side by side.
+    pub intermediate: usize,
+    pub shared: usize,
+}
+
+impl SigmoidGroupedMoe {
+    /// Loads the router, its correction bias and `shared_experts` under `w`.
+    pub fn load(&self, w: &Weights, layer: usize, hidden: usize) -> Result<MoeBlock, ModelError> {
+        let bias: Vec<f32> = w
+            .pp("gate")
+            .get("e_score_correction_bias", &[self.experts])?
+            .to_vec1()?;
+        let shared = match self.shared {
+            0 => None,
+            n => Some(Mlp::load(&w.pp("shared_experts"), hidden, self.intermediate * n)?),
+        };
+        let scoring = Scoring::SigmoidGrouped {
+            correction_bias: bias,
+            n_group: self.n_group,
+            topk_group: self.topk_group,
+            renormalize: self.renormalize,
+            scaling: self.scaling as f32,
+        };
+        MoeBlock::load(w, layer, hidden, self.experts, self.top_k, scoring, shared)
+    }
+}
+
 impl MoeBlock {
     /// Loads the router (`gate.weight` under `w`) for `experts` routed experts.
     pub fn load(
