@@ -82,15 +82,15 @@ impl<'m> Session<'m> {
     /// how many positions it held. A snapshot that does not fit is refused
     /// with the reason and changes nothing.
     pub fn restore(&mut self, bytes: &[u8], following: &[u32]) -> Result<usize, ModelError> {
-        let mut trial = self.state.clone();
-        let n = trial.extend_from_bytes(bytes)?;
+        let n = SequenceState::positions_in(bytes)?;
         let ids = following.get(..n).ok_or_else(|| {
             ModelError::StateMismatch(format!(
                 "it covers {n} positions, only {} tokens follow",
                 following.len()
             ))
         })?;
-        self.state = trial;
+        // Checked whole before anything changes, so no copy of the state is needed.
+        self.state.extend_from_bytes(bytes)?;
         self.ids.extend_from_slice(ids);
         Ok(n)
     }

@@ -318,6 +318,17 @@ impl SequenceState {
         Ok(out)
     }
 
+    /// Positions that bytes made by [`SequenceState::save_since`] hold, read
+    /// from their header (the rest is checked when they are applied).
+    pub fn positions_in(bytes: &[u8]) -> Result<usize, ModelError> {
+        let mut r = Reader { bytes, at: 0 };
+        if r.take(4) != Some(STATE_MAGIC.as_slice()) {
+            return Err(misfit("not sequence state of this version"));
+        }
+        r.word()?;
+        r.word()
+    }
+
     /// Applies bytes made by [`SequenceState::save_since`]; returns how many
     /// positions they held. Bytes that do not fit this model or this state
     /// are refused with the reason and leave it unchanged.
