@@ -225,7 +225,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(plan) = engine.memory_plan() {
         eprintln!("{plan}");
     }
-    let drive_bytes = || stats().drive_bytes();
 
     let mut rng = SmallRng::seed_from_u64(args.seed);
     let vocab = engine.vocab_size() as u32;
@@ -255,15 +254,18 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut steady_from = Mark::take(&stats());
     for step in 0..args.gen_tokens {
         if step == warmup {
-            steady_counters = stats().cache;
-            steady_from = Mark::take(&stats());
+            let now = stats();
+            steady_counters = now.cache;
+            steady_from = Mark::take(&now);
         }
-        let (bytes0, stall0) = (drive_bytes(), stats().stall_seconds);
+        let now = stats();
+        let (bytes0, stall0) = (now.drive_bytes(), now.stall_seconds);
         let t = Instant::now();
         logits = session.feed(&[token])?;
         let seconds = t.elapsed().as_secs_f64();
         token = argmax(&logits);
-        let (bytes, stall) = (drive_bytes() - bytes0, stats().stall_seconds - stall0);
+        let now = stats();
+        let (bytes, stall) = (now.drive_bytes() - bytes0, now.stall_seconds - stall0);
         per_token.push(json!({"seconds": seconds, "expert_bytes": bytes, "stall_seconds": stall}));
         if step >= warmup {
             steady_seconds += seconds;
@@ -274,7 +276,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let steady = Mark::take(&stats()).since(&steady_from);
     let decode_seconds = decode_started.elapsed().as_secs_f64();
     let decode_trace = engine.take_trace();
-    let counters = stats().cache;
+    let end = stats();
+    let counters = end.cache;
     let steady_tokens = (args.gen_tokens - warmup) as f64;
     let tok_s = steady_tokens / steady_seconds.max(1e-9);
     let missed_per_token = steady_bytes as f64 / steady_tokens;
@@ -289,7 +292,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let warmup_lookups = (warmup * layers).min(decode_trace.len());
     let count_from = accesses.len() + trace::accesses(&decode_trace[..warmup_lookups]).len();
     accesses.extend(trace::accesses(&decode_trace));
-    let slots = (budget / stats().resident_expert_bytes.max(1)) as usize;
+    let slots = (budget / end.resident_expert_bytes.max(1)) as usize;
     let steady_lookups =
         (counters.hits + counters.misses) - (steady_counters.hits + steady_counters.misses);
     let steady_hits = counters.hits - steady_counters.hits;
@@ -327,7 +330,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "pinned_fraction": args.cache.pinned_fraction,
         "cache_dtype": args.cache.cache_dtype,
         "checksums_verified": !args.no_verify_checksums,
-        "expert_bytes_in_ram": stats().resident_expert_bytes,
+        "expert_bytes_in_ram": end.resident_expert_bytes,
         "load_seconds": load_seconds,
         "prompt_tokens": prompt.len(),
         "prefill_tok_s": prompt.len() as f64 / prefill_seconds.max(1e-9),
@@ -351,8 +354,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "read_time_hidden_share": steady.hidden_share(),
         "prefetch": prefetch,
         "memory": memory_report(&start_usage, limit_hits_at_start, &steady),
-        "record_buffer_bytes": stats().buffer_bytes,
-        "record_buffer_peak_bytes": stats().peak_buffer_bytes,
+        "record_buffer_bytes": end.buffer_bytes,
+        "record_buffer_peak_bytes": end.peak_buffer_bytes,
         "kernels": longhaul_engine::tools::instruction_set(),
         "hit_rate": steady_hits as f64 / steady_lookups.max(1) as f64,
         "records_read_per_token": per_token_steady(steady.reads as f64),
