@@ -245,7 +245,7 @@ impl ModelSpec {
     }
 
     /// Bytes the attention cache holds per position (f32, every attention layer).
-    pub fn kv_bytes_per_token(&self) -> u64 {
+    fn kv_bytes_per_token(&self) -> u64 {
         const F32: u64 = 4;
         let (layers, per_layer) = match &self.architecture {
             Architecture::Qwen3Moe(c) => (c.common.num_layers, 2 * c.kv_heads * c.head_dim),
