@@ -38,6 +38,12 @@ const conn = document.getElementById("conn") as HTMLElement;
 
 let cleanup: () => void = () => {};
 let generation = 0;
+// Set by the `n` key: the task view focuses its prompt once it has rendered.
+let focusPrompt = false;
+
+function focusPromptField(): void {
+  (document.querySelector('#new-task textarea[name="prompt"]') as HTMLElement | null)?.focus();
+}
 
 async function route(): Promise<void> {
   const [, name = "tasks", arg] = location.hash.replace(/^#/, "").split("/");
@@ -61,8 +67,11 @@ async function route(): Promise<void> {
   const done = await render();
   if (mine === generation) cleanup = done;
   else done();
-  // `#/new` (the tray's "New task…") opens the task form ready to type.
-  if (name === "new") (document.querySelector('#new-task textarea[name="prompt"]') as HTMLElement | null)?.focus();
+  // `#/new` (the tray's "New task…") and the `n` key open the task form ready to type.
+  if (mine === generation && (name === "new" || focusPrompt)) {
+    focusPrompt = false;
+    focusPromptField();
+  }
 }
 
 window.addEventListener("hashchange", () => void route());
@@ -73,8 +82,13 @@ document.addEventListener("keydown", (e) => {
   if (typing || e.metaKey || e.ctrlKey || e.altKey) return;
   if (e.key === "n") {
     e.preventDefault();
-    if (!location.hash.startsWith("#/tasks")) location.hash = "#/tasks";
-    setTimeout(() => (document.querySelector('#new-task textarea[name="prompt"]') as HTMLElement | null)?.focus(), 50);
+    // On another view the form exists only once the task view has rendered.
+    if (location.hash.startsWith("#/tasks") && document.querySelector("#new-task")) {
+      focusPromptField();
+    } else {
+      focusPrompt = true;
+      location.hash = "#/tasks";
+    }
   }
 });
 
