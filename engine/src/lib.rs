@@ -38,8 +38,8 @@ pub mod tools;
 pub use cache::{DEFAULT_PINNED_FRACTION, EvictionPolicy, StreamingOptions};
 pub use engine::{Engine, EngineError, EngineOptions, LoadProgress, ModelInfo};
 pub use generate::{
-    FinishReason, Flow, Generation, GenerationSettings, GenerationStats, Piece, SamplingParams,
-    Session,
+    FinishReason, Flow, Generation, GenerationSettings, GenerationStats, PROMPT_CHUNK, Phase,
+    Piece, SamplingParams, Session,
 };
 pub use memory::{MemoryPlan, MemorySettings};
 pub use metrics::{DriveMetrics, EngineStats, MetricsSampler, MetricsSnapshot};

@@ -130,3 +130,50 @@ fn draft_model_shares_the_tokenizer_and_guesses_the_next_token() {
         "the draft agrees on only {agree:.2} of next tokens"
     );
 }
+
+#[test]
+fn a_long_prompt_reports_its_reading_and_can_be_stopped_between_passes() {
+    use longhaul_engine::{PROMPT_CHUNK, Phase};
+    let engine = Engine::open(&demo()).unwrap();
+    let r = reference();
+    // Three passes and a bit, from the demo's own ids.
+    let prompt: Vec<u32> = r
+        .ids
+        .iter()
+        .copied()
+        .cycle()
+        .take(3 * PROMPT_CHUNK + 5)
+        .collect();
+    let settings = GenerationSettings {
+        max_tokens: 4,
+        sampling: SamplingParams::default(),
+        stop_strings: Vec::new(),
+        eos_token_ids: Vec::new(),
+    };
+    let mut seen = Vec::new();
+    let whole = engine
+        .generate_resumed(&prompt, &[], &[], &settings, |p| {
+            if let Phase::Prompt { done, total } = p.phase {
+                assert_eq!(total, prompt.len());
+                assert_eq!(p.session.len(), done, "the state holds what was read");
+                seen.push(done);
+            }
+            Flow::Continue
+        })
+        .unwrap();
+    let n = prompt.len();
+    let c = PROMPT_CHUNK;
+    assert_eq!(seen, vec![0, c, 2 * c, 3 * c, n], "one report per pass");
+    assert_eq!(whole.tokens.len(), 4);
+
+    // Stopping after the second pass ends the generation there.
+    let stopped = engine
+        .generate_resumed(&prompt, &[], &[], &settings, |p| match p.phase {
+            Phase::Prompt { done, .. } if done >= 2 * PROMPT_CHUNK => Flow::Stop,
+            Phase::Prompt { .. } => Flow::Continue,
+            Phase::Answer => panic!("no token after a stop in the prompt"),
+        })
+        .unwrap();
+    assert_eq!(stopped.finish_reason, FinishReason::Cancelled);
+    assert!(stopped.tokens.is_empty());
+}

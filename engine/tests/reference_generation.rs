@@ -4,7 +4,7 @@ mod common;
 
 use common::{expected, fixtures, name};
 use longhaul_engine::Engine;
-use longhaul_engine::generate::{FinishReason, Flow, GenerationSettings, SamplingParams};
+use longhaul_engine::generate::{FinishReason, Flow, GenerationSettings, Phase, SamplingParams};
 
 const GREEDY_TOKENS: usize = 32;
 
@@ -139,6 +139,9 @@ fn cut_and_resume(
     let mut saved_upto = 0;
     let first = engine
         .generate_resumed(prompt, &[], &[], settings, |p| {
+            if p.phase != Phase::Answer {
+                return Flow::Continue;
+            }
             before.push_str(p.text);
             // Save what the cache holds at the halfway point and at the cut.
             if with_state && (p.tokens_so_far == cut / 2 || p.tokens_so_far >= cut) {

@@ -12,7 +12,7 @@
 use serde::Serialize;
 use tokio::sync::broadcast;
 
-use crate::queue::JobState;
+use crate::queue::{JobState, JobStats};
 
 /// Events kept for a slow subscriber before it starts losing them.
 pub const EVENT_BACKLOG: usize = 4096;
@@ -21,7 +21,7 @@ pub const EVENT_BACKLOG: usize = 4096;
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
     /// A job produced text or changed state.
-    Job(JobProgress),
+    Job(Box<JobProgress>),
     /// The queue changed (a job was added, moved or ended): lists are stale.
     Queue(QueueOrder),
     /// The engine's counters, once a second while a model is loaded.
@@ -47,6 +47,21 @@ pub struct JobProgress {
     /// To reach `max_tokens` at the current rate (an upper bound: the model may stop sooner).
     pub eta_seconds: Option<f64>,
     pub queue_position: Option<usize>,
+    /// While the prompt is read (before the first token), how far.
+    pub prompt: Option<PromptProgress>,
+    /// The job's figures so far, while it runs.
+    pub stats: Option<JobStats>,
+}
+
+/// How far a running job has read its prompt (and, resuming, the answer it
+/// had: the model reads it again unless its state was saved).
+#[derive(Debug, Clone, Serialize)]
+pub struct PromptProgress {
+    pub done: usize,
+    pub total: usize,
+    /// Positions per second since reading began.
+    pub per_second: Option<f64>,
+    pub eta_seconds: Option<f64>,
 }
 
 /// The jobs waiting to run, in the order they will run (place 1 first).

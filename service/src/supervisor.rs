@@ -78,6 +78,26 @@ fn log_path(data_dir: &Path) -> PathBuf {
     data_dir.join("service.log")
 }
 
+/// Where the running job `j` is: reading its prompt or writing its answer,
+/// with the share done.
+fn running_line(j: &Value, rate: Option<f64>) -> String {
+    let percent = |done: u64, total: u64| 100 * done / total.max(1);
+    let prompt = &j["live"]["prompt"];
+    if let (Some(done), Some(total)) = (prompt["done"].as_u64(), prompt["total"].as_u64()) {
+        return format!(
+            "reading the prompt, {done} of {total} tokens ({}%)",
+            percent(done, total)
+        );
+    }
+    let max = j["request"]["settings"]["max_tokens"].as_u64().unwrap_or(0);
+    let tokens = j["tokens"].as_u64().unwrap_or(0);
+    let speed = rate.map_or(String::new(), |r| format!(", {r:.2} tok/s"));
+    format!(
+        "{tokens} of {max} tokens ({}%){speed}",
+        percent(tokens, max)
+    )
+}
+
 impl Supervisor {
     /// Attaches to a service answering on the port, or starts one.
     pub fn start(config: SupervisorConfig) -> Result<Self, SupervisorError> {
@@ -265,19 +285,17 @@ impl Supervisor {
                 format!("Longhaul: queue paused, {waiting} waiting"),
             )
         } else if let Some(j) = running {
-            let max = j["request"]["settings"]["max_tokens"].as_u64().unwrap_or(0);
-            let speed = rate.map_or(String::new(), |r| format!(", {r:.2} tok/s"));
+            let waiting = if waiting > 0 {
+                format!(", {waiting} waiting")
+            } else {
+                String::new()
+            };
             (
                 TrayState::Running,
                 format!(
-                    "Longhaul: {} — {} of {max} tokens{speed}{}",
+                    "Longhaul: {} — {}{waiting}",
                     j["title"].as_str().unwrap_or(""),
-                    j["tokens"],
-                    if waiting > 0 {
-                        format!(", {waiting} waiting")
-                    } else {
-                        String::new()
-                    }
+                    running_line(j, rate)
                 ),
             )
         } else if jobs.iter().any(|j| {

@@ -753,3 +753,64 @@ fn jobs_that_cannot_fit_the_context_are_refused_with_the_numbers() {
         "{job}"
     );
 }
+
+#[test]
+fn a_long_prompt_shows_its_reading_and_cancel_stops_it_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    // Each forward pass waits 400 ms: a prompt of 3 passes reads for ~1.6 s.
+    let s = Service::start_env(
+        &dir.path().join("data"),
+        &[],
+        &[("LONGHAUL_FAULTS", "token-delay-ms=400")],
+    );
+    s.add_model("synth", &support::synth_model(dir.path()));
+    let events = support::follow_events(&s);
+    let prompt = "x".repeat(2 * longhaul_engine::PROMPT_CHUNK + 100);
+    let body = json!({ "model": "synth", "prompt": prompt, "max_tokens": 8 });
+    let id = s.post("/api/jobs", body.clone())["id"].as_i64().unwrap();
+    let next = s.post(
+        "/api/jobs",
+        json!({ "model": "synth", "prompt": "hi", "max_tokens": 1 }),
+    )["id"]
+        .as_i64()
+        .unwrap();
+
+    // Progress while the prompt is read, in events and in the job itself.
+    let reading = loop {
+        let (name, e) = events.recv_timeout(WAIT).expect("a progress event");
+        if name == "job" && e["id"] == id && e["prompt"]["done"].as_u64().unwrap_or(0) > 0 {
+            break e;
+        }
+    };
+    let total = reading["prompt"]["total"].as_u64().unwrap();
+    assert!(total >= prompt.len() as u64, "{reading}");
+    assert!(
+        reading["prompt"]["done"].as_u64().unwrap() < total,
+        "{reading}"
+    );
+    assert_eq!(reading["tokens"], 0);
+    let shown = s.get(&format!("/api/jobs/{id}"));
+    assert_eq!(shown["state"], "running");
+    assert!(
+        shown["live"]["prompt"]["done"].as_u64().unwrap() > 0,
+        "the job says how far its prompt is read: {shown}"
+    );
+    assert!(
+        shown["stats"]["wall_seconds"].as_f64().unwrap() > 0.0,
+        "{shown}"
+    );
+
+    // Cancel lands between two passes, not after the whole prompt.
+    let asked = std::time::Instant::now();
+    s.post(&format!("/api/jobs/{id}/cancel"), json!({}));
+    let started_next = s.wait_state(next, "running", WAIT);
+    let waited = asked.elapsed();
+    assert!(
+        waited < Duration::from_millis(1500),
+        "the runner was held {waited:?} after the cancel: {started_next}"
+    );
+    let cancelled = s.get(&format!("/api/jobs/{id}"));
+    assert_eq!(cancelled["state"], "cancelled");
+    assert_eq!(cancelled["tokens"], 0);
+    assert!(cancelled["live"].is_null(), "{cancelled}");
+}

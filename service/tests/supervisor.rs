@@ -59,8 +59,11 @@ fn the_supervisor_starts_restarts_and_reports_the_service() {
         .post("/api/jobs", &json!({ "model": "m", "prompt": "Audit", "max_tokens": 2500, "title": "nightly audit" }))
         .unwrap();
     let id = job["id"].as_i64().unwrap();
-    wait_for("the job to run", || {
-        sup.status().state == TrayState::Running
+    // Past reading the prompt: then the tray counts tokens.
+    wait_for("the job to write", || {
+        client
+            .get::<serde_json::Value>(&format!("/api/jobs/{id}"))
+            .is_ok_and(|j| j["tokens"].as_u64() > Some(0))
     });
     let status = sup.status();
     assert!(

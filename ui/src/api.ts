@@ -115,6 +115,8 @@ export interface Job {
   created_ms: number;
   started_ms: number | null;
   finished_ms: number | null;
+  /** The running job's latest progress (absent or null for the others). */
+  live?: JobProgress | null;
 }
 
 export interface Model {
@@ -166,6 +168,17 @@ export interface JobProgress {
   tokens_per_second: number | null;
   eta_seconds: number | null;
   queue_position: number | null;
+  /** While the prompt is read (before the first token), how far. */
+  prompt: PromptProgress | null;
+  /** The job's figures so far, while it runs. */
+  stats: JobStats | null;
+}
+
+export interface PromptProgress {
+  done: number;
+  total: number;
+  per_second: number | null;
+  eta_seconds: number | null;
 }
 
 export interface Drive {

@@ -37,3 +37,16 @@ export function when(ms: number | null | undefined): string {
 export function esc(s: string): string {
   return s.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c] ?? c);
 }
+
+/** What a running job is doing, in one line: reading its prompt or answering. */
+export function phaseLine(p: { prompt: { done: number; total: number; per_second: number | null; eta_seconds: number | null } | null; tokens_per_second: number | null; eta_seconds: number | null } | null | undefined): string {
+  if (!p) return "";
+  if (p.prompt) {
+    const r = p.prompt.per_second;
+    const speed = r != null ? ` · ${r.toFixed(r < 10 ? 2 : 0)} tok/s` : "";
+    const left = p.prompt.eta_seconds != null ? ` · ${duration(p.prompt.eta_seconds)} left` : "";
+    return `Reading the prompt: ${p.prompt.done} / ${p.prompt.total} tokens${speed}${left}`;
+  }
+  const speed = rate(p.tokens_per_second);
+  return p.eta_seconds != null ? `${speed} · ETA ≤ ${duration(p.eta_seconds)}` : p.tokens_per_second != null ? speed : "";
+}

@@ -97,6 +97,17 @@ store.onStatus(() => {
   conn.textContent = store.connected ? "connected" : "reconnecting…";
   conn.classList.toggle("down", !store.connected);
 });
+// The running task's progress in the page (and desktop window) title.
+store.onJob((p) => {
+  if (p.state !== "running") {
+    document.title = "Longhaul";
+    return;
+  }
+  const share = (done: number, total: number) => Math.min(100, Math.floor((100 * done) / Math.max(1, total)));
+  document.title = p.prompt
+    ? `Reading prompt ${share(p.prompt.done, p.prompt.total)}% · Longhaul`
+    : `${share(p.tokens, p.max_tokens)}% · Longhaul`;
+});
 const announced = new Set<number>();
 store.onJob(async (p) => {
   if (!["done", "failed"].includes(p.state) || p.offset === null || announced.has(p.id)) return;

@@ -39,11 +39,14 @@ class Store {
   start(): void {
     events({
       job: (p) => {
-        this.progress.set(p.id, { ...this.progress.get(p.id), ...p });
+        // Only a running job has live figures; the saved job says the rest.
+        if (p.state === "running") this.progress.set(p.id, p);
+        else this.progress.delete(p.id);
         this.jobListeners.forEach((l) => l(p));
       },
       queue: () => this.queueListeners.forEach((l) => l()),
       resync: () => {
+        this.progress.clear();
         this.queueListeners.forEach((l) => l());
         this.resyncListeners.forEach((l) => l());
       },

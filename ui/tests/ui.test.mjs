@@ -258,3 +258,50 @@ test("cancel asks once more: Keep it leaves the task alone, End task ends it", a
   await page.click(`${row} button[data-act=cancel-confirm]`);
   await page.waitForSelector(`${row}[data-state=cancelled]`, { timeout: WAIT });
 });
+
+test("a long prompt shows its reading in Tasks, Results, the Dashboard and the title within 2 s", async () => {
+  // A second service whose forward passes each wait 1.5 s: the prompt reads for seconds.
+  const data = join(root, "slow-data");
+  const slow = spawn(bin, ["serve", "--data-dir", data, "--port", "0", "--ui-dir", join(uiDir, "dist")], {
+    stdio: "ignore",
+    env: { ...process.env, LONGHAUL_FAULTS: "token-delay-ms=1500" },
+  });
+  const ctx = await browser.newContext({ viewport: { width: 1360, height: 900 } });
+  try {
+    const slowUrl = await waitFor(() => existsSync(join(data, "endpoint")) && readFileSync(join(data, "endpoint"), "utf8").trim(), "the slow service");
+    const slowToken = readFileSync(join(data, "token"), "utf8").trim();
+    const call = async (method, path, body) =>
+      (await fetch(slowUrl + path, { method, headers: { Authorization: `Bearer ${slowToken}`, "Content-Type": "application/json" }, body: body && JSON.stringify(body) })).json();
+    await call("POST", "/api/models", { name: "demo", path: packPath });
+    const p = await ctx.newPage();
+    await p.goto(`${slowUrl}/#token=${slowToken}`);
+    await p.waitForSelector("#new-task");
+    // Over one pass of 512, within the demo model's 1,024-token context.
+    const prompt = "Audit the storage engine, module by module. ".repeat(64);
+    const job = await call("POST", "/api/jobs", { model: "demo", title: "Long prompt", prompt, max_tokens: 4 });
+    assert.ok(job.id, JSON.stringify(job));
+    const row = "#jobs li.job:has(a:text('Long prompt'))";
+    const started = Date.now();
+    await p.waitForSelector(`${row} .job-meta:has-text('Reading the prompt')`, { timeout: 5_000 });
+    await p.waitForSelector(`${row} .progress.prompt`);
+    assert.ok(Date.now() - started < 2_000 + 1_500, "the reading shows at the first report");
+    assert.match(await p.title(), /^Reading prompt \d+% · Longhaul$/);
+    await p.screenshot({ path: join(artifacts, "tasks-prompt.png"), fullPage: true });
+    await p.goto(`${slowUrl}/#/job/${job.id}`);
+    await p.waitForSelector(".view-job .phase:has-text('Reading the prompt')", { timeout: 5_000 });
+    assert.match(await p.textContent("#output"), /Reading the prompt/);
+    assert.doesNotMatch(await p.textContent(".job-stats"), /Wall time\s*–/, "a running job's figures are shown, not dashes");
+    await p.screenshot({ path: join(artifacts, "results-prompt.png"), fullPage: true });
+    await p.click("nav a[data-view=dashboard]");
+    await p.waitForSelector("#summary .phase:has-text('Reading the prompt')", { timeout: 5_000 });
+    await p.screenshot({ path: join(artifacts, "dashboard-prompt.png"), fullPage: true });
+    // Cancel while the prompt is read: the job ends within a pass.
+    await call("POST", `/api/jobs/${job.id}/cancel`);
+    await waitFor(async () => (await call("GET", "/api/queue")).running === null, "the runner to let go", 5_000);
+  } finally {
+    await ctx.close();
+    const exited = new Promise((r) => slow.once("exit", r));
+    slow.kill("SIGTERM");
+    await Promise.race([exited, sleep(15_000)]);
+  }
+});

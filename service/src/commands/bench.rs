@@ -34,6 +34,9 @@ pub struct BenchArgs {
     memory: super::MemoryArgs,
     #[arg(long, default_value_t = 32)]
     prompt_tokens: usize,
+    /// Prompt positions per forward pass (jobs use the engine's default).
+    #[arg(long, default_value_t = longhaul_engine::PROMPT_CHUNK)]
+    prompt_chunk: usize,
     /// Tokens to decode.
     #[arg(long = "gen", default_value_t = 32)]
     gen_tokens: usize,
@@ -234,7 +237,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut session = engine.session();
     let before_prefill = Mark::take(&stats());
     let started = Instant::now();
-    let mut logits = session.feed(&prompt)?;
+    let mut logits = Vec::new();
+    for chunk in prompt.chunks(args.prompt_chunk.max(1)) {
+        logits = session.feed(chunk)?;
+    }
     let prefill_seconds = started.elapsed().as_secs_f64();
     let mut token = argmax(&logits);
     let ttft = started.elapsed().as_secs_f64();
@@ -333,6 +339,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "expert_bytes_in_ram": end.resident_expert_bytes,
         "load_seconds": load_seconds,
         "prompt_tokens": prompt.len(),
+        "prompt_chunk": args.prompt_chunk,
         "prefill_tok_s": prompt.len() as f64 / prefill_seconds.max(1e-9),
         "time_to_first_token_s": ttft,
         "prefill_stall_seconds": prefill.stall,

@@ -314,6 +314,29 @@ fn waiting_message(job: &Value) -> String {
     }
 }
 
+/// What a running job is doing: reading its prompt (how far, how fast,
+/// how long still) or answering (speed and time to `max_tokens`).
+fn progress_message(progress: &Value) -> String {
+    let prompt = &progress["prompt"];
+    if let (Some(done), Some(total)) = (prompt["done"].as_u64(), prompt["total"].as_u64()) {
+        let mut text = format!("reading the prompt: {done}/{total}");
+        if let Some(r) = prompt["per_second"].as_f64() {
+            text += &format!(", {r:.0} tok/s");
+        }
+        if let Some(e) = prompt["eta_seconds"].as_f64() {
+            text += &format!(", {} left", short_duration(e));
+        }
+        return text;
+    }
+    let rate = progress["tokens_per_second"].as_f64();
+    let eta = progress["eta_seconds"].as_f64();
+    match (rate, eta) {
+        (Some(r), Some(e)) => format!("{r:.2} tok/s, ETA {}", short_duration(e)),
+        (Some(r), None) => format!("{r:.2} tok/s"),
+        _ => progress["state"].as_str().unwrap_or("").to_string(),
+    }
+}
+
 pub fn watch(client: &Client, id: i64, echo: Echo) -> anyhow::Result<Value> {
     let out = |text: &str| {
         if echo == Echo::Text {
@@ -333,7 +356,10 @@ pub fn watch(client: &Client, id: i64, echo: Echo) -> anyhow::Result<Value> {
     let mut shown = job["output"].as_str().unwrap_or("").to_string();
     bar.suspend(|| out(&shown));
     bar.set_position(job["tokens"].as_u64().unwrap_or(0));
-    bar.set_message(waiting_message(&job));
+    bar.set_message(match job.get("live").filter(|l| !l.is_null()) {
+        Some(live) => progress_message(live),
+        None => waiting_message(&job),
+    });
     let ended = ["done", "failed", "cancelled"].contains(&job["state"].as_str().unwrap_or(""));
     if !ended {
         client.events(|name, data| {
@@ -361,13 +387,7 @@ pub fn watch(client: &Client, id: i64, echo: Echo) -> anyhow::Result<Value> {
                 }
             }
             bar.set_position(data["tokens"].as_u64().unwrap_or(0));
-            let rate = data["tokens_per_second"].as_f64();
-            let eta = data["eta_seconds"].as_f64();
-            bar.set_message(match (rate, eta) {
-                (Some(r), Some(e)) => format!("{r:.2} tok/s, ETA {}", short_duration(e)),
-                (Some(r), None) => format!("{r:.2} tok/s"),
-                _ => data["state"].as_str().unwrap_or("").to_string(),
-            });
+            bar.set_message(progress_message(data));
             let state = data["state"].as_str().unwrap_or("");
             !["done", "failed", "cancelled", "paused"].contains(&state)
         })?;

@@ -7,12 +7,13 @@ use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::error::{ApiError, ApiResult};
 use super::{ApiJson, ApiPath, AppState};
 use crate::attach;
+use crate::events::JobProgress;
 use crate::queue::{
     Input, JobState, JobView, Message, ModelEntry, ModelKind, NewJob, Request, Settings,
 };
@@ -229,16 +230,44 @@ pub async fn submit(
     Ok((StatusCode::CREATED, Json(view)))
 }
 
+/// A job as the API shows it: as saved, and while it runs with its live
+/// figures (tokens not yet committed, speed, bytes read, prompt reading), so
+/// every view of a running job says the same.
+#[derive(Debug, Serialize)]
+pub struct ShownJob {
+    #[serde(flatten)]
+    job: JobView,
+    /// The running job's latest progress; absent for the others.
+    live: Option<JobProgress>,
+}
+
+fn shown(app: &AppState, mut job: JobView) -> ShownJob {
+    let live = app
+        .runner
+        .live
+        .lock()
+        .ok()
+        .and_then(|l| l.clone())
+        .filter(|l| l.id == job.id && job.state == JobState::Running);
+    if let Some(l) = &live {
+        job.tokens = l.tokens;
+        job.stats = l.stats.clone();
+    }
+    ShownJob { job, live }
+}
+
 pub async fn list(State(app): State<AppState>) -> ApiResult<Json<Value>> {
     let jobs = app.blocking(|q| q.list()).await?;
+    let jobs: Vec<ShownJob> = jobs.into_iter().map(|j| shown(&app, j)).collect();
     Ok(Json(json!({ "jobs": jobs })))
 }
 
 pub async fn show(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<i64>,
-) -> ApiResult<Json<JobView>> {
-    Ok(Json(app.blocking(move |q| q.job(id)).await?))
+) -> ApiResult<Json<ShownJob>> {
+    let job = app.blocking(move |q| q.job(id)).await?;
+    Ok(Json(shown(&app, job)))
 }
 
 /// `POST /api/jobs/{id}/{action}` with action cancel, pause or resume.

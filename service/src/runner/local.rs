@@ -10,7 +10,7 @@ use longhaul_engine::memory::MemorySettings;
 use longhaul_engine::{Engine, EngineError, EngineOptions};
 use longhaul_engine::{FinishReason, GenerationSettings, SamplingParams};
 
-use super::{Outcome, Produced, RunError, Sink};
+use super::{Outcome, Produced, RunError, Sink, Usage};
 use crate::queue::{DriveBytes, Input, Runnable};
 
 /// The loaded model, shared with the metrics sampler.
@@ -109,18 +109,21 @@ impl LocalBackend {
             eos_token_ids: engine.eos_token_ids().to_vec(),
         };
         let before = counters(&engine);
+        let usage = || counters(&engine).since(&before);
         let generation = engine
             .generate_resumed(&prompt, &job.committed_tokens, saved, &settings, |piece| {
                 let tokens: Vec<u32> = piece.token.into_iter().collect();
                 sink(Produced {
+                    phase: piece.phase,
                     tokens: &tokens,
                     count: tokens.len(),
                     text: piece.text,
                     state: Some((piece.session, piece.prompt_len)),
+                    usage: Some(&usage),
                 })
             })
             .map_err(engine_error)?;
-        let after = counters(&engine);
+        let usage = usage();
         if let Err(e) = engine.save_heat() {
             tracing::warn!("cannot save the heat histogram: {e}");
         }
@@ -132,25 +135,7 @@ impl LocalBackend {
                 FinishReason::Cancelled => "stopped",
             },
             prompt_tokens: prompt.len(),
-            expert_bytes_read: after.bytes.saturating_sub(before.bytes),
-            drive_bytes: after
-                .drives
-                .iter()
-                .map(|(path, bytes)| DriveBytes {
-                    path: path.clone(),
-                    bytes: bytes.saturating_sub(
-                        before
-                            .drives
-                            .iter()
-                            .find(|(p, _)| p == path)
-                            .map_or(0, |(_, b)| *b),
-                    ),
-                })
-                .collect(),
-            lookups: (
-                after.hits.saturating_sub(before.hits),
-                after.misses.saturating_sub(before.misses),
-            ),
+            usage,
             reported_tokens: None,
             state_refused: generation.stats.restore_refused.clone(),
         })
@@ -164,6 +149,34 @@ struct Counters {
     drives: Vec<(PathBuf, u64)>,
     hits: u64,
     misses: u64,
+}
+
+impl Counters {
+    /// What was read and looked up between `before` and these counters.
+    fn since(&self, before: &Counters) -> Usage {
+        let drive_bytes = self
+            .drives
+            .iter()
+            .map(|(path, bytes)| DriveBytes {
+                path: path.clone(),
+                bytes: bytes.saturating_sub(
+                    before
+                        .drives
+                        .iter()
+                        .find(|(p, _)| p == path)
+                        .map_or(0, |(_, b)| *b),
+                ),
+            })
+            .collect();
+        Usage {
+            expert_bytes_read: self.bytes.saturating_sub(before.bytes),
+            drive_bytes,
+            lookups: (
+                self.hits.saturating_sub(before.hits),
+                self.misses.saturating_sub(before.misses),
+            ),
+        }
+    }
 }
 
 fn counters(engine: &Engine) -> Counters {

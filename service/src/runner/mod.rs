@@ -13,20 +13,21 @@ pub mod rate;
 pub mod remote;
 pub mod state_file;
 mod storage;
+mod tally;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use longhaul_engine::Flow;
 use longhaul_engine::StreamingOptions;
 use longhaul_engine::memory::MemorySettings;
+use longhaul_engine::{Flow, Phase};
 
 use crate::events::{Event, Events, JobProgress, QueueOrder};
-use crate::queue::{JobState, ModelKind, Queue, QueueError, Runnable};
+use crate::queue::{DriveBytes, JobState, ModelKind, Queue, QueueError, Runnable};
 use local::{LoadedModel, LocalBackend};
-use rate::RollingRate;
+use tally::Tally;
 
 /// Commit at least every this many tokens.
 pub const COMMIT_TOKENS: usize = 16;
@@ -63,14 +64,28 @@ impl Default for RunnerConfig {
 
 /// Output a backend produced: token ids when the model runs here (kept for
 /// resuming), or only a count when a remote server produced it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct Produced<'a> {
+    /// Reading the prompt (no output yet) or answering.
+    pub phase: Phase,
     pub tokens: &'a [u32],
     pub count: usize,
     pub text: &'a str,
     /// The model's session and the prompt's length in it, when the model
     /// runs here.
     pub state: Option<(&'a longhaul_engine::Session<'a>, usize)>,
+    /// What the run has read so far, when the model runs here.
+    pub usage: Option<&'a dyn Fn() -> Usage>,
+}
+
+/// Expert reads and cache lookups of one run.
+#[derive(Debug, Clone, Default)]
+pub struct Usage {
+    pub expert_bytes_read: u64,
+    /// The same bytes, per drive folder.
+    pub drive_bytes: Vec<DriveBytes>,
+    /// Expert cache (hits, misses).
+    pub lookups: (u64, u64),
 }
 
 /// Where a backend sends its output; it returns whether to go on.
@@ -82,11 +97,7 @@ pub struct Outcome {
     /// `eos`, `stop`, `length`, or `stopped` (asked to stop).
     pub finish_reason: &'static str,
     pub prompt_tokens: usize,
-    pub expert_bytes_read: u64,
-    /// The same bytes, per drive folder.
-    pub drive_bytes: Vec<crate::queue::DriveBytes>,
-    /// Expert cache (hits, misses) during the run.
-    pub lookups: (u64, u64),
+    pub usage: Usage,
     /// Tokens the run produced, as a remote server reported them (its
     /// stream chunks need not be one token each).
     pub reported_tokens: Option<usize>,
@@ -230,6 +241,8 @@ pub struct Runner {
     pub loaded: Arc<LoadedModel>,
     /// Rolling decode rate of the running job, for the metrics stream.
     pub rate: Arc<Mutex<Option<f64>>>,
+    /// The running job's latest progress (without text).
+    pub live: Arc<Mutex<Option<JobProgress>>>,
     config: RunnerConfig,
 }
 
@@ -241,6 +254,7 @@ impl Runner {
             control: Arc::new(Control::default()),
             loaded: Arc::new(LoadedModel::default()),
             rate: Arc::new(Mutex::new(None)),
+            live: Arc::new(Mutex::new(None)),
             config,
         }
     }
@@ -297,29 +311,42 @@ impl Runner {
         self.events.publish(Event::Queue(QueueOrder { waiting }));
     }
 
+    /// Publishes where job `job` is; the running job's latest progress is
+    /// also kept for views fetched between events.
     fn publish_progress(
         &self,
         job: &Runnable,
         state: JobState,
-        tokens: usize,
+        tally: &Tally,
         offset: usize,
         delta: String,
     ) {
-        let rate = self.rate.lock().ok().and_then(|r| *r);
+        let rate = tally.rate();
         let max = job.request.settings.max_tokens;
-        self.events.publish(Event::Job(JobProgress {
+        let prompt = tally.prompt();
+        let running = state == JobState::Running;
+        let progress = JobProgress {
             id: job.id,
             state,
-            tokens,
+            tokens: tally.total,
             max_tokens: max,
             offset: Some(offset),
             delta,
-            tokens_per_second: rate,
+            tokens_per_second: rate.filter(|_| prompt.is_none()),
             eta_seconds: rate
-                .filter(|r| *r > 0.0)
-                .map(|r| max.saturating_sub(tokens) as f64 / r),
+                .filter(|r| *r > 0.0 && prompt.is_none())
+                .map(|r| max.saturating_sub(tally.total) as f64 / r),
             queue_position: None,
-        }));
+            prompt: prompt.filter(|_| running),
+            stats: running.then(|| tally.stats(job)),
+        };
+        if let Ok(mut live) = self.live.lock() {
+            *live = running.then(|| JobProgress {
+                delta: String::new(),
+                ..progress.clone()
+            });
+        }
+        self.events.publish(Event::Job(Box::new(progress)));
     }
 
     fn run_job(&self, job: Runnable) {
@@ -337,59 +364,57 @@ impl Runner {
         crash::set_running(None);
     }
 
-    fn run_started_job(&self, mut job: Runnable) {
+    /// A remote server cannot continue a chat answer from part of it: such
+    /// a job starts its answer again.
+    fn prepare_remote(&self, job: &mut Runnable) {
         let id = job.id;
         let remote = self
             .queue
             .model(&job.model)
             .is_ok_and(|m| matches!(m.kind, ModelKind::Remote { .. }));
-        if remote && job.committed_count > 0 {
-            if remote::can_continue(&job.request.input) {
-                let _ = self.queue.log(
-                    id,
-                    &format!(
-                        "continuing on the remote server from {} committed characters",
-                        job.committed_text.chars().count()
-                    ),
-                );
-            } else if self.queue.discard_output(id).is_ok() {
-                let _ = self.queue.log(
-                    id,
-                    "restarted: the remote server cannot continue a chat answer from part of it",
-                );
-                job.committed_tokens.clear();
-                job.committed_text.clear();
-                job.committed_count = 0;
-            }
+        if !remote || job.committed_count == 0 {
+            return;
         }
+        if remote::can_continue(&job.request.input) {
+            let _ = self.queue.log(
+                id,
+                &format!(
+                    "continuing on the remote server from {} committed characters",
+                    job.committed_text.chars().count()
+                ),
+            );
+        } else if self.queue.discard_output(id).is_ok() {
+            let _ = self.queue.log(
+                id,
+                "restarted: the remote server cannot continue a chat answer from part of it",
+            );
+            job.committed_tokens.clear();
+            job.committed_text.clear();
+            job.committed_count = 0;
+        }
+    }
+
+    fn run_started_job(&self, mut job: Runnable) {
+        let id = job.id;
+        self.prepare_remote(&mut job);
         self.control.with(|s| {
             s.running = Some(id);
             s.stop_running = false;
         });
         self.announce_queue();
+        let mut tally = Tally::new(&job);
         let mut shown = job.committed_text.len();
-        self.publish_progress(
-            &job,
-            JobState::Running,
-            job.committed_count,
-            shown,
-            String::new(),
-        );
+        self.publish_progress(&job, JobState::Running, &tally, shown, String::new());
 
-        let started = Instant::now();
-        let mut first_token: Option<f64> = None;
         let mut pending_tokens: Vec<u32> = Vec::new();
         let mut pending_text = String::new();
+        let mut pending_count = 0usize;
         let mut unsent = String::new();
         let mut last_commit = Instant::now();
         let mut last_event = Instant::now();
-        let mut total = job.committed_count;
-        let mut new_tokens = 0usize;
-        let mut rate = RollingRate::default();
         let mut lost_job = false;
         let mut storage_fault: Option<QueueError> = None;
 
-        let mut pending_count = 0usize;
         let state_file = self
             .config
             .state_dir
@@ -412,22 +437,37 @@ impl Runner {
         }
         let mut sink = |p: Produced<'_>| -> Flow {
             crate::faults::on_output();
-            let (tokens, text) = (p.tokens, p.text);
             let now = Instant::now();
-            if p.count > 0 {
-                first_token.get_or_insert(started.elapsed().as_secs_f64());
-                rate.tick(now);
-                if let Ok(mut r) = self.rate.lock() {
-                    *r = rate.per_second();
-                }
+            if let Some((_, prompt_len)) = p.state {
+                tally.set_prompt_len(prompt_len);
             }
-            total += p.count;
-            new_tokens += p.count;
+            let commit_due = pending_count >= self.config.commit_tokens
+                || now.duration_since(last_commit) >= self.config.commit_interval;
+            let event_due = now.duration_since(last_event) >= PROGRESS_INTERVAL;
+            if let Some(usage) = p.usage.filter(|_| commit_due || event_due) {
+                tally.set_usage(usage());
+            }
+            if let Phase::Prompt { done, total } = p.phase {
+                tally.prompt_read(done, total, now);
+                if event_due || done == total {
+                    self.publish_progress(&job, JobState::Running, &tally, shown, String::new());
+                    last_event = now;
+                }
+                return if self.control.should_stop() {
+                    Flow::Stop
+                } else {
+                    Flow::Continue
+                };
+            }
+            tally.add_tokens(p.count, now);
+            if let Ok(mut r) = self.rate.lock() {
+                *r = tally.rate();
+            }
             pending_count += p.count;
-            pending_tokens.extend_from_slice(tokens);
-            pending_text.push_str(text);
-            unsent.push_str(text);
-            shown += text.len();
+            pending_tokens.extend_from_slice(p.tokens);
+            pending_text.push_str(p.text);
+            unsent.push_str(p.text);
+            shown += p.text.len();
             if pending_count >= self.config.commit_tokens
                 || now.duration_since(last_commit) >= self.config.commit_interval
             {
@@ -448,10 +488,7 @@ impl Runner {
                     }
                 }
                 // The run so far, so a crash forgets no resume or wall time.
-                let mut so_far = job.stats.clone().unwrap_or_default();
-                so_far.resumes += u32::from(job.resumed);
-                so_far.wall_seconds += started.elapsed().as_secs_f64();
-                so_far.generated_tokens = total;
+                let so_far = tally.stats(&job);
                 if let Err(e) = self.queue.commit_with_stats(
                     id,
                     &pending_tokens,
@@ -475,15 +512,10 @@ impl Runner {
                 pending_count = 0;
                 last_commit = now;
             }
-            if now.duration_since(last_event) >= PROGRESS_INTERVAL {
+            if event_due {
                 let offset = shown - unsent.len();
-                self.publish_progress(
-                    &job,
-                    JobState::Running,
-                    total,
-                    offset,
-                    std::mem::take(&mut unsent),
-                );
+                let delta = std::mem::take(&mut unsent);
+                self.publish_progress(&job, JobState::Running, &tally, offset, delta);
                 last_event = now;
             }
             if self.control.should_stop() {
@@ -492,62 +524,15 @@ impl Runner {
             Flow::Continue
         };
 
-        // A panic in a backend fails its job instead of ending the runner
-        // thread, which would leave every later job waiting forever.
-        let run = std::panic::AssertUnwindSafe(|| match self.queue.model(&job.model) {
-            Err(e) => Err(RunError::Failed(e.to_string())),
-            Ok(entry) => match &entry.kind {
-                ModelKind::Local { path } => LocalBackend {
-                    streaming: self.config.streaming.clone(),
-                    memory: self.config.memory,
-                    loaded: Arc::clone(&self.loaded),
-                }
-                .run(&PathBuf::from(path), &job, &saved, &mut sink),
-                ModelKind::Remote {
-                    url,
-                    api_key,
-                    remote_model,
-                } => remote::RemoteBackend {
-                    url,
-                    api_key: api_key.as_deref(),
-                    remote_model,
-                }
-                .run(&job, &mut sink),
-            },
-        });
-        let result = std::panic::catch_unwind(run).unwrap_or_else(|panic| {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown".into());
-            Err(RunError::Failed(format!(
-                "internal error ({what}); the job was stopped so the queue can go on"
-            )))
-        });
+        let result = self.run_backend(&job, &saved, &mut sink);
         if let Ok(mut r) = self.rate.lock() {
             *r = None;
         }
-        let wall = started.elapsed().as_secs_f64();
-        let mut stats = job.stats.clone().unwrap_or_default();
-        stats.resumes += u32::from(job.resumed);
-        stats.generated_tokens = total;
-        stats.wall_seconds += wall;
-        if stats.time_to_first_token_s.is_none() {
-            stats.time_to_first_token_s = first_token;
-        }
-        let decode_seconds = first_token.map_or(0.0, |f| wall - f);
-        if new_tokens > 1 && decode_seconds > 0.0 {
-            stats.tokens_per_second = (new_tokens - 1) as f64 / decode_seconds;
-        }
         if let Ok(o) = &result {
-            stats.prompt_tokens = o.prompt_tokens - job.committed_tokens.len().min(o.prompt_tokens);
-            stats.expert_bytes_read += o.expert_bytes_read;
-            stats.add_drive_bytes(&o.drive_bytes);
-            let (hits, misses) = o.lookups;
-            if hits + misses > 0 {
-                stats.cache_hit_rate = Some(hits as f64 / (hits + misses) as f64);
-            }
+            // Only a remote run has not said: its server counts the
+            // committed text it was asked to continue as prompt.
+            tally.default_prompt_len(o.prompt_tokens.saturating_sub(job.committed_count));
+            tally.set_usage(o.usage.clone());
             if let Some(reason) = &o.state_refused {
                 let _ = self.queue.log(
                     id,
@@ -557,6 +542,7 @@ impl Runner {
                 );
             }
         }
+        let mut stats = tally.stats(&job);
 
         let end_state = match (result, storage_fault) {
             (_, Some(fault)) => {
@@ -566,7 +552,7 @@ impl Runner {
             (Ok(outcome), None) if outcome.finish_reason != "stopped" && !lost_job => {
                 if let Some(reported) = outcome.reported_tokens {
                     // Trust the server's count over the chunks counted so far.
-                    let committed = new_tokens - pending_count;
+                    let committed = tally.new_tokens - pending_count;
                     pending_count = reported.saturating_sub(committed);
                     stats.generated_tokens = job.committed_count + committed + pending_count;
                 }
@@ -638,11 +624,56 @@ impl Runner {
             s.running = None;
             s.stop_running = false;
         });
-        // The last event carries no text: `offset` is the committed output's
-        // length, and a watcher that holds a different length re-reads the job.
-        let committed = self.queue.committed(id).map_or(0, |(_, t)| t.len());
-        self.publish_progress(&job, end_state, total, committed, String::new());
+        // The last event carries no text and the committed output: `offset`
+        // is its length (a watcher holding another length re-reads the
+        // job), and `tokens` what was kept, not what a pause threw away.
+        let (committed_tokens, committed_len) = self.queue.job(id).map_or((tally.total, 0), |v| {
+            (v.tokens, v.output.map_or(0, |t| t.len()))
+        });
+        tally.total = committed_tokens;
+        self.publish_progress(&job, end_state, &tally, committed_len, String::new());
         self.announce_queue();
+    }
+
+    /// Runs the job on its backend; a panic there fails the job instead of
+    /// ending the runner thread, which would leave every later job waiting.
+    fn run_backend(
+        &self,
+        job: &Runnable,
+        saved: &[Vec<u8>],
+        sink: &mut Sink<'_>,
+    ) -> Result<Outcome, RunError> {
+        let run = std::panic::AssertUnwindSafe(|| match self.queue.model(&job.model) {
+            Err(e) => Err(RunError::Failed(e.to_string())),
+            Ok(entry) => match &entry.kind {
+                ModelKind::Local { path } => LocalBackend {
+                    streaming: self.config.streaming.clone(),
+                    memory: self.config.memory,
+                    loaded: Arc::clone(&self.loaded),
+                }
+                .run(&PathBuf::from(path), job, saved, sink),
+                ModelKind::Remote {
+                    url,
+                    api_key,
+                    remote_model,
+                } => remote::RemoteBackend {
+                    url,
+                    api_key: api_key.as_deref(),
+                    remote_model,
+                }
+                .run(job, sink),
+            },
+        });
+        std::panic::catch_unwind(run).unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown".into());
+            Err(RunError::Failed(format!(
+                "internal error ({what}); the job was stopped so the queue can go on"
+            )))
+        })
     }
 
     fn state_of(&self, id: i64) -> JobState {

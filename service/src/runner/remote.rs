@@ -8,10 +8,10 @@
 use std::io::BufRead;
 use std::time::Duration;
 
-use longhaul_engine::Flow;
+use longhaul_engine::{Flow, Phase};
 use serde_json::{Value, json};
 
-use super::{Outcome, Produced, RunError, Sink};
+use super::{Outcome, Produced, RunError, Sink, Usage};
 use crate::queue::{Input, Runnable};
 
 /// How long connecting and waiting for the response headers may take.
@@ -146,19 +146,19 @@ impl RemoteBackend<'_> {
             }
             // Servers stream about one token per chunk.
             let flow = sink(Produced {
+                phase: Phase::Answer,
                 tokens: &[],
                 count: 1,
                 text,
                 state: None,
+                usage: None,
             });
             if flow == Flow::Stop {
                 self.cancel_remote(remote_id.as_deref());
                 return Ok(Outcome {
                     finish_reason: "stopped",
                     prompt_tokens: 0,
-                    expert_bytes_read: 0,
-                    drive_bytes: Vec::new(),
-                    lookups: (0, 0),
+                    usage: Usage::default(),
                     reported_tokens: None,
                     state_refused: None,
                 });
@@ -167,9 +167,7 @@ impl RemoteBackend<'_> {
         Ok(Outcome {
             finish_reason: finish,
             prompt_tokens,
-            expert_bytes_read: 0,
-            drive_bytes: Vec::new(),
-            lookups: (0, 0),
+            usage: Usage::default(),
             reported_tokens: reported,
             state_refused: None,
         })

@@ -6,7 +6,7 @@ import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
 
 import { Drive, get, Model } from "../api";
-import { bytes, esc, percent, rate } from "../format";
+import { bytes, esc, percent, phaseLine, rate } from "../format";
 import { Sample, store } from "../store";
 
 const COLORS = ["#2f7dd1", "#d1792f", "#3aa35b", "#b04ac9", "#c9a227", "#c94a4a", "#4ac9c0", "#7a7a7a"];
@@ -58,6 +58,12 @@ function drawHeat(canvas: HTMLCanvasElement, h: Heat): void {
       ctx.fillRect(x * cell, y * cell, cell - (cell > 3 ? 1 : 0), cell - (cell > 3 ? 1 : 0));
     }),
   );
+}
+
+/** The running task's phase, after its number: reading the prompt shows how far. */
+function running(id: number): string {
+  const line = phaseLine(store.progress.get(id));
+  return line.startsWith("Reading") ? ` · <span class="phase">${esc(line)}</span>` : "";
 }
 
 export async function render(root: HTMLElement): Promise<() => void> {
@@ -165,7 +171,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
     const m = store.latest;
     summary.innerHTML = m
       ? `<span><b>${esc(names.get(m.model) ?? m.model.split("/").pop() ?? m.model)}</b> loaded</span>
-         <span>${m.running_job ? `running task <a href="#/job/${m.running_job}">${m.running_job}</a>` : "idle"}</span>
+         <span>${m.running_job ? `running task <a href="#/job/${m.running_job}">${m.running_job}</a>${running(m.running_job)}` : "no task running"}</span>
          <span>${rate(m.tokens_per_second)}</span>
          <span>hit rate ${percent(m.engine?.hit_rate)}</span>
          <span>prefetch recall ${percent(m.engine?.prefetch_recall)}</span>
@@ -175,6 +181,9 @@ export async function render(root: HTMLElement): Promise<() => void> {
   };
   update();
   const off = store.onMetrics(update);
+  const offJob = store.onJob((p) => {
+    if (p.prompt) update();
+  });
   void loadCeilings();
 
   // The heat map, per local model.
@@ -214,6 +223,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
   }, 10_000);
   return () => {
     off();
+    offJob();
     clearInterval(heatTimer);
     drivesChart?.destroy();
     busyChart?.destroy();

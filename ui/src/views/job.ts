@@ -6,19 +6,31 @@ import { marked } from "marked";
 
 import { get, Job, post, withToken } from "../api";
 import { stateBadge, toast } from "../dom";
-import { bytes, duration, esc, percent, rate, when } from "../format";
+import { bytes, duration, esc, percent, phaseLine, rate, when } from "../format";
 import { store } from "../store";
 
 function markdown(text: string): string {
   return DOMPurify.sanitize(marked.parse(text, { async: false }) as string);
 }
 
+/** The running job's phase: a bar and a line while the prompt is read, speed and ETA after. */
+function phase(j: Job): string {
+  const live = j.state === "running" ? j.live : null;
+  if (!live) return "";
+  const p = live.prompt;
+  const bar = p
+    ? `<div class="progress prompt" role="progressbar" aria-label="Prompt read" aria-valuenow="${p.done}" aria-valuemax="${p.total}"><div style="width:${Math.min(100, (100 * p.done) / Math.max(1, p.total))}%"></div></div>`
+    : "";
+  const line = phaseLine(live);
+  return line ? `<p class="phase" role="status">${esc(line)}</p>${bar}` : "";
+}
+
 function statsGrid(j: Job): string {
   const s = j.stats;
   const cell = (k: string, v: string) => `<div><dt>${k}</dt><dd>${v}</dd></div>`;
-  return `<div class="job-stats"><dl class="stats">
+  return `<div class="job-stats">${phase(j)}<dl class="stats">
     ${cell("Tokens", `${j.tokens} / ${j.request.settings.max_tokens}`)}
-    ${cell("Speed", rate(s?.tokens_per_second))}
+    ${cell("Speed", s && s.tokens_per_second > 0 ? rate(s.tokens_per_second) : "–")}
     ${cell("First token", s?.time_to_first_token_s != null ? duration(s.time_to_first_token_s) : "–")}
     ${cell("Wall time", duration(s?.wall_seconds))}
     ${cell("Expert bytes read", bytes(s?.expert_bytes_read))}
@@ -45,6 +57,13 @@ function task(j: Job): string {
     <p class="hint">Created ${when(j.created_ms)} · started ${when(j.started_ms)} · finished ${when(j.finished_ms)}</p>
     ${j.log ? `<pre class="log">${esc(j.log)}</pre>` : ""}
   </details>`;
+}
+
+function emptyNote(j: Job): string {
+  if (j.state === "queued") return j.queue_position ? `Waiting in the queue (#${j.queue_position} in line).` : "Waiting in the queue.";
+  if (j.state === "running" && j.live?.prompt) return "Reading the prompt; the answer starts when it is read.";
+  if (j.state === "running") return "Starting…";
+  return "No output yet.";
 }
 
 export async function render(root: HTMLElement, id: number): Promise<() => void> {
@@ -88,7 +107,7 @@ export async function render(root: HTMLElement, id: number): Promise<() => void>
         </div>
       </div>
       ${task(job)}
-      <article class="card output" id="output">${output ? markdown(output) : `<p class="empty">${job.state === "queued" ? "Waiting in the queue." : "No output yet."}</p>`}</article>`;
+      <article class="card output" id="output">${output ? markdown(output) : `<p class="empty">${emptyNote(job)}</p>`}</article>`;
   };
   draw();
 
@@ -135,6 +154,8 @@ export async function render(root: HTMLElement, id: number): Promise<() => void>
       outputBytes += utf8.encode(p.delta).length;
       job.tokens = p.tokens;
       job.state = p.state;
+      job.live = p;
+      if (p.stats) job.stats = p.stats;
     } else {
       // Missed or regenerated text: the job itself is the truth.
       void reload();
@@ -149,7 +170,7 @@ export async function render(root: HTMLElement, id: number): Promise<() => void>
       requestAnimationFrame(() => {
         scheduled = false;
         const out = root.querySelector("#output");
-        if (out) out.innerHTML = markdown(output);
+        if (out) out.innerHTML = output ? markdown(output) : `<p class="empty">${emptyNote(job)}</p>`;
         const stats = root.querySelector(".job-stats");
         if (stats) stats.outerHTML = statsGrid(job);
       });

@@ -3,7 +3,7 @@
 
 import { ApiError, get, Job, Model, post } from "../api";
 import { clearFormErrors, showFormError, stateBadge, toast } from "../dom";
-import { duration, esc, rate } from "../format";
+import { duration, esc, phaseLine, rate } from "../format";
 import { store } from "../store";
 
 const ACTIVE = new Set(["queued", "running", "paused", "interrupted"]);
@@ -57,17 +57,19 @@ function body(f: HTMLFormElement): Record<string, unknown> {
 }
 
 function jobRow(j: Job): string {
-  const p = store.progress.get(j.id);
-  const tokens = p?.tokens ?? j.tokens;
-  const max = j.request.settings.max_tokens;
-  const pct = Math.min(100, (100 * tokens) / Math.max(1, max));
   const running = j.state === "running";
+  // Live figures only for the running job; the saved job is the truth for the rest.
+  const live = running ? (store.progress.get(j.id) ?? j.live ?? null) : null;
+  const tokens = live?.tokens ?? j.tokens;
+  const max = j.request.settings.max_tokens;
+  const prompt = live?.prompt ?? null;
+  const [done, total] = prompt ? [prompt.done, prompt.total] : [tokens, max];
+  const pct = Math.min(100, (100 * done) / Math.max(1, total));
   const speed = running
-    ? rate(p?.tokens_per_second)
+    ? phaseLine(live)
     : j.stats && j.stats.tokens_per_second > 0
       ? `${rate(j.stats.tokens_per_second)} · ${duration(j.stats.wall_seconds)}`
       : "";
-  const eta = running && p?.eta_seconds != null ? `ETA ≤ ${duration(p.eta_seconds)}` : "";
   const place = j.queue_position ? `#${j.queue_position} in line` : "";
   const reason = j.pause_reason ? `<span class="reason">${esc(j.pause_reason)}</span>` : "";
   const err = j.error ? `<span class="reason error">${esc(j.error)}</span>` : "";
@@ -87,8 +89,8 @@ function jobRow(j: Job): string {
       <a href="#/job/${j.id}" class="job-title">${esc(j.title)}</a>
       ${stateBadge(j.state)}
     </div>
-    <div class="job-meta">${esc(j.model)} · ${tokens} / ${max} tokens ${speed ? "· " + speed : ""} ${eta ? "· " + eta : ""} ${place ? "· " + place : ""}</div>
-    <div class="progress" role="progressbar" aria-valuenow="${tokens}" aria-valuemax="${max}"><div style="width:${pct}%"></div></div>
+    <div class="job-meta">${esc(j.model)} · ${tokens} / ${max} tokens ${speed ? "· " + esc(speed) : ""} ${place ? "· " + place : ""}</div>
+    <div class="progress${prompt ? " prompt" : ""}" role="progressbar" aria-label="${prompt ? "Prompt read" : "Tokens written"}" aria-valuenow="${done}" aria-valuemax="${total}"><div style="width:${pct}%"></div></div>
     ${reason}${err}
     <div class="actions">${actions}</div>
   </li>`;
