@@ -814,3 +814,59 @@ fn a_long_prompt_shows_its_reading_and_cancel_stops_it_at_once() {
     assert_eq!(cancelled["tokens"], 0);
     assert!(cancelled["live"].is_null(), "{cancelled}");
 }
+
+#[test]
+fn a_running_job_shows_its_figures_and_a_paused_one_counts_what_was_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Service::start_env(
+        &dir.path().join("data"),
+        &[],
+        &[("LONGHAUL_FAULTS", "token-delay-ms=40")],
+    );
+    s.add_model("synth", &support::synth_model(dir.path()));
+    let events = support::follow_events(&s);
+    let body = json!({ "model": "synth", "prompt": "Audit", "max_tokens": 2000 });
+    let id = s.post("/api/jobs", body)["id"].as_i64().unwrap();
+    // Between two commits (every 16 tokens): some output is not yet saved.
+    loop {
+        let (name, e) = events.recv_timeout(WAIT).expect("progress");
+        let tokens = e["tokens"].as_u64().unwrap_or(0);
+        if name == "job" && e["id"] == id && tokens > 20 && (4..12).contains(&(tokens % 16)) {
+            break;
+        }
+    }
+    let running = s.get(&format!("/api/jobs/{id}"));
+    let st = &running["stats"];
+    assert!(
+        st["tokens_per_second"].as_f64().unwrap() > 0.0
+            && st["time_to_first_token_s"].as_f64().is_some()
+            && st["wall_seconds"].as_f64().unwrap() > 0.0
+            && st["prompt_tokens"].as_u64().unwrap() > 0,
+        "a running job's figures: {st}"
+    );
+    assert!(
+        running["live"]["eta_seconds"].as_f64().is_some(),
+        "{running}"
+    );
+    let paused = s.post(&format!("/api/jobs/{id}/pause"), json!({}));
+    assert_eq!(paused["state"], "paused");
+    let last = loop {
+        let (name, e) = events.recv_timeout(WAIT).expect("the paused event");
+        if name == "job" && e["id"] == id && e["state"] == "paused" {
+            break e;
+        }
+    };
+    let kept = s.get(&format!("/api/jobs/{id}"));
+    assert_eq!(
+        last["tokens"], kept["tokens"],
+        "the event and the job agree on what a pause kept: {last}"
+    );
+    let list = s.get("/api/jobs");
+    let listed = list["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["id"] == id)
+        .unwrap();
+    assert_eq!(listed["tokens"], kept["tokens"]);
+}
