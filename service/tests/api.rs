@@ -870,3 +870,33 @@ fn a_running_job_shows_its_figures_and_a_paused_one_counts_what_was_kept() {
         .unwrap();
     assert_eq!(listed["tokens"], kept["tokens"]);
 }
+
+#[test]
+fn sigterm_stops_the_service_while_an_event_stream_is_open() {
+    let (_dir, s) = started();
+    let events = support::follow_events(&s);
+    let (name, _) = events.recv_timeout(WAIT).expect("the stream is open");
+    assert_eq!(name, "resync");
+    let endpoint = s.data_dir.join("endpoint");
+    let asked = std::time::Instant::now();
+    let status = s
+        .terminate(Duration::from_secs(20))
+        .expect("the service exits on SIGTERM");
+    assert!(status.success(), "{status}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(3),
+        "the open stream held the stop for {:?}",
+        asked.elapsed()
+    );
+    // The stream was ended, not left hanging.
+    loop {
+        match events.recv_timeout(Duration::from_secs(5)) {
+            Ok(_) => continue,
+            Err(e) => {
+                assert_eq!(e, std::sync::mpsc::RecvTimeoutError::Disconnected);
+                break;
+            }
+        }
+    }
+    assert!(!endpoint.exists(), "a stopped service leaves no endpoint");
+}

@@ -26,6 +26,9 @@ use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
+use std::future::IntoFuture;
+
+use tokio_stream::{Stream, StreamExt};
 use tower_http::cors::CorsLayer;
 
 use crate::events::{Event, Events, MetricsEvent};
@@ -124,9 +127,27 @@ pub struct AppState {
     data_dir: PathBuf,
     address: String,
     pub packer: Arc<crate::packing::Packer>,
+    /// Becomes true when the service begins to stop.
+    stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 impl AppState {
+    /// Ends `stream` when the service begins to stop: a graceful shutdown
+    /// waits for every response to end, and an event stream never would.
+    pub fn until_stopping<S>(&self, stream: S) -> impl Stream<Item = S::Item> + use<S>
+    where
+        S: Stream + Unpin + Send + 'static,
+    {
+        let stop = tokio_stream::wrappers::WatchStream::new(self.stopping.clone())
+            .filter(|stopping| *stopping)
+            .map(|_| None);
+        stream
+            .map(Some)
+            .merge(stop)
+            .take_while(Option::is_some)
+            .filter_map(std::convert::identity)
+    }
+
     /// Runs a queue operation off the async threads.
     pub async fn blocking<T: Send + 'static>(
         &self,
@@ -467,6 +488,9 @@ fn open_queue(data_dir: &crate::data_dir::DataDir) -> Result<Queue, ServeError> 
     Ok(queue)
 }
 
+/// How long open requests may take to end once the service begins to stop.
+const DRAIN_LIMIT: Duration = Duration::from_secs(5);
+
 /// Opens the data dir and queue, recovers interrupted jobs, starts the runner
 /// and serves until `shutdown` resolves. `ready` gets the bound address.
 pub async fn serve(
@@ -478,6 +502,7 @@ pub async fn serve(
         return Err(ServeError::NotLoopback { addr: config.addr });
     }
     let mut data_dir = crate::data_dir::DataDir::claim(&config.data_dir)?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let token = load_or_create_token(&config.data_dir)?;
     let queue = Arc::new(open_queue(&data_dir)?);
     let events = Events::default();
@@ -505,6 +530,7 @@ pub async fn serve(
         data_dir: config.data_dir.clone(),
         address: String::new(),
         packer: Arc::new(crate::packing::Packer::default()),
+        stopping: stop_rx.clone(),
     };
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
@@ -526,9 +552,26 @@ pub async fn serve(
     tokio::spawn(sample_metrics(app.clone()));
     ready(addr, &token);
     let listener = conn::Guarded::new(listener, conn::Limits::default());
+    let signal = async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    };
     let served = axum::serve(listener, router(app))
-        .with_graceful_shutdown(shutdown)
-        .await;
+        .with_graceful_shutdown(signal)
+        .into_future();
+    // Responses get a while to end once stopping begins; then the service stops anyway.
+    let mut stopping = stop_rx;
+    let drained = async move {
+        let _ = stopping.wait_for(|s| *s).await;
+        tokio::time::sleep(DRAIN_LIMIT).await;
+    };
+    let served = tokio::select! {
+        served = served => served,
+        () = drained => {
+            tracing::warn!("requests still open {DRAIN_LIMIT:?} after the stop began; stopping anyway");
+            Ok(())
+        }
+    };
     runner.control.shutdown();
     let _ = tokio::task::spawn_blocking(move || handle.join()).await;
     served.map_err(|source| ServeError::Io {

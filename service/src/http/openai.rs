@@ -472,6 +472,7 @@ fn stream(
     include_usage: bool,
 ) -> Sse<impl tokio_stream::Stream<Item = Result<SseEvent, Infallible>>> {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(64);
+    let stopping = app.clone();
     tokio::spawn(async move {
         let Submitted {
             id,
@@ -546,5 +547,6 @@ fn stream(
             }
         }
     });
-    Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default())
+    let rx = tokio_stream::wrappers::ReceiverStream::new(rx);
+    Sse::new(stopping.until_stopping(rx)).keep_alive(KeepAlive::default())
 }

@@ -146,7 +146,7 @@ pub async fn events(
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let stream = event_stream(app.events.subscribe())
         .map(|(name, data)| Ok(SseEvent::default().event(name).data(data.to_string())));
-    Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+    Sse::new(app.until_stopping(Box::pin(stream))).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
 }
 
 /// (name, data) of each event for one subscriber: a `resync` first and

@@ -259,6 +259,19 @@ impl Service {
         let _ = self.child.wait();
     }
 
+    /// SIGTERM; the exit status if it exits within `limit`.
+    pub fn terminate(mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        terminate(self.child.id());
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     /// SIGTERM, then wait for a clean exit.
     pub fn stop(mut self) {
         terminate(self.child.id());
