@@ -13,13 +13,17 @@ export class ApiError extends Error {
   }
 }
 
-/** Takes a token handed over in the URL (`#token=…`) and keeps it. */
-export function adoptToken(): void {
+/** What a refused token means and what to do. */
+export const TOKEN_REFUSED =
+  "The service refused this page's access token (it changes with each data dir). Open the address `longhaul serve` printed, which carries the token, or paste the data dir's token file in Settings.";
+
+/** Takes a token handed over in the URL (`#token=…`) and keeps it; true if there was one. */
+export function adoptToken(): boolean {
   const m = location.hash.match(/token=([0-9a-f]+)/i);
-  if (m) {
-    localStorage.setItem(TOKEN_KEY, m[1]);
-    history.replaceState(null, "", location.pathname + "#/tasks");
-  }
+  if (!m) return false;
+  localStorage.setItem(TOKEN_KEY, m[1]);
+  history.replaceState(null, "", location.pathname + "#/tasks");
+  return true;
 }
 
 export function token(): string | null {
@@ -50,6 +54,9 @@ export async function call<T>(method: string, path: string, body?: unknown): Pro
     data = text ? JSON.parse(text) : null;
   } catch {
     data = text;
+  }
+  if (res.status === 401) {
+    throw new ApiError(TOKEN_REFUSED, 401, null);
   }
   if (!res.ok) {
     const err = (data as { error?: { message?: string; param?: string | null } } | null)?.error;
@@ -194,23 +201,55 @@ export interface Drive {
   errors: number | null;
 }
 
+/** The event stream's state: open, trying again, or refused for the token. */
+export type Connection = "connected" | "reconnecting" | "rejected";
+
 type Handlers = {
   job?: (p: JobProgress) => void;
   queue?: () => void;
   /** Events may have been missed (a new connection, or this client fell behind): refetch. */
   resync?: () => void;
   metrics?: (m: MetricsEvent) => void;
-  status?: (connected: boolean) => void;
+  status?: (c: Connection) => void;
 };
 
-/** Follows the service's event stream; reconnects by itself. */
+/** How long to wait before opening the stream again after the browser gave up on it. */
+const RETRY_MS = 2000;
+
+/** Follows the service's event stream; reconnects by itself, and says when the token is refused. */
 export function events(handlers: Handlers): () => void {
-  const source = new EventSource(withToken("/api/events"));
-  source.addEventListener("job", (e) => handlers.job?.(JSON.parse((e as MessageEvent).data)));
-  source.addEventListener("queue", () => handlers.queue?.());
-  source.addEventListener("resync", () => handlers.resync?.());
-  source.addEventListener("metrics", (e) => handlers.metrics?.(JSON.parse((e as MessageEvent).data)));
-  source.onopen = () => handlers.status?.(true);
-  source.onerror = () => handlers.status?.(false);
-  return () => source.close();
+  let source: EventSource | null = null;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  let stopped = false;
+  const open = () => {
+    const s = new EventSource(withToken("/api/events"));
+    source = s;
+    s.addEventListener("job", (e) => handlers.job?.(JSON.parse((e as MessageEvent).data)));
+    s.addEventListener("queue", () => handlers.queue?.());
+    s.addEventListener("resync", () => handlers.resync?.());
+    s.addEventListener("metrics", (e) => handlers.metrics?.(JSON.parse((e as MessageEvent).data)));
+    s.onopen = () => handlers.status?.("connected");
+    s.onerror = async () => {
+      if (s.readyState !== EventSource.CLOSED) {
+        handlers.status?.("reconnecting");
+        return;
+      }
+      // The browser gives up on an HTTP error (a refused token): ask why, then try again.
+      s.close();
+      let refused = false;
+      try {
+        refused = (await fetch("/api/queue", { headers: { Authorization: `Bearer ${token() ?? ""}` } })).status === 401;
+      } catch {
+        // Not answering at all.
+      }
+      handlers.status?.(refused ? "rejected" : "reconnecting");
+      if (!stopped && source === s) timer = setTimeout(open, RETRY_MS);
+    };
+  };
+  open();
+  return () => {
+    stopped = true;
+    clearTimeout(timer);
+    source?.close();
+  };
 }

@@ -5,6 +5,7 @@ import "./locale";
 import "./style.css";
 
 import { adoptToken, get, Job, token } from "./api";
+import * as banner from "./banner";
 import { toast } from "./dom";
 import { store } from "./store";
 import * as dashboard from "./views/dashboard";
@@ -31,6 +32,7 @@ app.innerHTML = `
     <nav>${VIEWS.map(([id, label]) => `<a href="#/${id}" data-view="${id}">${label}</a>`).join("")}</nav>
     <span id="conn" class="conn" title="Connection to the service">connecting…</span>
   </header>
+  <div id="banner" class="banner" role="status" aria-live="polite" hidden></div>
   <main id="view"></main>
   <div id="toasts" class="toasts" aria-live="polite"></div>`;
 const view = document.getElementById("view") as HTMLElement;
@@ -74,7 +76,11 @@ async function route(): Promise<void> {
   }
 }
 
-window.addEventListener("hashchange", () => void route());
+window.addEventListener("hashchange", () => {
+  // A `#token=` address opened in this tab: take the token and follow the stream with it.
+  if (adoptToken()) store.start();
+  void route();
+});
 
 // Keyboard: n = new task, / = search (in the task list), g d = dashboard.
 document.addEventListener("keydown", (e) => {
@@ -93,9 +99,13 @@ document.addEventListener("keydown", (e) => {
 });
 
 // Connection state, and notifications when a task ends.
+let wasConnected = false;
 store.onStatus(() => {
-  conn.textContent = store.connected ? "connected" : "reconnecting…";
+  conn.textContent = { connected: "connected", reconnecting: "reconnecting…", rejected: "token refused", connecting: "connecting…" }[store.connection];
   conn.classList.toggle("down", !store.connected);
+  // Back after an outage: a view that could not load tries again.
+  if (store.connected && !wasConnected && view.querySelector(".error")) void route();
+  wasConnected = store.connected;
 });
 // The running task's progress in the page (and desktop window) title.
 store.onJob((p) => {
@@ -122,5 +132,6 @@ store.onJob(async (p) => {
   }
 });
 
+banner.mount(document.getElementById("banner") as HTMLElement);
 if (token()) store.start();
 void route();

@@ -2,7 +2,7 @@
 // dashboard has the last ten minutes whichever view is open, and the latest
 // progress of each job.
 
-import { events, JobProgress, MetricsEvent } from "./api";
+import { Connection, events, JobProgress, MetricsEvent } from "./api";
 
 /** Samples kept for the charts: ten minutes at one per second. */
 export const HISTORY = 600;
@@ -28,6 +28,8 @@ class Store {
   latest: MetricsEvent | null = null;
   progress = new Map<number, JobProgress>();
   connected = false;
+  connection: Connection | "connecting" = "connecting";
+  private stop: (() => void) | null = null;
   private jobListeners = new Set<(p: JobProgress) => void>();
   private queueListeners = new Set<Listener>();
   private resyncListeners = new Set<Listener>();
@@ -36,8 +38,10 @@ class Store {
   private lastCounters: { hits: number; misses: number } | null = null;
   private lastPilot: { demanded: number; correct: number } | null = null;
 
+  /** Follows the event stream (again, with the current token, if it was followed). */
   start(): void {
-    events({
+    this.stop?.();
+    this.stop = events({
       job: (p) => {
         // Only a running job has live figures; the saved job says the rest.
         if (p.state === "running") this.progress.set(p.id, p);
@@ -52,7 +56,8 @@ class Store {
       },
       metrics: (m) => this.addMetrics(m),
       status: (c) => {
-        this.connected = c;
+        this.connection = c;
+        this.connected = c === "connected";
         this.statusListeners.forEach((l) => l());
       },
     });

@@ -6,7 +6,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, execFileSync } from "node:child_process";
-import { mkdtempSync, mkdirSync, readFileSync, existsSync, rmSync } from "node:fs";
+import { mkdtempSync, mkdirSync, readFileSync, existsSync, rmSync, renameSync } from "node:fs";
 import { tmpdir, homedir } from "node:os";
 import { join, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -304,4 +304,63 @@ test("a long prompt shows its reading in Tasks, Results, the Dashboard and the t
     slow.kill("SIGTERM");
     await Promise.race([exited, sleep(15_000)]);
   }
+});
+
+test("banner: a paused queue says so with Resume, and a removed drive names the paused task", async () => {
+  await page.goto(`${url}/#/tasks`);
+  await api("POST", "/api/queue/pause");
+  await page.waitForSelector("#banner:has-text('The queue is paused')", { timeout: 15_000 });
+  await shot("banner-queue-paused");
+  await page.click("#banner button[data-banner=resume-queue]");
+  await page.waitForSelector("#banner", { state: "hidden" });
+  assert.equal((await api("GET", "/api/queue")).paused, false);
+
+  // A drive folder of the running task's pack disappears.
+  const job = await api("POST", "/api/jobs", { model: "demo", title: "Drive test", prompt: "Audit the drives", max_tokens: 900 });
+  await waitFor(async () => (await api("GET", `/api/jobs/${job.id}`)).tokens > 0, "the task to write");
+  const drive = join(root, "drive1");
+  renameSync(drive, `${drive}-gone`);
+  try {
+    await page.waitForSelector("#banner:has-text('Drive test')", { timeout: 20_000 });
+    assert.match(await page.textContent("#banner"), /is paused: drive missing/);
+    await page.click("nav a[data-view=dashboard]");
+    await page.waitForFunction(() => /paused: drive missing/.test(document.querySelector("#summary")?.textContent ?? ""), null, { timeout: 15_000 });
+    await shot("banner-drive-missing");
+  } finally {
+    renameSync(`${drive}-gone`, drive);
+  }
+  await api("POST", `/api/jobs/${job.id}/cancel`);
+  await page.waitForSelector("#banner", { state: "hidden", timeout: 15_000 });
+});
+
+test("a refused token says so, and opening the printed address in the same tab connects", async () => {
+  await page.goto(`${url}/#token=0123abcd`);
+  await page.waitForSelector("#conn:has-text('token refused')", { timeout: 15_000 });
+  assert.match(await page.textContent("#banner"), /refused this page's access token/);
+  await shot("token-refused");
+  await page.goto(`${url}/#token=${token}`);
+  await page.waitForSelector("#conn:has-text('connected')", { timeout: 15_000 });
+  await page.waitForSelector("#banner", { state: "hidden" });
+  await page.waitForSelector("#new-task");
+});
+
+test("after the service comes back, the open views recover without a reload", async () => {
+  const port = new URL(url).port;
+  const data = join(root, "data");
+  const down = new Promise((r) => service.once("exit", r));
+  service.kill("SIGKILL");
+  await down;
+  await page.waitForSelector("#conn:has-text('reconnecting')", { timeout: 15_000 });
+  await page.waitForSelector("#banner:has-text('not answering')");
+  // A view opened while the service is down shows why.
+  await page.click("nav a[data-view=drives]");
+  await page.click("nav a[data-view=tasks]");
+  await page.waitForSelector("#form-slot .error");
+  await shot("service-down");
+  service = spawn(bin, ["serve", "--data-dir", data, "--port", port, "--budget", "2M", "--ui-dir", join(uiDir, "dist")], { stdio: "ignore" });
+  await page.waitForSelector("#conn:has-text('connected')", { timeout: 30_000 });
+  await page.waitForSelector("#new-task", { timeout: 15_000 });
+  await page.waitForSelector("#banner", { state: "hidden" });
+  await page.waitForSelector("#jobs li.job, #jobs li.empty", { timeout: 15_000 });
+  assert.equal(await page.$$eval("#jobs li.error", (e) => e.length), 0, "the task list is back");
 });

@@ -282,8 +282,7 @@ pub async fn act(
             app.runner.forget_state(id);
         }
         "pause" => {
-            app.blocking(move |q| q.pause(id, "paused by the user"))
-                .await?;
+            app.blocking(move |q| q.pause(id, PAUSED_BY_USER)).await?;
             app.runner.control.stop_job(id);
         }
         "resume" => {
@@ -424,14 +423,22 @@ pub async fn queue_act(
     };
     if paused && let Some(id) = app.runner.control.running() {
         // The running job pauses too, so it keeps its place and output.
-        let _ = app
-            .blocking(move |q| q.pause(id, "the queue was paused"))
-            .await;
+        let _ = app.blocking(move |q| q.pause(id, PAUSED_WITH_QUEUE)).await;
         app.runner.control.stop_job(id);
     }
     app.runner.control.set_queue_paused(paused);
     app.runner.announce_queue();
     queue_status(State(app)).await
+}
+
+/// Why the user paused a job, or the whole queue.
+const PAUSED_BY_USER: &str = "paused by the user";
+const PAUSED_WITH_QUEUE: &str = "the queue was paused";
+
+/// Whether a pause reason is a fault's (a drive missing or failing, a full
+/// data dir), not the user's.
+fn held_by_fault(reason: &str) -> bool {
+    reason != PAUSED_BY_USER && reason != PAUSED_WITH_QUEUE
 }
 
 pub async fn queue_status(State(app): State<AppState>) -> ApiResult<Json<Value>> {
@@ -441,12 +448,22 @@ pub async fn queue_status(State(app): State<AppState>) -> ApiResult<Json<Value>>
         .iter()
         .find(|j| j.state == JobState::Running)
         .map(|j| j.id);
+    // Jobs held by something other than the user: a drive or a failing read.
+    let held: Vec<Value> = jobs
+        .iter()
+        .filter(|j| j.state == JobState::Paused)
+        .filter_map(|j| {
+            let reason = j.pause_reason.as_deref()?;
+            held_by_fault(reason).then(|| json!({ "id": j.id, "title": j.title, "reason": reason }))
+        })
+        .collect();
     Ok(Json(json!({
         "paused": app.runner.control.queue_paused(),
         // Why the data dir cannot be written, while that lasts.
         "storage_fault": app.runner.control.storage_fault(),
         "running": running,
         "waiting": waiting,
+        "held": held,
     })))
 }
 

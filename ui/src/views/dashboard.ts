@@ -6,6 +6,7 @@ import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
 
 import { Drive, get, Model } from "../api";
+import { holdLine } from "../banner";
 import { bytes, esc, percent, phaseLine, rate } from "../format";
 import { Sample, store } from "../store";
 
@@ -20,6 +21,9 @@ interface Heat {
 // Rates and sizes are read against zero, not against their own wobble.
 const fromZero: uPlot.Scale.Range = (_u, _min, max) => [0, max > 0 ? max * 1.15 : 1];
 const share: uPlot.Scale.Range = () => [0, 1];
+/** Memory never spans less than 1 MiB, so an empty chart reads 0 B … 1 MiB, not "1 B, 1 B, 0 B". */
+const MIN_MEMORY_SPAN = 1 << 20;
+const memoryRange: uPlot.Scale.Range = (_u, _min, max) => [0, Math.max(MIN_MEMORY_SPAN, max * 1.15)];
 
 function chart(
   el: HTMLElement,
@@ -123,6 +127,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
     ],
     "RAM",
     (v) => bytes(v),
+    memoryRange,
   );
 
   const update = () => {
@@ -171,7 +176,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
     const m = store.latest;
     summary.innerHTML = m
       ? `<span><b>${esc(names.get(m.model) ?? m.model.split("/").pop() ?? m.model)}</b> loaded</span>
-         <span>${m.running_job ? `running task <a href="#/job/${m.running_job}">${m.running_job}</a>${running(m.running_job)}` : "no task running"}</span>
+         <span>${m.running_job ? `running task <a href="#/job/${m.running_job}">${m.running_job}</a>${running(m.running_job)}` : holdLine() || "no task running"}</span>
          <span>${rate(m.tokens_per_second)}</span>
          <span>hit rate ${percent(m.engine?.hit_rate)}</span>
          <span>prefetch recall ${percent(m.engine?.prefetch_recall)}</span>

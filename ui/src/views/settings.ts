@@ -2,6 +2,7 @@
 // and the access token for this browser.
 
 import { get, setToken, token } from "../api";
+import { store } from "../store";
 import { toast } from "../dom";
 import { bytes, esc } from "../format";
 
@@ -64,6 +65,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
   root.querySelector("#token-form")?.addEventListener("submit", (e) => {
     e.preventDefault();
     setToken((root.querySelector("#token") as HTMLInputElement).value);
+    store.start();
     toast("Token saved");
   });
   return () => {};
