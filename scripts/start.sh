@@ -1,14 +1,11 @@
 #!/usr/bin/env bash
-# Builds Longhaul and runs `longhaul demo`: the small trained MoE model in
-# assets/ packed over four folders acting as drives, a task through the job
-# queue, the answer as it is written and the job's statistics.
+# Installs Longhaul (scripts/install.sh: under ~/.local, or $LONGHAUL_PREFIX)
+# and runs `longhaul demo`: the small trained MoE model packed over four
+# folders acting as drives, a task through the job queue, the answer as it
+# is written and the job's statistics.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/setup.sh
-longhaul_setup
-longhaul_build_ui
-
-cargo build --release --locked -p longhaul-service
-LONGHAUL="$CARGO_TARGET_DIR/release/longhaul"
+bash scripts/install.sh
+LONGHAUL="${LONGHAUL_PREFIX:-$HOME/.local}/bin/longhaul"
 echo "== longhaul demo (the binary is $LONGHAUL)"
 "$LONGHAUL" demo "$@"

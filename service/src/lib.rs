@@ -9,6 +9,7 @@ pub mod drive_watch;
 pub mod events;
 pub mod faults;
 pub mod http;
+pub mod install;
 pub mod packing;
 pub mod queue;
 pub mod runner;

@@ -234,3 +234,51 @@ fn the_demo_model_predicts_held_out_text_and_packs_exactly() {
         "perplexity {perplexity} on held-out text"
     );
 }
+
+/// A copy of the binary installed under `prefix` as `scripts/install.sh`
+/// lays it out, with `files` (relative path, contents) in `share/longhaul`.
+fn install_under(prefix: &Path, files: &[(&str, &str)]) -> PathBuf {
+    let bin = prefix.join("bin/longhaul");
+    std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
+    std::fs::copy(env!("CARGO_BIN_EXE_longhaul"), &bin).unwrap();
+    for (path, text) in files {
+        let path = prefix.join("share/longhaul").join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    bin
+}
+
+#[test]
+fn an_installed_binary_finds_its_demo_model_and_web_ui_beside_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prefix = tmp.path().join("prefix");
+    // Recognisable stand-ins: a demo model whose config is not JSON, a UI page with a marker.
+    let bin = install_under(
+        &prefix,
+        &[
+            ("assets/longhaul-demo-moe/config.json", "not json"),
+            (
+                "ui/index.html",
+                "<!doctype html><title>installed-ui-marker</title>",
+            ),
+        ],
+    );
+    let out = Command::new(&bin)
+        .args(["demo", "--data-dir"])
+        .arg(tmp.path().join("data"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let installed =
+        std::fs::canonicalize(prefix.join("share/longhaul/assets/longhaul-demo-moe")).unwrap();
+    assert!(
+        err.contains(&format!("{}/config.json is not JSON", installed.display())),
+        "the demo read the installed model, not the source tree's: {err}"
+    );
+
+    let s = Service::start_with_binary(&bin, &tmp.path().join("served"));
+    let page = s.call_text("GET", "/", None, false).1;
+    assert!(page.contains("installed-ui-marker"), "{page}");
+}

@@ -48,7 +48,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct DemoArgs {
     #[command(flatten)]
     data: super::DataDirArgs,
-    /// The demo checkpoint (default: `assets/longhaul-demo-moe` of the source tree this binary was built from).
+    /// The demo checkpoint (default: the one installed with this binary: `assets/longhaul-demo-moe` beside it, in `../share/longhaul` or in the app bundle's resources).
     #[arg(long)]
     checkpoint: Option<PathBuf>,
     /// RAM for routed experts when the demo starts its own service: far below
@@ -72,22 +72,31 @@ pub struct DemoArgs {
     json: bool,
 }
 
-/// The demo checkpoint of the source tree this binary was built from.
-fn default_checkpoint() -> PathBuf {
-    let path = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../assets/longhaul-demo-moe"
-    ));
-    std::fs::canonicalize(&path).unwrap_or(path)
+/// The installed demo checkpoint (see [`longhaul_service::install`]).
+fn default_checkpoint() -> anyhow::Result<PathBuf> {
+    longhaul_service::install::demo_model().map_err(|looked| {
+        anyhow::anyhow!(
+            "the demo model is not installed with this binary: looked in {}; reinstall with scripts/install.sh, or give its folder with --checkpoint",
+            looked
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })
 }
 
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let data_dir = args.data.data_dir();
-    let checkpoint = args.checkpoint.clone().unwrap_or_else(default_checkpoint);
+    let checkpoint = match args.checkpoint.clone() {
+        Some(c) => c,
+        None => default_checkpoint()?,
+    };
     if !checkpoint.join("config.json").is_file() {
         bail!(
-            "{} holds no demo model (no config.json); give its folder with --checkpoint (it is `assets/longhaul-demo-moe` in the source tree)",
-            checkpoint.display()
+            "{} holds no demo model (no config.json); give its folder with --checkpoint (installed as `share/longhaul/{}`)",
+            checkpoint.display(),
+            longhaul_service::install::DEMO_MODEL
         );
     }
     let say = |line: String| {

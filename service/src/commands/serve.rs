@@ -26,7 +26,7 @@ pub struct ServeArgs {
     memory: super::MemoryArgs,
     #[command(flatten)]
     cache: super::CacheArgs,
-    /// A built web UI to serve at / (default: `ui/` beside the binary, else the source tree's `ui/dist`).
+    /// A built web UI to serve at / (default: the one installed with this binary: `ui/` beside it, in `../share/longhaul` or in the app bundle's resources).
     #[arg(long)]
     ui_dir: Option<PathBuf>,
 }
@@ -53,7 +53,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         addr: SocketAddr::new(args.host, args.port),
         allow_remote: args.allow_remote,
         runner,
-        ui_dir: args.ui_dir.or_else(default_ui_dir),
+        ui_dir: args.ui_dir.or_else(longhaul_service::install::web_ui),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -83,19 +83,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(&endpoint);
     }
     result.context("the service stopped with an error")
-}
-
-/// The built web UI: `ui/` beside the binary when installed, else the
-/// source tree's `ui/dist` this binary was built from.
-fn default_ui_dir() -> Option<PathBuf> {
-    let beside = std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(|d| d.join("ui")));
-    let built = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../ui/dist"));
-    [beside, Some(built)]
-        .into_iter()
-        .flatten()
-        .find(|d| d.join("index.html").is_file())
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

@@ -75,10 +75,24 @@ impl Service {
 
     /// Starts with extra arguments and environment variables.
     pub fn start_env(data_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start_from(
+            Path::new(env!("CARGO_BIN_EXE_longhaul")),
+            data_dir,
+            extra,
+            env,
+        )
+    }
+
+    /// Starts `binary` (an installed copy) on `data_dir`.
+    pub fn start_with_binary(binary: &Path, data_dir: &Path) -> Self {
+        Self::start_from(binary, data_dir, &[], &[])
+    }
+
+    fn start_from(binary: &Path, data_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Self {
         std::fs::create_dir_all(data_dir).unwrap();
         let endpoint = data_dir.join("endpoint");
         let _ = std::fs::remove_file(&endpoint);
-        let child = Command::new(env!("CARGO_BIN_EXE_longhaul"))
+        let child = Command::new(binary)
             .args(["serve", "--port", "0", "--data-dir"])
             .arg(data_dir)
             .args(extra)
