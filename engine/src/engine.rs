@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use candle_core::Tensor;
+use serde::Serialize;
 
 use crate::cache::{Lookup, StreamingExperts, StreamingOptions};
 use crate::generate::{self, Flow, GenerateError, Generation, GenerationSettings, Session};
@@ -492,21 +493,123 @@ fn gguf_tokenizer(
     }
 }
 
-fn read_generation_eos(dir: &Path) -> Result<Vec<u32>, EngineError> {
+/// A model folder's `generation_config.json`, if it has one.
+fn read_generation_config(dir: &Path) -> Result<Option<serde_json::Value>, EngineError> {
     let path = dir.join(GENERATION_CONFIG_FILE);
     if !path.is_file() {
-        return Ok(Vec::new());
+        return Ok(None);
     }
     let invalid = |reason: String| EngineError::GenerationConfig {
         path: path.clone(),
         reason,
     };
     let text = std::fs::read_to_string(&path).map_err(|e| invalid(e.to_string()))?;
-    let value: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| invalid(format!("not valid JSON: {e}")))?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| invalid(format!("not valid JSON: {e}")))
+}
+
+/// `top_k` when a checkpoint samples and does not name one: transformers'
+/// `GenerationConfig` default, so Longhaul samples as the model's own
+/// reference does.
+pub const REFERENCE_DEFAULT_TOP_K: usize = 50;
+
+/// How a checkpoint asks to be sampled (its `generation_config.json`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SamplingDefaults {
+    pub temperature: f64,
+    pub top_p: f64,
+    pub top_k: Option<usize>,
+}
+
+/// The sampling `dir`'s `generation_config.json` asks for: `None` when it
+/// has none or does not sample (`do_sample` absent or false: greedy), else
+/// its temperature, top-p and top-k with transformers' defaults (1.0, 1.0,
+/// 50) for what it leaves out; a top-k of 0 means none.
+pub fn sampling_defaults(dir: &Path) -> Result<Option<SamplingDefaults>, EngineError> {
+    let Some(config) = read_generation_config(dir)? else {
+        return Ok(None);
+    };
+    if config.get("do_sample").and_then(serde_json::Value::as_bool) != Some(true) {
+        return Ok(None);
+    }
+    let number = |key: &str, default: f64| {
+        config
+            .get(key)
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or(default)
+    };
+    let top_k = match config.get("top_k").and_then(serde_json::Value::as_u64) {
+        None => Some(REFERENCE_DEFAULT_TOP_K),
+        Some(0) => None,
+        Some(k) => usize::try_from(k).ok(),
+    };
+    Ok(Some(SamplingDefaults {
+        temperature: number("temperature", 1.0),
+        top_p: number("top_p", 1.0),
+        top_k,
+    }))
+}
+
+fn read_generation_eos(dir: &Path) -> Result<Vec<u32>, EngineError> {
+    let path = dir.join(GENERATION_CONFIG_FILE);
+    let invalid = |reason: String| EngineError::GenerationConfig {
+        path: path.clone(),
+        reason,
+    };
+    let Some(value) = read_generation_config(dir)? else {
+        return Ok(Vec::new());
+    };
     match value.get("eos_token_id") {
         None | Some(serde_json::Value::Null) => Ok(Vec::new()),
         Some(v) => parse_token_ids(v)
             .ok_or_else(|| invalid("`eos_token_id` must be an id or a list of ids".to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn defaults(config: &str) -> Option<SamplingDefaults> {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(GENERATION_CONFIG_FILE), config).unwrap();
+        sampling_defaults(dir.path()).unwrap()
+    }
+
+    #[test]
+    fn sampling_defaults_follow_generation_config_as_transformers_reads_it() {
+        assert_eq!(
+            defaults(r#"{"temperature": 0.7}"#),
+            None,
+            "no do_sample: greedy"
+        );
+        assert_eq!(
+            defaults(r#"{"do_sample": false, "temperature": 0.7}"#),
+            None
+        );
+        assert_eq!(
+            defaults(r#"{"do_sample": true}"#),
+            Some(SamplingDefaults {
+                temperature: 1.0,
+                top_p: 1.0,
+                top_k: Some(50)
+            })
+        );
+        assert_eq!(
+            defaults(r#"{"do_sample": true, "temperature": 0.6, "top_p": 0.95, "top_k": 0}"#),
+            Some(SamplingDefaults {
+                temperature: 0.6,
+                top_p: 0.95,
+                top_k: None
+            })
+        );
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(sampling_defaults(dir.path()).unwrap(), None, "no file");
+        std::fs::write(dir.path().join(GENERATION_CONFIG_FILE), "{").unwrap();
+        assert!(matches!(
+            sampling_defaults(dir.path()),
+            Err(EngineError::GenerationConfig { .. })
+        ));
     }
 }

@@ -4,6 +4,7 @@
 
 pub use crate::cache::heat::HeatMap;
 pub use crate::cache::{CacheCounters, Lookup};
+pub use crate::engine::{REFERENCE_DEFAULT_TOP_K, SamplingDefaults, sampling_defaults};
 pub use crate::generate::sampling::argmax;
 pub use crate::import::is_gguf;
 pub use crate::kernels::instruction_set;

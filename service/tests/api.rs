@@ -900,3 +900,52 @@ fn sigterm_stops_the_service_while_an_event_stream_is_open() {
     }
     assert!(!endpoint.exists(), "a stopped service leaves no endpoint");
 }
+
+#[test]
+fn sampling_left_unset_follows_the_models_generation_config() {
+    let (_dir, s) = started();
+    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/longhaul-demo-moe");
+    s.add_model("demo", &demo);
+    s.post("/api/queue/pause", json!({}));
+    let settings = |body: Value| s.post("/api/jobs", body)["request"]["settings"].clone();
+    // The demo checkpoint asks for do_sample, temperature 0.7, top-p 0.9 (top-k: transformers' 50).
+    let unset = settings(json!({ "model": "demo", "prompt": "hi", "max_tokens": 4 }));
+    assert_eq!(
+        unset["temperature"].as_f64().map(|t| (t * 100.0).round()),
+        Some(70.0),
+        "{unset}"
+    );
+    assert_eq!(
+        unset["top_p"].as_f64().map(|t| (t * 100.0).round()),
+        Some(90.0),
+        "{unset}"
+    );
+    assert_eq!(unset["top_k"], 50, "{unset}");
+    assert_eq!(unset["sampling_from"], "the model's generation_config.json");
+    // Greedy stays one setting away, and says nothing came from the model.
+    let greedy =
+        settings(json!({ "model": "demo", "prompt": "hi", "max_tokens": 4, "temperature": 0 }));
+    assert_eq!(greedy["temperature"], 0.0);
+    assert_eq!(greedy["top_k"], Value::Null);
+    assert!(greedy.get("sampling_from").is_none(), "{greedy}");
+    // What the request gives wins; what it leaves out still comes from the model.
+    let mixed =
+        settings(json!({ "model": "demo", "prompt": "hi", "max_tokens": 4, "temperature": 1.2 }));
+    assert_eq!(
+        mixed["temperature"].as_f64().map(|t| (t * 100.0).round()),
+        Some(120.0)
+    );
+    assert_eq!(mixed["top_k"], 50);
+    // A model without sampling settings decodes greedily, as before.
+    let plain = settings(json!({ "model": "tiny", "prompt": "hi", "max_tokens": 4 }));
+    assert_eq!(plain["temperature"], 0.0);
+    assert!(plain.get("sampling_from").is_none());
+    let models = s.get("/api/models");
+    let listed = models["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "demo")
+        .unwrap();
+    assert_eq!(listed["sampling"]["top_k"], 50, "{listed}");
+}

@@ -82,6 +82,8 @@ export interface Settings {
   top_k: number | null;
   seed: number;
   stop: string[];
+  /** Where the settings the request left out came from, when the model gave them. */
+  sampling_from?: string;
 }
 
 export interface JobStats {
@@ -133,6 +135,14 @@ export interface Model {
   url?: string;
   remote_model?: string;
   created_ms: number;
+  /** How a local checkpoint asks to be sampled (its generation_config.json); null: greedy. */
+  sampling?: SamplingDefaults | null;
+}
+
+export interface SamplingDefaults {
+  temperature: number;
+  top_p: number;
+  top_k: number | null;
 }
 
 export interface DriveMetrics {

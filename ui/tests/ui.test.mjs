@@ -364,3 +364,22 @@ test("after the service comes back, the open views recover without a reload", as
   await page.waitForSelector("#jobs li.job, #jobs li.empty", { timeout: 15_000 });
   assert.equal(await page.$$eval("#jobs li.error", (e) => e.length), 0, "the task list is back");
 });
+
+test("the task form shows the model's own sampling and keeps greedy one click away", async () => {
+  await page.goto(`${url}/#/tasks`);
+  await page.waitForSelector("#new-task");
+  await page.selectOption('select[name="model"]', "demo");
+  await page.waitForSelector("#sampling-note:has-text('temperature 0.7, top-p 0.9, top-k 50')");
+  assert.equal(await page.getAttribute('input[name="temperature"]', "placeholder"), "0.7");
+  await page.check('input[name="greedy"]');
+  await page.waitForSelector("#sampling-note:has-text('Greedy')");
+  assert.ok(await page.isDisabled('input[name="temperature"]'));
+  await page.fill('input[name="title"]', "Greedy check");
+  await page.fill('textarea[name="prompt"]', "Name one cache policy");
+  await page.fill('input[name="max_tokens"]', "4");
+  await page.click("#submit");
+  const job = await waitFor(async () => (await api("GET", "/api/jobs")).jobs.find((j) => j.title === "Greedy check"), "the task");
+  assert.equal(job.request.settings.temperature, 0);
+  await page.uncheck('input[name="greedy"]');
+  await shot("task-form-sampling");
+});

@@ -17,6 +17,7 @@ use crate::events::JobProgress;
 use crate::queue::{
     Input, JobState, JobView, Message, ModelEntry, ModelKind, NewJob, Request, Settings,
 };
+use longhaul_engine::tools::SamplingDefaults;
 
 /// Longest answer a job may ask for.
 pub const MAX_TOKENS_LIMIT: usize = 1_000_000;
@@ -35,17 +36,34 @@ pub struct SettingsBody {
     pub stop: Option<Vec<String>>,
 }
 
+/// Where sampling defaults come from, as a job records it.
+pub const FROM_GENERATION_CONFIG: &str = "the model's generation_config.json";
+
 impl SettingsBody {
-    /// Checks ranges, naming the field at fault.
-    pub fn into_settings(self) -> Result<Settings, ApiError> {
+    /// Checks ranges, naming the field at fault. Sampling the request
+    /// leaves out comes from the model's `defaults` when it has them; a
+    /// temperature of 0 (greedy) needs no other setting.
+    pub fn into_settings(self, defaults: Option<SamplingDefaults>) -> Result<Settings, ApiError> {
         let d = Settings::default();
+        let model = defaults.filter(|_| self.temperature != Some(0.0));
         let s = Settings {
             max_tokens: self.max_tokens.unwrap_or(d.max_tokens),
-            temperature: self.temperature.unwrap_or(d.temperature),
-            top_p: self.top_p.unwrap_or(d.top_p),
-            top_k: self.top_k,
+            temperature: self
+                .temperature
+                .or(model.map(|m| m.temperature as f32))
+                .unwrap_or(d.temperature),
+            top_p: self
+                .top_p
+                .or(model.map(|m| m.top_p as f32))
+                .unwrap_or(d.top_p),
+            top_k: self.top_k.or(model.and_then(|m| m.top_k)),
             seed: self.seed.unwrap_or(d.seed),
             stop: self.stop.unwrap_or_default(),
+            sampling_from: model
+                .filter(|_| {
+                    self.temperature.is_none() || self.top_p.is_none() || self.top_k.is_none()
+                })
+                .map(|_| FROM_GENERATION_CONFIG.to_string()),
         };
         if s.max_tokens == 0 || s.max_tokens > MAX_TOKENS_LIMIT {
             return Err(ApiError::bad_param(
@@ -93,9 +111,26 @@ pub struct SubmitBody {
     stop: Option<Vec<String>>,
 }
 
+/// How a registered local model asks to be sampled, read off the async threads.
+pub async fn model_sampling(app: &AppState, name: &str) -> Option<SamplingDefaults> {
+    let name = name.to_string();
+    let model = app.blocking(move |q| q.model(&name)).await.ok()?;
+    let ModelKind::Local { path } = model.kind else {
+        return None;
+    };
+    tokio::task::spawn_blocking(move || {
+        longhaul_engine::tools::sampling_defaults(std::path::Path::new(&path))
+            .ok()
+            .flatten()
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
 impl SubmitBody {
     /// The generation settings the body asks for, checked.
-    fn settings(&self) -> Result<Settings, ApiError> {
+    fn settings(&self, defaults: Option<SamplingDefaults>) -> Result<Settings, ApiError> {
         SettingsBody {
             max_tokens: self.max_tokens,
             temperature: self.temperature,
@@ -104,7 +139,7 @@ impl SubmitBody {
             seed: self.seed,
             stop: self.stop.clone(),
         }
-        .into_settings()
+        .into_settings(defaults)
     }
 }
 
@@ -113,7 +148,7 @@ impl SubmitBody {
 pub fn check_submission(body: &[u8]) -> Result<(), ApiError> {
     let body: SubmitBody =
         serde_json::from_slice(body).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    body.settings()?;
+    body.settings(None)?;
     check_input(body.prompt, body.messages)?;
     Ok(())
 }
@@ -180,7 +215,7 @@ pub async fn submit(
     State(app): State<AppState>,
     ApiJson(body): ApiJson<SubmitBody>,
 ) -> ApiResult<(StatusCode, Json<JobView>)> {
-    let settings = body.settings()?;
+    let settings = body.settings(model_sampling(&app, &body.model).await)?;
     let (prompt, messages) = (
         body.prompt.clone().unwrap_or_default(),
         body.messages.clone().unwrap_or_default(),
@@ -574,7 +609,7 @@ pub async fn preview(
     ApiJson(body): ApiJson<SubmitBody>,
 ) -> ApiResult<Json<Value>> {
     // The same fields as a submission, checked the same way.
-    body.settings()?;
+    let settings = body.settings(model_sampling(&app, &body.model).await)?;
     let model_name = body.model.clone();
     let model = app.blocking(move |q| q.model(&model_name)).await?;
     let prompt = body.prompt.unwrap_or_default();
@@ -597,6 +632,9 @@ pub async fn preview(
             "attachment_files": attached.files,
             "attachment_bytes": attached.text.len(),
             "skipped": skipped,
+            // The settings the job would run with (the model's sampling
+            // defaults where the request says nothing).
+            "settings": settings,
         }))
     })
     .await

@@ -82,6 +82,13 @@ fn with_weights(model: &ModelEntry) -> Value {
     let ModelKind::Local { path } = &model.kind else {
         return v;
     };
+    // How the checkpoint asks to be sampled (null: greedy), for the task form.
+    if let Some(obj) = v.as_object_mut() {
+        let sampling = longhaul_engine::tools::sampling_defaults(std::path::Path::new(path))
+            .ok()
+            .flatten();
+        obj.insert("sampling".into(), json!(sampling));
+    }
     if !longhaul_engine::tools::is_pack(path) {
         return v;
     }

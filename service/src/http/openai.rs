@@ -16,7 +16,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 
 use super::error::{ApiError, ApiResult};
-use super::jobs::{SettingsBody, check_input};
+use super::jobs::{SettingsBody, check_input, model_sampling};
 use super::{ApiJson, AppState};
 use crate::events::Event;
 use crate::queue::{JobState, JobView, Message, NewJob, Request};
@@ -283,7 +283,7 @@ pub async fn chat_completions(
         seed: seed(body.seed),
         stop: stop_list(body.stop),
     }
-    .into_settings()?;
+    .into_settings(model_sampling(&app, &body.model).await)?;
     let include_usage = body.stream_options.is_some_and(|o| o.include_usage);
     answer(
         app,
@@ -323,7 +323,7 @@ pub async fn completions(
         seed: seed(body.seed),
         stop: stop_list(body.stop),
     }
-    .into_settings()?;
+    .into_settings(model_sampling(&app, &body.model).await)?;
     let include_usage = body.stream_options.is_some_and(|o| o.include_usage);
     answer(
         app,

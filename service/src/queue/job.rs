@@ -124,6 +124,10 @@ pub struct Settings {
     pub top_k: Option<usize>,
     pub seed: u64,
     pub stop: Vec<String>,
+    /// Where the sampling settings the request left out came from, when
+    /// the model's `generation_config.json` gave them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling_from: Option<String>,
 }
 
 /// Tokens generated when a request does not say.
@@ -138,6 +142,7 @@ impl Default for Settings {
             top_k: None,
             seed: 0,
             stop: Vec::new(),
+            sampling_from: None,
         }
     }
 }

@@ -26,9 +26,20 @@ function form(models: Model[]): string {
     <p class="hint" id="token-count" aria-live="polite"></p>
     <div class="grid3">
       <label data-field="max_tokens">Max tokens <input name="max_tokens" type="number" min="1" value="2048" /></label>
-      <label data-field="temperature">Temperature <input name="temperature" type="number" step="0.05" min="0" value="0" /></label>
-      <label data-field="priority">Priority <input name="priority" type="number" value="0" /></label>
+      <label data-field="priority" title="Higher runs sooner; equal priorities run in the order queued">Priority (higher runs sooner) <input name="priority" type="number" value="0" /></label>
+      <label data-field="seed">Seed <input name="seed" type="number" min="0" placeholder="0" /></label>
     </div>
+    <fieldset class="sampling">
+      <legend>Sampling</legend>
+      <label class="inline"><input type="checkbox" name="greedy" /> Greedy (the most likely token each time)</label>
+      <div class="grid3">
+        <label data-field="temperature">Temperature <input name="temperature" type="number" step="0.05" min="0" /></label>
+        <label data-field="top_p">Top-p <input name="top_p" type="number" step="0.01" min="0" max="1" /></label>
+        <label data-field="top_k">Top-k <input name="top_k" type="number" min="1" /></label>
+      </div>
+      <label data-field="stop">Stop at (one string per line) <textarea name="stop" rows="1"></textarea></label>
+      <p class="hint" id="sampling-note"></p>
+    </fieldset>
     <div class="row">
       <button type="button" id="count" class="secondary">Count tokens</button>
       <button type="submit" id="submit" ${models.length === 0 ? "disabled" : ""}>Queue task</button>
@@ -45,13 +56,20 @@ function body(f: HTMLFormElement): Record<string, unknown> {
     .filter(Boolean);
   const num = (n: string) => (v(n).trim() === "" ? undefined : Number(v(n)));
   const mode = (f.querySelector('input[name="mode"]:checked') as HTMLInputElement | null)?.value;
+  const greedy = (f.elements.namedItem("greedy") as HTMLInputElement | null)?.checked ?? false;
+  const stop = v("stop")
+    .split("\n")
+    .filter((s) => s.length > 0);
   return {
     model: v("model"),
     title: v("title").trim() || undefined,
     ...(mode === "chat" ? { messages: [{ role: "user", content: text }] } : { prompt: text }),
     attachments: attachments.length ? attachments : undefined,
     max_tokens: num("max_tokens"),
-    temperature: num("temperature"),
+    // Empty fields take the model's own defaults (its generation_config.json).
+    ...(greedy ? { temperature: 0 } : { temperature: num("temperature"), top_p: num("top_p"), top_k: num("top_k") }),
+    seed: num("seed"),
+    stop: stop.length ? stop : undefined,
     priority: num("priority"),
   };
 }
@@ -109,8 +127,9 @@ export async function render(root: HTMLElement): Promise<() => void> {
   const search = root.querySelector("#search") as HTMLInputElement;
   let jobs: Job[] = [];
 
+  let models: Model[] = [];
   try {
-    const { models } = await get<{ models: Model[] }>("/api/models");
+    models = (await get<{ models: Model[] }>("/api/models")).models;
     slot.innerHTML = form(models);
   } catch (e) {
     slot.innerHTML = `<div class="card error">${esc((e as Error).message)}</div>`;
@@ -171,6 +190,26 @@ export async function render(root: HTMLElement): Promise<() => void> {
   });
 
   if (f) {
+    // The model's sampling shown in the form: as placeholders, with greedy one click away.
+    const note = root.querySelector("#sampling-note") as HTMLElement;
+    const field = (n: string) => f.elements.namedItem(n) as HTMLInputElement;
+    const showSampling = () => {
+      const m = models.find((x) => x.name === field("model").value);
+      const d = m?.sampling ?? null;
+      const greedy = field("greedy").checked;
+      field("temperature").placeholder = d ? String(d.temperature) : "0 (greedy)";
+      field("top_p").placeholder = d ? String(d.top_p) : "1";
+      field("top_k").placeholder = d?.top_k != null ? String(d.top_k) : "off";
+      for (const n of ["temperature", "top_p", "top_k"]) field(n).disabled = greedy;
+      note.textContent = greedy
+        ? "Greedy: the same prompt always gives the same answer."
+        : d
+          ? `Empty fields take the model's own settings (generation_config.json): temperature ${d.temperature}, top-p ${d.top_p}, top-k ${d.top_k ?? "off"}.`
+          : "This model names no sampling settings: empty fields decode greedily.";
+    };
+    field("model").addEventListener("change", showSampling);
+    field("greedy").addEventListener("change", showSampling);
+    showSampling();
     const count = root.querySelector("#count") as HTMLButtonElement;
     const counted = root.querySelector("#token-count") as HTMLElement;
     count.addEventListener("click", async () => {
