@@ -96,13 +96,19 @@ impl Packer {
             let started = Instant::now();
             let mut opts = PackOptions::new(req.source.clone(), out.clone(), req.drives.clone());
             opts.quantization = req.quantization;
+            // Rates and ETAs are per phase: each phase counts its own bytes.
+            let phase_start = std::cell::Cell::new((PackPhase::HashingSource, started));
             let report = |p: PackProgress| {
-                let seconds = started.elapsed().as_secs_f64();
+                crate::faults::on_pack_progress();
+                if phase_start.get().0 != p.phase {
+                    phase_start.set((p.phase, Instant::now()));
+                }
+                let seconds = phase_start.get().1.elapsed().as_secs_f64();
                 me.update(id, |t| {
                     t.phase = match p.phase {
                         PackPhase::HashingSource => "hashing source",
                         PackPhase::WritingExperts => "writing experts",
-                        PackPhase::WritingResident => "writing resident",
+                        PackPhase::WritingResident => "writing resident weights",
                     }
                     .into();
                     t.done_bytes = p.done_bytes;

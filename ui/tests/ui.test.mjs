@@ -21,6 +21,7 @@ const bin =
 const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium";
 const WAIT = 120_000;
 const demoModel = join(uiDir, "../assets/longhaul-demo-moe");
+const PACK_FAULTS = "pack-delay-ms=15";
 
 let root, service, browser, page, url, token, packPath;
 
@@ -67,7 +68,11 @@ before(async () => {
   execFileSync(bin, ["drives", "probe", "--model", packPath, "--bytes", "1M"], { stdio: "ignore" });
   const data = join(root, "data");
   // A budget of a few experts (of 192): most lookups read from the drives.
-  service = spawn(bin, ["serve", "--data-dir", data, "--port", "0", "--budget", "2M", "--ui-dir", join(uiDir, "dist")], { stdio: "ignore" });
+  // Packs written through it report slowly enough to watch each phase.
+  service = spawn(bin, ["serve", "--data-dir", data, "--port", "0", "--budget", "2M", "--ui-dir", join(uiDir, "dist")], {
+    stdio: "ignore",
+    env: { ...process.env, LONGHAUL_FAULTS: PACK_FAULTS },
+  });
   url = await waitFor(() => existsSync(join(data, "endpoint")) && readFileSync(join(data, "endpoint"), "utf8").trim(), "the service");
   token = readFileSync(join(data, "token"), "utf8").trim();
   browser = await chromium.launch({
@@ -114,6 +119,11 @@ test("models: a checkpoint packed across two drives from the form, with progress
   assert.match(await err.textContent(), /at least one drive/);
   await page.fill('#pack textarea[name="drives"]', drives.join("\n"));
   await page.click("#pack button[type=submit]");
+  // The experts being written, with their own bytes and rate, then the resident weights.
+  const writing = await page.waitForSelector("#packs li.pack[data-state=running] .job-meta:has-text('writing experts')", { timeout: WAIT });
+  assert.match(await writing.textContent(), /writing experts · [\d.]+ \w+ of [\d.]+ MiB · [\d.]+ MB\/s/);
+  await shot("models-packing");
+  await page.waitForSelector("#packs li.pack .job-meta:has-text('writing resident weights'), #packs li.pack[data-state=done]", { timeout: WAIT });
   await page.waitForSelector("#packs li.pack[data-state=done]", { timeout: WAIT });
   assert.match(await page.textContent("#packs"), /MB\/s/);
   await page.waitForSelector("#models li b:text('packed-here')");
@@ -357,7 +367,10 @@ test("after the service comes back, the open views recover without a reload", as
   await page.click("nav a[data-view=tasks]");
   await page.waitForSelector("#form-slot .error");
   await shot("service-down");
-  service = spawn(bin, ["serve", "--data-dir", data, "--port", port, "--budget", "2M", "--ui-dir", join(uiDir, "dist")], { stdio: "ignore" });
+  service = spawn(bin, ["serve", "--data-dir", data, "--port", port, "--budget", "2M", "--ui-dir", join(uiDir, "dist")], {
+    stdio: "ignore",
+    env: { ...process.env, LONGHAUL_FAULTS: PACK_FAULTS },
+  });
   await page.waitForSelector("#conn:has-text('connected')", { timeout: 30_000 });
   await page.waitForSelector("#new-task", { timeout: 15_000 });
   await page.waitForSelector("#banner", { state: "hidden" });

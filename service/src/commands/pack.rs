@@ -94,11 +94,16 @@ pub fn write_pack_showing_progress(
     opts: &PackOptions,
     bar: ProgressBar,
 ) -> Result<PackSummary, PackError> {
+    let phase = std::cell::Cell::new(None);
     let summary = write_pack(opts, &|p: PackProgress| {
+        // Each phase counts its own bytes: its rate and ETA start afresh.
+        if phase.replace(Some(p.phase)) != Some(p.phase) {
+            bar.reset();
+        }
         bar.set_message(match p.phase {
             PackPhase::HashingSource => "hashing source",
             PackPhase::WritingExperts => "writing experts",
-            PackPhase::WritingResident => "writing resident",
+            PackPhase::WritingResident => "writing resident weights",
         });
         bar.set_length(p.total_bytes);
         bar.set_position(p.done_bytes);

@@ -89,7 +89,7 @@ function jobRow(j: Job): string {
       ? `${rate(j.stats.tokens_per_second)} · ${duration(j.stats.wall_seconds)}`
       : "";
   const place = j.queue_position ? `#${j.queue_position} in line` : "";
-  const reason = j.pause_reason ? `<span class="reason">${esc(j.pause_reason)}</span>` : "";
+  const reason = j.pause_reason && ["paused", "interrupted"].includes(j.state) ? `<span class="reason">${esc(j.pause_reason)}</span>` : "";
   const err = j.error ? `<span class="reason error">${esc(j.error)}</span>` : "";
   const act = (a: string, label: string) => `<button class="small secondary" data-act="${a}" data-id="${j.id}">${label}</button>`;
   const actions = [
