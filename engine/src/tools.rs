@@ -12,6 +12,7 @@ pub use crate::metrics::replay::{
     RoutingStats, belady_hit_rate, lfu_hit_rate, lru_hit_rate, oracle_pin_hit_rate, routing_stats,
 };
 pub use crate::metrics::{QualityReport, compare_logits, trace};
+pub use crate::pack::details::{DriveShare, PackDetails, describe as describe_pack};
 pub use crate::pack::encoding::Quantization;
 pub use crate::pack::verify::verify_pack;
 pub use crate::pack::{

@@ -8,6 +8,7 @@ pub mod data_dir;
 pub mod drive_watch;
 pub mod events;
 pub mod faults;
+pub mod history;
 pub mod http;
 pub mod install;
 pub mod packing;

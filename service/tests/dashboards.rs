@@ -266,3 +266,40 @@ fn an_unplugged_drive_pauses_the_running_job_and_its_return_is_announced() {
     s.wait_state(id, "running", WAIT);
     s.post(&format!("/api/jobs/{id}/cancel"), json!({}));
 }
+
+#[test]
+fn the_dashboard_history_outlives_the_tab_and_the_service() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let s = Service::start(&data);
+    s.add_model("m", &pack(tmp.path(), &synth_model(tmp.path())));
+    let id = s.post(
+        "/api/jobs",
+        json!({ "model": "m", "prompt": "Audit", "max_tokens": 16 }),
+    )["id"]
+        .as_i64()
+        .unwrap();
+    s.wait_final(id, WAIT);
+    // Metrics are sampled once a second while the model is loaded.
+    let started = std::time::Instant::now();
+    let history = loop {
+        let h = s.get("/api/metrics/history");
+        if h["recent"].as_array().unwrap().len() >= 3 {
+            break h;
+        }
+        assert!(started.elapsed() < WAIT, "no history: {h}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let point = &history["recent"][0];
+    assert!(point["t"].as_f64().unwrap() > 1.7e9, "{point}");
+    assert_eq!(point["drives"].as_array().unwrap().len(), 2, "{point}");
+    s.stop();
+    // The minute in progress was kept when the service stopped.
+    let file = data.join("metrics-history.jsonl");
+    assert!(file.is_file());
+    let s = Service::start(&data);
+    let after = s.get("/api/metrics/history");
+    let minutes = after["minutes"].as_array().unwrap();
+    assert!(!minutes.is_empty(), "{after}");
+    assert!(minutes.iter().all(|m| m["seconds"].as_f64().unwrap() > 0.0));
+}

@@ -137,6 +137,26 @@ export interface Model {
   created_ms: number;
   /** How a local checkpoint asks to be sampled (its generation_config.json); null: greedy. */
   sampling?: SamplingDefaults | null;
+  /** What a pack holds (absent for checkpoints and remote models). */
+  details?: PackDetails;
+}
+
+export interface PackDetails {
+  model_type: string;
+  layers: number;
+  context_length: number | null;
+  total_params: number;
+  active_params: number | null;
+  expert_layers: number;
+  experts_per_layer: number;
+  experts_per_token: number | null;
+  expert_dtype: string;
+  expert_quantization: string | null;
+  resident_quantization: string | null;
+  compression: string | null;
+  expert_bytes: number;
+  resident_bytes: number;
+  drives: { path: string; bytes: number }[];
 }
 
 export interface SamplingDefaults {

@@ -82,10 +82,49 @@ window.addEventListener("hashchange", () => {
   void route();
 });
 
-// Keyboard: n = new task, / = search (in the task list), g d = dashboard.
+/** The keyboard shortcuts, as `?` lists them. */
+const SHORTCUTS: [string, string][] = [
+  ["n", "New task (focus the task form)"],
+  ["/", "Search the task list"],
+  ["Ctrl/⌘ + Enter", "Queue the task being written"],
+  ["?", "Show or hide this list"],
+  ["Esc", "Close this list"],
+];
+
+function toggleShortcuts(show?: boolean): void {
+  let box = document.getElementById("shortcuts");
+  if (!box) {
+    box = document.createElement("div");
+    box.id = "shortcuts";
+    box.className = "shortcuts card";
+    box.setAttribute("role", "dialog");
+    box.setAttribute("aria-label", "Keyboard shortcuts");
+    box.innerHTML = `<h2>Keyboard shortcuts</h2><table class="table">${SHORTCUTS.map(([k, what]) => `<tr><td><kbd>${k}</kbd></td><td>${what}</td></tr>`).join("")}</table>`;
+    box.hidden = true;
+    document.body.append(box);
+  }
+  box.hidden = !(show ?? box.hidden);
+}
+
+// Ctrl/Cmd+Enter in the task form queues the task, wherever the focus is in it.
 document.addEventListener("keydown", (e) => {
+  if (e.key !== "Enter" || !(e.ctrlKey || e.metaKey)) return;
+  const form = (document.activeElement as HTMLElement | null)?.closest("form#new-task") as HTMLFormElement | null;
+  if (!form) return;
+  e.preventDefault();
+  form.requestSubmit();
+});
+
+// Keyboard: n = new task, / = search (in the task list), ? = the list of shortcuts.
+document.addEventListener("keydown", (e) => {
+  if (e.key === "Escape") toggleShortcuts(false);
   const typing = ["INPUT", "TEXTAREA", "SELECT"].includes(document.activeElement?.tagName ?? "");
   if (typing || e.metaKey || e.ctrlKey || e.altKey) return;
+  if (e.key === "?") {
+    e.preventDefault();
+    toggleShortcuts();
+    return;
+  }
   if (e.key === "n") {
     e.preventDefault();
     // On another view the form exists only once the task view has rendered.

@@ -2,7 +2,34 @@
 // dashboard has the last ten minutes whichever view is open, and the latest
 // progress of each job.
 
-import { Connection, events, JobProgress, MetricsEvent } from "./api";
+import { Connection, events, get, JobProgress, MetricsEvent } from "./api";
+
+/** A point of the service's history (see the service's `history` module). */
+interface HistoryPoint {
+  t: number;
+  seconds: number;
+  drives: { path: string; mb_per_s: number; busy_share: number }[];
+  hit_rate: number | null;
+  recall: number | null;
+  tokens_per_second: number | null;
+  held_bytes: number;
+  budget_bytes: number;
+  running_job: number | null;
+}
+
+function fromHistory(p: HistoryPoint): Sample {
+  return {
+    t: p.t,
+    drives: Object.fromEntries(p.drives.map((d) => [d.path, d.mb_per_s])),
+    busy: Object.fromEntries(p.drives.map((d) => [d.path, d.busy_share])),
+    total: p.drives.reduce((s, d) => s + d.mb_per_s, 0),
+    hitRate: p.hit_rate,
+    recall: p.recall,
+    tokensPerSecond: p.tokens_per_second,
+    held: p.held_bytes,
+    budget: p.budget_bytes,
+  };
+}
 
 /** Samples kept for the charts: ten minutes at one per second. */
 export const HISTORY = 600;
@@ -25,6 +52,8 @@ type Listener = () => void;
 
 class Store {
   samples: Sample[] = [];
+  /** One point a minute for the last week, from the service. */
+  minutes: Sample[] = [];
   latest: MetricsEvent | null = null;
   progress = new Map<number, JobProgress>();
   connected = false;
@@ -51,6 +80,7 @@ class Store {
       queue: () => this.queueListeners.forEach((l) => l()),
       resync: () => {
         this.progress.clear();
+        void this.loadHistory();
         this.queueListeners.forEach((l) => l());
         this.resyncListeners.forEach((l) => l());
       },
@@ -61,6 +91,21 @@ class Store {
         this.statusListeners.forEach((l) => l());
       },
     });
+  }
+
+  /** Takes the service's history: what happened before this page was open. */
+  async loadHistory(): Promise<void> {
+    try {
+      const h = await get<{ recent: HistoryPoint[]; minutes: HistoryPoint[] }>("/api/metrics/history");
+      const recent = h.recent.map(fromHistory);
+      const newest = recent.length ? recent[recent.length - 1].t : 0;
+      // Live samples that arrived while the history was on its way stay.
+      this.samples = [...recent, ...this.samples.filter((s) => s.t > newest)].slice(-HISTORY);
+      this.minutes = h.minutes.map(fromHistory);
+      this.metricsListeners.forEach((l) => l());
+    } catch {
+      // The live stream fills the charts anyway.
+    }
   }
 
   private addMetrics(m: MetricsEvent): void {

@@ -106,6 +106,13 @@ test("models: an empty list, then a pack added through the form", async () => {
   await page.fill('#add-model input[name="path"]', packPath);
   await page.click("#add-model button[type=submit]");
   await page.waitForSelector("#models li b:text('demo')");
+  // The pack's details: family, parameters, storage, RAM and drives.
+  await page.click("#models .model-details summary");
+  const details = await page.textContent("#models .model-details");
+  assert.match(details, /qwen3_moe · 17\.\d M parameters, \d+\.\d M active/);
+  assert.match(details, /32 per layer in 6 layers, 4 per token/);
+  assert.match(details, /1,024 tokens/);
+  assert.equal(await page.$$eval("#models .model-details tbody tr", (r) => r.length), 2, "both drives");
   await shot("models");
 });
 
@@ -196,6 +203,12 @@ test("results: the output renders with statistics while the task runs", async ()
   const text = await page.textContent("#output");
   const stored = (await api("GET", `/api/jobs/${first.id}`)).output;
   assert.ok(text.trim().length > 0 && stored.length > 0);
+  // Find in the result: every match is marked and counted.
+  const word = stored.split(/\W+/).find((w) => w.length >= 4);
+  await page.fill("#find", word);
+  await page.waitForSelector("#output mark");
+  assert.match(await page.textContent("#found"), /^[1-9]\d* found$/);
+  await page.fill("#find", "");
   const exportLink = await page.getAttribute("a:text('Export Markdown')", "href");
   const md = await (await fetch(url + exportLink)).text();
   assert.match(md, /^# Storage engine draft/);
@@ -248,6 +261,12 @@ test("settings and keyboard shortcuts", async () => {
   await page.waitForFunction(() => document.activeElement?.id === "search");
   await page.keyboard.type("zzz-no-match");
   await page.waitForSelector("#jobs .empty:has-text('No task matches')");
+  await page.click("body");
+  await page.keyboard.press("?");
+  await page.waitForSelector("#shortcuts:has-text('Ctrl/⌘ + Enter')");
+  await shot("shortcuts");
+  await page.keyboard.press("Escape");
+  await page.waitForSelector("#shortcuts", { state: "hidden" });
 });
 
 test("cancel asks once more: Keep it leaves the task alone, End task ends it", async () => {
@@ -354,6 +373,26 @@ test("a refused token says so, and opening the printed address in the same tab c
   await page.waitForSelector("#new-task");
 });
 
+test("a tab opened in the morning shows the night: the dashboard's history comes from the service", async () => {
+  const ctx = await browser.newContext({ viewport: { width: 1360, height: 900 } });
+  try {
+    const p = await ctx.newPage();
+    await p.goto(`${url}/#token=${token}`);
+    await p.click("nav a[data-view=dashboard]");
+    const opened = Date.now();
+    await p.waitForFunction(() => {
+      const m = (document.querySelector("#summary")?.textContent ?? "").match(/(\d+) s of history/);
+      return m && Number(m[1]) >= 20;
+    }, null, { timeout: 10_000 });
+    assert.ok(Date.now() - opened < 10_000, "more seconds than the tab has been open");
+    await p.selectOption("#range", String(12 * 3600));
+    await p.waitForFunction(() => /(\d+) min of history/.test(document.querySelector("#summary")?.textContent ?? ""), null, { timeout: 10_000 });
+    await p.screenshot({ path: join(artifacts, "dashboard-history.png"), fullPage: true });
+  } finally {
+    await ctx.close();
+  }
+});
+
 test("after the service comes back, the open views recover without a reload", async () => {
   const port = new URL(url).port;
   const data = join(root, "data");
@@ -388,11 +427,45 @@ test("the task form shows the model's own sampling and keeps greedy one click aw
   await page.waitForSelector("#sampling-note:has-text('Greedy')");
   assert.ok(await page.isDisabled('input[name="temperature"]'));
   await page.fill('input[name="title"]', "Greedy check");
-  await page.fill('textarea[name="prompt"]', "Name one cache policy");
   await page.fill('input[name="max_tokens"]', "4");
-  await page.click("#submit");
+  await page.fill('textarea[name="prompt"]', "Name one cache policy");
+  // Ctrl+Enter from the prompt queues it.
+  await page.press('textarea[name="prompt"]', "Control+Enter");
   const job = await waitFor(async () => (await api("GET", "/api/jobs")).jobs.find((j) => j.title === "Greedy check"), "the task");
   assert.equal(job.request.settings.temperature, 0);
   await page.uncheck('input[name="greedy"]');
   await shot("task-form-sampling");
+});
+
+test("dark theme follows the system, with input borders at 3:1 or more in both themes", async () => {
+  const lum = (rgb) => {
+    const [r, g, b] = rgb.match(/\d+/g).slice(0, 3).map((v) => {
+      const c = Number(v) / 255;
+      return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4;
+    });
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+  };
+  const contrast = (a, b) => (Math.max(lum(a), lum(b)) + 0.05) / (Math.min(lum(a), lum(b)) + 0.05);
+  for (const scheme of ["light", "dark"]) {
+    const ctx = await browser.newContext({ viewport: { width: 1360, height: 900 }, colorScheme: scheme });
+    try {
+      const p = await ctx.newPage();
+      await p.goto(`${url}/#token=${token}`);
+      await p.waitForSelector("#new-task");
+      const [border, field, bg] = await p.$eval('textarea[name="prompt"]', (el) => {
+        const s = getComputedStyle(el);
+        return [s.borderTopColor, s.backgroundColor, getComputedStyle(document.documentElement).backgroundColor];
+      });
+      assert.ok(contrast(border, field) >= 3, `${scheme}: input border ${border} on ${field} is ${contrast(border, field).toFixed(2)}:1`);
+      assert.equal(lum(bg) < 0.1, scheme === "dark", `${scheme} page background ${bg}`);
+      await p.screenshot({ path: join(artifacts, `tasks-${scheme}.png`), fullPage: true });
+      if (scheme === "dark") {
+        await p.click("nav a[data-view=dashboard]");
+        await p.waitForSelector("#c-drives .uplot", { timeout: 15_000 }).catch(() => {});
+        await p.screenshot({ path: join(artifacts, "dashboard-dark.png"), fullPage: true });
+      }
+    } finally {
+      await ctx.close();
+    }
+  }
 });

@@ -2,6 +2,7 @@
 //! stays in RAM, and routed-expert records striped over several drives.
 
 pub mod compress;
+pub mod details;
 pub mod encoding;
 mod layout;
 pub mod manifest;

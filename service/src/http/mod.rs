@@ -129,6 +129,8 @@ pub struct AppState {
     pub packer: Arc<crate::packing::Packer>,
     /// Becomes true when the service begins to stop.
     stopping: tokio::sync::watch::Receiver<bool>,
+    /// The dashboard's history, kept across the night and restarts.
+    pub history: Arc<Mutex<crate::history::History>>,
 }
 
 impl AppState {
@@ -141,8 +143,11 @@ impl AppState {
         let stop = tokio_stream::wrappers::WatchStream::new(self.stopping.clone())
             .filter(|stopping| *stopping)
             .map(|_| None);
+        // The stream's own end is a `None` too, or the merge would wait
+        // for the stop signal forever.
         stream
             .map(Some)
+            .chain(tokio_stream::once(None))
             .merge(stop)
             .take_while(Option::is_some)
             .filter_map(std::convert::identity)
@@ -378,6 +383,7 @@ pub fn router(app: AppState) -> Router {
         .route("/api/heat/{model}", get(system::heat))
         .route("/api/info", get(info))
         .route("/api/metrics", get(system::metrics))
+        .route("/api/metrics/history", get(system::metrics_history))
         .route("/api/events", get(system::events))
         .route("/v1/models", get(openai::models))
         .route("/v1/chat/completions", post(openai::chat_completions))
@@ -439,6 +445,12 @@ async fn sample_metrics(app: AppState) {
         };
         if let Ok(mut m) = app.metrics.lock() {
             *m = Some(event.clone());
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        if let Ok(mut h) = app.history.lock() {
+            h.record(&event, now);
         }
         app.events.publish(Event::Metrics(Box::new(event)));
     }
@@ -531,6 +543,9 @@ pub async fn serve(
         address: String::new(),
         packer: Arc::new(crate::packing::Packer::default()),
         stopping: stop_rx.clone(),
+        history: Arc::new(Mutex::new(crate::history::History::open(Some(
+            config.data_dir.join(crate::history::HISTORY_FILE),
+        )))),
     };
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
@@ -550,6 +565,7 @@ pub async fn serve(
         tracing::warn!("{e}");
     }
     tokio::spawn(sample_metrics(app.clone()));
+    let history = Arc::clone(&app.history);
     ready(addr, &token);
     let listener = conn::Guarded::new(listener, conn::Limits::default());
     let signal = async move {
@@ -573,6 +589,9 @@ pub async fn serve(
         }
     };
     runner.control.shutdown();
+    if let Ok(mut h) = history.lock() {
+        h.flush();
+    }
     let _ = tokio::task::spawn_blocking(move || handle.join()).await;
     served.map_err(|source| ServeError::Io {
         path: config.data_dir,

@@ -89,6 +89,12 @@ fn with_weights(model: &ModelEntry) -> Value {
             .flatten();
         obj.insert("sampling".into(), json!(sampling));
     }
+    if let (Some(details), Some(obj)) = (
+        longhaul_engine::tools::describe_pack(std::path::Path::new(path)),
+        v.as_object_mut(),
+    ) {
+        obj.insert("details".into(), json!(details));
+    }
     if !longhaul_engine::tools::is_pack(path) {
         return v;
     }

@@ -140,6 +140,16 @@ pub async fn metrics(State(app): State<AppState>) -> Json<Value> {
     }))
 }
 
+/// `GET /api/metrics/history`: the last ten minutes a second at a time, and
+/// the last week a minute at a time (see [`crate::history`]).
+pub async fn metrics_history(State(app): State<AppState>) -> Json<Value> {
+    let Ok(h) = app.history.lock() else {
+        return Json(json!({ "recent": [], "minutes": [] }));
+    };
+    let recent: Vec<_> = h.recent().cloned().collect();
+    Json(json!({ "recent": recent, "minutes": h.minutes() }))
+}
+
 /// Server-sent events: `job`, `queue` and `metrics` events as JSON.
 pub async fn events(
     State(app): State<AppState>,

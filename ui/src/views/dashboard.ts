@@ -21,6 +21,9 @@ interface Heat {
 // Rates and sizes are read against zero, not against their own wobble.
 const fromZero: uPlot.Scale.Range = (_u, _min, max) => [0, max > 0 ? max * 1.15 : 1];
 const share: uPlot.Scale.Range = () => [0, 1];
+/** The time axis spans at least a minute, so one sample does not stretch it over years. */
+const MIN_TIME_SPAN_S = 60;
+const timeRange: uPlot.Scale.Range = (_u, min, max) => (max - min < MIN_TIME_SPAN_S ? [max - MIN_TIME_SPAN_S, max] : [min, max]);
 /** Memory never spans less than 1 MiB, so an empty chart reads 0 B … 1 MiB, not "1 B, 1 B, 0 B". */
 const MIN_MEMORY_SPAN = 1 << 20;
 const memoryRange: uPlot.Scale.Range = (_u, _min, max) => [0, Math.max(MIN_MEMORY_SPAN, max * 1.15)];
@@ -33,12 +36,19 @@ function chart(
   format?: (v: number) => string,
   yRange: uPlot.Scale.Range = fromZero,
 ): uPlot {
+  // Axes in the theme's colours (light or dark).
+  const css = getComputedStyle(document.documentElement);
+  const ink = css.getPropertyValue("--muted").trim() || "#6b7075";
+  const grid = css.getPropertyValue("--line").trim() || "#e2e0db";
   const opts: uPlot.Options = {
     title,
     width: Math.max(300, el.clientWidth - 8),
     height: 200,
-    scales: { x: { time: true }, y: { range: yRange } },
-    axes: [{}, { label: yLabel, size: 70, ...(format ? { values: (_u: uPlot, vals: number[]) => vals.map(format) } : {}) }],
+    scales: { x: { time: true, range: timeRange }, y: { range: yRange } },
+    axes: [
+      { stroke: ink, grid: { stroke: grid } },
+      { stroke: ink, grid: { stroke: grid }, label: yLabel, size: 70, ...(format ? { values: (_u: uPlot, vals: number[]) => vals.map(format) } : {}) },
+    ],
     series: [{}, ...series.map((s) => ({ label: s.label, stroke: s.color, width: s.dash ? 1 : 2, dash: s.dash, spanGaps: true }))],
   };
   return new uPlot(opts, [[], ...series.map(() => [])], el);
@@ -73,6 +83,11 @@ function running(id: number): string {
 export async function render(root: HTMLElement): Promise<() => void> {
   root.innerHTML = `
     <div class="summary card" id="summary"></div>
+    <div class="row range"><label class="inline">Show <select id="range" aria-label="Time range of the charts">
+      <option value="live">the last 10 minutes, each second</option>
+      <option value="${12 * 3600}">the last 12 hours, each minute</option>
+      <option value="${7 * 24 * 3600}">the last 7 days, each minute</option>
+    </select></label></div>
     <div class="charts">
       <section class="card"><div id="c-drives" class="chart"></div></section>
       <section class="card"><div id="c-busy" class="chart"></div></section>
@@ -130,8 +145,14 @@ export async function render(root: HTMLElement): Promise<() => void> {
     memoryRange,
   );
 
+  const range = root.querySelector("#range") as HTMLSelectElement;
+  const shown = (): Sample[] => {
+    if (range.value === "live") return store.samples;
+    const since = Date.now() / 1000 - Number(range.value);
+    return store.minutes.filter((s) => s.t >= since);
+  };
   const update = () => {
-    const samples = store.samples;
+    const samples = shown();
     const paths = Array.from(new Set(samples.flatMap((s) => Object.keys(s.drives)))).sort();
     const capped = paths.filter((p) => ceilings.has(p));
     const short = (p: string) => p.split("/").slice(-2).join("/");
@@ -181,9 +202,13 @@ export async function render(root: HTMLElement): Promise<() => void> {
          <span>hit rate ${percent(m.engine?.hit_rate)}</span>
          <span>prefetch recall ${percent(m.engine?.prefetch_recall)}</span>
          <span>cache ${bytes(m.engine?.cache.held_bytes)} of ${bytes(m.budget_bytes)}</span>
-         <span>${samples.length} s of history</span>`
+         <span>${range.value === "live" ? `${samples.length} s of history` : `${samples.length} min of history`}</span>`
       : `<span class="empty">No model is loaded yet: the charts fill once a task runs.</span>`;
   };
+  range.addEventListener("change", () => {
+    if (range.value !== "live") void store.loadHistory();
+    update();
+  });
   update();
   const off = store.onMetrics(update);
   const offJob = store.onJob((p) => {
@@ -225,6 +250,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
   const heatTimer = setInterval(() => {
     void loadHeat();
     void loadCeilings();
+    if (range.value !== "live") void store.loadHistory();
   }, 10_000);
   return () => {
     off();

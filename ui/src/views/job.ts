@@ -13,6 +13,48 @@ function markdown(text: string): string {
   return DOMPurify.sanitize(marked.parse(text, { async: false }) as string);
 }
 
+/** Puts a Copy button on each code block of `out`. */
+function addCopyButtons(out: Element): void {
+  out.querySelectorAll("pre").forEach((pre) => {
+    if (pre.querySelector("button.copy-code")) return;
+    const b = document.createElement("button");
+    b.className = "copy-code small secondary";
+    b.type = "button";
+    b.textContent = "Copy";
+    b.setAttribute("aria-label", "Copy this code block");
+    pre.prepend(b);
+  });
+}
+
+/** Marks each match of `q` in `out`'s text; returns how many there are. */
+function highlight(out: Element, q: string): number {
+  if (!q) return 0;
+  const needle = q.toLowerCase();
+  const walker = document.createTreeWalker(out, NodeFilter.SHOW_TEXT);
+  const hits: Text[] = [];
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    if ((n.textContent ?? "").toLowerCase().includes(needle) && !(n.parentElement?.closest("button"))) hits.push(n as Text);
+  }
+  let count = 0;
+  for (const node of hits) {
+    const text = node.textContent ?? "";
+    const lower = text.toLowerCase();
+    const frag = document.createDocumentFragment();
+    let at = 0;
+    for (let i = lower.indexOf(needle); i >= 0; i = lower.indexOf(needle, at)) {
+      frag.append(text.slice(at, i));
+      const mark = document.createElement("mark");
+      mark.textContent = text.slice(i, i + q.length);
+      frag.append(mark);
+      at = i + q.length;
+      count++;
+    }
+    frag.append(text.slice(at));
+    node.replaceWith(frag);
+  }
+  return count;
+}
+
 /** The running job's phase: a bar and a line while the prompt is read, speed and ETA after. */
 function phase(j: Job): string {
   const live = j.state === "running" ? j.live : null;
@@ -102,17 +144,67 @@ export async function render(root: HTMLElement, id: number): Promise<() => void>
         <div class="row">
           ${controls}
           <button data-act="copy" class="secondary">Copy</button>
+          <input id="find" type="search" placeholder="Find in the result" aria-label="Find in the result" value="${esc(query)}" />
+          <span id="found" class="hint" aria-live="polite"></span>
           <a class="button secondary" href="${withToken(`/api/jobs/${id}/export?format=markdown`)}" download>Export Markdown</a>
           <a class="button secondary" href="${withToken(`/api/jobs/${id}/export?format=json`)}" download>Export JSON</a>
         </div>
       </div>
       ${task(job)}
-      <article class="card output" id="output">${output ? markdown(output) : `<p class="empty">${emptyNote(job)}</p>`}</article>`;
+      <article class="card output" id="output">${output ? markdown(output) : `<p class="empty">${emptyNote(job)}</p>`}</article>
+      <button id="jump" class="jump" hidden>Jump to latest ↓</button>`;
+    decorate();
   };
+  // While the answer grows the page follows its end, unless the reader
+  // scrolled up; then a button brings them back.
+  let following = true;
+  const atEnd = () => window.innerHeight + window.scrollY >= document.body.scrollHeight - 40;
+  const onScroll = () => {
+    following = atEnd();
+    const jump = root.querySelector("#jump") as HTMLElement | null;
+    if (jump) jump.hidden = following || job.state !== "running";
+  };
+  window.addEventListener("scroll", onScroll, { passive: true });
+  const decorate = () => {
+    const out = root.querySelector("#output");
+    if (!out) return;
+    addCopyButtons(out);
+    const n = highlight(out, query);
+    const found = root.querySelector("#found");
+    if (found) found.textContent = query ? `${n} found` : "";
+  };
+  let query = "";
   draw();
+  root.addEventListener("input", (ev) => {
+    const input = ev.target as HTMLInputElement;
+    if (input.id !== "find") return;
+    query = input.value;
+    const out = root.querySelector("#output");
+    if (out) out.innerHTML = output ? markdown(output) : out.innerHTML;
+    decorate();
+    root.querySelector("#output mark")?.scrollIntoView({ block: "center" });
+  });
 
   root.addEventListener("click", async (ev) => {
-    const b = (ev.target as HTMLElement).closest("button[data-act]") as HTMLButtonElement | null;
+    const target = ev.target as HTMLElement;
+    const codeCopy = target.closest("button.copy-code");
+    if (codeCopy) {
+      const code = codeCopy.parentElement?.querySelector("code")?.textContent ?? "";
+      try {
+        await navigator.clipboard.writeText(code);
+        toast("Copied the code block");
+      } catch {
+        toast("The browser did not allow copying; select the text instead.", "error");
+      }
+      return;
+    }
+    if (target.closest("#jump")) {
+      following = true;
+      window.scrollTo({ top: document.body.scrollHeight });
+      onScroll();
+      return;
+    }
+    const b = target.closest("button[data-act]") as HTMLButtonElement | null;
     if (!b) return;
     const act = b.dataset.act;
     if (act === "cancel" || act === "keep") {
@@ -171,6 +263,9 @@ export async function render(root: HTMLElement, id: number): Promise<() => void>
         scheduled = false;
         const out = root.querySelector("#output");
         if (out) out.innerHTML = output ? markdown(output) : `<p class="empty">${emptyNote(job)}</p>`;
+        decorate();
+        if (following) window.scrollTo({ top: document.body.scrollHeight });
+        onScroll();
         const stats = root.querySelector(".job-stats");
         if (stats) stats.outerHTML = statsGrid(job);
       });
@@ -180,5 +275,6 @@ export async function render(root: HTMLElement, id: number): Promise<() => void>
   return () => {
     off();
     offResync();
+    window.removeEventListener("scroll", onScroll);
   };
 }

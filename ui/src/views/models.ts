@@ -1,6 +1,6 @@
 // Models: the registered checkpoints, packs and remote servers; add and remove.
 
-import { del, get, Model, post } from "../api";
+import { del, get, Model, PackDetails, post } from "../api";
 import { clearFormErrors, showFormError, toast } from "../dom";
 import { bytes, duration, esc, when } from "../format";
 
@@ -29,6 +29,35 @@ function packRow(t: PackTask): string {
     <div class="job-meta">${esc(t.phase)} · ${bytes(t.done_bytes)} of ${bytes(t.total_bytes)}${speed}${eta} · ${t.drives.length} drives</div>
     <div class="progress" role="progressbar" aria-valuenow="${t.done_bytes}" aria-valuemax="${t.total_bytes}"><div style="width:${pct}%"></div></div>
     ${t.error ? `<span class="reason error">${esc(t.error)}</span>` : ""}</li>`;
+}
+
+/** Parameters in people's units: 17.5 M, 1.0 T. */
+function params(n: number): string {
+  const units: [number, string][] = [[1e12, "T"], [1e9, "B"], [1e6, "M"], [1e3, "K"]];
+  const [scale, unit] = units.find(([s]) => n >= s) ?? [1, ""];
+  return `${(n / scale).toFixed(n / scale >= 100 ? 0 : 1)} ${unit}`.trim();
+}
+
+/** A pack's details: what it is, how it is stored, what it needs and where it lives. */
+function details(d: PackDetails): string {
+  const cell = (k: string, v: string) => `<div><dt>${k}</dt><dd>${v}</dd></div>`;
+  const stored = [d.expert_quantization ? `experts ${d.expert_quantization} (lossy)` : `experts ${d.expert_dtype}`, d.resident_quantization ? `resident ${d.resident_quantization} (lossy)` : "resident as published", d.compression ? `compressed (${d.compression})` : ""]
+    .filter(Boolean)
+    .join(", ");
+  const drives = d.drives.map((x) => `<tr><td><code>${esc(x.path)}</code></td><td>${bytes(x.bytes)}</td></tr>`).join("");
+  return `<details class="model-details"><summary>${esc(d.model_type)} · ${params(d.total_params)} parameters${d.active_params ? `, ${params(d.active_params)} active` : ""}</summary>
+    <dl class="stats">
+      ${cell("Family", `${esc(d.model_type)}, ${d.layers} layers`)}
+      ${cell("Parameters", params(d.total_params))}
+      ${cell("Active per token", d.active_params ? params(d.active_params) : "–")}
+      ${cell("Experts", `${d.experts_per_layer} per layer in ${d.expert_layers} layers${d.experts_per_token ? `, ${d.experts_per_token} per token` : ""}`)}
+      ${cell("Context", d.context_length ? `${d.context_length.toLocaleString()} tokens` : "not stated")}
+      ${cell("Stored as", esc(stored))}
+      ${cell("On the drives", bytes(d.expert_bytes))}
+      ${cell("RAM for the resident part", bytes(d.resident_bytes))}
+    </dl>
+    <table class="table"><thead><tr><th>Drive folder</th><th>Expert bytes</th></tr></thead><tbody>${drives}</tbody></table>
+  </details>`;
 }
 
 export async function render(root: HTMLElement): Promise<() => void> {
@@ -74,6 +103,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
             .map(
               (m) => `<li><div><b>${esc(m.name)}</b> <span class="badge">${m.kind}</span></div>
               <div class="hint"><code>${esc(m.path ?? m.url ?? "")}</code>${m.remote_model ? ` · ${esc(m.remote_model)}` : ""} · added ${when(m.created_ms)}</div>
+              ${m.details ? details(m.details) : ""}
               <button class="small secondary" data-remove="${esc(m.name)}">Remove</button></li>`,
             )
             .join("")
