@@ -90,7 +90,11 @@ fn running_line(j: &Value, rate: Option<f64>) -> String {
         );
     }
     let max = j["request"]["settings"]["max_tokens"].as_u64().unwrap_or(0);
-    let tokens = j["tokens"].as_u64().unwrap_or(0);
+    // The live count, with what is not yet committed.
+    let tokens = j["live"]["tokens"]
+        .as_u64()
+        .or_else(|| j["tokens"].as_u64())
+        .unwrap_or(0);
     let speed = rate.map_or(String::new(), |r| format!(", {r:.2} tok/s"));
     format!(
         "{tokens} of {max} tokens ({}%){speed}",

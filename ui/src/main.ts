@@ -12,11 +12,13 @@ import * as dashboard from "./views/dashboard";
 import * as drives from "./views/drives";
 import * as jobView from "./views/job";
 import * as models from "./views/models";
+import * as report from "./views/report";
 import * as settings from "./views/settings";
 import * as tasks from "./views/tasks";
 
 const VIEWS: [string, string][] = [
   ["tasks", "Tasks"],
+  ["report", "Overnight"],
   ["dashboard", "Dashboard"],
   ["drives", "Drives"],
   ["models", "Models"],
@@ -64,7 +66,7 @@ async function route(): Promise<void> {
   const render =
     name === "job"
       ? () => jobView.render(container, Number(arg))
-      : { dashboard: dashboard.render, drives: drives.render, models: models.render, settings: settings.render }[name as "dashboard"]?.bind(null, container) ??
+      : { dashboard: dashboard.render, drives: drives.render, models: models.render, report: report.render, settings: settings.render }[name as "dashboard"]?.bind(null, container) ??
         (() => tasks.render(container));
   const done = await render();
   if (mine === generation) cleanup = done;

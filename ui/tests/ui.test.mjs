@@ -173,6 +173,8 @@ test("tasks: bad input is explained inline, a task is queued and finishes", asyn
 test("pause and resume a long task from the queue", async () => {
   await page.fill('input[name="title"]', "Long audit");
   await page.fill('textarea[name="prompt"]', "Audit every module");
+  // Greedy: the demo model's own sampling may end an answer early.
+  await page.check('input[name="greedy"]');
   // Long, and within the demo model's context of 1,024 tokens.
   await page.fill('input[name="max_tokens"]', "900");
   await page.click("#submit");
@@ -273,6 +275,7 @@ test("cancel asks once more: Keep it leaves the task alone, End task ends it", a
   await page.fill("#search", "");
   await page.fill('input[name="title"]', "Cancel me");
   await page.fill('textarea[name="prompt"]', "Audit the cache");
+  await page.check('input[name="greedy"]');
   await page.fill('input[name="max_tokens"]', "900");
   await page.click("#submit");
   const row = "#jobs li.job:has(a:text('Cancel me'))";
@@ -345,7 +348,7 @@ test("banner: a paused queue says so with Resume, and a removed drive names the 
   assert.equal((await api("GET", "/api/queue")).paused, false);
 
   // A drive folder of the running task's pack disappears.
-  const job = await api("POST", "/api/jobs", { model: "demo", title: "Drive test", prompt: "Audit the drives", max_tokens: 900 });
+  const job = await api("POST", "/api/jobs", { model: "demo", title: "Drive test", prompt: "Audit the drives", max_tokens: 900, temperature: 0 });
   await waitFor(async () => (await api("GET", `/api/jobs/${job.id}`)).tokens > 0, "the task to write");
   const drive = join(root, "drive1");
   renameSync(drive, `${drive}-gone`);
@@ -391,6 +394,50 @@ test("a tab opened in the morning shows the night: the dashboard's history comes
   } finally {
     await ctx.close();
   }
+});
+
+test("the morning view: every task with its figures, filters, and the next step for each", async () => {
+  await page.goto(`${url}/#/report`);
+  await page.waitForSelector("table.report tbody tr[data-id]");
+  const all = await page.$$eval("table.report tbody tr[data-id]", (r) => r.length);
+  const jobs = (await api("GET", "/api/jobs")).jobs;
+  assert.equal(all, jobs.length, "every task is listed");
+  assert.match(await page.textContent("#report-sum"), /\d+ tasks · [\d,]+ tokens · .* of experts read/);
+  await shot("report");
+  // Filters: state, then a date range with nothing in it.
+  await page.selectOption('#report-filters select[name="state"]', "done");
+  const states = await page.$$eval("table.report tbody tr[data-id]", (r) => r.map((x) => x.dataset.state));
+  assert.ok(states.length > 0 && states.every((x) => x === "done"), states.join());
+  await page.fill('#report-filters input[name="to"]', "2000-01-01");
+  await page.waitForSelector("table.report tbody .empty:has-text('No task matches')");
+  await page.fill('#report-filters input[name="to"]', "");
+  // Re-run: the same input and settings as a new task.
+  const source = jobs.find((j) => j.title === "Storage engine draft");
+  await page.click(`table.report tr[data-id="${source.id}"] button[data-act=rerun]`);
+  const again = await waitFor(async () => (await api("GET", "/api/jobs")).jobs.find((j) => j.title === "Storage engine draft (again)"), "the re-run");
+  assert.deepEqual(again.request.settings.max_tokens, source.request.settings.max_tokens);
+  assert.deepEqual(again.request.input, source.request.input);
+  // A follow-up question continues the conversation.
+  page.once("dialog", (d) => d.accept("Which part is riskiest?"));
+  await page.click(`table.report tr[data-id="${source.id}"] button[data-act=follow]`);
+  const follow = await waitFor(async () => (await api("GET", "/api/jobs")).jobs.find((j) => j.title.startsWith("Storage engine draft: Which part")), "the follow-up");
+  const turns = follow.request.input.messages;
+  assert.deepEqual(turns.map((m) => m.role).slice(-3), ["user", "assistant", "user"]);
+  assert.equal(turns[turns.length - 1].content, "Which part is riskiest?");
+  // Duplicate and edit opens the form filled in.
+  await page.click(`table.report tr[data-id="${source.id}"] button[data-act=edit]`);
+  await page.waitForSelector("#new-task");
+  assert.equal(await page.inputValue('input[name="title"]'), "Storage engine draft (copy)");
+  assert.ok((await page.inputValue('textarea[name="prompt"]')).length > 0);
+  // Delete, after a confirmation, an ended task.
+  const cancelled = (await api("GET", "/api/jobs")).jobs.find((j) => j.state === "cancelled");
+  await page.goto(`${url}/#/report`);
+  await page.waitForSelector(`table.report tr[data-id="${cancelled.id}"]`);
+  page.once("dialog", (d) => d.accept());
+  await page.click(`table.report tr[data-id="${cancelled.id}"] button[data-act=delete]`);
+  await page.waitForSelector(`table.report tr[data-id="${cancelled.id}"]`, { state: "detached" });
+  const gone = await fetch(`${url}/api/jobs/${cancelled.id}`, { headers: { Authorization: `Bearer ${token}` } });
+  assert.equal(gone.status, 404);
 });
 
 test("after the service comes back, the open views recover without a reload", async () => {

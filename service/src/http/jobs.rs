@@ -266,8 +266,9 @@ pub async fn submit(
 }
 
 /// A job as the API shows it: as saved, and while it runs with its live
-/// figures (tokens not yet committed, speed, bytes read, prompt reading), so
-/// every view of a running job says the same.
+/// figures (its statistics so far, and in `live` the tokens not yet
+/// committed, speed and prompt reading), so every view of a running job
+/// says the same.
 #[derive(Debug, Serialize)]
 pub struct ShownJob {
     #[serde(flatten)]
@@ -284,8 +285,9 @@ fn shown(app: &AppState, mut job: JobView) -> ShownJob {
         .ok()
         .and_then(|l| l.clone())
         .filter(|l| l.id == job.id && job.state == JobState::Running);
+    // `tokens` stays what is committed (what a restart keeps); the live
+    // count, with tokens not yet committed, is `live.tokens`.
     if let Some(l) = &live {
-        job.tokens = l.tokens;
         job.stats = l.stats.clone();
     }
     ShownJob { job, live }
@@ -332,6 +334,17 @@ pub async fn act(
     }
     app.runner.announce_queue();
     Ok(Json(app.blocking(move |q| q.job(id)).await?))
+}
+
+/// `DELETE /api/jobs/{id}`: an ended job and its output, for good.
+pub async fn delete(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<i64>,
+) -> ApiResult<StatusCode> {
+    app.blocking(move |q| q.delete(id)).await?;
+    app.runner.forget_state(id);
+    app.runner.announce_queue();
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[derive(Debug, Deserialize)]

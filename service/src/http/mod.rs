@@ -373,7 +373,7 @@ pub fn router(app: AppState) -> Router {
         )
         .route("/api/jobs", get(jobs::list).post(jobs::submit))
         .route("/api/jobs/preview", post(jobs::preview))
-        .route("/api/jobs/{id}", get(jobs::show))
+        .route("/api/jobs/{id}", get(jobs::show).delete(jobs::delete))
         .route("/api/jobs/{id}/export", get(jobs::export))
         .route("/api/jobs/{id}/move", post(jobs::move_job))
         .route("/api/jobs/{id}/{action}", post(jobs::act))

@@ -456,6 +456,26 @@ impl Queue {
         })
     }
 
+    /// Deletes an ended job (done, failed or cancelled) with its output;
+    /// a job that may still run must be cancelled first.
+    pub fn delete(&self, id: i64) -> Result<(), QueueError> {
+        self.write("delete a job", |tx| {
+            let state = state_of(tx, id)?;
+            if !state.is_final() {
+                return Err(QueueError::Illegal {
+                    id,
+                    from: state.as_str(),
+                    transition: "delete (cancel it first)",
+                });
+            }
+            tx.execute("DELETE FROM chunks WHERE job_id = ?1", [id])
+                .map_err(sql("deleting output"))?;
+            tx.execute("DELETE FROM jobs WHERE id = ?1", [id])
+                .map_err(sql("deleting a job"))?;
+            Ok(())
+        })
+    }
+
     /// Adds a line to a job's log.
     pub fn log(&self, id: i64, line: &str) -> Result<(), QueueError> {
         self.write("write the job log", |tx| append_log(tx, id, line))

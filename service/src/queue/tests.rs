@@ -240,3 +240,25 @@ fn resumes_and_wall_time_survive_a_crash() {
         assert_eq!(stats.wall_seconds, 1.5);
     }
 }
+
+#[test]
+fn only_ended_jobs_can_be_deleted_and_they_take_their_output() {
+    let (_dir, q) = queue();
+    let id = q.submit(&new_job("a", 0)).unwrap().id;
+    assert!(
+        matches!(q.delete(id), Err(QueueError::Illegal { .. })),
+        "a waiting job stays"
+    );
+    q.start(id).unwrap();
+    q.commit(id, &[1, 2], 2, "ab").unwrap();
+    assert!(
+        matches!(q.delete(id), Err(QueueError::Illegal { .. })),
+        "a running job stays"
+    );
+    q.finish(id, &[], 0, "", "eos", &JobStats::default())
+        .unwrap();
+    q.delete(id).unwrap();
+    assert!(matches!(q.job(id), Err(QueueError::NoSuchJob(_))));
+    assert!(q.list().unwrap().is_empty());
+    assert!(matches!(q.delete(id), Err(QueueError::NoSuchJob(_))));
+}

@@ -459,6 +459,8 @@ impl Runner {
                     Flow::Continue
                 };
             }
+            // The first token ends the prompt phase: say so at once.
+            let first = p.count > 0 && tally.first_token.is_none();
             tally.add_tokens(p.count, now);
             if let Ok(mut r) = self.rate.lock() {
                 *r = tally.rate();
@@ -512,7 +514,7 @@ impl Runner {
                 pending_count = 0;
                 last_commit = now;
             }
-            if event_due {
+            if event_due || first {
                 let offset = shown - unsent.len();
                 let delta = std::mem::take(&mut unsent);
                 self.publish_progress(&job, JobState::Running, &tally, offset, delta);

@@ -71,7 +71,7 @@ function statsGrid(j: Job): string {
   const s = j.stats;
   const cell = (k: string, v: string) => `<div><dt>${k}</dt><dd>${v}</dd></div>`;
   return `<div class="job-stats">${phase(j)}<dl class="stats">
-    ${cell("Tokens", `${j.tokens} / ${j.request.settings.max_tokens}`)}
+    ${cell("Tokens", `${j.state === "running" ? (j.live?.tokens ?? j.tokens) : j.tokens} / ${j.request.settings.max_tokens}`)}
     ${cell("Speed", s && s.tokens_per_second > 0 ? rate(s.tokens_per_second) : "–")}
     ${cell("First token", s?.time_to_first_token_s != null ? duration(s.time_to_first_token_s) : "–")}
     ${cell("Wall time", duration(s?.wall_seconds))}

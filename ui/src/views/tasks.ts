@@ -5,6 +5,7 @@ import { ApiError, get, Job, Model, post } from "../api";
 import { clearFormErrors, showFormError, stateBadge, toast } from "../dom";
 import { duration, esc, phaseLine, rate } from "../format";
 import { store } from "../store";
+import { Draft, DRAFT_KEY } from "./report";
 
 const ACTIVE = new Set(["queued", "running", "paused", "interrupted"]);
 
@@ -114,6 +115,24 @@ function jobRow(j: Job): string {
   </li>`;
 }
 
+/** Puts an earlier task's input and settings in the form, to edit before queueing. */
+function fillDraft(f: HTMLFormElement, d: Draft): void {
+  const set = (n: string, v: string | number | null) => {
+    const el = f.elements.namedItem(n) as HTMLInputElement | null;
+    if (el && v !== null) el.value = String(v);
+  };
+  set("title", d.title);
+  set("model", d.model);
+  set("prompt", d.prompt);
+  set("max_tokens", d.max_tokens);
+  set("temperature", d.temperature);
+  set("top_p", d.top_p);
+  set("top_k", d.top_k);
+  set("seed", d.seed);
+  set("stop", d.stop.join("\n"));
+  (f.querySelector(`input[name="mode"][value="${d.chat ? "chat" : "prompt"}"]`) as HTMLInputElement | null)?.click();
+}
+
 /// Jobs whose Cancel was clicked once: one click must not end an overnight job.
 const confirming = new Set<number>();
 
@@ -190,6 +209,16 @@ export async function render(root: HTMLElement): Promise<() => void> {
   });
 
   if (f) {
+    // A copy of an earlier task, from "Duplicate and edit".
+    const saved = sessionStorage.getItem(DRAFT_KEY);
+    if (saved) {
+      sessionStorage.removeItem(DRAFT_KEY);
+      try {
+        fillDraft(f, JSON.parse(saved) as Draft);
+      } catch {
+        // A draft that does not parse is dropped.
+      }
+    }
     // The model's sampling shown in the form: as placeholders, with greedy one click away.
     const note = root.querySelector("#sampling-note") as HTMLElement;
     const field = (n: string) => f.elements.namedItem(n) as HTMLInputElement;

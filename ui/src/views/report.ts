@@ -1,0 +1,223 @@
+// The morning view: every task of the night in one table — when it started
+// and ended, how long it took, what interrupted it and why, what it wrote
+// and what it cost — with filters, and the next step for each: open it, run
+// it again, edit a copy, continue it, ask a follow-up, or delete it.
+
+import { del, get, Job, post } from "../api";
+import { stateBadge, toast } from "../dom";
+import { bytes, duration, esc, percent, rate } from "../format";
+import { store } from "../store";
+
+/** Where "Duplicate and edit" leaves a task for the task form to pick up. */
+export const DRAFT_KEY = "longhaul.draft";
+
+/** A task as the form takes it. */
+export interface Draft {
+  title: string;
+  model: string;
+  prompt: string;
+  chat: boolean;
+  max_tokens: number;
+  temperature: number;
+  top_p: number;
+  top_k: number | null;
+  seed: number;
+  stop: string[];
+}
+
+const ENDED = new Set(["done", "failed", "cancelled"]);
+
+/** The task's input as sent, with its attachments where the service put them. */
+function messagesOf(j: Job): { role: string; content: string }[] {
+  const attached = j.request.attachments ?? "";
+  const i = j.request.input;
+  if (i.messages) {
+    let first = true;
+    return i.messages.map((m) => {
+      if (m.role === "user" && first) {
+        first = false;
+        return { role: m.role, content: attached + m.content };
+      }
+      return m;
+    });
+  }
+  return [{ role: "user", content: attached + (i.prompt ?? "") }];
+}
+
+function settingsOf(j: Job): Record<string, unknown> {
+  const s = j.request.settings;
+  return { max_tokens: s.max_tokens, temperature: s.temperature, top_p: s.top_p, top_k: s.top_k ?? undefined, seed: s.seed, stop: s.stop.length ? s.stop : undefined };
+}
+
+/** The same task again: same input (attachments as they were read), same settings. */
+function rerun(j: Job): Record<string, unknown> {
+  const input = j.request.input.messages ? { messages: messagesOf(j) } : { prompt: messagesOf(j)[0].content };
+  return { model: j.model, title: `${j.title} (again)`, ...input, ...settingsOf(j) };
+}
+
+/** More of the answer: a plain prompt continues its own text; a chat is asked to go on. */
+function continuation(j: Job, output: string): Record<string, unknown> {
+  const base = { model: j.model, title: `${j.title} (continued)`, ...settingsOf(j) };
+  if (!j.request.input.messages) return { ...base, prompt: messagesOf(j)[0].content + output };
+  return { ...base, messages: [...messagesOf(j), { role: "assistant", content: output }, { role: "user", content: "Continue exactly where you stopped." }] };
+}
+
+/** A question about the answer, in the same conversation. */
+function followUp(j: Job, output: string, question: string): Record<string, unknown> {
+  return {
+    model: j.model,
+    title: `${j.title}: ${question.slice(0, 40)}`,
+    ...settingsOf(j),
+    messages: [...messagesOf(j), { role: "assistant", content: output }, { role: "user", content: question }],
+  };
+}
+
+function draftOf(j: Job): Draft {
+  const s = j.request.settings;
+  const i = j.request.input;
+  return {
+    title: `${j.title} (copy)`,
+    model: j.model,
+    prompt: (j.request.attachments ?? "") + (i.prompt ?? i.messages?.find((m) => m.role === "user")?.content ?? ""),
+    chat: !!i.messages,
+    max_tokens: s.max_tokens,
+    temperature: s.temperature,
+    top_p: s.top_p,
+    top_k: s.top_k,
+    seed: s.seed,
+    stop: s.stop,
+  };
+}
+
+/** Why a task stopped or stalled, in a few words. */
+function why(j: Job): string {
+  const parts: string[] = [];
+  if (j.stats?.resumes) parts.push(`resumed ${j.stats.resumes}×`);
+  const pauses = (j.log.match(/paused: [^\n]*/g) ?? []).map((l) => l.slice("paused: ".length));
+  if (pauses.length) parts.push(`paused by ${[...new Set(pauses)].join("; ")}`);
+  if (j.pause_reason && j.state === "paused") parts.push(j.pause_reason);
+  if (j.error) parts.push(j.error);
+  if (j.finish_reason) parts.push(`ended: ${j.finish_reason}`);
+  return parts.join(" · ");
+}
+
+function day(ms: number): string {
+  const d = new Date(ms);
+  return `${d.getFullYear()}-${String(d.getMonth() + 1).padStart(2, "0")}-${String(d.getDate()).padStart(2, "0")}`;
+}
+
+function time(ms: number | null): string {
+  return ms ? new Date(ms).toLocaleString([], { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" }) : "–";
+}
+
+function row(j: Job): string {
+  const s = j.stats;
+  const act = (a: string, label: string, enabled = true) => (enabled ? `<button class="small secondary" data-act="${a}" data-id="${j.id}">${label}</button>` : "");
+  const ended = ENDED.has(j.state);
+  return `<tr data-id="${j.id}" data-state="${j.state}">
+    <td><a href="#/job/${j.id}">${esc(j.title)}</a><div class="hint">${esc(j.model)}</div></td>
+    <td>${stateBadge(j.state)}<div class="hint">${esc(why(j))}</div></td>
+    <td>${time(j.started_ms)}</td>
+    <td>${time(j.finished_ms)}</td>
+    <td>${duration(s?.wall_seconds)}</td>
+    <td>${j.tokens} / ${j.request.settings.max_tokens}</td>
+    <td>${s && s.tokens_per_second > 0 ? rate(s.tokens_per_second) : "–"}</td>
+    <td>${bytes(s?.expert_bytes_read)}</td>
+    <td>${percent(s?.cache_hit_rate)}</td>
+    <td class="actions">
+      ${act("rerun", "Re-run")}${act("edit", "Duplicate and edit")}${act("continue", "Continue", j.state === "done" && j.tokens > 0)}${act("follow", "Follow up", j.state === "done")}${act("delete", "Delete", ended)}
+    </td>
+  </tr>`;
+}
+
+export async function render(root: HTMLElement): Promise<() => void> {
+  root.innerHTML = `<section class="card">
+    <div class="queue-head"><h2>Tasks overnight</h2><span class="hint" id="report-sum"></span></div>
+    <form id="report-filters" class="row" aria-label="Filter the tasks">
+      <label class="inline">State <select name="state"><option value="">any</option>
+        ${["done", "failed", "cancelled", "paused", "running", "queued", "interrupted"].map((s) => `<option>${s}</option>`).join("")}</select></label>
+      <label class="inline">Model <select name="model"><option value="">any</option></select></label>
+      <label class="inline">From <input type="date" name="from" /></label>
+      <label class="inline">To <input type="date" name="to" /></label>
+    </form>
+    <div class="table-wrap"><table class="table report"><thead><tr>
+      <th>Task</th><th>State, and why</th><th>Started</th><th>Finished</th><th>Duration</th><th>Tokens</th><th>Speed</th><th>Expert bytes read</th><th>Hit rate</th><th>Next</th>
+    </tr></thead><tbody id="report-rows"><tr><td colspan="10" class="loading">Loading…</td></tr></tbody></table></div>
+  </section>`;
+  const filters = root.querySelector("#report-filters") as HTMLFormElement;
+  const rows = root.querySelector("#report-rows") as HTMLElement;
+  const sum = root.querySelector("#report-sum") as HTMLElement;
+  const field = (n: string) => (filters.elements.namedItem(n) as HTMLInputElement).value;
+  let jobs: Job[] = [];
+
+  const draw = () => {
+    const shown = jobs.filter((j) => {
+      const at = day(j.started_ms ?? j.created_ms);
+      return (!field("state") || j.state === field("state")) && (!field("model") || j.model === field("model")) && (!field("from") || at >= field("from")) && (!field("to") || at <= field("to"));
+    });
+    rows.innerHTML = shown.length
+      ? shown.map(row).join("")
+      : `<tr><td colspan="10" class="empty">${jobs.length ? "No task matches these filters." : "No tasks yet."}</td></tr>`;
+    const tokens = shown.reduce((n, j) => n + j.tokens, 0);
+    const read = shown.reduce((n, j) => n + (j.stats?.expert_bytes_read ?? 0), 0);
+    const failed = shown.filter((j) => j.state === "failed").length;
+    sum.textContent = `${shown.length} tasks · ${tokens.toLocaleString()} tokens · ${bytes(read)} of experts read${failed ? ` · ${failed} failed` : ""}`;
+  };
+  const refresh = async () => {
+    try {
+      jobs = (await get<{ jobs: Job[] }>("/api/jobs")).jobs.sort((a, b) => (b.started_ms ?? b.created_ms) - (a.started_ms ?? a.created_ms));
+      const models = filters.elements.namedItem("model") as HTMLSelectElement;
+      const chosen = models.value;
+      models.innerHTML = `<option value="">any</option>${[...new Set(jobs.map((j) => j.model))].map((m) => `<option>${esc(m)}</option>`).join("")}`;
+      models.value = chosen;
+      draw();
+    } catch (e) {
+      rows.innerHTML = `<tr><td colspan="10" class="error">${esc((e as Error).message)}</td></tr>`;
+    }
+  };
+  filters.addEventListener("input", draw);
+  filters.addEventListener("change", draw);
+
+  rows.addEventListener("click", async (ev) => {
+    const b = (ev.target as HTMLElement).closest("button[data-act]") as HTMLButtonElement | null;
+    if (!b) return;
+    const j = jobs.find((x) => x.id === Number(b.dataset.id));
+    if (!j) return;
+    const act = b.dataset.act;
+    try {
+      if (act === "edit") {
+        sessionStorage.setItem(DRAFT_KEY, JSON.stringify(draftOf(j)));
+        location.hash = "#/tasks";
+        return;
+      }
+      if (act === "delete") {
+        if (!confirm(`Delete “${j.title}” and its output for good?`)) return;
+        await del(`/api/jobs/${j.id}`);
+        toast(`Deleted “${j.title}”`);
+      } else {
+        const full = await get<Job>(`/api/jobs/${j.id}`);
+        let body: Record<string, unknown>;
+        if (act === "rerun") body = rerun(full);
+        else if (act === "continue") body = continuation(full, full.output ?? "");
+        else {
+          const q = prompt("Ask about this answer:");
+          if (!q?.trim()) return;
+          body = followUp(full, full.output ?? "", q.trim());
+        }
+        const made = await post<Job>("/api/jobs", body);
+        toast(`Queued “${made.title}”`);
+      }
+      await refresh();
+    } catch (e) {
+      toast((e as Error).message, "error");
+    }
+  });
+
+  await refresh();
+  const offQueue = store.onQueue(() => void refresh());
+  const offResync = store.onResync(() => void refresh());
+  return () => {
+    offQueue();
+    offResync();
+  };
+}
