@@ -14,6 +14,8 @@
 //! - `store-delay-ms=N`: every drive read first waits N ms (a slow drive).
 //! - `attach-eio=NAME`: reading an attachment whose file name is NAME fails
 //!   with EIO.
+//! - `prompt-delay-ms=N`: the runner waits N ms at each report of prompt
+//!   reading (a long prompt, so its phase can be seen and photographed).
 //! - `pack-delay-ms=N`: a pack written through the service waits N ms at
 //!   each progress report (a slow pack, so its phases can be watched).
 
@@ -103,6 +105,13 @@ pub fn attachment_read(path: &std::path::Path) -> Option<std::io::Error> {
 /// Waits as `token-delay-ms` asks, once per produced chunk.
 pub fn on_output() {
     if let Some(ms) = value("token-delay-ms").and_then(|v| v.parse().ok()) {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
+/// Waits as `prompt-delay-ms` asks, once per report of prompt reading.
+pub fn on_prompt_progress() {
+    if let Some(ms) = value("prompt-delay-ms").and_then(|v| v.parse().ok()) {
         std::thread::sleep(std::time::Duration::from_millis(ms));
     }
 }

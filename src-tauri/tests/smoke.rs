@@ -1,7 +1,7 @@
 //! The desktop app under Xvfb: it starts the service, its window loads the
 //! web UI (which connects to the service's event stream), the first start
 //! runs the demo through the queue, the tray comes up without errors, and a
-//! screenshot of the screen is kept in
+//! screenshot of the screen while a long prompt is read is kept in
 //! `ui/test-artifacts/desktop.png`.
 
 use std::path::{Path, PathBuf};
@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 const START_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long the first-start demo (pack, load, a short answer) may take.
 const DEMO_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Each report of prompt reading waits this long (see the service's faults).
+const PROMPT_DELAY_MS: u64 = 2500;
 
 struct Killed(Vec<Child>);
 
@@ -65,6 +68,20 @@ fn api(base: &str, token: &str, path: &str) -> Option<serde_json::Value> {
         .call()
         .ok()?;
     response.body_mut().read_json().ok()
+}
+
+/// Queues a task through the API; its id.
+fn submit(base: &str, token: &str, body: &serde_json::Value) -> Option<i64> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(5)))
+        .build()
+        .into();
+    let mut response = agent
+        .post(format!("{base}/api/jobs"))
+        .header("Authorization", &format!("Bearer {token}"))
+        .send_json(body)
+        .ok()?;
+    response.body_mut().read_json::<serde_json::Value>().ok()?["id"].as_i64()
 }
 
 fn subscribers(base: &str, token: &str) -> Option<u64> {
@@ -129,6 +146,11 @@ fn the_desktop_app_shows_the_ui_and_starts_its_tray() {
         .env("XDG_CONFIG_HOME", tmp.path().join("xdg-config"))
         .env("RUST_LOG", "info")
         .env("WEBKIT_DISABLE_COMPOSITING_MODE", "1")
+        // Prompt reading slowed so the window can be photographed in it.
+        .env(
+            "LONGHAUL_FAULTS",
+            format!("prompt-delay-ms={PROMPT_DELAY_MS}"),
+        )
         // No desktop portals in a bare X session.
         .env("GTK_USE_PORTAL", "0")
         .stdout(Stdio::null())
@@ -174,8 +196,29 @@ fn the_desktop_app_shows_the_ui_and_starts_its_tray() {
         "the first-start demo; its log:\n{}",
         std::fs::read_to_string(data.join("demo.log")).unwrap_or_default()
     );
+    // A long prompt, photographed while it is read.
+    let prompt = "Audit the storage engine, module by module. ".repeat(64);
+    let id = submit(
+        &base,
+        token.trim(),
+        &serde_json::json!({ "model": "longhaul-demo", "title": "Overnight audit", "prompt": prompt, "max_tokens": 8 }),
+    )
+    .expect("the task is queued");
+    let reading = Instant::now();
+    while reading.elapsed() < DEMO_TIMEOUT {
+        let job = api(&base, token.trim(), &format!("/api/jobs/{id}"));
+        if job.is_some_and(|j| j["live"]["prompt"]["done"].as_u64() > Some(0)) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
     // Let the view catch up before the picture.
-    std::thread::sleep(Duration::from_secs(3));
+    std::thread::sleep(Duration::from_millis(1500));
+    let job = api(&base, token.trim(), &format!("/api/jobs/{id}")).unwrap_or_default();
+    assert!(
+        job["live"]["prompt"].is_object(),
+        "the task is still reading its prompt at the picture: {job}"
+    );
     let shot = artifacts.join("desktop.png");
     let status = Command::new("import")
         .args(["-display", &format!(":{display}"), "-window", "root"])

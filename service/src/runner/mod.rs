@@ -448,6 +448,7 @@ impl Runner {
                 tally.set_usage(usage());
             }
             if let Phase::Prompt { done, total } = p.phase {
+                crate::faults::on_prompt_progress();
                 tally.prompt_read(done, total, now);
                 if event_due || done == total {
                     self.publish_progress(&job, JobState::Running, &tally, shown, String::new());
