@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds Longhaul and installs it under a prefix (default ~/.local):
 #   bin/longhaul                          the binary
-#   share/longhaul/ui/                    the web UI `longhaul serve` serves
-#   share/longhaul/assets/longhaul-demo-* the demo model and its draft
+#   lib/longhaul/ui/                      the web UI `longhaul serve` serves
+#   lib/longhaul/assets/longhaul-demo-*   the demo model and its draft
 # The binary finds its files there, relative to itself, so the source
 # checkout can be moved or deleted afterwards.
 set -euo pipefail
@@ -13,11 +13,11 @@ longhaul_setup
 longhaul_build_ui
 
 cargo build --release --locked -p longhaul-service
-share="$PREFIX/share/longhaul"
-mkdir -p "$PREFIX/bin" "$share/assets"
+lib="$PREFIX/lib/longhaul"
+mkdir -p "$PREFIX/bin" "$lib/assets"
 install -m 0755 "$CARGO_TARGET_DIR/release/longhaul" "$PREFIX/bin/longhaul"
-rm -rf "$share/ui" && cp -R ui/dist "$share/ui"
+rm -rf "$lib/ui" && cp -R ui/dist "$lib/ui"
 for model in longhaul-demo-moe longhaul-demo-draft; do
-  rm -rf "$share/assets/$model" && cp -R "assets/$model" "$share/assets/$model"
+  rm -rf "$lib/assets/$model" && cp -R "assets/$model" "$lib/assets/$model"
 done
-echo "== installed $PREFIX/bin/longhaul (web UI and demo model in $share)"
+echo "== installed $PREFIX/bin/longhaul (web UI and demo model in $lib)"

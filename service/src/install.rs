@@ -3,8 +3,9 @@
 //! path fixed when it was built — a moved or deleted source checkout once
 //! broke `longhaul demo` and the desktop app's first run.
 //!
-//! Roots, nearest first: the binary's folder; `../share/longhaul` (a Unix
-//! prefix, as `scripts/install.sh` lays it out); `../Resources` (a macOS app
+//! Roots, nearest first: the binary's folder; `../lib/longhaul` (a Unix
+//! prefix, as `scripts/install.sh` lays it out — not `share/longhaul`, which
+//! under `~/.local` is the default data dir); `../Resources` (a macOS app
 //! bundle, whose binaries sit in `Contents/MacOS`). Debug builds, which run
 //! from the build folder, also look in the source tree they were built from.
 
@@ -23,7 +24,7 @@ pub fn roots() -> Vec<PathBuf> {
         .ok()
         .and_then(|exe| exe.parent().map(Path::to_path_buf))
     {
-        roots.push(dir.join("../share/longhaul"));
+        roots.push(dir.join("../lib/longhaul"));
         roots.push(dir.join("../Resources"));
         roots.insert(0, dir);
     }

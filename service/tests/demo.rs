@@ -236,13 +236,13 @@ fn the_demo_model_predicts_held_out_text_and_packs_exactly() {
 }
 
 /// A copy of the binary installed under `prefix` as `scripts/install.sh`
-/// lays it out, with `files` (relative path, contents) in `share/longhaul`.
+/// lays it out, with `files` (relative path, contents) in `lib/longhaul`.
 fn install_under(prefix: &Path, files: &[(&str, &str)]) -> PathBuf {
     let bin = prefix.join("bin/longhaul");
     std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
     std::fs::copy(env!("CARGO_BIN_EXE_longhaul"), &bin).unwrap();
     for (path, text) in files {
-        let path = prefix.join("share/longhaul").join(path);
+        let path = prefix.join("lib/longhaul").join(path);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(path, text).unwrap();
     }
@@ -272,7 +272,7 @@ fn an_installed_binary_finds_its_demo_model_and_web_ui_beside_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     let installed =
-        std::fs::canonicalize(prefix.join("share/longhaul/assets/longhaul-demo-moe")).unwrap();
+        std::fs::canonicalize(prefix.join("lib/longhaul/assets/longhaul-demo-moe")).unwrap();
     assert!(
         err.contains(&format!("{}/config.json is not JSON", installed.display())),
         "the demo read the installed model, not the source tree's: {err}"

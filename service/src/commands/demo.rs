@@ -48,7 +48,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct DemoArgs {
     #[command(flatten)]
     data: super::DataDirArgs,
-    /// The demo checkpoint (default: the one installed with this binary: `assets/longhaul-demo-moe` beside it, in `../share/longhaul` or in the app bundle's resources).
+    /// The demo checkpoint (default: the one installed with this binary: `assets/longhaul-demo-moe` beside it, in `../lib/longhaul` or in the app bundle's resources).
     #[arg(long)]
     checkpoint: Option<PathBuf>,
     /// RAM for routed experts when the demo starts its own service: far below
@@ -94,7 +94,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     };
     if !checkpoint.join("config.json").is_file() {
         bail!(
-            "{} holds no demo model (no config.json); give its folder with --checkpoint (installed as `share/longhaul/{}`)",
+            "{} holds no demo model (no config.json); give its folder with --checkpoint (installed as `lib/longhaul/{}`)",
             checkpoint.display(),
             longhaul_service::install::DEMO_MODEL
         );

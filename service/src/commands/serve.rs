@@ -26,7 +26,7 @@ pub struct ServeArgs {
     memory: super::MemoryArgs,
     #[command(flatten)]
     cache: super::CacheArgs,
-    /// A built web UI to serve at / (default: the one installed with this binary: `ui/` beside it, in `../share/longhaul` or in the app bundle's resources).
+    /// A built web UI to serve at / (default: the one installed with this binary: `ui/` beside it, in `../lib/longhaul` or in the app bundle's resources).
     #[arg(long)]
     ui_dir: Option<PathBuf>,
 }
