@@ -21,7 +21,7 @@ pub use crate::pack::{
 };
 pub use crate::pilot::PilotCounters;
 pub use crate::store::probe::{ProbeReport, probe};
-pub use crate::store::{DEFAULT_QUEUE_DEPTH, DriveSnapshot, StoreConfig, StoreFaults};
+pub use crate::store::{DEFAULT_QUEUE_DEPTH, DriveSnapshot, StoreConfig, StoreError, StoreFaults};
 pub use crate::synth::{
     SynthArch, SynthDtype, SynthError, SynthSpec, SynthSummary, write_synthetic,
 };

@@ -179,6 +179,15 @@ impl Client {
         self.finish(r)
     }
 
+    pub fn put<T: DeserializeOwned>(&self, path: &str, body: &Value) -> Result<T, ClientError> {
+        let r = self
+            .agent
+            .put(format!("{}{path}", self.base))
+            .header("Authorization", &format!("Bearer {}", self.token))
+            .send_json(body);
+        self.finish(r)
+    }
+
     pub fn delete(&self, path: &str) -> Result<(), ClientError> {
         let r = self
             .agent

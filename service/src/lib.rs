@@ -12,6 +12,7 @@ pub mod history;
 pub mod http;
 pub mod install;
 pub mod packing;
+pub mod probe;
 pub mod queue;
 pub mod runner;
 pub mod supervisor;

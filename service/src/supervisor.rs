@@ -56,6 +56,8 @@ pub struct TrayStatus {
     pub state: TrayState,
     /// One line: what is running, how fast, what waits.
     pub text: String,
+    /// A few characters beside the tray icon: the state, and the share done.
+    pub title: String,
     /// Jobs that ended since the previous status: (id, title, state).
     pub ended: Vec<(i64, String, String)>,
 }
@@ -78,10 +80,28 @@ fn log_path(data_dir: &Path) -> PathBuf {
     data_dir.join("service.log")
 }
 
+fn percent(done: u64, total: u64) -> u64 {
+    100 * done.min(total) / total.max(1)
+}
+
+/// The running job's share done: of its prompt while it reads it, then of
+/// its answer's `max_tokens`.
+fn share_done(j: &Value) -> u64 {
+    let prompt = &j["live"]["prompt"];
+    if let (Some(done), Some(total)) = (prompt["done"].as_u64(), prompt["total"].as_u64()) {
+        return percent(done, total);
+    }
+    let max = j["request"]["settings"]["max_tokens"].as_u64().unwrap_or(0);
+    let tokens = j["live"]["tokens"]
+        .as_u64()
+        .or_else(|| j["tokens"].as_u64())
+        .unwrap_or(0);
+    percent(tokens, max)
+}
+
 /// Where the running job `j` is: reading its prompt or writing its answer,
 /// with the share done.
 fn running_line(j: &Value, rate: Option<f64>) -> String {
-    let percent = |done: u64, total: u64| 100 * done / total.max(1);
     let prompt = &j["live"]["prompt"];
     if let (Some(done), Some(total)) = (prompt["done"].as_u64(), prompt["total"].as_u64()) {
         return format!(
@@ -257,6 +277,7 @@ impl Supervisor {
             return TrayStatus {
                 state: TrayState::Error,
                 text: "Longhaul: the service is not answering".into(),
+                title: "!".into(),
                 ended: Vec::new(),
             };
         };
@@ -318,7 +339,28 @@ impl Supervisor {
                 format!("Longhaul: idle, {waiting} waiting"),
             )
         };
-        TrayStatus { state, text, ended }
+        // Endings are only told when the user wants them told.
+        let notify = self
+            .with_client(|c| c.get::<Value>("/api/preferences"))
+            .and_then(Result::ok)
+            .is_none_or(|p| p["notify_when_done"] != false);
+        if !notify {
+            ended.clear();
+        }
+        let title = match &state {
+            TrayState::Idle => String::new(),
+            TrayState::Running => running
+                .map(|j| format!("▶ {}%", share_done(j)))
+                .unwrap_or_else(|| "▶".into()),
+            TrayState::Paused => "⏸".into(),
+            TrayState::Error => "!".into(),
+        };
+        TrayStatus {
+            state,
+            text,
+            title,
+            ended,
+        }
     }
 
     /// Keeps the machine from sleeping while `hold` (a job runs), and lets it

@@ -71,6 +71,11 @@ fn the_supervisor_starts_restarts_and_reports_the_service() {
         "{}",
         status.text
     );
+    assert!(
+        status.title.starts_with("▶ ") && status.title.ends_with('%'),
+        "the tray title shows the share done: {}",
+        status.title
+    );
 
     // The service dies; the supervisor brings it back and the job resumes.
     let pid = sup.service_pid().unwrap();
@@ -90,6 +95,25 @@ fn the_supervisor_starts_restarts_and_reports_the_service() {
         vec![(id, "nightly audit".to_string(), "done".to_string())]
     );
     assert!(!sup.holding_awake(), "idle again: sleep allowed");
+
+    // With notifications turned off, an ending is not told.
+    client
+        .put::<serde_json::Value>("/api/preferences", &json!({ "notify_when_done": false }))
+        .unwrap();
+    let quiet: serde_json::Value = client
+        .post(
+            "/api/jobs",
+            &json!({ "model": "m", "prompt": "Audit", "max_tokens": 4 }),
+        )
+        .unwrap();
+    let quiet = quiet["id"].as_i64().unwrap();
+    wait_for("the quiet job to end", || {
+        assert!(sup.status().ended.is_empty(), "an ending was told");
+        client
+            .get::<serde_json::Value>(&format!("/api/jobs/{quiet}"))
+            .is_ok_and(|j| j["state"] == "done")
+    });
+    assert!(sup.status().ended.is_empty());
 
     sup.set_queue_paused(true).unwrap();
     assert_eq!(sup.status().state, TrayState::Paused);

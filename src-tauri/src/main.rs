@@ -183,13 +183,7 @@ fn main() -> anyhow::Result<()> {
                             shown = Some(status.state.clone());
                         }
                         let _ = tray.set_tooltip(Some(&status.text));
-                        let short = match status.state {
-                            TrayState::Idle => "",
-                            TrayState::Running => "▶",
-                            TrayState::Paused => "⏸",
-                            TrayState::Error => "!",
-                        };
-                        let _ = tray.set_title(Some(short));
+                        let _ = tray.set_title(Some(&status.title));
                         let _ = pause.set_text(if status.state == TrayState::Paused {
                             "Resume queue"
                         } else {

@@ -247,6 +247,11 @@ test("drives: every drive folder of both packs, with space, model bytes and prob
   assert.equal(rows.length, 4, "two drives for each of the two packs");
   assert.equal(await page.$$eval("#drives .badge.state-done", (b) => b.length), 4);
   assert.equal(await page.locator("#drives td .hint", { hasText: "probed" }).count(), 2, "the probed pack's drives show their rate");
+  // Probing the other pack from the page gives its drives a ceiling too.
+  await waitFor(async () => (await api("GET", "/api/queue")).running === null, "the queue to be idle");
+  await page.click("#probe-row button[data-probe='packed-here']");
+  await page.waitForSelector(".toast:has-text('MB/s from all its drives')", { timeout: WAIT });
+  await waitFor(async () => (await page.locator("#drives td .hint", { hasText: "probed" }).count()) === 4, "four probed drives");
   await shot("drives");
 });
 
@@ -482,6 +487,24 @@ test("the task form shows the model's own sampling and keeps greedy one click aw
   assert.equal(job.request.settings.temperature, 0);
   await page.uncheck('input[name="greedy"]');
   await shot("task-form-sampling");
+  // A system prompt and settings saved as a preset, applied to a fresh form.
+  await page.fill('textarea[name="system"]', "You review storage code.");
+  await page.fill('input[name="top_p"]', "0.8");
+  page.once("dialog", (d) => d.accept("Night audit"));
+  await page.click("#save-preset");
+  await page.goto(`${url}/#/dashboard`);
+  await page.goto(`${url}/#/tasks`);
+  await page.waitForSelector("#new-task");
+  await page.selectOption("#preset", "Night audit");
+  assert.equal(await page.inputValue('textarea[name="system"]'), "You review storage code.");
+  assert.equal(await page.inputValue('input[name="top_p"]'), "0.8");
+  await page.fill('input[name="title"]', "With a system prompt");
+  await page.fill('input[name="max_tokens"]', "2");
+  await page.fill('textarea[name="prompt"]', "Name one risk");
+  await page.click("#submit");
+  const sys = await waitFor(async () => (await api("GET", "/api/jobs")).jobs.find((j) => j.title === "With a system prompt"), "the task");
+  assert.deepEqual(sys.request.input.messages.map((m) => m.role), ["system", "user"]);
+  assert.equal(sys.request.settings.top_p.toFixed(2), "0.80");
 });
 
 test("dark theme follows the system, with input borders at 3:1 or more in both themes", async () => {

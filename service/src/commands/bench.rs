@@ -12,8 +12,8 @@ use anyhow::{Context, bail};
 use clap::Args;
 use longhaul_engine::memory;
 use longhaul_engine::tools::{
-    DEFAULT_QUEUE_DEPTH, DriveSnapshot, Manifest, PilotCounters, ProbeReport, StoreConfig, argmax,
-    belady_hit_rate, lfu_hit_rate, lru_hit_rate, oracle_pin_hit_rate, probe, routing_stats, trace,
+    DEFAULT_QUEUE_DEPTH, DriveSnapshot, PilotCounters, ProbeReport, argmax, belady_hit_rate,
+    lfu_hit_rate, lru_hit_rate, oracle_pin_hit_rate, routing_stats, trace,
 };
 use longhaul_engine::{Engine, EngineOptions, EngineStats, MetricsSampler};
 use rand::rngs::SmallRng;
@@ -21,9 +21,6 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 use super::size::parse_size;
-
-/// Probe reads are this large: about one expert record of a frontier model.
-const PROBE_CHUNK: u64 = 4 << 20;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -64,44 +61,17 @@ pub struct BenchArgs {
     no_verify_checksums: bool,
 }
 
-/// Probes the drives of a pack with reads of its own extent files.
+/// Probes the drives of a pack (see [`longhaul_service::probe`]).
 pub fn probe_pack(
     pack: &std::path::Path,
     limit: u64,
     queue_depth: usize,
 ) -> anyhow::Result<ProbeReport> {
-    let manifest = Manifest::read(pack)?;
-    let mut files: Vec<Vec<(String, u64)>> = vec![Vec::new(); manifest.drives.len()];
-    for (drive, dir) in manifest.drives.iter().enumerate() {
-        let mut names: Vec<String> = manifest
-            .experts
-            .layers
-            .iter()
-            .flat_map(|l| &l.records)
-            .flat_map(|r| &r.segments)
-            .filter(|s| s.drive == drive)
-            .map(|s| s.file.clone())
-            .collect();
-        names.sort();
-        names.dedup();
-        for name in names {
-            let size = std::fs::metadata(dir.join(&name))
-                .with_context(|| format!("drive {drive}: {}", dir.join(&name).display()))?
-                .len();
-            files[drive].push((name, size));
-        }
-    }
-    let config = StoreConfig {
-        direct_io: true,
+    Ok(longhaul_service::probe::probe_pack(
+        pack,
+        limit,
         queue_depth,
-        faults: None,
-    };
-    let report = probe(&manifest.drives, &files, PROBE_CHUNK, limit, &config)?;
-    // Dashboards draw the last probe as each drive's ceiling.
-    if let Err(e) = report.save(pack) {
-        eprintln!("warning: cannot keep the probe in {}: {e}", pack.display());
-    }
-    Ok(report)
+    )?)
 }
 
 /// Counters at one moment, to measure the steady decode window.

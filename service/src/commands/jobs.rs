@@ -56,6 +56,11 @@ enum JobsCommand {
         /// The job's id.
         id: i64,
     },
+    /// Delete an ended job (done, failed or cancelled) and its output, for good.
+    Delete {
+        /// The job's id.
+        id: i64,
+    },
     /// Move a waiting job to INDEX (0 = next) among jobs of its priority.
     Move { id: i64, index: usize },
     /// Write a job as Markdown or JSON, with its settings and statistics.
@@ -150,6 +155,11 @@ pub fn run(args: JobsArgs) -> anyhow::Result<()> {
         JobsCommand::Cancel { id } => act(&client, id, "cancel"),
         JobsCommand::Pause { id } => act(&client, id, "pause"),
         JobsCommand::Resume { id } => act(&client, id, "resume"),
+        JobsCommand::Delete { id } => {
+            client.delete(&format!("/api/jobs/{id}"))?;
+            println!("job {id} deleted");
+            Ok(())
+        }
         JobsCommand::Move { id, index } => {
             let job: Value =
                 client.post(&format!("/api/jobs/{id}/move"), &json!({ "index": index }))?;

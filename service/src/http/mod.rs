@@ -367,6 +367,7 @@ pub fn router(app: AppState) -> Router {
             get(models::list_models).post(models::add_model),
         )
         .route("/api/models/{name}", delete(models::remove_model))
+        .route("/api/models/{name}/probe", post(models::probe))
         .route(
             "/api/packs",
             get(models::list_packs).post(models::start_pack),
@@ -384,6 +385,10 @@ pub fn router(app: AppState) -> Router {
         .route("/api/info", get(info))
         .route("/api/metrics", get(system::metrics))
         .route("/api/metrics/history", get(system::metrics_history))
+        .route(
+            "/api/preferences",
+            get(system::preferences).put(system::set_preferences),
+        )
         .route("/api/events", get(system::events))
         .route("/v1/models", get(openai::models))
         .route("/v1/chat/completions", post(openai::chat_completions))

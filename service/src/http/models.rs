@@ -210,6 +210,41 @@ pub async fn start_pack(
 }
 
 /// `GET /api/packs`: packings started here, with their progress.
+/// Bytes each drive is read for by a probe from the UI: enough for a
+/// steady rate on an SSD (a few seconds at 2 GB/s), little on a slow disk.
+const UI_PROBE_BYTES: u64 = 256 << 20;
+
+/// `POST /api/models/{name}/probe`: measures the pack's drives now (when no
+/// task runs: its reads would slow the task and skew the figures).
+pub async fn probe(
+    State(app): State<AppState>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> ApiResult<Json<Value>> {
+    if app.runner.control.running().is_some() {
+        return Err(ApiError::conflict(
+            "a task is running: probe the drives when the queue is idle (or paused), so the reads neither slow it nor share the drives with it",
+        ));
+    }
+    let model = app.blocking(move |q| q.model(&name)).await?;
+    let ModelKind::Local { path } = model.kind else {
+        return Err(ApiError::bad_param(
+            "model",
+            "a remote model has no drives here",
+        ));
+    };
+    let report = tokio::task::spawn_blocking(move || {
+        crate::probe::probe_pack(
+            std::path::Path::new(&path),
+            UI_PROBE_BYTES,
+            longhaul_engine::tools::DEFAULT_QUEUE_DEPTH,
+        )
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))?
+    .map_err(|e| ApiError::bad_param("model", e.to_string()))?;
+    Ok(Json(json!(report)))
+}
+
 pub async fn list_packs(State(app): State<AppState>) -> Json<Value> {
     Json(json!({ "packs": app.packer.list() }))
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::{Stream, StreamExt};
@@ -138,6 +138,51 @@ pub async fn metrics(State(app): State<AppState>) -> Json<Value> {
         "running_job": app.runner.control.running(),
         "event_subscribers": app.events.subscribers(),
     }))
+}
+
+/// Preferences the desktop app and the web UI share, kept in the data dir.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Preferences {
+    /// The desktop app says when a task finishes or fails (on by default).
+    pub notify_when_done: bool,
+}
+
+impl Default for Preferences {
+    fn default() -> Self {
+        Self {
+            notify_when_done: true,
+        }
+    }
+}
+
+/// The file in the data dir.
+const PREFERENCES_FILE: &str = "preferences.json";
+
+fn read_preferences(data_dir: &std::path::Path) -> Preferences {
+    std::fs::read_to_string(data_dir.join(PREFERENCES_FILE))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default()
+}
+
+/// `GET /api/preferences`.
+pub async fn preferences(State(app): State<AppState>) -> Json<Preferences> {
+    Json(read_preferences(&app.data_dir))
+}
+
+/// `PUT /api/preferences`: replaces them (absent fields take defaults).
+pub async fn set_preferences(
+    State(app): State<AppState>,
+    super::ApiJson(p): super::ApiJson<Preferences>,
+) -> super::error::ApiResult<Json<Preferences>> {
+    let text = serde_json::to_vec_pretty(&p)
+        .map_err(|e| super::error::ApiError::internal(e.to_string()))?;
+    let path = app.data_dir.join(PREFERENCES_FILE);
+    crate::data_dir::write_private(&path, &text).map_err(|e| {
+        super::error::ApiError::internal(format!("cannot write {}: {e}", path.display()))
+    })?;
+    Ok(Json(p))
 }
 
 /// `GET /api/metrics/history`: the last ten minutes a second at a time, and

@@ -1,19 +1,46 @@
 // Drives: every drive folder holding a registered pack, with its space, the
 // model bytes on it, live read rate, latency and errors, and whether it is there.
 
-import { Drive, get } from "../api";
+import { Drive, get, post } from "../api";
+import { toast } from "../dom";
 import { bytes, esc } from "../format";
 
 /** How often the table refreshes. */
 const REFRESH_MS = 2000;
 
 export async function render(root: HTMLElement): Promise<() => void> {
-  root.innerHTML = `<section class="card"><h2>Drives</h2><div id="drives" class="loading">Loading…</div></section>`;
+  root.innerHTML = `<section class="card"><div class="queue-head"><h2>Drives</h2><div class="row" id="probe-row"></div></div>
+    <p class="hint">Probing reads each drive of a pack as decoding does; the Dashboard draws the result as each drive's ceiling. Probe when no task runs.</p>
+    <div id="drives" class="loading">Loading…</div></section>`;
   const box = root.querySelector("#drives") as HTMLElement;
+  const probeRow = root.querySelector("#probe-row") as HTMLElement;
+  let packs: string[] = [];
+  probeRow.addEventListener("click", async (ev) => {
+    const b = (ev.target as HTMLElement).closest("button[data-probe]") as HTMLButtonElement | null;
+    if (!b) return;
+    const name = b.dataset.probe ?? "";
+    b.disabled = true;
+    b.textContent = `Probing ${name}…`;
+    try {
+      const r = await post<{ aggregate_mb_per_s: number }>(`/api/models/${encodeURIComponent(name)}/probe`);
+      toast(`${name}: ${r.aggregate_mb_per_s.toFixed(0)} MB/s from all its drives at once`);
+      await draw();
+    } catch (e) {
+      toast((e as Error).message, "error");
+    } finally {
+      b.disabled = false;
+      b.textContent = `Probe drives of ${name}`;
+    }
+  });
   const draw = async () => {
     try {
       const { drives } = await get<{ drives: Drive[] }>("/api/drives");
       box.classList.remove("loading");
+      const names = [...new Set(drives.flatMap((d) => d.models))].sort();
+      if (names.join() !== packs.join()) {
+        packs = names;
+        probeRow.innerHTML = names.map((n) => `<button class="small secondary" data-probe="${esc(n)}">Probe drives of ${esc(n)}</button>`).join("");
+      }
       if (drives.length === 0) {
         box.innerHTML = `<p class="empty">No drives yet. Packs made across several drives show each one here.</p>`;
         return;

@@ -16,6 +16,8 @@ export interface Draft {
   title: string;
   model: string;
   prompt: string;
+  /** The chat's system prompt, if it had one. */
+  system?: string;
   chat: boolean;
   max_tokens: number;
   temperature: number;
@@ -79,6 +81,7 @@ function draftOf(j: Job): Draft {
     title: `${j.title} (copy)`,
     model: j.model,
     prompt: (j.request.attachments ?? "") + (i.prompt ?? i.messages?.find((m) => m.role === "user")?.content ?? ""),
+    system: i.messages?.find((m) => m.role === "system")?.content,
     chat: !!i.messages,
     max_tokens: s.max_tokens,
     temperature: s.temperature,

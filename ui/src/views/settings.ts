@@ -1,7 +1,7 @@
 // Settings: where the service keeps its data and how it runs, notifications,
 // and the access token for this browser.
 
-import { get, setToken, token } from "../api";
+import { call, get, setToken, token } from "../api";
 import { store } from "../store";
 import { toast } from "../dom";
 import { bytes, esc } from "../format";
@@ -24,7 +24,8 @@ export function notificationsOn(): boolean {
 export async function render(root: HTMLElement): Promise<() => void> {
   root.innerHTML = `<section class="card"><h2>Settings</h2><div id="info" class="loading">Loading…</div></section>
     <section class="card"><h2>Notifications</h2>
-      <label class="inline"><input type="checkbox" id="notify" /> Tell me when a task finishes or fails</label>
+      <label class="inline"><input type="checkbox" id="desktop-notify" /> The desktop app tells me when a task finishes or fails</label>
+      <label class="inline"><input type="checkbox" id="notify" /> This browser tab tells me too</label>
       <p class="hint" id="notify-note"></p></section>
     <section class="card"><h2>Access</h2>
       <p class="hint">This browser talks to the service with the token from its data dir (<code>token</code>). Paste it here if the page was opened without it.</p>
@@ -46,6 +47,22 @@ export async function render(root: HTMLElement): Promise<() => void> {
   const notify = root.querySelector("#notify") as HTMLInputElement;
   const note = root.querySelector("#notify-note") as HTMLElement;
   notify.checked = notificationsOn();
+  // Kept by the service, so the desktop app and every tab agree.
+  const desktop = root.querySelector("#desktop-notify") as HTMLInputElement;
+  try {
+    desktop.checked = (await get<{ notify_when_done: boolean }>("/api/preferences")).notify_when_done;
+  } catch {
+    desktop.disabled = true;
+  }
+  desktop.addEventListener("change", async () => {
+    try {
+      await call("PUT", "/api/preferences", { notify_when_done: desktop.checked });
+      toast(desktop.checked ? "The desktop app will tell you when tasks end" : "The desktop app will stay quiet");
+    } catch (e) {
+      desktop.checked = !desktop.checked;
+      toast((e as Error).message, "error");
+    }
+  });
   notify.addEventListener("change", async () => {
     if (notify.checked) {
       if (!("Notification" in window)) {

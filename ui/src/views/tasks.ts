@@ -13,7 +13,9 @@ function form(models: Model[]): string {
   const options = models.map((m) => `<option value="${esc(m.name)}">${esc(m.name)}</option>`).join("");
   return `
   <form id="new-task" class="card" novalidate>
-    <h2>New task</h2>
+    <div class="queue-head"><h2>New task</h2>
+      <div class="row presets"><label class="inline">Preset <select id="preset" aria-label="Apply a saved preset"><option value="">—</option></select></label>
+      <button type="button" class="small secondary" id="save-preset">Save as preset</button></div></div>
     ${models.length === 0 ? `<p class="empty">No models yet. <a href="#/models">Add one</a> to submit tasks.</p>` : ""}
     <label data-field="title">Title <input name="title" placeholder="Audit the storage layer" /></label>
     <label data-field="model">Model <select name="model" required>${options}</select></label>
@@ -21,6 +23,7 @@ function form(models: Model[]): string {
       <label class="inline"><input type="radio" name="mode" value="chat" checked /> Chat</label>
       <label class="inline"><input type="radio" name="mode" value="prompt" /> Plain prompt</label>
     </div>
+    <label data-field="messages" class="system-prompt">System prompt (chat only; optional) <textarea name="system" rows="2" placeholder="You are a careful reviewer of storage code."></textarea></label>
     <label data-field="prompt">Task <textarea name="prompt" rows="7" placeholder="What should the model work on tonight?"></textarea></label>
     <label data-field="attachments">Attach files or folders on this machine (one path per line)
       <textarea name="attachments" rows="2" placeholder="/home/me/project/src"></textarea></label>
@@ -64,7 +67,9 @@ function body(f: HTMLFormElement): Record<string, unknown> {
   return {
     model: v("model"),
     title: v("title").trim() || undefined,
-    ...(mode === "chat" ? { messages: [{ role: "user", content: text }] } : { prompt: text }),
+    ...(mode === "chat"
+      ? { messages: [...(v("system").trim() ? [{ role: "system", content: v("system") }] : []), { role: "user", content: text }] }
+      : { prompt: text }),
     attachments: attachments.length ? attachments : undefined,
     max_tokens: num("max_tokens"),
     // Empty fields take the model's own defaults (its generation_config.json).
@@ -115,6 +120,49 @@ function jobRow(j: Job): string {
   </li>`;
 }
 
+/** Form fields a preset keeps: the settings, not the task itself. */
+const PRESET_FIELDS = ["model", "system", "max_tokens", "priority", "seed", "temperature", "top_p", "top_k", "stop"];
+const PRESETS_KEY = "longhaul.presets";
+
+function presets(): Record<string, Record<string, string>> {
+  try {
+    return JSON.parse(localStorage.getItem(PRESETS_KEY) ?? "{}");
+  } catch {
+    return {};
+  }
+}
+
+/** Fills the preset list, and saves or applies presets. */
+function wirePresets(f: HTMLFormElement, changed: () => void): void {
+  const select = f.querySelector("#preset") as HTMLSelectElement;
+  const fill = () => {
+    select.innerHTML = `<option value="">—</option>${Object.keys(presets()).map((n) => `<option>${esc(n)}</option>`).join("")}`;
+  };
+  fill();
+  select.addEventListener("change", () => {
+    const p = presets()[select.value];
+    if (!p) return;
+    for (const n of PRESET_FIELDS) {
+      const el = f.elements.namedItem(n) as HTMLInputElement | null;
+      if (el && n in p) el.value = p[n];
+    }
+    const greedy = f.elements.namedItem("greedy") as HTMLInputElement;
+    greedy.checked = p.greedy === "1";
+    changed();
+  });
+  f.querySelector("#save-preset")?.addEventListener("click", () => {
+    const name = prompt("Name this preset (its model, system prompt and settings):")?.trim();
+    if (!name) return;
+    const p: Record<string, string> = {};
+    for (const n of PRESET_FIELDS) p[n] = (f.elements.namedItem(n) as HTMLInputElement | null)?.value ?? "";
+    p.greedy = (f.elements.namedItem("greedy") as HTMLInputElement).checked ? "1" : "0";
+    localStorage.setItem(PRESETS_KEY, JSON.stringify({ ...presets(), [name]: p }));
+    fill();
+    select.value = name;
+    toast(`Saved the preset “${name}”`);
+  });
+}
+
 /** Puts an earlier task's input and settings in the form, to edit before queueing. */
 function fillDraft(f: HTMLFormElement, d: Draft): void {
   const set = (n: string, v: string | number | null) => {
@@ -124,6 +172,7 @@ function fillDraft(f: HTMLFormElement, d: Draft): void {
   set("title", d.title);
   set("model", d.model);
   set("prompt", d.prompt);
+  set("system", d.system ?? "");
   set("max_tokens", d.max_tokens);
   set("temperature", d.temperature);
   set("top_p", d.top_p);
@@ -239,6 +288,14 @@ export async function render(root: HTMLElement): Promise<() => void> {
     field("model").addEventListener("change", showSampling);
     field("greedy").addEventListener("change", showSampling);
     showSampling();
+    wirePresets(f, showSampling);
+    // The system prompt is for chats only.
+    const systemRow = f.querySelector(".system-prompt") as HTMLElement;
+    const showSystem = () => {
+      systemRow.hidden = (f.querySelector('input[name="mode"]:checked') as HTMLInputElement | null)?.value !== "chat";
+    };
+    f.querySelectorAll('input[name="mode"]').forEach((r) => r.addEventListener("change", showSystem));
+    showSystem();
     const count = root.querySelector("#count") as HTMLButtonElement;
     const counted = root.querySelector("#token-count") as HTMLElement;
     count.addEventListener("click", async () => {
@@ -275,7 +332,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
       ev.preventDefault();
       clearFormErrors(f);
       const b = body(f);
-      const text = (b.prompt as string | undefined) ?? (b.messages as { content: string }[] | undefined)?.[0]?.content ?? "";
+      const text = (b.prompt as string | undefined) ?? (b.messages as { role: string; content: string }[] | undefined)?.find((m) => m.role === "user")?.content ?? "";
       if (!text.trim()) {
         showFormError(f, new ApiError("Describe the task first.", 400, "prompt"));
         return;
