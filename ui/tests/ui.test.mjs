@@ -312,6 +312,11 @@ test("a long prompt shows its reading in Tasks, Results, the Dashboard and the t
     await call("POST", "/api/models", { name: "demo", path: packPath });
     const p = await ctx.newPage();
     await p.goto(`${slowUrl}/#token=${slowToken}`);
+    // Before anything ran, the empty memory chart still reads in bytes that mean something.
+    await p.click("nav a[data-view=dashboard]");
+    await p.waitForSelector("#c-ram[data-y-max]");
+    assert.ok(Number(await p.getAttribute("#c-ram", "data-y-max")) >= 1 << 20, "the empty memory axis spans at least 1 MiB");
+    await p.click("nav a[data-view=tasks]");
     await p.waitForSelector("#new-task");
     // Over one pass of 512, within the demo model's 1,024-token context.
     const prompt = "Audit the storage engine, module by module. ".repeat(64);

@@ -50,7 +50,11 @@ function chart(
       { stroke: ink, grid: { stroke: grid }, label: yLabel, size: 70, ...(format ? { values: (_u: uPlot, vals: number[]) => vals.map(format) } : {}) },
     ],
     series: [{}, ...series.map((s) => ({ label: s.label, stroke: s.color, width: s.dash ? 1 : 2, dash: s.dash, spanGaps: true }))],
+    // The y range in use, on the element: what the axis reads, for tests and tools.
+    hooks: { setScale: [(u: uPlot, key: string) => key === "y" && (el.dataset.yMax = String(u.scales.y.max ?? ""))] },
   };
+  el.setAttribute("role", "img");
+  el.setAttribute("aria-label", `Chart: ${title}`);
   return new uPlot(opts, [[], ...series.map(() => [])], el);
 }
 
