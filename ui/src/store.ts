@@ -28,6 +28,7 @@ function fromHistory(p: HistoryPoint): Sample {
     tokensPerSecond: p.tokens_per_second,
     held: p.held_bytes,
     budget: p.budget_bytes,
+    job: p.running_job,
   };
 }
 
@@ -46,6 +47,8 @@ export interface Sample {
   tokensPerSecond: number | null;
   held: number;
   budget: number;
+  /** The task running in the interval, if one was. */
+  job: number | null;
 }
 
 type Listener = () => void;
@@ -147,6 +150,7 @@ class Store {
       tokensPerSecond: m.tokens_per_second,
       held: c?.held_bytes ?? 0,
       budget: c?.budget_bytes ?? m.budget_bytes,
+      job: m.running_job,
     });
     if (this.samples.length > HISTORY) this.samples.splice(0, this.samples.length - HISTORY);
     this.metricsListeners.forEach((l) => l());

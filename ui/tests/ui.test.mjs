@@ -196,6 +196,8 @@ test("results: the output renders with statistics while the task runs", async ()
   await page.waitForFunction(() => (document.querySelector("#output")?.textContent ?? "").length > 20, null, { timeout: WAIT });
   const before = (await page.textContent("#output")).length;
   await waitFor(async () => (await page.textContent("#output")).length > before || (await api("GET", `/api/jobs/${job.id}`)).state === "done", "output to grow");
+  // The task's own chart, from the service's history of the seconds it ran.
+  await page.waitForSelector(".job-chart:not([hidden]) #c-job .uplot", { timeout: 20_000 });
   await shot("results");
   assert.ok((await page.$$(".drive-reads")).length <= 1, "live updates replace the drive table, not add to it");
   const first = (await api("GET", "/api/jobs")).jobs.find((j) => j.title === "Storage engine draft");

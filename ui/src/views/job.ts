@@ -7,7 +7,8 @@ import { marked } from "marked";
 import { get, Job, post, withToken } from "../api";
 import { stateBadge, toast } from "../dom";
 import { bytes, duration, esc, percent, phaseLine, rate, when } from "../format";
-import { store } from "../store";
+import { chart, COLORS, columns } from "../charts";
+import { Sample, store } from "../store";
 
 function markdown(text: string): string {
   return DOMPurify.sanitize(marked.parse(text, { async: false }) as string);
@@ -101,6 +102,13 @@ function task(j: Job): string {
   </details>`;
 }
 
+/** The service's history while this task ran: minutes for the older part, seconds for the last ten minutes. */
+function samplesOf(id: number): Sample[] {
+  const recent = store.samples.filter((x) => x.job === id);
+  const since = recent.length ? recent[0].t : Infinity;
+  return [...store.minutes.filter((x) => x.job === id && x.t < since), ...recent];
+}
+
 function emptyNote(j: Job): string {
   if (j.state === "queued") return j.queue_position ? `Waiting in the queue (#${j.queue_position} in line).` : "Waiting in the queue.";
   if (j.state === "running" && j.live?.prompt) return "Reading the prompt; the answer starts when it is read.";
@@ -151,9 +159,11 @@ export async function render(root: HTMLElement, id: number): Promise<() => void>
         </div>
       </div>
       ${task(job)}
+      <section class="card job-chart" ${samplesOf(id).length < 2 ? "hidden" : ""}><div id="c-job" class="chart"></div></section>
       <article class="card output" id="output">${output ? markdown(output) : `<p class="empty">${emptyNote(job)}</p>`}</article>
       <button id="jump" class="jump" hidden>Jump to latest ↓</button>`;
     decorate();
+    drawChart?.();
   };
   // While the answer grows the page follows its end, unless the reader
   // scrolled up; then a button brings them back.
@@ -174,7 +184,22 @@ export async function render(root: HTMLElement, id: number): Promise<() => void>
     if (found) found.textContent = query ? `${n} found` : "";
   };
   let query = "";
+  let jobChart: ReturnType<typeof chart> | null = null;
+  const drawChart = () => {
+    const el = root.querySelector("#c-job") as HTMLElement | null;
+    const points = samplesOf(id);
+    if (!el || points.length < 2) return;
+    (el.parentElement as HTMLElement).hidden = false;
+    if (!jobChart || !el.contains(jobChart.root)) {
+      jobChart?.destroy();
+      jobChart = chart(el, "Tokens per second while this task ran", [{ label: "tok/s", color: COLORS[0] }], "tok/s");
+    }
+    jobChart.setData(columns(points, [(x) => x.tokensPerSecond]));
+  };
   draw();
+  drawChart();
+  void store.loadHistory().then(drawChart);
+  const offMetrics = store.onMetrics(drawChart);
   root.addEventListener("input", (ev) => {
     const input = ev.target as HTMLInputElement;
     if (input.id !== "find") return;
@@ -275,6 +300,8 @@ export async function render(root: HTMLElement, id: number): Promise<() => void>
   return () => {
     off();
     offResync();
+    offMetrics();
+    jobChart?.destroy();
     window.removeEventListener("scroll", onScroll);
   };
 }
