@@ -26,6 +26,8 @@ pub const MINUTE_POINTS: usize = 7 * 24 * 60;
 const MINUTE_SECONDS: f64 = 60.0;
 /// The file in the data dir.
 pub const HISTORY_FILE: &str = "metrics-history.jsonl";
+/// Marks kept (pauses, faults, failures): a busy week's worth.
+pub const MARKS_KEPT: usize = 1000;
 
 /// What one interval saw.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -43,6 +45,24 @@ pub struct Point {
     pub held_bytes: u64,
     pub budget_bytes: u64,
     pub running_job: Option<i64>,
+}
+
+/// Something that interrupted a task, drawn on the charts' time axis.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Mark {
+    pub t: f64,
+    pub job: i64,
+    /// `paused`, `failed` or `interrupted`.
+    pub kind: String,
+    pub text: String,
+}
+
+/// A line of the history file: a minute point or a mark.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+enum Line {
+    Mark { mark: Mark },
+    Point(Point),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -66,6 +86,7 @@ pub struct History {
     file: Option<PathBuf>,
     recent: VecDeque<Point>,
     minutes: VecDeque<Point>,
+    marks: VecDeque<Mark>,
     /// Seconds of the minute not yet closed.
     open: Vec<Point>,
     last: Option<(String, Totals)>,
@@ -76,16 +97,19 @@ pub struct History {
 impl History {
     /// The history kept in `file` (none: kept in memory only).
     pub fn open(file: Option<PathBuf>) -> Self {
-        let minutes: VecDeque<Point> = file.as_deref().map(read_points).unwrap_or_default();
-        let file_lines = minutes.len();
-        let mut minutes = minutes;
+        let (mut minutes, mut marks) = file.as_deref().map(read_lines).unwrap_or_default();
+        let file_lines = minutes.len() + marks.len();
         while minutes.len() > MINUTE_POINTS {
             minutes.pop_front();
+        }
+        while marks.len() > MARKS_KEPT {
+            marks.pop_front();
         }
         Self {
             file,
             recent: VecDeque::new(),
             minutes,
+            marks,
             open: Vec::new(),
             last: None,
             file_lines,
@@ -114,6 +138,21 @@ impl History {
         if !self.open.is_empty() {
             self.close_minute();
         }
+    }
+
+    /// Records that task `job` was interrupted at unix time `t`.
+    pub fn mark(&mut self, mark: Mark) {
+        self.marks.push_back(mark.clone());
+        while self.marks.len() > MARKS_KEPT {
+            self.marks.pop_front();
+        }
+        if let Err(e) = self.append(&Line::Mark { mark }) {
+            tracing::warn!("cannot keep the metrics history: {e}");
+        }
+    }
+
+    pub fn marks(&self) -> impl Iterator<Item = &Mark> {
+        self.marks.iter()
     }
 
     pub fn recent(&self) -> impl Iterator<Item = &Point> {
@@ -191,29 +230,34 @@ impl History {
         while self.minutes.len() > MINUTE_POINTS {
             self.minutes.pop_front();
         }
-        if let Err(e) = self.append(&minute) {
+        if let Err(e) = self.append(&Line::Point(minute)) {
             tracing::warn!("cannot keep the metrics history: {e}");
         }
     }
 
-    fn append(&mut self, point: &Point) -> std::io::Result<()> {
+    fn append(&mut self, line: &Line) -> std::io::Result<()> {
         let Some(file) = &self.file else {
             return Ok(());
         };
-        if self.file_lines >= 2 * MINUTE_POINTS {
-            // Rewrite to the newest week, through a temporary file.
+        if self.file_lines >= 2 * (MINUTE_POINTS + MARKS_KEPT) {
+            // Rewrite to what is kept, through a temporary file.
             let tmp = file.with_extension("jsonl.tmp");
             let mut text = String::new();
-            for p in &self.minutes {
-                text.push_str(&serde_json::to_string(p).map_err(std::io::Error::other)?);
+            let kept = self
+                .marks
+                .iter()
+                .map(|m| Line::Mark { mark: m.clone() })
+                .chain(self.minutes.iter().cloned().map(Line::Point));
+            for l in kept {
+                text.push_str(&serde_json::to_string(&l).map_err(std::io::Error::other)?);
                 text.push('\n');
             }
             crate::data_dir::write_private(&tmp, text.as_bytes())?;
             std::fs::rename(&tmp, file)?;
-            self.file_lines = self.minutes.len();
+            self.file_lines = self.minutes.len() + self.marks.len();
             return Ok(());
         }
-        let mut line = serde_json::to_string(point).map_err(std::io::Error::other)?;
+        let mut line = serde_json::to_string(line).map_err(std::io::Error::other)?;
         line.push('\n');
         let mut f = open_private_append(file)?;
         f.write_all(line.as_bytes())?;
@@ -240,16 +284,21 @@ fn open_private_append(path: &Path) -> std::io::Result<std::fs::File> {
         .open(path)
 }
 
-/// The points of a file; lines that do not parse (a crash cut the last one
-/// short) are skipped.
-fn read_points(path: &Path) -> VecDeque<Point> {
-    std::fs::read_to_string(path)
-        .map(|text| {
-            text.lines()
-                .filter_map(|l| serde_json::from_str(l).ok())
-                .collect()
-        })
-        .unwrap_or_default()
+/// The points and marks of a file; lines that do not parse (a crash cut
+/// the last one short) are skipped.
+fn read_lines(path: &Path) -> (VecDeque<Point>, VecDeque<Mark>) {
+    let (mut points, mut marks) = (VecDeque::new(), VecDeque::new());
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    for line in text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Line>(l).ok())
+    {
+        match line {
+            Line::Point(p) => points.push_back(p),
+            Line::Mark { mark } => marks.push_back(mark),
+        }
+    }
+    (points, marks)
 }
 
 /// One point standing for `points`: rates averaged over time, memory and
@@ -342,12 +391,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join(HISTORY_FILE);
         let mut h = History::open(Some(file.clone()));
-        for m in 0..(2 * MINUTE_POINTS + 5) {
+        for m in 0..(2 * (MINUTE_POINTS + MARKS_KEPT) + 5) {
             h.record(&event(1.0), m as f64 * 60.0);
             h.flush();
         }
         let lines = std::fs::read_to_string(&file).unwrap().lines().count();
-        assert!(lines <= 2 * MINUTE_POINTS, "{lines} lines");
+        assert!(lines <= 2 * (MINUTE_POINTS + MARKS_KEPT), "{lines} lines");
         assert_eq!(History::open(Some(file)).minutes().len(), MINUTE_POINTS);
     }
 }

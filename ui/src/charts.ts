@@ -4,7 +4,30 @@
 import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
 
-import { Sample } from "./store";
+import { Sample, store } from "./store";
+
+/** Draws each interruption (pause, failure) as a dashed vertical line, with its text on hover. */
+function drawMarks(u: uPlot): void {
+  const ctx = u.ctx;
+  const [min, max] = [u.scales.x.min ?? 0, u.scales.x.max ?? 0];
+  const color = getComputedStyle(document.documentElement).getPropertyValue("--warn").trim() || "#b7791f";
+  ctx.save();
+  ctx.strokeStyle = color;
+  ctx.setLineDash([4, 4]);
+  ctx.lineWidth = 1.5 * devicePixelRatio;
+  for (const m of store.marks) {
+    if (m.t < min || m.t > max) continue;
+    const x = Math.round(u.valToPos(m.t, "x", true));
+    ctx.beginPath();
+    ctx.moveTo(x, u.bbox.top);
+    ctx.lineTo(x, u.bbox.top + u.bbox.height);
+    ctx.stroke();
+  }
+  ctx.restore();
+  const shown = store.marks.filter((m) => m.t >= min && m.t <= max);
+  u.root.dataset.marks = String(shown.length);
+  u.root.title = shown.map((m) => `${new Date(m.t * 1000).toLocaleTimeString()} ${m.text}`).join("\n");
+}
 
 export const COLORS = ["#2f7dd1", "#d1792f", "#3aa35b", "#b04ac9", "#c9a227", "#c94a4a", "#4ac9c0", "#7a7a7a"];
 
@@ -41,7 +64,10 @@ export function chart(
     ],
     series: [{}, ...series.map((s) => ({ label: s.label, stroke: s.color, width: s.dash ? 1 : 2, dash: s.dash, spanGaps: true }))],
     // The y range in use, on the element: what the axis reads, for tests and tools.
-    hooks: { setScale: [(u: uPlot, key: string) => key === "y" && (el.dataset.yMax = String(u.scales.y.max ?? ""))] },
+    hooks: {
+      setScale: [(u: uPlot, key: string) => key === "y" && (el.dataset.yMax = String(u.scales.y.max ?? ""))],
+      draw: [drawMarks],
+    },
   };
   el.setAttribute("role", "img");
   el.setAttribute("aria-label", `Chart: ${title}`);

@@ -17,6 +17,14 @@ interface HistoryPoint {
   running_job: number | null;
 }
 
+/** Something that interrupted a task. */
+export interface Mark {
+  t: number;
+  job: number;
+  kind: string;
+  text: string;
+}
+
 function fromHistory(p: HistoryPoint): Sample {
   return {
     t: p.t,
@@ -57,6 +65,8 @@ class Store {
   samples: Sample[] = [];
   /** One point a minute for the last week, from the service. */
   minutes: Sample[] = [];
+  /** When tasks were paused, failed or cut off: drawn on the charts' time axis. */
+  marks: Mark[] = [];
   latest: MetricsEvent | null = null;
   progress = new Map<number, JobProgress>();
   connected = false;
@@ -77,7 +87,13 @@ class Store {
       job: (p) => {
         // Only a running job has live figures; the saved job says the rest.
         if (p.state === "running") this.progress.set(p.id, p);
-        else this.progress.delete(p.id);
+        else {
+          // A task that stopped short is marked at once; the service keeps the mark too.
+          if (this.progress.has(p.id) && ["paused", "failed", "interrupted"].includes(p.state)) {
+            this.marks.push({ t: Date.now() / 1000, job: p.id, kind: p.state, text: `task ${p.id}: ${p.state}` });
+          }
+          this.progress.delete(p.id);
+        }
         this.jobListeners.forEach((l) => l(p));
       },
       queue: () => this.queueListeners.forEach((l) => l()),
@@ -99,7 +115,8 @@ class Store {
   /** Takes the service's history: what happened before this page was open. */
   async loadHistory(): Promise<void> {
     try {
-      const h = await get<{ recent: HistoryPoint[]; minutes: HistoryPoint[] }>("/api/metrics/history");
+      const h = await get<{ recent: HistoryPoint[]; minutes: HistoryPoint[]; marks: Mark[] }>("/api/metrics/history");
+      this.marks = h.marks;
       const recent = h.recent.map(fromHistory);
       const newest = recent.length ? recent[recent.length - 1].t : 0;
       // Live samples that arrived while the history was on its way stay.

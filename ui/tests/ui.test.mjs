@@ -369,6 +369,9 @@ test("banner: a paused queue says so with Resume, and a removed drive names the 
     assert.match(await page.textContent("#banner"), /is paused: drive missing/);
     await page.click("nav a[data-view=dashboard]");
     await page.waitForFunction(() => /paused: drive missing/.test(document.querySelector("#summary")?.textContent ?? ""), null, { timeout: 15_000 });
+    // The pause is marked on the charts' time axis, and kept by the service.
+    await page.waitForFunction(() => Number(document.querySelector("#c-tok .uplot")?.dataset.marks ?? 0) >= 1, null, { timeout: 15_000 });
+    await waitFor(async () => (await api("GET", "/api/metrics/history")).marks.some((m) => m.job === job.id && m.kind === "paused"), "the mark in the history");
     await shot("banner-drive-missing");
   } finally {
     renameSync(`${drive}-gone`, drive);

@@ -428,8 +428,14 @@ pub fn router(app: AppState) -> Router {
 async fn sample_metrics(app: AppState) {
     let mut sampler: Option<(PathBuf, longhaul_engine::MetricsSampler)> = None;
     let mut tick = tokio::time::interval(METRICS_INTERVAL);
+    let mut last_running: Option<i64> = None;
     loop {
         tick.tick().await;
+        let running = app.runner.control.running();
+        if let Some(id) = last_running.filter(|id| running != Some(*id)) {
+            mark_interruption(&app, id).await;
+        }
+        last_running = running;
         let Some((path, engine)) = app.runner.loaded.current() else {
             continue;
         };
@@ -458,6 +464,39 @@ async fn sample_metrics(app: AppState) {
             h.record(&event, now);
         }
         app.events.publish(Event::Metrics(Box::new(event)));
+    }
+}
+
+/// Marks on the history's time axis that job `id` stopped running without
+/// finishing: paused (by the user, the queue, a drive), failed or cut off.
+async fn mark_interruption(app: &AppState, id: i64) {
+    let Ok(job) = app.blocking(move |q| q.job(id)).await else {
+        return;
+    };
+    let (kind, text) = match job.state {
+        crate::queue::JobState::Paused => ("paused", job.pause_reason.unwrap_or_default()),
+        crate::queue::JobState::Failed => ("failed", job.error.unwrap_or_default()),
+        crate::queue::JobState::Interrupted => ("interrupted", String::new()),
+        _ => return,
+    };
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    if let Ok(mut h) = app.history.lock() {
+        h.mark(crate::history::Mark {
+            t,
+            job: id,
+            kind: kind.into(),
+            text: format!(
+                "{}: {kind}{}",
+                job.title,
+                if text.is_empty() {
+                    String::new()
+                } else {
+                    format!(" — {text}")
+                }
+            ),
+        });
     }
 }
 

@@ -185,14 +185,16 @@ pub async fn set_preferences(
     Ok(Json(p))
 }
 
-/// `GET /api/metrics/history`: the last ten minutes a second at a time, and
-/// the last week a minute at a time (see [`crate::history`]).
+/// `GET /api/metrics/history`: the last ten minutes a second at a time, the
+/// last week a minute at a time, and what interrupted tasks (see
+/// [`crate::history`]).
 pub async fn metrics_history(State(app): State<AppState>) -> Json<Value> {
     let Ok(h) = app.history.lock() else {
-        return Json(json!({ "recent": [], "minutes": [] }));
+        return Json(json!({ "recent": [], "minutes": [], "marks": [] }));
     };
     let recent: Vec<_> = h.recent().cloned().collect();
-    Json(json!({ "recent": recent, "minutes": h.minutes() }))
+    let marks: Vec<_> = h.marks().cloned().collect();
+    Json(json!({ "recent": recent, "minutes": h.minutes(), "marks": marks }))
 }
 
 /// Server-sent events: `job`, `queue` and `metrics` events as JSON.
