@@ -15,7 +15,7 @@ use longhaul_service::client::DEFAULT_PORT;
 use longhaul_service::supervisor::{Supervisor, SupervisorConfig, TrayState};
 use tauri::menu::{Menu, MenuItem, PredefinedMenuItem};
 use tauri::tray::TrayIconBuilder;
-use tauri::{AppHandle, Manager, WebviewUrl, WebviewWindowBuilder, WindowEvent};
+use tauri::{AppHandle, DragDropEvent, Manager, WebviewUrl, WebviewWindowBuilder, WindowEvent};
 use tauri_plugin_notification::NotificationExt;
 
 /// The tray icon for each state of the queue.
@@ -97,7 +97,7 @@ fn open_window(app: &AppHandle, sup: &Supervisor, route: &str) -> tauri::Result<
         w.set_focus()?;
         return Ok(());
     }
-    WebviewWindowBuilder::new(app, WINDOW_LABEL, WebviewUrl::External(parsed))
+    let window = WebviewWindowBuilder::new(app, WINDOW_LABEL, WebviewUrl::External(parsed))
         .title("Longhaul")
         .inner_size(1280.0, 860.0)
         .min_inner_size(720.0, 520.0)
@@ -105,6 +105,29 @@ fn open_window(app: &AppHandle, sup: &Supervisor, route: &str) -> tauri::Result<
             let _ = window.set_title(&title);
         })
         .build()?;
+    // Files dropped on the window become the task's attachments: the page
+    // gets their paths (a browser would only give it their contents).
+    let target = window.clone();
+    window.on_window_event(move |event| {
+        let WindowEvent::DragDrop(drop) = event else {
+            return;
+        };
+        let message = match drop {
+            DragDropEvent::Enter { paths, .. } => {
+                serde_json::json!({ "kind": "enter", "paths": paths })
+            }
+            DragDropEvent::Drop { paths, .. } => {
+                serde_json::json!({ "kind": "drop", "paths": paths })
+            }
+            DragDropEvent::Leave => serde_json::json!({ "kind": "leave", "paths": [] }),
+            _ => return,
+        };
+        if let Err(e) = target.eval(format!(
+            "window.longhaulDrop && window.longhaulDrop({message})"
+        )) {
+            tracing::warn!("cannot pass dropped files to the page: {e}");
+        }
+    });
     Ok(())
 }
 

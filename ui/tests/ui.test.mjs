@@ -6,7 +6,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, execFileSync } from "node:child_process";
-import { mkdtempSync, mkdirSync, readFileSync, existsSync, rmSync, renameSync } from "node:fs";
+import { mkdtempSync, mkdirSync, readFileSync, existsSync, rmSync, renameSync, writeFileSync } from "node:fs";
 import { tmpdir, homedir } from "node:os";
 import { join, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -497,6 +497,15 @@ test("the task form shows the model's own sampling and keeps greedy one click aw
   assert.equal(job.request.settings.temperature, 0);
   await page.uncheck('input[name="greedy"]');
   await shot("task-form-sampling");
+  // Files dropped on the desktop window arrive as paths: attached and counted at once.
+  const notes = join(root, "dropped-notes.md");
+  writeFileSync(notes, "# Notes\nThe cache evicts the coldest expert first.\n");
+  await page.evaluate((p) => window.longhaulDrop({ kind: "enter", paths: [p] }), notes);
+  assert.ok(await page.$("#new-task.dropping"), "the form shows where files land");
+  await page.evaluate((p) => window.longhaulDrop({ kind: "drop", paths: [p] }), notes);
+  assert.equal(await page.inputValue('textarea[name="attachments"]'), notes);
+  await page.waitForSelector("#token-count:has-text('1 attached files')");
+  await page.fill('textarea[name="attachments"]', "");
   // A system prompt and settings saved as a preset, applied to a fresh form.
   await page.fill('textarea[name="system"]', "You review storage code.");
   await page.fill('input[name="top_p"]', "0.8");

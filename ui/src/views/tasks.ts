@@ -25,7 +25,7 @@ function form(models: Model[]): string {
     </div>
     <label data-field="messages" class="system-prompt">System prompt (chat only; optional) <textarea name="system" rows="2" placeholder="You are a careful reviewer of storage code."></textarea></label>
     <label data-field="prompt">Task <textarea name="prompt" rows="7" placeholder="What should the model work on tonight?"></textarea></label>
-    <label data-field="attachments">Attach files or folders on this machine (one path per line)
+    <label data-field="attachments">Attach files or folders on this machine (one path per line; in the desktop app, drop them on the window)
       <textarea name="attachments" rows="2" placeholder="/home/me/project/src"></textarea></label>
     <p class="hint" id="token-count" aria-live="polite"></p>
     <div class="grid3">
@@ -289,6 +289,17 @@ export async function render(root: HTMLElement): Promise<() => void> {
     field("greedy").addEventListener("change", showSampling);
     showSampling();
     wirePresets(f, showSampling);
+    // Files dropped on the desktop window arrive as paths: attach them and count.
+    const win = window as unknown as { longhaulDrop?: (d: { kind: string; paths: string[] }) => void };
+    win.longhaulDrop = (d) => {
+      f.classList.toggle("dropping", d.kind === "enter");
+      if (d.kind !== "drop" || d.paths.length === 0) return;
+      const list = field("attachments") as unknown as HTMLTextAreaElement;
+      const have = new Set(list.value.split("\n").map((x) => x.trim()).filter(Boolean));
+      d.paths.forEach((p) => have.add(p));
+      list.value = [...have].join("\n");
+      (root.querySelector("#count") as HTMLButtonElement | null)?.click();
+    };
     // The system prompt is for chats only.
     const systemRow = f.querySelector(".system-prompt") as HTMLElement;
     const showSystem = () => {
@@ -379,6 +390,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
   };
   document.addEventListener("keydown", onKey);
   return () => {
+    delete (window as unknown as { longhaulDrop?: unknown }).longhaulDrop;
     offQueue();
     offJob();
     document.removeEventListener("keydown", onKey);
