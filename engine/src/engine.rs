@@ -416,6 +416,27 @@ impl Engine {
         )?)
     }
 
+    /// [`Engine::generate_resumed`] with guesses from `drafter` (see
+    /// [`generate::speculate`]); the tokens are plain decoding's.
+    pub fn generate_drafted(
+        &self,
+        prompt_ids: &[u32],
+        settings: &GenerationSettings,
+        drafter: &mut dyn generate::speculate::Drafter,
+        on_piece: impl FnMut(generate::Piece<'_>) -> Flow,
+    ) -> Result<Generation, EngineError> {
+        Ok(generate::generate_drafted(
+            &self.decoder,
+            self.tokenizer()?,
+            prompt_ids,
+            &[],
+            &[],
+            settings,
+            Some(drafter),
+            on_piece,
+        )?)
+    }
+
     pub fn generate(
         &self,
         prompt_ids: &[u32],

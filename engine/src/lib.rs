@@ -39,7 +39,7 @@ pub use cache::{DEFAULT_PINNED_FRACTION, EvictionPolicy, StreamingOptions};
 pub use engine::{Engine, EngineError, EngineOptions, LoadProgress, ModelInfo};
 pub use generate::{
     FinishReason, Flow, Generation, GenerationSettings, GenerationStats, PROMPT_CHUNK, Phase,
-    Piece, SamplingParams, Session,
+    Piece, SamplingParams, Session, Speculation, SpeculationStats,
 };
 pub use memory::{MemoryPlan, MemorySettings};
 pub use metrics::{DriveMetrics, EngineStats, MetricsSampler, MetricsSnapshot};

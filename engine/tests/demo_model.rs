@@ -56,6 +56,7 @@ fn greedy(engine: &Engine, prompt: &[u32], max_tokens: usize) -> Generation {
         sampling: SamplingParams::default(),
         stop_strings: Vec::new(),
         eos_token_ids: engine.eos_token_ids().to_vec(),
+        speculation: longhaul_engine::generate::Speculation::Off,
     };
     engine
         .generate(prompt, &settings, |_| Flow::Continue)
@@ -149,6 +150,7 @@ fn a_long_prompt_reports_its_reading_and_can_be_stopped_between_passes() {
         sampling: SamplingParams::default(),
         stop_strings: Vec::new(),
         eos_token_ids: Vec::new(),
+        speculation: longhaul_engine::generate::Speculation::Off,
     };
     let mut seen = Vec::new();
     let whole = engine

@@ -25,6 +25,7 @@ fn greedy_tokens_match_transformers() {
             sampling: SamplingParams::default(),
             stop_strings: Vec::new(),
             eos_token_ids: engine.eos_token_ids().to_vec(),
+            speculation: longhaul_engine::generate::Speculation::Off,
         };
         let mut streamed = String::new();
         let out = engine
@@ -75,6 +76,7 @@ fn stop_strings_end_generation_before_the_string() {
         sampling: SamplingParams::default(),
         stop_strings: vec![stop],
         eos_token_ids: engine.eos_token_ids().to_vec(),
+        speculation: longhaul_engine::generate::Speculation::Off,
     };
     let out = engine
         .generate(&prompt, &settings, |_| Flow::Continue)
@@ -99,6 +101,7 @@ fn seeded_sampling_is_reproducible_and_differs_across_seeds() {
             },
             stop_strings: Vec::new(),
             eos_token_ids: Vec::new(),
+            speculation: longhaul_engine::generate::Speculation::Off,
         };
         engine
             .generate(&prompt, &settings, |_| Flow::Continue)
@@ -195,6 +198,7 @@ fn resumes_exactly(engine: &Engine) {
             sampling: sampling.clone(),
             stop_strings: Vec::new(),
             eos_token_ids: Vec::new(),
+            speculation: longhaul_engine::generate::Speculation::Off,
         };
         let whole = engine
             .generate(&prompt, &settings, |_| Flow::Continue)
@@ -233,6 +237,7 @@ fn saved_attention_state_replaces_recomputing_the_answer() {
         sampling: SamplingParams::default(),
         stop_strings: Vec::new(),
         eos_token_ids: Vec::new(),
+        speculation: longhaul_engine::generate::Speculation::Off,
     };
     let mut rows = Vec::new();
     let first = engine

@@ -2,8 +2,10 @@
 //! selection, and stop conditions (EOS ids, stop strings, a token budget).
 
 pub mod sampling;
+pub mod speculate;
 pub mod stop;
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -11,6 +13,7 @@ use serde::Serialize;
 use crate::model::{Decoder, LogitsFor, ModelError, SequenceState};
 use crate::tokenizer::{TextTokenizer, TokenizerError};
 pub use sampling::{Sampler, SamplingError, SamplingParams};
+pub use speculate::{Speculation, SpeculationStats};
 use stop::{Scan, StopScanner};
 
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +75,14 @@ impl<'m> Session<'m> {
         Ok(logits.squeeze(0)?.to_vec1()?)
     }
 
+    /// Feeds `ids` in one batched pass; returns the logits after each of
+    /// them, each bitwise what feeding them one at a time would give.
+    pub fn feed_all(&mut self, ids: &[u32]) -> Result<Vec<Vec<f32>>, ModelError> {
+        let logits = self.model.forward(ids, &mut self.state, LogitsFor::All)?;
+        self.ids.extend_from_slice(ids);
+        Ok(logits.to_vec2()?)
+    }
+
     /// The state from position `start` on, as bytes for [`Session::restore`].
     pub fn snapshot_since(&self, start: usize) -> Result<Vec<u8>, ModelError> {
         self.state.save_since(start)
@@ -126,6 +137,8 @@ pub struct GenerationSettings {
     pub sampling: SamplingParams,
     pub stop_strings: Vec<String>,
     pub eos_token_ids: Vec<u32>,
+    /// Guessing ahead; it never changes a token (see [`speculate`]).
+    pub speculation: Speculation,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -149,11 +162,13 @@ pub struct GenerationStats {
     pub prefill_seconds: f64,
     /// Time in forward passes after the prefill.
     pub decode_seconds: f64,
+    /// Forward passes after the prefill (a verify pass may yield several tokens).
     pub decode_steps: usize,
     /// Positions of a resumed answer taken from saved state, not recomputed.
     pub restored_positions: usize,
     /// Why saved state was refused (it was recomputed instead), if it was.
     pub restore_refused: Option<String>,
+    pub speculation: SpeculationStats,
 }
 
 impl GenerationStats {
@@ -161,8 +176,10 @@ impl GenerationStats {
         rate(self.prompt_tokens, self.prefill_seconds)
     }
 
+    /// Tokens chosen after the first (whose logits came from the prefill)
+    /// per second of decoding passes.
     pub fn decode_tokens_per_second(&self) -> f64 {
-        rate(self.decode_steps, self.decode_seconds)
+        rate(self.generated_tokens.saturating_sub(1), self.decode_seconds)
     }
 }
 
@@ -243,10 +260,53 @@ pub struct Piece<'a> {
     /// Tokens of the answer so far, this one included.
     pub tokens_so_far: usize,
     /// The session: the prompt's positions, then the answer's tokens fed
-    /// so far (all but the newest). Saving snapshots of it lets a resumed
-    /// run skip recomputing them.
+    /// so far. Saving snapshots of it lets a resumed run skip recomputing
+    /// them.
     pub session: &'a Session<'a>,
+    /// Whether the session holds exactly the answer's tokens but the newest
+    /// (false while verified guesses are fed ahead of what was reported:
+    /// a snapshot then would cover tokens not yet reported).
+    pub settled: bool,
     pub prompt_len: usize,
+}
+
+/// A verified guess and the logits after it.
+type KeptGuess = (u32, Vec<f32>);
+
+/// Feeds `id` and `guesses` in one pass and keeps the guesses plain
+/// decoding would have chosen: the one at answer position `next + j` is
+/// kept when the draw for that position from the row before it picks it.
+/// Returns the logits after `id` and the kept guesses, each with the logits
+/// after it; the state of the rows after the last kept guess is cut away.
+fn verify(
+    session: &mut Session<'_>,
+    sampler: &Sampler,
+    id: u32,
+    guesses: &[u32],
+    next: usize,
+) -> Result<(Vec<f32>, Vec<KeptGuess>), ModelError> {
+    session.mark();
+    let base = session.len();
+    let mut batch = Vec::with_capacity(guesses.len() + 1);
+    batch.push(id);
+    batch.extend_from_slice(guesses);
+    let mut rows = session.feed_all(&batch)?.into_iter();
+    let Some(first) = rows.next() else {
+        return Err(ModelError::StateMismatch(
+            "a verify pass returned no logits".into(),
+        ));
+    };
+    let mut kept = Vec::new();
+    let mut before = &first;
+    for (j, (guess, after)) in guesses.iter().zip(rows).enumerate() {
+        if sampler.sample(before, next + j) != *guess {
+            break;
+        }
+        kept.push((*guess, after));
+        before = &kept[kept.len() - 1].1;
+    }
+    session.truncate(base + 1 + kept.len())?;
+    Ok((first, kept))
 }
 
 /// Generates from `prompt` as if the answer had already begun with
@@ -267,6 +327,29 @@ pub fn generate_resumed(
     resumed: &[u32],
     saved: &[Vec<u8>],
     settings: &GenerationSettings,
+    on_piece: impl FnMut(Piece<'_>) -> Flow,
+) -> Result<Generation, GenerateError> {
+    let mut lookup = speculate::PromptLookup;
+    let drafter: Option<&mut dyn speculate::Drafter> = match settings.speculation {
+        Speculation::Off => None,
+        Speculation::Lookup => Some(&mut lookup),
+    };
+    generate_drafted(
+        model, tokenizer, prompt, resumed, saved, settings, drafter, on_piece,
+    )
+}
+
+/// [`generate_resumed`] with guesses from `drafter` (none: plain decoding),
+/// whatever `settings.speculation` says.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_drafted(
+    model: &Decoder,
+    tokenizer: &TextTokenizer,
+    prompt: &[u32],
+    resumed: &[u32],
+    saved: &[Vec<u8>],
+    settings: &GenerationSettings,
+    mut drafter: Option<&mut dyn speculate::Drafter>,
     mut on_piece: impl FnMut(Piece<'_>) -> Flow,
 ) -> Result<Generation, GenerateError> {
     if prompt.is_empty() {
@@ -304,6 +387,7 @@ pub fn generate_resumed(
             text: "",
             tokens_so_far: tokens.len(),
             session,
+            settled: false,
             prompt_len: prompt.len(),
         })
     };
@@ -350,6 +434,10 @@ pub fn generate_resumed(
     stats.prefill_seconds = started.elapsed().as_secs_f64();
     let mut decode_time = Duration::ZERO;
 
+    // Verified guesses fed ahead of the tokens reported: each with the
+    // logits after it.
+    let mut ahead: VecDeque<KeptGuess> = VecDeque::new();
+    let mut gate = speculate::Gate::default();
     let finish_reason = loop {
         if cancelled {
             break FinishReason::Cancelled;
@@ -376,6 +464,7 @@ pub fn generate_resumed(
             text: &shown,
             tokens_so_far: tokens.len(),
             session: &session,
+            settled: ahead.is_empty(),
             prompt_len: prompt.len(),
         });
         if stopped {
@@ -387,8 +476,38 @@ pub fn generate_resumed(
         if tokens.len() >= settings.max_tokens {
             break FinishReason::MaxTokens;
         }
+        // A guess verified earlier: its logits are computed already.
+        if let Some((guess, after)) = ahead.pop_front() {
+            debug_assert_eq!(guess, id, "a kept guess is the token sampled");
+            logits = after;
+            continue;
+        }
         let step = Instant::now();
-        logits = session.feed(&[id])?;
+        let guesses = match drafter.as_deref_mut() {
+            Some(d) if gate.allows() => {
+                let room = settings.max_tokens - tokens.len();
+                let mut context = prompt.to_vec();
+                context.extend_from_slice(&tokens);
+                let mut g = d.propose(&context, speculate::MAX_DRAFT.min(room));
+                g.truncate(speculate::MAX_DRAFT.min(room));
+                g
+            }
+            _ => Vec::new(),
+        };
+        if guesses.is_empty() {
+            logits = session.feed(&[id])?;
+            gate.record_step(step.elapsed());
+            stats.speculation.plain_steps += 1;
+        } else {
+            let (after, kept) = verify(&mut session, &sampler, id, &guesses, tokens.len())?;
+            logits = after;
+            ahead.extend(kept);
+            gate.record_verify(ahead.len() + 1, step.elapsed());
+            let spec = &mut stats.speculation;
+            spec.verify_passes += 1;
+            spec.drafted += guesses.len();
+            spec.accepted += ahead.len();
+        }
         decode_time += step.elapsed();
         stats.decode_steps += 1;
     };
@@ -408,6 +527,7 @@ pub fn generate_resumed(
                 text: &rest,
                 tokens_so_far: tokens.len(),
                 session: &session,
+                settled: ahead.is_empty(),
                 prompt_len: prompt.len(),
             });
         }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use longhaul_engine::tools::trace;
-use longhaul_engine::{Flow, GenerationSettings, SamplingParams};
+use longhaul_engine::{Flow, GenerationSettings, SamplingParams, Speculation};
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -39,6 +39,17 @@ pub struct RunArgs {
     /// With a pack: write the routing trace here, one JSON line per expert lookup.
     #[arg(long)]
     trace: Option<PathBuf>,
+    /// Guess ahead and verify the guesses in one pass: `lookup` guesses from
+    /// earlier text (the prompt, attachments, the answer so far). The answer
+    /// is bitwise the same either way; only the speed differs.
+    #[arg(long, value_enum, default_value_t = SpeculateArg::Off)]
+    speculate: SpeculateArg,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum SpeculateArg {
+    Off,
+    Lookup,
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -60,6 +71,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         sampling,
         stop_strings: args.stop,
         eos_token_ids: engine.eos_token_ids().to_vec(),
+        speculation: match args.speculate {
+            SpeculateArg::Off => Speculation::Off,
+            SpeculateArg::Lookup => Speculation::Lookup,
+        },
     };
     let mut stdout = std::io::stdout().lock();
     let mut write_error = None;
@@ -90,6 +105,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         s.decode_tokens_per_second(),
         generation.finish_reason,
     );
+    let spec = &s.speculation;
+    if spec.verify_passes > 0 {
+        eprintln!(
+            "speculation: {} verify passes, {} tokens guessed, {} kept ({:.0}%), {} plain steps",
+            spec.verify_passes,
+            spec.drafted,
+            spec.accepted,
+            100.0 * spec.acceptance().unwrap_or(0.0),
+            spec.plain_steps,
+        );
+    }
     if let Some(stats) = engine.stats() {
         if let Some(path) = &args.trace {
             trace::write_jsonl(path, &engine.take_trace())

@@ -8,7 +8,7 @@ use longhaul_engine::ChatMessage;
 use longhaul_engine::StreamingOptions;
 use longhaul_engine::memory::MemorySettings;
 use longhaul_engine::{Engine, EngineError, EngineOptions};
-use longhaul_engine::{FinishReason, GenerationSettings, SamplingParams};
+use longhaul_engine::{FinishReason, GenerationSettings, Phase, SamplingParams};
 
 use super::{Outcome, Produced, RunError, Sink, Usage};
 use crate::queue::{DriveBytes, Input, Runnable};
@@ -107,6 +107,7 @@ impl LocalBackend {
             },
             stop_strings: s.stop.clone(),
             eos_token_ids: engine.eos_token_ids().to_vec(),
+            speculation: longhaul_engine::Speculation::Off,
         };
         let before = counters(&engine);
         let usage = || counters(&engine).since(&before);
@@ -118,7 +119,10 @@ impl LocalBackend {
                     tokens: &tokens,
                     count: tokens.len(),
                     text: piece.text,
-                    state: Some((piece.session, piece.prompt_len)),
+                    // Snapshots only of a session that holds just what was
+                    // reported (verified guesses may be fed ahead of it).
+                    state: (piece.settled || piece.phase != Phase::Answer)
+                        .then_some((piece.session, piece.prompt_len)),
                     usage: Some(&usage),
                 })
             })
