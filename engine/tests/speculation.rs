@@ -22,9 +22,9 @@ struct Oracle {
 }
 
 impl Drafter for Oracle {
-    fn propose(&mut self, context: &[u32], max: usize) -> Vec<u32> {
+    fn propose(&mut self, context: &[u32], max: usize) -> (Vec<u32>, usize) {
         let at = context.len() - self.prompt_len;
-        (at..(at + max).min(self.answer.len()))
+        let guesses = (at..(at + max).min(self.answer.len()))
             .map(|i| {
                 if i % 5 == 3 {
                     self.answer[i] ^ 1
@@ -32,7 +32,8 @@ impl Drafter for Oracle {
                     self.answer[i]
                 }
             })
-            .collect()
+            .collect();
+        (guesses, 1)
     }
 }
 

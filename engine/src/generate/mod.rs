@@ -483,16 +483,18 @@ pub fn generate_drafted(
             continue;
         }
         let step = Instant::now();
+        let mut kind = 0;
         let guesses = match drafter.as_deref_mut() {
-            Some(d) if gate.allows() => {
+            Some(d) => {
                 let room = settings.max_tokens - tokens.len();
                 let mut context = prompt.to_vec();
                 context.extend_from_slice(&tokens);
-                let mut g = d.propose(&context, speculate::MAX_DRAFT.min(room));
-                g.truncate(speculate::MAX_DRAFT.min(room));
+                let (mut g, k) = d.propose(&context, speculate::MAX_DRAFT.min(room));
+                g.truncate(gate.guesses(k, g.len().min(room)));
+                kind = k;
                 g
             }
-            _ => Vec::new(),
+            None => Vec::new(),
         };
         if guesses.is_empty() {
             logits = session.feed(&[id])?;
@@ -502,7 +504,7 @@ pub fn generate_drafted(
             let (after, kept) = verify(&mut session, &sampler, id, &guesses, tokens.len())?;
             logits = after;
             ahead.extend(kept);
-            gate.record_verify(ahead.len() + 1, step.elapsed());
+            gate.record_verify(kind, guesses.len(), ahead.len(), step.elapsed());
             let spec = &mut stats.speculation;
             spec.verify_passes += 1;
             spec.drafted += guesses.len();

@@ -31,16 +31,23 @@ pub enum Speculation {
 /// Guesses what follows a sequence. Whatever it guesses, the answer stays
 /// plain decoding's: guesses only decide how many tokens a pass can yield.
 pub trait Drafter {
-    /// Up to `max` tokens that may follow `context` (prompt and answer so far).
-    fn propose(&mut self, context: &[u32], max: usize) -> Vec<u32>;
+    /// Up to `max` tokens that may follow `context` (prompt and answer so
+    /// far), and the kind of guess it is: guesses of one kind are kept about
+    /// as often as each other (for prompt lookup, the length of the match),
+    /// and the gate judges each kind on its own record. Kinds are below
+    /// [`GUESS_KINDS`].
+    fn propose(&mut self, context: &[u32], max: usize) -> (Vec<u32>, usize);
 }
 
-/// Prompt lookup as a [`Drafter`].
+/// Kinds of guess the gate keeps apart.
+pub const GUESS_KINDS: usize = 8;
+
+/// Prompt lookup as a [`Drafter`]; a guess's kind is its match length.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct PromptLookup;
 
 impl Drafter for PromptLookup {
-    fn propose(&mut self, context: &[u32], max: usize) -> Vec<u32> {
+    fn propose(&mut self, context: &[u32], max: usize) -> (Vec<u32>, usize) {
         lookup(context, max)
     }
 }
@@ -53,8 +60,8 @@ const LOOKUP_MIN_NGRAM: usize = 2;
 
 /// Guesses for what follows `context`: the tokens after the most recent
 /// earlier occurrence of its last n tokens (n from 4 down to 2), at most
-/// `max` of them; none when nothing matches.
-pub fn lookup(context: &[u32], max: usize) -> Vec<u32> {
+/// `max` of them, with the n that matched; none when nothing matches.
+pub fn lookup(context: &[u32], max: usize) -> (Vec<u32>, usize) {
     for n in (LOOKUP_MIN_NGRAM..=LOOKUP_MAX_NGRAM).rev() {
         if context.len() <= n {
             continue;
@@ -67,10 +74,10 @@ pub fn lookup(context: &[u32], max: usize) -> Vec<u32> {
         if let Some(start) = found {
             let from = start + n;
             let to = (from + max).min(context.len());
-            return context[from..to].to_vec();
+            return (context[from..to].to_vec(), n);
         }
     }
-    Vec::new()
+    (Vec::new(), 0)
 }
 
 /// What speculation did in one generation.
@@ -92,63 +99,137 @@ impl SpeculationStats {
     }
 }
 
-/// Passes measured before the gate judges (the first ones also warm caches).
-const GATE_WARMUP: usize = 4;
-/// Plain steps taken before guessing is tried again after it did not pay.
-const GATE_BACKOFF_STEPS: usize = 32;
+/// How much of the past the gate's estimates keep per verify pass.
+const GATE_DECAY: f64 = 0.8;
+/// Starting guesses for the estimates, before anything is measured: how
+/// often a guess is kept grows with its kind (for prompt lookup, a longer
+/// match: 0.5 for 2 tokens, 0.55 for 3, 0.6 for 4), and an extra row costs
+/// half a step. So the first guess of a kind is a single token when its
+/// match is 3 tokens or longer, and guessing on sampled prose, where nearly
+/// every guess is rejected, stops after a row or two. (A rejected one-guess
+/// pass on the demo model streaming from 4 × 10 MB/s drives cost 1.3 steps;
+/// a pessimistic prior of a whole step kept quoted text from ever being
+/// guessed, since a lone guess costs more per row than the 8-guess passes
+/// quoting makes worthwhile.)
+const PRIOR_CONTINUE_BASE: f64 = 0.4;
+const PRIOR_CONTINUE_PER_KIND: f64 = 0.05;
+const PRIOR_CONTINUE_MAX: f64 = 0.8;
+const PRIOR_ROW_COST: f64 = 0.5;
+/// Weight of the priors, in passes.
+const PRIOR_WEIGHT: f64 = 1.0;
+/// Plain steps between probes while guessing does not pay; doubles after
+/// each probe that does not pay, up to the maximum.
+const PROBE_EVERY: usize = 16;
+const PROBE_EVERY_MAX: usize = 256;
+/// Guesses a probe verifies: one, the cheapest test.
+const PROBE_GUESSES: usize = 1;
 /// Guessing must keep at least this share of plain decoding's token rate.
 pub const GATE_FLOOR: f64 = 0.98;
 
-/// Decides whether to guess, from measured rates: tokens per second from
-/// verify passes against tokens per second from plain steps. Guessing that
-/// falls below [`GATE_FLOOR`] of the plain rate is paused for
-/// [`GATE_BACKOFF_STEPS`] steps and then tried again, since acceptance
-/// changes with the text (a quoted file accepts almost everything, free
-/// prose little).
-#[derive(Debug, Default)]
+/// Chooses how many guesses to verify in the next pass (0: a plain step),
+/// from two measured quantities: how likely a kept guess is to be followed
+/// by another (so a pass of `k` guesses yields `1 + a + a² + … + aᵏ` tokens
+/// on average) and what each extra row adds to a step's time (`r`, so the
+/// pass costs `1 + r·k` steps). It takes the `k` with the best tokens per
+/// step-time and guesses only when that is at least [`GATE_FLOOR`]; when it
+/// is not, a short probe every so often keeps the estimates current, since
+/// acceptance changes with the text (a quoted file accepts almost every
+/// guess, free sampled prose few).
+#[derive(Debug)]
 pub struct Gate {
-    step: (usize, Duration),
-    verify: (usize, Duration),
-    passes: usize,
-    paused_for: usize,
+    kinds: [Record; GUESS_KINDS],
+    /// What an extra row adds to a step's time.
+    row_cost: (f64, f64),
+    step: Option<Duration>,
+}
+
+/// What guesses of one kind did.
+#[derive(Debug, Clone, Copy)]
+struct Record {
+    kept: f64,
+    missed: f64,
+    since_probe: usize,
+    probe_every: usize,
+}
+
+impl Record {
+    fn new(kind: usize) -> Self {
+        let prior = (PRIOR_CONTINUE_BASE + PRIOR_CONTINUE_PER_KIND * kind as f64)
+            .min(PRIOR_CONTINUE_MAX);
+        Self {
+            kept: prior * PRIOR_WEIGHT,
+            missed: (1.0 - prior) * PRIOR_WEIGHT,
+            since_probe: 0,
+            probe_every: PROBE_EVERY,
+        }
+    }
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Self {
+            kinds: std::array::from_fn(Record::new),
+            row_cost: (PRIOR_ROW_COST * PRIOR_WEIGHT, PRIOR_WEIGHT),
+            step: None,
+        }
+    }
 }
 
 impl Gate {
-    /// Whether to guess before the next pass.
-    pub fn allows(&mut self) -> bool {
-        if self.paused_for > 0 {
-            self.paused_for -= 1;
-            return false;
+    /// Tokens per step-time of a pass of `k` guesses of `kind`, as estimated now.
+    fn value(&self, kind: usize, k: usize) -> f64 {
+        let rec = &self.kinds[kind.min(GUESS_KINDS - 1)];
+        let a = rec.kept / (rec.kept + rec.missed).max(f64::MIN_POSITIVE);
+        let r = self.row_cost.0 / self.row_cost.1.max(f64::MIN_POSITIVE);
+        let tokens: f64 = (0..=k).map(|i| a.powi(i as i32)).sum();
+        tokens / (1.0 + r * k as f64)
+    }
+
+    /// Guesses of `kind` to verify next, at most `available`.
+    pub fn guesses(&mut self, kind: usize, available: usize) -> usize {
+        if available == 0 {
+            return 0;
         }
-        true
+        let best = (1..=available)
+            .max_by(|&x, &y| self.value(kind, x).total_cmp(&self.value(kind, y)))
+            .filter(|&k| self.value(kind, k) >= GATE_FLOOR);
+        if let Some(k) = best {
+            return k;
+        }
+        let rec = &mut self.kinds[kind.min(GUESS_KINDS - 1)];
+        rec.since_probe += 1;
+        if rec.since_probe >= rec.probe_every {
+            rec.since_probe = 0;
+            rec.probe_every = (rec.probe_every * 2).min(PROBE_EVERY_MAX);
+            return PROBE_GUESSES.min(available);
+        }
+        0
     }
 
     pub fn record_step(&mut self, took: Duration) {
-        self.step.0 += 1;
-        self.step.1 += took;
+        self.step = Some(match self.step {
+            Some(s) => s.mul_f64(GATE_DECAY) + took.mul_f64(1.0 - GATE_DECAY),
+            None => took,
+        });
     }
 
-    /// A verify pass that produced `tokens` (accepted guesses plus the
-    /// token after them) in `took`.
-    pub fn record_verify(&mut self, tokens: usize, took: Duration) {
-        self.verify.0 += tokens;
-        self.verify.1 += took;
-        self.passes += 1;
-        if self.passes >= GATE_WARMUP && self.step.0 > 0 && self.paying() == Some(false) {
-            self.paused_for = GATE_BACKOFF_STEPS;
-            // Judge the next tries on their own.
-            self.verify = (0, Duration::ZERO);
-            self.passes = 0;
+    /// A verify pass of `guessed` guesses of `kind` that kept `kept`, in `took`.
+    pub fn record_verify(&mut self, kind: usize, guessed: usize, kept: usize, took: Duration) {
+        let step = self.step.filter(|s| !s.is_zero());
+        let rec = &mut self.kinds[kind.min(GUESS_KINDS - 1)];
+        rec.kept = rec.kept * GATE_DECAY + kept as f64;
+        rec.missed = rec.missed * GATE_DECAY + f64::from(u8::from(kept < guessed));
+        if let Some(step) = step {
+            let extra =
+                (took.as_secs_f64() / step.as_secs_f64() - 1.0).max(0.0) / guessed.max(1) as f64;
+            self.row_cost = (
+                self.row_cost.0 * GATE_DECAY + extra,
+                self.row_cost.1 * GATE_DECAY + 1.0,
+            );
         }
-    }
-
-    /// Whether guessing has paid so far (none: not measured yet).
-    fn paying(&self) -> Option<bool> {
-        let rate = |(n, t): (usize, Duration)| {
-            let s = t.as_secs_f64();
-            (s > 0.0).then(|| n as f64 / s)
-        };
-        Some(rate(self.verify)? >= GATE_FLOOR * rate(self.step)?)
+        if self.value(kind, guessed.max(1)) >= GATE_FLOOR {
+            self.kinds[kind.min(GUESS_KINDS - 1)].probe_every = PROBE_EVERY;
+        }
     }
 }
 
@@ -160,34 +241,37 @@ mod tests {
     fn lookup_continues_the_latest_earlier_occurrence() {
         // "a b c d" then later "a b c" → guess "d e".
         let ctx = [1, 2, 3, 4, 5, 9, 1, 2, 3];
-        assert_eq!(lookup(&ctx, 2), vec![4, 5]);
+        assert_eq!(lookup(&ctx, 2), (vec![4, 5], 3));
         // The latest match wins, and the guess stops at the context's end.
         let ctx = [7, 8, 1, 7, 8, 2, 7, 8];
-        assert_eq!(lookup(&ctx, 4), vec![2, 7, 8]);
-        assert!(lookup(&[1, 2, 3, 4], 4).is_empty(), "nothing repeats");
-        assert!(lookup(&[5, 5], 4).is_empty(), "too short to match");
+        assert_eq!(lookup(&ctx, 4), (vec![2, 7, 8], 2));
+        assert!(lookup(&[1, 2, 3, 4], 4).0.is_empty(), "nothing repeats");
+        assert!(lookup(&[5, 5], 4).0.is_empty(), "too short to match");
     }
 
     #[test]
-    fn the_gate_pauses_guessing_that_does_not_pay_and_tries_again() {
+    fn the_gate_guesses_while_it_pays_and_probes_while_it_does_not() {
+        let step = Duration::from_millis(100);
+        // Guesses that are nearly all kept, on rows that cost little: guess long.
         let mut g = Gate::default();
-        g.record_step(Duration::from_millis(100));
-        for _ in 0..GATE_WARMUP {
-            assert!(g.allows());
-            // One token per 300 ms against 10 per second plain.
-            g.record_verify(1, Duration::from_millis(300));
-        }
-        for _ in 0..GATE_BACKOFF_STEPS {
-            assert!(!g.allows(), "paused");
-        }
-        assert!(g.allows(), "tried again");
-        // Paying guesses keep going.
-        let mut g = Gate::default();
-        g.record_step(Duration::from_millis(100));
+        g.record_step(step);
         for _ in 0..10 {
-            assert!(g.allows());
-            g.record_verify(4, Duration::from_millis(150));
+            let k = g.guesses(4, MAX_DRAFT);
+            assert!(k > 0);
+            g.record_verify(4, k, k, step.mul_f64(1.0 + 0.1 * k as f64));
         }
-        assert!(g.allows());
+        assert_eq!(g.guesses(4, MAX_DRAFT), MAX_DRAFT);
+        // Guesses that are never kept: stop, then probe rarely.
+        let mut g = Gate::default();
+        g.record_step(step);
+        for _ in 0..10 {
+            if g.guesses(2, MAX_DRAFT) > 0 {
+                g.record_verify(2, 1, 0, step.mul_f64(1.1));
+            }
+        }
+        let probes = (0..1000).filter(|_| g.guesses(2, MAX_DRAFT) > 0).count();
+        assert!((1..=8).contains(&probes), "{probes} probes in 1000 steps");
+        // Another kind of guess is judged on its own record.
+        assert!(g.guesses(4, MAX_DRAFT) > 0);
     }
 }
