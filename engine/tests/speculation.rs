@@ -35,6 +35,10 @@ impl Drafter for Oracle {
             .collect();
         (guesses, 1)
     }
+
+    fn gated(&self) -> bool {
+        false
+    }
 }
 
 fn settings(sampling: &SamplingParams, spec: Speculation) -> GenerationSettings {

@@ -490,7 +490,12 @@ pub fn generate_drafted(
                 let mut context = prompt.to_vec();
                 context.extend_from_slice(&tokens);
                 let (mut g, k) = d.propose(&context, speculate::MAX_DRAFT.min(room));
-                g.truncate(gate.guesses(k, g.len().min(room)));
+                let allowed = if d.gated() {
+                    gate.guesses(k, g.len().min(room))
+                } else {
+                    room
+                };
+                g.truncate(allowed.min(speculate::MAX_DRAFT));
                 kind = k;
                 g
             }

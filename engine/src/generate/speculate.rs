@@ -37,6 +37,12 @@ pub trait Drafter {
     /// and the gate judges each kind on its own record. Kinds are below
     /// [`GUESS_KINDS`].
     fn propose(&mut self, context: &[u32], max: usize) -> (Vec<u32>, usize);
+
+    /// Whether the gate may shorten or skip its guesses (a drafter used to
+    /// test verification wants every guess verified).
+    fn gated(&self) -> bool {
+        true
+    }
 }
 
 /// Kinds of guess the gate keeps apart.
