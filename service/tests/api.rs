@@ -949,3 +949,38 @@ fn sampling_left_unset_follows_the_models_generation_config() {
         .unwrap();
     assert_eq!(listed["sampling"]["top_k"], 50, "{listed}");
 }
+
+#[test]
+fn guessing_ahead_leaves_a_jobs_answer_as_it_is() {
+    let (_dir, s) = started();
+    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/longhaul-demo-moe");
+    s.add_model("demo", &demo);
+    // Quoted text: prompt lookup guesses, and most guesses are kept.
+    let text = "the cache keeps hot experts; the drive streams cold experts; ".repeat(4);
+    let run = |speculate: &str| {
+        let body = json!({ "model": "demo", "prompt": text, "max_tokens": 96, "temperature": 0, "speculate": speculate });
+        let id = s.post("/api/jobs", body)["id"].as_i64().unwrap();
+        s.wait_final(id, WAIT)
+    };
+    let plain = run("off");
+    let guessed = run("lookup");
+    let auto = run("auto");
+    assert_eq!(guessed["output"], plain["output"]);
+    assert_eq!(auto["output"], plain["output"]);
+    assert_eq!(guessed["request"]["settings"]["speculate"], "lookup");
+    assert!(
+        guessed["log"]
+            .as_str()
+            .unwrap()
+            .contains("guessed tokens kept"),
+        "{}",
+        guessed["log"]
+    );
+    assert!(!plain["log"].as_str().unwrap().contains("speculation"));
+    let (status, err) = s.call(
+        "POST",
+        "/api/jobs",
+        Some(&json!({ "model": "demo", "prompt": "hi", "speculate": "always" })),
+    );
+    assert_eq!(status, 400, "{err}");
+}

@@ -15,7 +15,7 @@ use super::{ApiJson, ApiPath, AppState};
 use crate::attach;
 use crate::events::JobProgress;
 use crate::queue::{
-    Input, JobState, JobView, Message, ModelEntry, ModelKind, NewJob, Request, Settings,
+    Input, JobState, JobView, Message, ModelEntry, ModelKind, NewJob, Request, Settings, Speculate,
 };
 use longhaul_engine::tools::SamplingDefaults;
 
@@ -34,6 +34,7 @@ pub struct SettingsBody {
     pub top_k: Option<usize>,
     pub seed: Option<u64>,
     pub stop: Option<Vec<String>>,
+    pub speculate: Option<Speculate>,
 }
 
 /// Where sampling defaults come from, as a job records it.
@@ -59,6 +60,7 @@ impl SettingsBody {
             top_k: self.top_k.or(model.and_then(|m| m.top_k)),
             seed: self.seed.unwrap_or(d.seed),
             stop: self.stop.unwrap_or_default(),
+            speculate: self.speculate.unwrap_or_default(),
             sampling_from: model
                 .filter(|_| {
                     self.temperature.is_none() || self.top_p.is_none() || self.top_k.is_none()
@@ -109,6 +111,9 @@ pub struct SubmitBody {
     top_k: Option<usize>,
     seed: Option<u64>,
     stop: Option<Vec<String>>,
+    /// Guessing ahead: `auto` (the default), `lookup` or `off`; the answer
+    /// is the same either way.
+    speculate: Option<Speculate>,
 }
 
 /// How a registered local model asks to be sampled, read off the async threads.
@@ -138,6 +143,7 @@ impl SubmitBody {
             top_k: self.top_k,
             seed: self.seed,
             stop: self.stop.clone(),
+            speculate: self.speculate,
         }
         .into_settings(defaults)
     }

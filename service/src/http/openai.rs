@@ -282,6 +282,7 @@ pub async fn chat_completions(
         top_k: body.top_k,
         seed: seed(body.seed),
         stop: stop_list(body.stop),
+        speculate: None,
     }
     .into_settings(model_sampling(&app, &body.model).await)?;
     let include_usage = body.stream_options.is_some_and(|o| o.include_usage);
@@ -322,6 +323,7 @@ pub async fn completions(
         top_k: body.top_k,
         seed: seed(body.seed),
         stop: stop_list(body.stop),
+        speculate: None,
     }
     .into_settings(model_sampling(&app, &body.model).await)?;
     let include_usage = body.stream_options.is_some_and(|o| o.include_usage);

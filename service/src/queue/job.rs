@@ -128,6 +128,20 @@ pub struct Settings {
     /// the model's `generation_config.json` gave them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampling_from: Option<String>,
+    /// Guessing ahead: `auto` (prompt lookup, while it pays), `lookup` or
+    /// `off`. The answer is the same either way.
+    #[serde(default)]
+    pub speculate: Speculate,
+}
+
+/// How a job guesses ahead (see the engine's speculative decoding).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Speculate {
+    #[default]
+    Auto,
+    Lookup,
+    Off,
 }
 
 /// Tokens generated when a request does not say.
@@ -143,6 +157,7 @@ impl Default for Settings {
             seed: 0,
             stop: Vec::new(),
             sampling_from: None,
+            speculate: Speculate::Auto,
         }
     }
 }

@@ -24,7 +24,8 @@ use crate::runner::crash::Crash;
 pub const MAX_CRASHES: u32 = 3;
 
 pub use job::{
-    DriveBytes, Input, JobState, JobStats, JobView, Message, NewJob, Request, Settings, Transition,
+    DriveBytes, Input, JobState, JobStats, JobView, Message, NewJob, Request, Settings, Speculate,
+    Transition,
 };
 pub use models::{ModelEntry, ModelKind};
 

@@ -8,10 +8,10 @@ use longhaul_engine::ChatMessage;
 use longhaul_engine::StreamingOptions;
 use longhaul_engine::memory::MemorySettings;
 use longhaul_engine::{Engine, EngineError, EngineOptions};
-use longhaul_engine::{FinishReason, GenerationSettings, Phase, SamplingParams};
+use longhaul_engine::{FinishReason, GenerationSettings, Phase, SamplingParams, Speculation};
 
 use super::{Outcome, Produced, RunError, Sink, Usage};
-use crate::queue::{DriveBytes, Input, Runnable};
+use crate::queue::{DriveBytes, Input, Runnable, Speculate};
 
 /// The loaded model, shared with the metrics sampler.
 #[derive(Default)]
@@ -107,7 +107,10 @@ impl LocalBackend {
             },
             stop_strings: s.stop.clone(),
             eos_token_ids: engine.eos_token_ids().to_vec(),
-            speculation: longhaul_engine::Speculation::Off,
+            speculation: match s.speculate {
+                Speculate::Auto | Speculate::Lookup => Speculation::Lookup,
+                Speculate::Off => Speculation::Off,
+            },
         };
         let before = counters(&engine);
         let usage = || counters(&engine).since(&before);
@@ -142,6 +145,7 @@ impl LocalBackend {
             usage,
             reported_tokens: None,
             state_refused: generation.stats.restore_refused.clone(),
+            speculation: Some(generation.stats.speculation.clone()),
         })
     }
 }

@@ -103,6 +103,8 @@ pub struct Outcome {
     pub reported_tokens: Option<usize>,
     /// Why a resume could not use the saved model state (it recomputed).
     pub state_refused: Option<String>,
+    /// What guessing ahead did, when the model runs here.
+    pub speculation: Option<longhaul_engine::SpeculationStats>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -536,6 +538,15 @@ impl Runner {
             // committed text it was asked to continue as prompt.
             tally.default_prompt_len(o.prompt_tokens.saturating_sub(job.committed_count));
             tally.set_usage(o.usage.clone());
+            if let Some(s) = o.speculation.as_ref().filter(|s| s.verify_passes > 0) {
+                let _ = self.queue.log(
+                    id,
+                    &format!(
+                        "speculation: {} of {} guessed tokens kept in {} verify passes; {} plain steps",
+                        s.accepted, s.drafted, s.verify_passes, s.plain_steps
+                    ),
+                );
+            }
             if let Some(reason) = &o.state_refused {
                 let _ = self.queue.log(
                     id,

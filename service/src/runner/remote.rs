@@ -161,6 +161,7 @@ impl RemoteBackend<'_> {
                     usage: Usage::default(),
                     reported_tokens: None,
                     state_refused: None,
+                    speculation: None,
                 });
             }
         }
@@ -170,6 +171,7 @@ impl RemoteBackend<'_> {
             usage: Usage::default(),
             reported_tokens: reported,
             state_refused: None,
+            speculation: None,
         })
     }
 
