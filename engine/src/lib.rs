@@ -37,6 +37,7 @@ pub mod tools;
 
 pub use cache::{DEFAULT_PINNED_FRACTION, EvictionPolicy, StreamingOptions};
 pub use engine::{Engine, EngineError, EngineOptions, LoadProgress, ModelInfo};
+pub use generate::speculate::{DraftModel, Drafter, PromptLookup};
 pub use generate::{
     FinishReason, Flow, Generation, GenerationSettings, GenerationStats, PROMPT_CHUNK, Phase,
     Piece, SamplingParams, Session, Speculation, SpeculationStats,

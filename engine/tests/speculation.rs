@@ -161,3 +161,35 @@ fn prompt_lookup_on_the_trained_demo_model_keeps_its_answer_and_guesses_from_the
         }
     }
 }
+
+#[test]
+fn the_demo_draft_model_keeps_the_demo_models_answer() {
+    let assets = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets");
+    let engine = Engine::open(&assets.join("longhaul-demo-moe")).unwrap();
+    let draft = Engine::open(&assets.join("longhaul-demo-draft")).unwrap();
+    let prompt = engine
+        .prompt_ids("Explain how to read and write files.", true)
+        .unwrap();
+    for sampling in [SamplingParams::default(), SAMPLED] {
+        let plain = generate(&engine, &prompt, &sampling, Speculation::Off);
+        let mut drafter = longhaul_engine::DraftModel::new(draft.session());
+        let fast = engine
+            .generate_drafted(
+                &prompt,
+                &settings(&sampling, Speculation::Off),
+                &mut drafter,
+                |_| Flow::Continue,
+            )
+            .unwrap();
+        assert_eq!(
+            fast.tokens, plain.tokens,
+            "temperature {}",
+            sampling.temperature
+        );
+        let s = &fast.stats.speculation;
+        println!(
+            "draft model, temperature {}: {} of {} guesses kept in {} passes",
+            sampling.temperature, s.accepted, s.drafted, s.verify_passes
+        );
+    }
+}

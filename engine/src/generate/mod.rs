@@ -63,6 +63,11 @@ impl<'m> Session<'m> {
         self.state.is_empty()
     }
 
+    /// The tokens fed so far.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
     /// The model's state so far.
     pub fn state(&self) -> &SequenceState {
         &self.state
@@ -489,13 +494,22 @@ pub fn generate_drafted(
                 let room = settings.max_tokens - tokens.len();
                 let mut context = prompt.to_vec();
                 context.extend_from_slice(&tokens);
-                let (mut g, k) = d.propose(&context, speculate::MAX_DRAFT.min(room));
-                let allowed = if d.gated() {
-                    gate.guesses(k, g.len().min(room))
-                } else {
-                    room
+                let most = speculate::MAX_DRAFT.min(room);
+                let ask = match d.fixed_kind() {
+                    Some(k) if d.gated() => gate.guesses(k, most),
+                    _ => most,
                 };
-                g.truncate(allowed.min(speculate::MAX_DRAFT));
+                let (mut g, k) = if ask == 0 {
+                    (Vec::new(), 0)
+                } else {
+                    d.propose(&context, ask)
+                };
+                let allowed = if d.gated() && d.fixed_kind().is_none() {
+                    gate.guesses(k, g.len())
+                } else {
+                    ask
+                };
+                g.truncate(allowed);
                 kind = k;
                 g
             }

@@ -43,6 +43,12 @@ pub trait Drafter {
     fn gated(&self) -> bool {
         true
     }
+
+    /// The kind of every guess, when it is known before guessing (then the
+    /// gate decides how many to ask for, and none are made in vain).
+    fn fixed_kind(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Kinds of guess the gate keeps apart.
@@ -55,6 +61,62 @@ pub struct PromptLookup;
 impl Drafter for PromptLookup {
     fn propose(&mut self, context: &[u32], max: usize) -> (Vec<u32>, usize) {
         lookup(context, max)
+    }
+}
+
+/// Kind of the guesses a draft model makes (prompt lookup's kinds are its
+/// match lengths, 2 to 4).
+pub const DRAFT_MODEL_KIND: usize = 5;
+
+/// A small model with the same tokenizer as a [`Drafter`]: it continues the
+/// sequence greedily. Its session follows the verified sequence: each call
+/// cuts it back to what it shares with the context and feeds the rest, so
+/// only new tokens are computed.
+pub struct DraftModel<'m> {
+    session: super::Session<'m>,
+}
+
+impl<'m> DraftModel<'m> {
+    pub fn new(session: super::Session<'m>) -> Self {
+        Self { session }
+    }
+
+    fn try_propose(&mut self, context: &[u32], max: usize) -> Result<Vec<u32>, crate::model::ModelError> {
+        let shared = self
+            .session
+            .ids()
+            .iter()
+            .zip(context)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(context.len().saturating_sub(1));
+        self.session.truncate(shared)?;
+        let mut logits = self.session.feed(&context[shared..])?;
+        self.session.mark();
+        let mut guesses = Vec::with_capacity(max);
+        for i in 0..max {
+            let t = super::sampling::argmax(&logits);
+            guesses.push(t);
+            if i + 1 < max {
+                logits = self.session.feed(&[t])?;
+            }
+        }
+        Ok(guesses)
+    }
+}
+
+impl Drafter for DraftModel<'_> {
+    fn fixed_kind(&self) -> Option<usize> {
+        Some(DRAFT_MODEL_KIND)
+    }
+
+    fn propose(&mut self, context: &[u32], max: usize) -> (Vec<u32>, usize) {
+        if context.is_empty() || max == 0 {
+            return (Vec::new(), DRAFT_MODEL_KIND);
+        }
+        // A draft that fails only costs its guesses: decoding goes on plainly.
+        let guesses = self.try_propose(context, max).unwrap_or_default();
+        (guesses, DRAFT_MODEL_KIND)
     }
 }
 

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use longhaul_engine::tools::trace;
-use longhaul_engine::{Flow, GenerationSettings, SamplingParams, Speculation};
+use longhaul_engine::{DraftModel, Engine, Flow, GenerationSettings, SamplingParams, Speculation};
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -40,16 +40,29 @@ pub struct RunArgs {
     #[arg(long)]
     trace: Option<PathBuf>,
     /// Guess ahead and verify the guesses in one pass: `lookup` guesses from
-    /// earlier text (the prompt, attachments, the answer so far). The answer
-    /// is bitwise the same either way; only the speed differs.
-    #[arg(long, value_enum, default_value_t = SpeculateArg::Off)]
+    /// earlier text (the prompt, attachments, the answer so far),
+    /// `draft:PATH` with a small model that has the same tokenizer. The
+    /// answer is bitwise the same either way; only the speed differs.
+    #[arg(long, default_value = "off", value_parser = parse_speculate)]
     speculate: SpeculateArg,
 }
 
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+#[derive(Clone, Debug)]
 enum SpeculateArg {
     Off,
     Lookup,
+    Draft(PathBuf),
+}
+
+fn parse_speculate(text: &str) -> Result<SpeculateArg, String> {
+    match text {
+        "off" => Ok(SpeculateArg::Off),
+        "lookup" => Ok(SpeculateArg::Lookup),
+        _ => match text.strip_prefix("draft:") {
+            Some(path) if !path.is_empty() => Ok(SpeculateArg::Draft(PathBuf::from(path))),
+            _ => Err(format!("`{text}`: use off, lookup or draft:PATH")),
+        },
+    }
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -72,24 +85,39 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         stop_strings: args.stop,
         eos_token_ids: engine.eos_token_ids().to_vec(),
         speculation: match args.speculate {
-            SpeculateArg::Off => Speculation::Off,
             SpeculateArg::Lookup => Speculation::Lookup,
+            SpeculateArg::Off | SpeculateArg::Draft(_) => Speculation::Off,
         },
     };
     let mut stdout = std::io::stdout().lock();
     let mut write_error = None;
-    let generation = engine.generate(&prompt, &settings, |text| {
-        match stdout
-            .write_all(text.as_bytes())
-            .and_then(|()| stdout.flush())
-        {
-            Ok(()) => Flow::Continue,
-            Err(e) => {
-                write_error = Some(e);
-                Flow::Stop
-            }
+    let mut write = |text: &str| match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => Flow::Continue,
+        Err(e) => {
+            write_error = Some(e);
+            Flow::Stop
         }
-    })?;
+    };
+    let generation = match &args.speculate {
+        SpeculateArg::Draft(path) => {
+            let draft = Engine::open(path)
+                .with_context(|| format!("cannot open the draft model at {}", path.display()))?;
+            if draft.vocab_size() != engine.vocab_size() {
+                anyhow::bail!(
+                    "the draft model at {} has a vocabulary of {} tokens, the model {}: a draft model needs the same tokenizer",
+                    path.display(),
+                    draft.vocab_size(),
+                    engine.vocab_size()
+                );
+            }
+            let mut drafter = DraftModel::new(draft.session());
+            engine.generate_drafted(&prompt, &settings, &mut drafter, |p| write(p.text))?
+        }
+        _ => engine.generate(&prompt, &settings, write)?,
+    };
     if let Some(e) = write_error {
         return Err(e).context("cannot write to stdout");
     }
