@@ -977,6 +977,14 @@ fn guessing_ahead_leaves_a_jobs_answer_as_it_is() {
         guessed["log"]
     );
     assert!(!plain["log"].as_str().unwrap().contains("speculation"));
+    let spec = &guessed["stats"]["speculation"];
+    assert!(
+        spec["accepted"].as_u64().unwrap() > 0
+            && spec["verify_passes"].as_u64().unwrap() > 0
+            && spec["accepted"].as_u64() <= spec["drafted"].as_u64(),
+        "the job's statistics say what guessing did: {spec}"
+    );
+    assert_eq!(plain["stats"]["speculation"]["drafted"], 0);
     let (status, err) = s.call(
         "POST",
         "/api/jobs",

@@ -97,6 +97,8 @@ export interface JobStats {
   drive_bytes_read?: { path: string; bytes: number }[];
   cache_hit_rate: number | null;
   resumes: number;
+  /** Guessing ahead over the job's runs (absent on jobs recorded before it existed). */
+  speculation?: { verify_passes: number; drafted: number; accepted: number };
 }
 
 export type JobState = "queued" | "running" | "paused" | "interrupted" | "done" | "failed" | "cancelled";

@@ -207,6 +207,17 @@ pub struct JobStats {
     pub cache_hit_rate: Option<f64>,
     /// Times the job was resumed after an interruption or a pause.
     pub resumes: u32,
+    /// What guessing ahead did over the job's runs.
+    #[serde(default)]
+    pub speculation: SpeculationTally,
+}
+
+/// Guesses verified and kept over a job's runs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SpeculationTally {
+    pub verify_passes: usize,
+    pub drafted: usize,
+    pub accepted: usize,
 }
 
 /// Bytes a job read from one drive folder.

@@ -25,7 +25,7 @@ pub const MAX_CRASHES: u32 = 3;
 
 pub use job::{
     DriveBytes, Input, JobState, JobStats, JobView, Message, NewJob, Request, Settings, Speculate,
-    Transition,
+    SpeculationTally, Transition,
 };
 pub use models::{ModelEntry, ModelKind};
 

@@ -538,6 +538,9 @@ impl Runner {
             // committed text it was asked to continue as prompt.
             tally.default_prompt_len(o.prompt_tokens.saturating_sub(job.committed_count));
             tally.set_usage(o.usage.clone());
+            if let Some(s) = &o.speculation {
+                tally.add_speculation(s);
+            }
             if let Some(s) = o.speculation.as_ref().filter(|s| s.verify_passes > 0) {
                 let _ = self.queue.log(
                     id,

@@ -23,6 +23,7 @@ pub struct Tally {
     prompt: Option<(usize, usize, Instant, usize)>,
     prompt_len: Option<usize>,
     usage: Usage,
+    speculation: crate::queue::SpeculationTally,
 }
 
 impl Tally {
@@ -36,6 +37,7 @@ impl Tally {
             prompt: None,
             prompt_len: None,
             usage: Usage::default(),
+            speculation: Default::default(),
         }
     }
 
@@ -72,6 +74,13 @@ impl Tally {
     /// The prompt's length, unless the run said it already.
     pub fn default_prompt_len(&mut self, len: usize) {
         self.prompt_len.get_or_insert(len);
+    }
+
+    /// What guessing ahead did in this run.
+    pub fn add_speculation(&mut self, s: &longhaul_engine::SpeculationStats) {
+        self.speculation.verify_passes += s.verify_passes;
+        self.speculation.drafted += s.drafted;
+        self.speculation.accepted += s.accepted;
     }
 
     pub fn set_usage(&mut self, usage: Usage) {
@@ -116,6 +125,9 @@ impl Tally {
         }
         stats.expert_bytes_read += self.usage.expert_bytes_read;
         stats.add_drive_bytes(&self.usage.drive_bytes);
+        stats.speculation.verify_passes += self.speculation.verify_passes;
+        stats.speculation.drafted += self.speculation.drafted;
+        stats.speculation.accepted += self.speculation.accepted;
         let (hits, misses) = self.usage.lookups;
         if hits + misses > 0 {
             stats.cache_hit_rate = Some(hits as f64 / (hits + misses) as f64);

@@ -80,6 +80,7 @@ function statsGrid(j: Job): string {
     ${cell("Cache hit rate", percent(s?.cache_hit_rate))}
     ${cell("Prompt tokens", s ? String(s.prompt_tokens) : "–")}
     ${cell("Resumed", s ? `${s.resumes}×` : "–")}
+    ${cell("Guesses kept", s?.speculation?.drafted ? `${s.speculation.accepted} of ${s.speculation.drafted} (${percent(s.speculation.accepted / s.speculation.drafted)}) in ${s.speculation.verify_passes} passes` : "–")}
   </dl>${driveReads(s?.drive_bytes_read)}</div>`;
 }
 
