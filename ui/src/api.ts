@@ -84,6 +84,8 @@ export interface Settings {
   stop: string[];
   /** Where the settings the request left out came from, when the model gave them. */
   sampling_from?: string;
+  /** Guessing ahead: auto, lookup or off (the answer is the same). */
+  speculate?: string;
 }
 
 export interface JobStats {

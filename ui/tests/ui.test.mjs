@@ -522,6 +522,7 @@ test("the task form shows the model's own sampling and keeps greedy one click aw
   await page.fill('textarea[name="prompt"]', "Name one risk");
   await page.click("#submit");
   const sys = await waitFor(async () => (await api("GET", "/api/jobs")).jobs.find((j) => j.title === "With a system prompt"), "the task");
+  assert.equal(sys.request.settings.speculate, "auto", "guessing ahead is on by default");
   assert.deepEqual(sys.request.input.messages.map((m) => m.role), ["system", "user"]);
   assert.equal(sys.request.settings.top_p.toFixed(2), "0.80");
 });

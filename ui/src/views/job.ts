@@ -97,7 +97,7 @@ function task(j: Job): string {
   const s = j.request.settings;
   return `<details class="card"><summary>Task and settings (${s.temperature === 0 ? "greedy" : `temperature ${s.temperature}, top-p ${s.top_p}`})</summary>
     <pre class="task">${esc(text)}</pre>
-    <p class="hint">max_tokens ${s.max_tokens} · temperature ${s.temperature} · top_p ${s.top_p} · top_k ${s.top_k ?? "off"} · seed ${s.seed}${s.stop.length ? ` · stop ${esc(JSON.stringify(s.stop))}` : ""}${j.request.attachments ? ` · ${j.request.attachments.length} characters attached` : ""}${s.sampling_from ? ` · sampling left unset came from ${esc(s.sampling_from)}` : ""}</p>
+    <p class="hint">max_tokens ${s.max_tokens} · temperature ${s.temperature} · top_p ${s.top_p} · top_k ${s.top_k ?? "off"} · seed ${s.seed}${s.stop.length ? ` · stop ${esc(JSON.stringify(s.stop))}` : ""}${j.request.attachments ? ` · ${j.request.attachments.length} characters attached` : ""}${s.sampling_from ? ` · sampling left unset came from ${esc(s.sampling_from)}` : ""}${s.speculate ? ` · guessing ahead ${esc(s.speculate)}` : ""}</p>
     <p class="hint">Created ${when(j.created_ms)} · started ${when(j.started_ms)} · finished ${when(j.finished_ms)}</p>
     ${j.log ? `<pre class="log">${esc(j.log)}</pre>` : ""}
   </details>`;

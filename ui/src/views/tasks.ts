@@ -42,6 +42,8 @@ function form(models: Model[]): string {
         <label data-field="top_k">Top-k <input name="top_k" type="number" min="1" /></label>
       </div>
       <label data-field="stop">Stop at (one string per line) <textarea name="stop" rows="1"></textarea></label>
+      <label data-field="speculate" title="Guesses are verified against the model: the answer is the same either way">Guess ahead
+        <select name="speculate"><option value="auto">automatically, while it pays</option><option value="lookup">always, from earlier text</option><option value="off">never</option></select></label>
       <p class="hint" id="sampling-note"></p>
     </fieldset>
     <div class="row">
@@ -76,6 +78,7 @@ function body(f: HTMLFormElement): Record<string, unknown> {
     ...(greedy ? { temperature: 0 } : { temperature: num("temperature"), top_p: num("top_p"), top_k: num("top_k") }),
     seed: num("seed"),
     stop: stop.length ? stop : undefined,
+    speculate: v("speculate") || undefined,
     priority: num("priority"),
   };
 }
@@ -121,7 +124,7 @@ function jobRow(j: Job): string {
 }
 
 /** Form fields a preset keeps: the settings, not the task itself. */
-const PRESET_FIELDS = ["model", "system", "max_tokens", "priority", "seed", "temperature", "top_p", "top_k", "stop"];
+const PRESET_FIELDS = ["model", "system", "max_tokens", "priority", "seed", "temperature", "top_p", "top_k", "stop", "speculate"];
 const PRESETS_KEY = "longhaul.presets";
 
 function presets(): Record<string, Record<string, string>> {
