@@ -101,8 +101,13 @@ struct SubmitArgs {
     #[arg(long)]
     max_tokens: Option<usize>,
     /// Sampling temperature; 0 picks the likeliest token every time (greedy).
+    /// Unset sampling settings take the model's generation_config.json.
     #[arg(long)]
     temperature: Option<f32>,
+    /// Guess ahead and verify the guesses (the answer is the same either
+    /// way): auto (while it pays, the default), lookup (always) or off.
+    #[arg(long, value_parser = ["auto", "lookup", "off"])]
+    speculate: Option<String>,
     /// Sample only from the smallest set of tokens whose probability reaches P.
     #[arg(long)]
     top_p: Option<f32>,
@@ -209,6 +214,7 @@ fn submit(client: &Client, s: SubmitArgs) -> anyhow::Result<()> {
         "top_k": s.top_k,
         "seed": s.seed,
         "stop": if s.stop.is_empty() { None } else { Some(s.stop) },
+        "speculate": s.speculate,
         "attachments": attachments,
     });
     if s.chat {
