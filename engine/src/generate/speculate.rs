@@ -185,6 +185,11 @@ const PRIOR_CONTINUE_MAX: f64 = 0.8;
 const PRIOR_ROW_COST: f64 = 0.5;
 /// Weight of the priors, in passes.
 const PRIOR_WEIGHT: f64 = 1.0;
+/// Passes of one length measured (decayed) before their own cost is used.
+const MEASURED_WEIGHT: f64 = 1.0;
+/// How often a kept guess must be followed by another before untried
+/// longer passes are costed hopefully (see [`Gate`]'s `cost`).
+const OPTIMISM_MIN_CONTINUE: f64 = 0.8;
 /// Plain steps between probes while guessing does not pay; doubles after
 /// each probe that does not pay, up to the maximum.
 const PROBE_EVERY: usize = 16;
@@ -206,8 +211,12 @@ pub const GATE_FLOOR: f64 = 0.98;
 #[derive(Debug)]
 pub struct Gate {
     kinds: [Record; GUESS_KINDS],
-    /// What an extra row adds to a step's time.
+    /// What an extra row adds to a step's time, over all passes.
     row_cost: (f64, f64),
+    /// A pass's time in steps, for each number of guesses measured: rows
+    /// that copy earlier text share experts, so 8 guesses cost far less
+    /// than 8 times one, and a lone probe must not make long passes look dear.
+    pass_cost: [(f64, f64); MAX_DRAFT + 1],
     step: Option<Duration>,
 }
 
@@ -238,6 +247,7 @@ impl Default for Gate {
         Self {
             kinds: std::array::from_fn(Record::new),
             row_cost: (PRIOR_ROW_COST * PRIOR_WEIGHT, PRIOR_WEIGHT),
+            pass_cost: [(0.0, 0.0); MAX_DRAFT + 1],
             step: None,
         }
     }
@@ -248,9 +258,28 @@ impl Gate {
     fn value(&self, kind: usize, k: usize) -> f64 {
         let rec = &self.kinds[kind.min(GUESS_KINDS - 1)];
         let a = rec.kept / (rec.kept + rec.missed).max(f64::MIN_POSITIVE);
-        let r = self.row_cost.0 / self.row_cost.1.max(f64::MIN_POSITIVE);
         let tokens: f64 = (0..=k).map(|i| a.powi(i as i32)).sum();
-        tokens / (1.0 + r * k as f64)
+        tokens / self.cost(k, a)
+    }
+
+    /// A pass of `k` guesses in steps: as measured for `k`, else from the
+    /// row cost over all passes. For guesses that are nearly always kept
+    /// (`a` at least [`OPTIMISM_MIN_CONTINUE`]) an untried length is costed
+    /// no dearer than the prior, so that it gets measured: rows of longer
+    /// passes share more experts, and a lone guess's cost overstates theirs.
+    fn cost(&self, k: usize, a: f64) -> f64 {
+        match self.pass_cost.get(k) {
+            Some(&(sum, weight)) if weight >= MEASURED_WEIGHT => sum / weight,
+            _ => {
+                let r = self.row_cost.0 / self.row_cost.1.max(f64::MIN_POSITIVE);
+                let r = if a >= OPTIMISM_MIN_CONTINUE {
+                    r.min(PRIOR_ROW_COST)
+                } else {
+                    r
+                };
+                1.0 + r * k as f64
+            }
+        }
     }
 
     /// Guesses of `kind` to verify next, at most `available`.
@@ -288,12 +317,15 @@ impl Gate {
         rec.kept = rec.kept * GATE_DECAY + kept as f64;
         rec.missed = rec.missed * GATE_DECAY + f64::from(u8::from(kept < guessed));
         if let Some(step) = step {
-            let extra =
-                (took.as_secs_f64() / step.as_secs_f64() - 1.0).max(0.0) / guessed.max(1) as f64;
+            let steps = (took.as_secs_f64() / step.as_secs_f64()).max(1.0);
+            let extra = (steps - 1.0) / guessed.max(1) as f64;
             self.row_cost = (
                 self.row_cost.0 * GATE_DECAY + extra,
                 self.row_cost.1 * GATE_DECAY + 1.0,
             );
+            if let Some(c) = self.pass_cost.get_mut(guessed) {
+                *c = (c.0 * GATE_DECAY + steps, c.1 * GATE_DECAY + 1.0);
+            }
         }
         if self.value(kind, guessed.max(1)) >= GATE_FLOOR {
             self.kinds[kind.min(GUESS_KINDS - 1)].probe_every = PROBE_EVERY;
