@@ -227,6 +227,9 @@ test("dashboard: charts fill with live drive, cache and token data", async () =>
     const m = s.match(/(\d+) s of history/);
     return m && Number(m[1]) >= 5;
   }, "five seconds of metrics");
+  // The service's history can fill the charts before the probe is read: wait for the ceilings.
+  const ceilingRows = async () => (await page.$$eval("#c-drives .u-legend .u-series", (rows) => rows.map((r) => r.textContent ?? ""))).filter((l) => l.includes("ceiling")).length;
+  await waitFor(async () => (await ceilingRows()) >= 2, "the probed ceilings", 15_000).catch(() => {});
   const legend = await page.$$eval("#c-drives .u-legend .u-series", (rows) => rows.map((r) => r.textContent ?? ""));
   assert.equal(legend.filter((l) => l.includes("ceiling")).length, 2, `a probed ceiling per drive: ${legend.join(" | ")}`);
   assert.ok(legend.length >= 6, `two drives, a total and two ceilings (${legend.length} legend rows)`);
