@@ -41,6 +41,23 @@ impl Drafter for Oracle {
     }
 }
 
+/// The answer with guesses from `drafter`, every other setting as `sampling`.
+fn drafted(
+    engine: &Engine,
+    prompt: &[u32],
+    sampling: &SamplingParams,
+    drafter: &mut dyn Drafter,
+) -> Generation {
+    engine
+        .generate_drafted(
+            prompt,
+            &settings(sampling, Speculation::Off),
+            drafter,
+            |_| Flow::Continue,
+        )
+        .unwrap()
+}
+
 fn settings(sampling: &SamplingParams, spec: Speculation) -> GenerationSettings {
     GenerationSettings {
         max_tokens: 48,
@@ -99,14 +116,7 @@ fn check(dir: &Path) -> (usize, usize) {
             prompt_len: prompt.len(),
             answer: plain.tokens.clone(),
         };
-        let fast = engine
-            .generate_drafted(
-                &prompt,
-                &settings(&sampling, Speculation::Off),
-                &mut oracle,
-                |_| Flow::Continue,
-            )
-            .unwrap();
+        let fast = drafted(&engine, &prompt, &sampling, &mut oracle);
         assert_eq!(
             fast.tokens,
             plain.tokens,
@@ -173,14 +183,7 @@ fn the_demo_draft_model_keeps_the_demo_models_answer() {
     for sampling in [SamplingParams::default(), SAMPLED] {
         let plain = generate(&engine, &prompt, &sampling, Speculation::Off);
         let mut drafter = longhaul_engine::DraftModel::new(draft.session());
-        let fast = engine
-            .generate_drafted(
-                &prompt,
-                &settings(&sampling, Speculation::Off),
-                &mut drafter,
-                |_| Flow::Continue,
-            )
-            .unwrap();
+        let fast = drafted(&engine, &prompt, &sampling, &mut drafter);
         assert_eq!(
             fast.tokens, plain.tokens,
             "temperature {}",

@@ -443,6 +443,13 @@ pub fn generate_drafted(
     // logits after it.
     let mut ahead: VecDeque<KeptGuess> = VecDeque::new();
     let mut gate = speculate::Gate::default();
+    // What a drafter guesses from: the prompt and the answer so far, kept
+    // as it grows rather than copied every step.
+    let mut context: Vec<u32> = Vec::new();
+    if drafter.is_some() {
+        context.extend_from_slice(prompt);
+        context.extend_from_slice(&tokens);
+    }
     let finish_reason = loop {
         if cancelled {
             break FinishReason::Cancelled;
@@ -458,6 +465,9 @@ pub fn generate_drafted(
             break FinishReason::Eos;
         }
         tokens.push(id);
+        if drafter.is_some() {
+            context.push(id);
+        }
         let (shown, stopped) = match stops.push(&stream.push(id)?) {
             Scan::Continue(s) => (s, false),
             Scan::Stop(s) => (s, true),
@@ -492,8 +502,6 @@ pub fn generate_drafted(
         let guesses = match drafter.as_deref_mut() {
             Some(d) => {
                 let room = settings.max_tokens - tokens.len();
-                let mut context = prompt.to_vec();
-                context.extend_from_slice(&tokens);
                 let most = speculate::MAX_DRAFT.min(room);
                 let ask = match d.fixed_kind() {
                     Some(k) if d.gated() => gate.guesses(k, most),

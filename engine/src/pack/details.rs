@@ -50,9 +50,9 @@ pub struct DriveShare {
     pub bytes: u64,
 }
 
-/// The details of the pack at `dir`; `None` when it is not a readable pack.
-pub fn describe(dir: &Path) -> Option<PackDetails> {
-    let manifest = Manifest::read(dir).ok()?;
+/// The details of the pack at `dir` whose manifest is `manifest`; `None`
+/// when its config cannot be read.
+pub fn describe(dir: &Path, manifest: &Manifest) -> Option<PackDetails> {
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).ok()?).ok()?;
     let spec = crate::model::ModelSpec::read(&dir.join("config.json")).ok();

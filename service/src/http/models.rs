@@ -89,12 +89,6 @@ fn with_weights(model: &ModelEntry) -> Value {
             .flatten();
         obj.insert("sampling".into(), json!(sampling));
     }
-    if let (Some(details), Some(obj)) = (
-        longhaul_engine::tools::describe_pack(std::path::Path::new(path)),
-        v.as_object_mut(),
-    ) {
-        obj.insert("details".into(), json!(details));
-    }
     if !longhaul_engine::tools::is_pack(path) {
         return v;
     }
@@ -102,6 +96,10 @@ fn with_weights(model: &ModelEntry) -> Value {
         longhaul_engine::tools::Manifest::read(path),
         v.as_object_mut(),
     ) {
+        if let Some(details) = longhaul_engine::tools::describe_pack(std::path::Path::new(path), &m)
+        {
+            obj.insert("details".into(), json!(details));
+        }
         let experts = &m.experts;
         let resident = m.resident.quantization.as_ref();
         obj.insert(

@@ -3,7 +3,7 @@
 // and what it cost — with filters, and the next step for each: open it, run
 // it again, edit a copy, continue it, ask a follow-up, or delete it.
 
-import { del, get, Job, post } from "../api";
+import { del, get, Job, post, Settings } from "../api";
 import { stateBadge, toast } from "../dom";
 import { bytes, duration, esc, percent, rate } from "../format";
 import { store } from "../store";
@@ -12,19 +12,13 @@ import { store } from "../store";
 export const DRAFT_KEY = "longhaul.draft";
 
 /** A task as the form takes it. */
-export interface Draft {
+export interface Draft extends Pick<Settings, "max_tokens" | "temperature" | "top_p" | "top_k" | "seed" | "stop"> {
   title: string;
   model: string;
   prompt: string;
   /** The chat's system prompt, if it had one. */
   system?: string;
   chat: boolean;
-  max_tokens: number;
-  temperature: number;
-  top_p: number;
-  top_k: number | null;
-  seed: number;
-  stop: string[];
 }
 
 const ENDED = new Set(["done", "failed", "cancelled"]);
