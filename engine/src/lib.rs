@@ -37,6 +37,7 @@ pub mod tools;
 
 pub use cache::{DEFAULT_PINNED_FRACTION, EvictionPolicy, StreamingOptions};
 pub use engine::{Engine, EngineError, EngineOptions, LoadProgress, ModelInfo};
+pub use generate::bridge::TextBridge;
 pub use generate::speculate::{DraftModel, Drafter, PromptLookup};
 pub use generate::{
     FinishReason, Flow, Generation, GenerationSettings, GenerationStats, PROMPT_CHUNK, Phase,
@@ -44,4 +45,4 @@ pub use generate::{
 };
 pub use memory::{MemoryPlan, MemorySettings};
 pub use metrics::{DriveMetrics, EngineStats, MetricsSampler, MetricsSnapshot};
-pub use tokenizer::ChatMessage;
+pub use tokenizer::{ChatMessage, TextTokenizer};

@@ -1,18 +1,19 @@
 //! Speculative decoding changes no token: with guesses verified in one pass,
 //! every fixture family (attention, MLA, linear-attention hybrids) and the
 //! trained demo model give bitwise the tokens of plain decoding, greedy and
-//! sampled, on prompts built so that guesses are made and some rejected.
+//! sampled, on prompts built so that guesses are made and some rejected;
+//! so do guesses carried as text from a draft model with another tokenizer.
 
 mod common;
 
 use std::path::Path;
 
 use common::{fixtures, name};
-use longhaul_engine::Engine;
 use longhaul_engine::generate::speculate::Drafter;
 use longhaul_engine::generate::{
     Flow, Generation, GenerationSettings, SamplingParams, Speculation,
 };
+use longhaul_engine::{Engine, TextBridge};
 
 /// Guesses the plain answer, wrong at every answer position `i` with
 /// `i % 5 == 3`: runs of kept guesses, then a rejection, over and over.
@@ -38,6 +39,24 @@ impl Drafter for Oracle {
 
     fn gated(&self) -> bool {
         false
+    }
+}
+
+/// Has every guess of a drafter verified: the gate would soon stop one whose
+/// guesses are mostly wrong, and then little would be tested.
+struct Ungated<D>(D);
+
+impl<D: Drafter> Drafter for Ungated<D> {
+    fn propose(&mut self, context: &[u32], max: usize) -> (Vec<u32>, usize) {
+        self.0.propose(context, max)
+    }
+
+    fn gated(&self) -> bool {
+        false
+    }
+
+    fn fixed_kind(&self) -> Option<usize> {
+        self.0.fixed_kind()
     }
 }
 
@@ -194,5 +213,143 @@ fn the_demo_draft_model_keeps_the_demo_models_answer() {
             "draft model, temperature {}: {} of {} guesses kept in {} passes",
             sampling.temperature, s.accepted, s.drafted, s.verify_passes
         );
+    }
+}
+
+/// Guesses carried as text between tokenizers: the demo draft (a 4,096-token
+/// BPE) guesses for every fixture family (511 tokens), a fixture guesses for
+/// the demo model, and the draft trained on its own 2,048-token BPE guesses
+/// for the demo model well enough that guesses are kept.
+#[test]
+fn a_draft_model_with_another_tokenizer_keeps_every_models_answer() {
+    let assets = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets");
+    let demo = assets.join("longhaul-demo-moe");
+    let demo_draft = Engine::open(&assets.join("longhaul-demo-draft")).unwrap();
+    let own_tokens = Engine::open(&assets.join("longhaul-demo-draft-2k")).unwrap();
+    let fixture_draft = Engine::open(&fixtures()[0]).unwrap();
+    let mut pairs: Vec<(_, &Engine)> = fixtures().into_iter().map(|d| (d, &demo_draft)).collect();
+    pairs.push((demo.clone(), &fixture_draft));
+    pairs.push((demo.clone(), &own_tokens));
+    for (dir, guesser) in pairs {
+        let engine = Engine::open(&dir).unwrap();
+        let (target_tok, draft_tok) = (engine.tokenizer().unwrap(), guesser.tokenizer().unwrap());
+        assert!(!target_tok.same_vocabulary(draft_tok));
+        let prompt = engine
+            .prompt_ids("Explain how to read and write files.", dir == demo)
+            .unwrap();
+        let mut kept = 0;
+        for sampling in [SamplingParams::default(), SAMPLED] {
+            let plain = generate(&engine, &prompt, &sampling, Speculation::Off);
+            let bridge = TextBridge::new(guesser.session(), draft_tok, target_tok);
+            let fast = drafted(&engine, &prompt, &sampling, &mut Ungated(bridge));
+            assert_eq!(
+                fast.tokens,
+                plain.tokens,
+                "{}: the bridged guesses changed the answer (temperature {})",
+                dir.display(),
+                sampling.temperature
+            );
+            let s = &fast.stats.speculation;
+            assert!(s.drafted > 0, "{}: nothing was guessed", dir.display());
+            println!(
+                "{} guessed by a {}-token vocabulary, temperature {}: {} of {} kept",
+                name(&dir),
+                guesser.vocab_size(),
+                sampling.temperature,
+                s.accepted,
+                s.drafted
+            );
+            kept += s.accepted;
+        }
+        if std::ptr::eq(guesser, &own_tokens) {
+            assert!(kept > 0, "a trained draft's bridged guesses are kept");
+        }
+    }
+}
+
+/// Guesses a fixed script for the answer: whatever the answer is, from the
+/// position the context has reached.
+struct Scripted {
+    prompt_len: usize,
+    script: Vec<u32>,
+}
+
+impl Drafter for Scripted {
+    fn propose(&mut self, context: &[u32], max: usize) -> (Vec<u32>, usize) {
+        let at = (context.len() - self.prompt_len).min(self.script.len());
+        let to = (at + max).min(self.script.len());
+        (self.script[at..to].to_vec(), 1)
+    }
+
+    fn gated(&self) -> bool {
+        false
+    }
+}
+
+/// Tokens of the answer before the near tie: the tie is decided inside a
+/// verify pass, on a row after the first.
+const BEFORE_TIE: usize = 2;
+
+/// A prompt built to produce a near tie: of every 200-token window of
+/// Longhaul's README, the validation sample and the corpus licence, the
+/// place where the demo model's two best next tokens are closest (1.7e-3
+/// apart) among those its greedy answer reaches, cut `BEFORE_TIE` tokens
+/// before it.
+const NEAR_TIE_PROMPT: &str = "bs`, `GET /api/jobs/{id}`). A\njob's text deltas carry their byte offset, so a client also notices a gap by\nitself.\n\nThe service and its files: one service per data dir (a second `serve` on it\nis refused, naming the running one's pid and address; the CLI and the app\nuse the running one). The data dir is 0700 and its files 0600 (a start\ntightens wider ones and says so). Attachments must be regular files or\nfolders (pipes, sockets and devices are refused by name), at most 8 M";
+
+/// The near-tie prompt's ids, the runner-up token at the tie, and the gap
+/// between the two best logits there.
+fn near_tie(engine: &Engine) -> (Vec<u32>, u32, f32) {
+    let prompt = engine.prompt_ids(NEAR_TIE_PROMPT, false).unwrap();
+    let plain = generate(
+        engine,
+        &prompt,
+        &SamplingParams::default(),
+        Speculation::Off,
+    );
+    let ids = [&prompt[..], &plain.tokens[..BEFORE_TIE]].concat();
+    let rows = engine.logits(&ids).unwrap().to_vec2::<f32>().unwrap();
+    let row = rows.last().unwrap();
+    let mut order: Vec<usize> = (0..row.len()).collect();
+    order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+    assert_eq!(
+        order[0] as u32, plain.tokens[BEFORE_TIE],
+        "plain decoding picks the best"
+    );
+    (prompt, order[1] as u32, row[order[0]] - row[order[1]])
+}
+
+/// On a prompt built to produce a near tie, guesses that keep the tie's
+/// winner and guesses of its runner-up both leave plain decoding's answer,
+/// greedy and sampled: the verify pass computes the tied row bitwise as a
+/// one-token step does.
+#[test]
+fn a_near_tie_decided_inside_a_verify_pass_keeps_plain_decodings_token() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/longhaul-demo-moe");
+    let engine = Engine::open(&dir).unwrap();
+    let (prompt, runner_up, gap) = near_tie(&engine);
+    println!("near tie: the two best logits {gap:e} apart");
+    assert!(gap < 5e-3, "the two best are {gap} apart: no near tie");
+    for sampling in [SamplingParams::default(), SAMPLED] {
+        let plain = generate(&engine, &prompt, &sampling, Speculation::Off);
+        let mut wrong_at_tie = plain.tokens.clone();
+        wrong_at_tie[BEFORE_TIE] = if plain.tokens[BEFORE_TIE] == runner_up {
+            runner_up ^ 1
+        } else {
+            runner_up
+        };
+        for script in [plain.tokens.clone(), wrong_at_tie] {
+            let mut drafter = Scripted {
+                prompt_len: prompt.len(),
+                script,
+            };
+            let fast = drafted(&engine, &prompt, &sampling, &mut drafter);
+            assert_eq!(
+                fast.tokens, plain.tokens,
+                "temperature {}",
+                sampling.temperature
+            );
+            assert!(fast.stats.speculation.verify_passes > 0);
+        }
     }
 }

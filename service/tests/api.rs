@@ -991,4 +991,29 @@ fn guessing_ahead_leaves_a_jobs_answer_as_it_is() {
         Some(&json!({ "model": "demo", "prompt": "hi", "speculate": "always" })),
     );
     assert_eq!(status, 400, "{err}");
+    // The OpenAI endpoints take the same setting, and keep the same answer.
+    for speculate in ["off", "lookup"] {
+        let body = json!({ "model": "demo", "prompt": text, "max_tokens": 96, "temperature": 0, "speculate": speculate });
+        let completion = s.post("/v1/completions", body);
+        assert_eq!(completion["choices"][0]["text"], plain["output"]);
+        let chat = json!({ "model": "demo", "messages": [{"role": "user", "content": text}],
+                           "max_tokens": 8, "speculate": speculate });
+        s.post("/v1/chat/completions", chat);
+        let jobs = s.get("/api/jobs");
+        let newest = jobs["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["id"].as_i64().unwrap())
+            .max()
+            .unwrap();
+        let job = s.get(&format!("/api/jobs/{newest}"));
+        assert_eq!(job["request"]["settings"]["speculate"], speculate, "{job}");
+    }
+    let (status, err) = s.call(
+        "POST",
+        "/v1/completions",
+        Some(&json!({ "model": "demo", "prompt": "hi", "speculate": "always" })),
+    );
+    assert_eq!(status, 400, "{err}");
 }

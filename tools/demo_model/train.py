@@ -16,6 +16,9 @@ exactly what the reference implementation computes:
   token, about 17.5 M parameters.
 - `longhaul-demo-draft`: 2 layers, hidden 128, 8 experts, 2 per token, about
   1.6 M parameters: a fast guesser for speculative decoding.
+- `longhaul-demo-draft-2k`: the same draft on its own tokenizer (a 2,048-token
+  BPE, so its token boundaries differ from the demo model's): the guesser of
+  speculative decoding across tokenizers, whose guesses travel as text.
 
 Both are stored in BF16 in the Hugging Face layout of released Qwen3-MoE
 checkpoints (one tensor per expert projection), with `tokenizer.json`, a
@@ -96,6 +99,11 @@ MODELS = {
         moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2, intermediate_size=512,
         steps=1500, lr=3e-3,
     ),
+    "longhaul-demo-draft-2k": dict(
+        hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+        moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2, intermediate_size=512,
+        steps=1500, lr=3e-3, vocab=2048,
+    ),
 }
 
 
@@ -118,12 +126,12 @@ def build_examples(sections: list) -> tuple:
     return train, val
 
 
-def build_tokenizer(texts: list) -> Tokenizer:
+def build_tokenizer(texts: list, vocab: int) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB, special_tokens=SPECIALS,
+        vocab_size=vocab, special_tokens=SPECIALS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
     tok.train_from_iterator(texts, trainer)
@@ -138,9 +146,9 @@ def token_stream(tok: Tokenizer, texts: list) -> torch.Tensor:
 
 
 def model_config(tok: Tokenizer, spec: dict) -> Qwen3MoeConfig:
-    shape = {k: v for k, v in spec.items() if k not in ("steps", "lr")}
+    shape = {k: v for k, v in spec.items() if k not in ("steps", "lr", "vocab")}
     cfg = Qwen3MoeConfig(
-        vocab_size=VOCAB, max_position_embeddings=SEQ_LEN * 2, rms_norm_eps=1e-6, hidden_act="silu",
+        vocab_size=tok.get_vocab_size(), max_position_embeddings=SEQ_LEN * 2, rms_norm_eps=1e-6, hidden_act="silu",
         norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         output_router_logits=True, router_aux_loss_coef=0.01,
@@ -231,7 +239,7 @@ def train(name: str, spec: dict, tok: Tokenizer, train_ids: torch.Tensor, val_id
         starts = torch.randint(0, len(train_ids) - SEQ_LEN - 1, (BATCH,), generator=gen)
         x = torch.stack([train_ids[s : s + SEQ_LEN + 1] for s in starts.tolist()])
         out = model(input_ids=x[:, :-1])
-        loss = torch.nn.functional.cross_entropy(out.logits.reshape(-1, VOCAB), x[:, 1:].reshape(-1))
+        loss = torch.nn.functional.cross_entropy(out.logits.reshape(-1, cfg.vocab_size), x[:, 1:].reshape(-1))
         total = loss + cfg.router_aux_loss_coef * out.aux_loss if out.aux_loss is not None else loss
         opt.zero_grad(set_to_none=True)
         total.backward()
@@ -365,7 +373,7 @@ def main() -> None:
     ap.add_argument("out", type=Path, help="folder that receives longhaul-demo-moe/ and longhaul-demo-draft/")
     ap.add_argument("--work", type=Path, default=Path.home() / ".cache/longhaul/demo-train",
                     help="where the Debian package is downloaded and unpacked")
-    ap.add_argument("--only", choices=sorted(MODELS), help="train one model (the tokenizer is always rebuilt)")
+    ap.add_argument("--only", choices=sorted(MODELS), help="train one model (its tokenizer is always rebuilt)")
     ap.add_argument("--steps", type=int, help="train this many steps instead (a quick trial of the whole script)")
     args = ap.parse_args()
     torch.set_num_threads(THREADS)
@@ -374,12 +382,17 @@ def main() -> None:
     train_texts, val_texts = build_examples(sections)
     log(f"corpus: {len(sections)} sections, {sum(map(len, train_texts)) / 1e6:.2f} M characters for training, "
         f"{sum(map(len, val_texts)) / 1e6:.2f} M for validation")
-    tok = build_tokenizer(train_texts)
-    train_ids, val_ids = token_stream(tok, train_texts), token_stream(tok, val_texts)
-    log(f"tokenizer: {tok.get_vocab_size()} tokens; {len(train_ids)} training and {len(val_ids)} validation tokens")
+    tokenized = {}
     for name, spec in MODELS.items():
         if args.only and name != args.only:
             continue
+        vocab = spec.get("vocab", VOCAB)
+        if vocab not in tokenized:
+            tok = build_tokenizer(train_texts, vocab)
+            tokenized[vocab] = (tok, token_stream(tok, train_texts), token_stream(tok, val_texts))
+            log(f"tokenizer: {tok.get_vocab_size()} tokens; {len(tokenized[vocab][1])} training and "
+                f"{len(tokenized[vocab][2])} validation tokens")
+        tok, train_ids, val_ids = tokenized[vocab]
         if args.steps:
             spec = dict(spec, steps=args.steps)
         model, cfg, report = train(name, spec, tok, train_ids, val_ids)

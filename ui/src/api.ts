@@ -100,7 +100,16 @@ export interface JobStats {
   cache_hit_rate: number | null;
   resumes: number;
   /** Guessing ahead over the job's runs (absent on jobs recorded before it existed). */
-  speculation?: { verify_passes: number; drafted: number; accepted: number };
+  speculation?: Speculation;
+}
+
+/** Guessing ahead: passes that verified guesses, guesses made and kept, passes of one token. */
+export interface Speculation {
+  verify_passes: number;
+  drafted: number;
+  accepted: number;
+  /** Absent on jobs recorded before it existed. */
+  plain_steps?: number;
 }
 
 export type JobState = "queued" | "running" | "paused" | "interrupted" | "done" | "failed" | "cancelled";

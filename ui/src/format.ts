@@ -50,3 +50,13 @@ export function phaseLine(p: { prompt: { done: number; total: number; per_second
   const speed = rate(p.tokens_per_second);
   return p.eta_seconds != null ? `${speed} · ETA ≤ ${duration(p.eta_seconds)}` : p.tokens_per_second != null ? speed : "";
 }
+
+/** What guessing ahead did, in words: "31 of 40 guesses kept (78%) · 2.4 tokens per pass", or "" when nothing was guessed. */
+export function guessLine(s: { verify_passes: number; drafted: number; accepted: number; plain_steps?: number } | undefined): string {
+  if (!s?.drafted) return "";
+  const kept = `${s.accepted} of ${s.drafted} guesses kept (${percent(s.accepted / s.drafted)})`;
+  const passes = s.verify_passes + (s.plain_steps ?? 0);
+  if (s.plain_steps == null || passes === 0) return `${kept} in ${s.verify_passes} passes`;
+  // Each pass yields its own token and the guesses kept.
+  return `${kept} · ${((passes + s.accepted) / passes).toFixed(2)} tokens per pass`;
+}

@@ -1,6 +1,7 @@
 //! Turning a prompt into text: a session over the model's sequence state, token
 //! selection, and stop conditions (EOS ids, stop strings, a token budget).
 
+pub mod bridge;
 pub mod sampling;
 pub mod speculate;
 pub mod stop;
@@ -273,6 +274,8 @@ pub struct Piece<'a> {
     /// a snapshot then would cover tokens not yet reported).
     pub settled: bool,
     pub prompt_len: usize,
+    /// What guessing ahead has done so far in this generation.
+    pub speculation: SpeculationStats,
 }
 
 /// A verified guess and the logits after it.
@@ -394,6 +397,7 @@ pub fn generate_drafted(
             session,
             settled: false,
             prompt_len: prompt.len(),
+            speculation: SpeculationStats::default(),
         })
     };
     let mut logits = Vec::new();
@@ -481,6 +485,7 @@ pub fn generate_drafted(
             session: &session,
             settled: ahead.is_empty(),
             prompt_len: prompt.len(),
+            speculation: stats.speculation,
         });
         if stopped {
             break FinishReason::StopString;
@@ -558,6 +563,7 @@ pub fn generate_drafted(
                 session: &session,
                 settled: ahead.is_empty(),
                 prompt_len: prompt.len(),
+                speculation: stats.speculation,
             });
         }
     }

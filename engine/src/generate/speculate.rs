@@ -149,7 +149,7 @@ pub fn lookup(context: &[u32], max: usize) -> (Vec<u32>, usize) {
 }
 
 /// What speculation did in one generation.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct SpeculationStats {
     /// Forward passes that verified guesses.
     pub verify_passes: usize,

@@ -130,6 +130,20 @@ impl TextTokenizer {
             .map_err(|e| TokenizerError::Decode(e.to_string()))
     }
 
+    /// The text of `ids` with special tokens written out (`<|im_start|>`), as
+    /// [`TextTokenizer::encode`] reads them back.
+    pub fn decode_with_special(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| TokenizerError::Decode(e.to_string()))
+    }
+
+    /// Whether both tokenizers give every token the same id, so ids pass
+    /// between their models unchanged.
+    pub fn same_vocabulary(&self, other: &TextTokenizer) -> bool {
+        self.inner.get_vocab(true) == other.inner.get_vocab(true)
+    }
+
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
     }

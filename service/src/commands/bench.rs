@@ -15,12 +15,16 @@ use longhaul_engine::tools::{
     DEFAULT_QUEUE_DEPTH, DriveSnapshot, PilotCounters, ProbeReport, argmax, belady_hit_rate,
     lfu_hit_rate, lru_hit_rate, oracle_pin_hit_rate, routing_stats, trace,
 };
-use longhaul_engine::{Engine, EngineOptions, EngineStats, MetricsSampler};
+use longhaul_engine::{Engine, EngineOptions, EngineStats, MetricsSampler, SamplingParams};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 use super::size::parse_size;
+use super::speculate::{SpeculateArg, parse_speculate};
+
+/// Tokens a chat template adds around a message, at most.
+const CHAT_TEMPLATE_TOKENS: usize = 64;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -59,6 +63,24 @@ pub struct BenchArgs {
     /// Skip checking each expert record's checksum (to measure what checking costs).
     #[arg(long)]
     no_verify_checksums: bool,
+    /// The prompt: this file's text instead of --prompt-tokens random tokens.
+    #[arg(long)]
+    prompt_file: Option<PathBuf>,
+    /// With --prompt-file: wrap its text as a user message in the chat template.
+    #[arg(long, requires = "prompt_file")]
+    chat: bool,
+    /// Also decode the --gen greedy tokens plainly and with guesses (`lookup`
+    /// or `draft:PATH`), each by a fresh engine, and report both under
+    /// `speculation`.
+    #[arg(long, value_parser = parse_speculate)]
+    speculate: Option<SpeculateArg>,
+    /// With --speculate: sampling temperature of both answers (0, the
+    /// default, is greedy); --seed seeds the draws.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// With --speculate: nucleus sampling's probability mass.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
 }
 
 /// Probes the drives of a pack (see [`longhaul_service::probe`]).
@@ -180,7 +202,17 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let limit_hits_at_start = memory::cgroup_limit_hits();
     let probe = probe_pack(&args.model, args.probe_bytes, args.queue_depth)?;
     let mut options = EngineOptions::default();
-    let context = (args.prompt_tokens.max(1) + args.gen_tokens) as u64;
+    // A prompt file's tokens are at most its bytes (and a chat template's few).
+    let prompt_bound = match &args.prompt_file {
+        Some(path) => {
+            std::fs::metadata(path)
+                .with_context(|| format!("cannot read the prompt file {}", path.display()))?
+                .len() as usize
+                + CHAT_TEMPLATE_TOKENS
+        }
+        None => args.prompt_tokens.max(1),
+    };
+    let context = (prompt_bound + args.gen_tokens) as u64;
     args.memory.apply(&mut options, context)?;
     options.streaming.record_trace = true;
     args.cache.apply(&mut options.streaming);
@@ -199,11 +231,22 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         eprintln!("{plan}");
     }
 
-    let mut rng = SmallRng::seed_from_u64(args.seed);
-    let vocab = engine.vocab_size() as u32;
-    let prompt: Vec<u32> = (0..args.prompt_tokens.max(1))
-        .map(|_| rng.random_range(0..vocab))
-        .collect();
+    let prompt = match &args.prompt_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the prompt file {}", path.display()))?;
+            engine
+                .prompt_ids(&text, args.chat)
+                .with_context(|| format!("cannot prepare the prompt from {}", path.display()))?
+        }
+        None => {
+            let mut rng = SmallRng::seed_from_u64(args.seed);
+            let vocab = engine.vocab_size() as u32;
+            (0..args.prompt_tokens.max(1))
+                .map(|_| rng.random_range(0..vocab))
+                .collect()
+        }
+    };
     let mut session = engine.session();
     let before_prefill = Mark::take(&stats());
     let started = Instant::now();
@@ -354,6 +397,24 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     });
     if let (Some(r), serde_json::Value::Object(more)) = (report.as_object_mut(), results) {
         r.extend(more);
+    }
+    drop(engine);
+    if let Some(arg) = args.speculate.as_ref().filter(|a| **a != SpeculateArg::Off) {
+        let sampling = SamplingParams {
+            temperature: args.temperature,
+            top_k: None,
+            top_p: args.top_p,
+            seed: args.seed,
+        };
+        sampling.validate().context("invalid sampling settings")?;
+        let run = super::bench_guess::Run {
+            model: &args.model,
+            options: &options,
+            prompt: &prompt,
+            tokens: args.gen_tokens,
+            sampling,
+        };
+        report["speculation"] = run.compare(arg)?;
     }
     if args.json {
         println!("{report}");

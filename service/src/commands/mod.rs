@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+mod bench_guess;
 pub mod compare;
 pub mod demo;
 pub mod drives;
@@ -11,6 +12,7 @@ pub mod pack;
 pub mod run;
 pub mod serve;
 pub mod size;
+pub mod speculate;
 pub mod synth;
 
 use std::path::{Path, PathBuf};

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use longhaul_engine::tools::trace;
-use longhaul_engine::{DraftModel, Engine, Flow, GenerationSettings, SamplingParams, Speculation};
+use longhaul_engine::{Flow, GenerationSettings, SamplingParams};
+
+use super::speculate::{self, SpeculateArg, parse_speculate};
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -40,29 +42,13 @@ pub struct RunArgs {
     #[arg(long)]
     trace: Option<PathBuf>,
     /// Guess ahead and verify the guesses in one pass: `lookup` guesses from
-    /// earlier text (the prompt, attachments, the answer so far),
-    /// `draft:PATH` with a small model that has the same tokenizer. The
-    /// answer is bitwise the same either way; only the speed differs.
-    #[arg(long, default_value = "off", value_parser = parse_speculate)]
+    /// earlier text (the prompt, attachments, the answer so far), `auto`
+    /// (the default) is `lookup`, `draft:PATH` guesses with a small model
+    /// (with another tokenizer, its guesses travel as text). A gate stops
+    /// guessing while it does not pay. The answer is bitwise the same either
+    /// way; only the speed differs.
+    #[arg(long, default_value = "auto", value_parser = parse_speculate)]
     speculate: SpeculateArg,
-}
-
-#[derive(Clone, Debug)]
-enum SpeculateArg {
-    Off,
-    Lookup,
-    Draft(PathBuf),
-}
-
-fn parse_speculate(text: &str) -> Result<SpeculateArg, String> {
-    match text {
-        "off" => Ok(SpeculateArg::Off),
-        "lookup" => Ok(SpeculateArg::Lookup),
-        _ => match text.strip_prefix("draft:") {
-            Some(path) if !path.is_empty() => Ok(SpeculateArg::Draft(PathBuf::from(path))),
-            _ => Err(format!("`{text}`: use off, lookup or draft:PATH")),
-        },
-    }
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -84,10 +70,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         sampling,
         stop_strings: args.stop,
         eos_token_ids: engine.eos_token_ids().to_vec(),
-        speculation: match args.speculate {
-            SpeculateArg::Lookup => Speculation::Lookup,
-            SpeculateArg::Off | SpeculateArg::Draft(_) => Speculation::Off,
-        },
+        speculation: args.speculate.speculation(),
     };
     let mut stdout = std::io::stdout().lock();
     let mut write_error = None;
@@ -101,23 +84,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             Flow::Stop
         }
     };
-    let generation = match &args.speculate {
-        SpeculateArg::Draft(path) => {
-            let draft = Engine::open(path)
-                .with_context(|| format!("cannot open the draft model at {}", path.display()))?;
-            if draft.vocab_size() != engine.vocab_size() {
-                anyhow::bail!(
-                    "the draft model at {} has a vocabulary of {} tokens, the model {}: a draft model needs the same tokenizer",
-                    path.display(),
-                    draft.vocab_size(),
-                    engine.vocab_size()
-                );
-            }
-            let mut drafter = DraftModel::new(draft.session());
-            engine.generate_drafted(&prompt, &settings, &mut drafter, |p| write(p.text))?
-        }
-        _ => engine.generate(&prompt, &settings, write)?,
-    };
+    let generation = speculate::generate(&engine, &prompt, &settings, &args.speculate, |p| {
+        write(p.text)
+    })?;
     if let Some(e) = write_error {
         return Err(e).context("cannot write to stdout");
     }

@@ -19,7 +19,7 @@ use super::error::{ApiError, ApiResult};
 use super::jobs::{SettingsBody, check_input, model_sampling};
 use super::{ApiJson, AppState};
 use crate::events::Event;
-use crate::queue::{JobState, JobView, Message, NewJob, Request};
+use crate::queue::{JobState, JobView, Message, NewJob, Request, Speculate};
 
 /// Priority of OpenAI requests: ahead of queued long-form tasks.
 pub const OPENAI_PRIORITY: i64 = 100;
@@ -49,6 +49,9 @@ pub struct ChatBody {
     top_k: Option<usize>,
     seed: Option<Seed>,
     stop: Option<Stop>,
+    /// Longhaul's own: how the answer guesses ahead (`auto`, `lookup`,
+    /// `off`); the answer is the same either way.
+    speculate: Option<Speculate>,
     #[serde(default)]
     stream: bool,
     stream_options: Option<StreamOptions>,
@@ -127,6 +130,9 @@ pub struct CompletionBody {
     top_k: Option<usize>,
     seed: Option<Seed>,
     stop: Option<Stop>,
+    /// Longhaul's own: how the answer guesses ahead (`auto`, `lookup`,
+    /// `off`); the answer is the same either way.
+    speculate: Option<Speculate>,
     #[serde(default)]
     stream: bool,
     stream_options: Option<StreamOptions>,
@@ -282,7 +288,7 @@ pub async fn chat_completions(
         top_k: body.top_k,
         seed: seed(body.seed),
         stop: stop_list(body.stop),
-        speculate: None,
+        speculate: body.speculate,
     }
     .into_settings(model_sampling(&app, &body.model).await)?;
     let include_usage = body.stream_options.is_some_and(|o| o.include_usage);
@@ -323,7 +329,7 @@ pub async fn completions(
         top_k: body.top_k,
         seed: seed(body.seed),
         stop: stop_list(body.stop),
-        speculate: None,
+        speculate: body.speculate,
     }
     .into_settings(model_sampling(&app, &body.model).await)?;
     let include_usage = body.stream_options.is_some_and(|o| o.include_usage);

@@ -218,6 +218,9 @@ pub struct SpeculationTally {
     pub verify_passes: usize,
     pub drafted: usize,
     pub accepted: usize,
+    /// Forward passes of one token (nothing guessed, or guessing paused).
+    #[serde(default)]
+    pub plain_steps: usize,
 }
 
 /// Bytes a job read from one drive folder.

@@ -127,6 +127,7 @@ impl LocalBackend {
                     state: (piece.settled || piece.phase != Phase::Answer)
                         .then_some((piece.session, piece.prompt_len)),
                     usage: Some(&usage),
+                    speculation: Some(piece.speculation),
                 })
             })
             .map_err(engine_error)?;
@@ -145,7 +146,7 @@ impl LocalBackend {
             usage,
             reported_tokens: None,
             state_refused: generation.stats.restore_refused.clone(),
-            speculation: Some(generation.stats.speculation.clone()),
+            speculation: Some(generation.stats.speculation),
         })
     }
 }

@@ -76,6 +76,8 @@ pub struct Produced<'a> {
     pub state: Option<(&'a longhaul_engine::Session<'a>, usize)>,
     /// What the run has read so far, when the model runs here.
     pub usage: Option<&'a dyn Fn() -> Usage>,
+    /// What guessing ahead has done so far in the run, when the model runs here.
+    pub speculation: Option<longhaul_engine::SpeculationStats>,
 }
 
 /// Expert reads and cache lookups of one run.
@@ -449,6 +451,9 @@ impl Runner {
             if let Some(usage) = p.usage.filter(|_| commit_due || event_due) {
                 tally.set_usage(usage());
             }
+            if let Some(s) = &p.speculation {
+                tally.set_speculation(s);
+            }
             if let Phase::Prompt { done, total } = p.phase {
                 crate::faults::on_prompt_progress();
                 tally.prompt_read(done, total, now);
@@ -539,7 +544,7 @@ impl Runner {
             tally.default_prompt_len(o.prompt_tokens.saturating_sub(job.committed_count));
             tally.set_usage(o.usage.clone());
             if let Some(s) = &o.speculation {
-                tally.add_speculation(s);
+                tally.set_speculation(s);
             }
             if let Some(s) = o.speculation.as_ref().filter(|s| s.verify_passes > 0) {
                 let _ = self.queue.log(

@@ -152,6 +152,7 @@ impl RemoteBackend<'_> {
                 text,
                 state: None,
                 usage: None,
+                speculation: None,
             });
             if flow == Flow::Stop {
                 self.cancel_remote(remote_id.as_deref());

@@ -76,11 +76,14 @@ impl Tally {
         self.prompt_len.get_or_insert(len);
     }
 
-    /// What guessing ahead did in this run.
-    pub fn add_speculation(&mut self, s: &longhaul_engine::SpeculationStats) {
-        self.speculation.verify_passes += s.verify_passes;
-        self.speculation.drafted += s.drafted;
-        self.speculation.accepted += s.accepted;
+    /// What guessing ahead has done in this run so far.
+    pub fn set_speculation(&mut self, s: &longhaul_engine::SpeculationStats) {
+        self.speculation = crate::queue::SpeculationTally {
+            verify_passes: s.verify_passes,
+            drafted: s.drafted,
+            accepted: s.accepted,
+            plain_steps: s.plain_steps,
+        };
     }
 
     pub fn set_usage(&mut self, usage: Usage) {
@@ -128,6 +131,7 @@ impl Tally {
         stats.speculation.verify_passes += self.speculation.verify_passes;
         stats.speculation.drafted += self.speculation.drafted;
         stats.speculation.accepted += self.speculation.accepted;
+        stats.speculation.plain_steps += self.speculation.plain_steps;
         let (hits, misses) = self.usage.lookups;
         if hits + misses > 0 {
             stats.cache_hit_rate = Some(hits as f64 / (hits + misses) as f64);

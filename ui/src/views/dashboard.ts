@@ -7,7 +7,7 @@ import uPlot from "uplot";
 import { Drive, get, Model } from "../api";
 import { chart, COLORS, columns, memoryRange, share } from "../charts";
 import { holdLine } from "../banner";
-import { bytes, esc, percent, phaseLine, rate } from "../format";
+import { bytes, esc, guessLine, percent, phaseLine, rate } from "../format";
 import { Sample, store } from "../store";
 
 interface Heat {
@@ -34,8 +34,11 @@ function drawHeat(canvas: HTMLCanvasElement, h: Heat): void {
 
 /** The running task's phase, after its number: reading the prompt shows how far. */
 function running(id: number): string {
-  const line = phaseLine(store.progress.get(id));
-  return line.startsWith("Reading") ? ` · <span class="phase">${esc(line)}</span>` : "";
+  const p = store.progress.get(id);
+  const line = phaseLine(p);
+  if (line.startsWith("Reading")) return ` · <span class="phase">${esc(line)}</span>`;
+  const guesses = guessLine(p?.stats?.speculation);
+  return guesses ? ` · <span class="guesses">${esc(guesses)}</span>` : "";
 }
 
 export async function render(root: HTMLElement): Promise<() => void> {

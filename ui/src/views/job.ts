@@ -6,7 +6,7 @@ import { marked } from "marked";
 
 import { get, Job, post, withToken } from "../api";
 import { stateBadge, toast } from "../dom";
-import { bytes, duration, esc, percent, phaseLine, rate, when } from "../format";
+import { bytes, duration, esc, guessLine, percent, phaseLine, rate, when } from "../format";
 import { chart, COLORS, columns } from "../charts";
 import { Sample, store } from "../store";
 
@@ -80,7 +80,7 @@ function statsGrid(j: Job): string {
     ${cell("Cache hit rate", percent(s?.cache_hit_rate))}
     ${cell("Prompt tokens", s ? String(s.prompt_tokens) : "–")}
     ${cell("Resumed", s ? `${s.resumes}×` : "–")}
-    ${cell("Guesses kept", s?.speculation?.drafted ? `${s.speculation.accepted} of ${s.speculation.drafted} (${percent(s.speculation.accepted / s.speculation.drafted)}) in ${s.speculation.verify_passes} passes` : "–")}
+    ${cell("Guessing ahead", guessLine(s?.speculation) || "–")}
   </dl>${driveReads(s?.drive_bytes_read)}</div>`;
 }
 
