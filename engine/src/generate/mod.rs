@@ -447,6 +447,8 @@ pub fn generate_drafted(
     // logits after it.
     let mut ahead: VecDeque<KeptGuess> = VecDeque::new();
     let mut gate = speculate::Gate::default();
+    // A guess the gate declined, checked against the next token chosen.
+    let mut shadow: Option<(usize, u32)> = None;
     // What a drafter guesses from: the prompt and the answer so far, kept
     // as it grows rather than copied every step.
     let mut context: Vec<u32> = Vec::new();
@@ -471,6 +473,9 @@ pub fn generate_drafted(
         tokens.push(id);
         if drafter.is_some() {
             context.push(id);
+        }
+        if let Some((kind, guess)) = shadow.take() {
+            gate.record_shadow(kind, guess == id);
         }
         let (shown, stopped) = match stops.push(&stream.push(id)?) {
             Scan::Continue(s) => (s, false),
@@ -522,6 +527,9 @@ pub fn generate_drafted(
                 } else {
                     ask
                 };
+                if allowed == 0 {
+                    shadow = g.first().map(|&first| (k, first));
+                }
                 g.truncate(allowed);
                 kind = k;
                 g

@@ -11,6 +11,7 @@ use longhaul_engine::{
     Engine, EngineOptions, Flow, Generation, GenerationSettings, Phase, SamplingParams,
 };
 use serde_json::{Value, json};
+use xxhash_rust::xxh3::xxh3_64;
 
 use super::speculate::{self, SpeculateArg};
 
@@ -25,6 +26,8 @@ impl Decoded {
     fn figures(&self) -> Value {
         let s = &self.generation.stats;
         json!({
+            // The answer's text, hashed: equal hashes, equal text.
+            "text_xxh3": format!("{:016x}", xxh3_64(self.generation.text.as_bytes())),
             "tok_s": s.decode_tokens_per_second(),
             "decode_seconds": s.decode_seconds,
             "forward_passes": s.decode_steps,
