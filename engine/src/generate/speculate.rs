@@ -167,8 +167,13 @@ impl SpeculationStats {
     }
 }
 
-/// How much of the past the gate's estimates keep per verify pass.
+/// How much of the past the gate's cost estimates keep per verify pass.
 const GATE_DECAY: f64 = 0.8;
+/// How much of the past the acceptance estimates keep per guess checked
+/// (verified or in the shadow of a plain step): about the last 20. A
+/// shorter memory (0.8) opened the gate after a lucky streak of sampled
+/// prose and lost 4.5 % to rejected rows (quoted file, temperature 0.7).
+const ACCEPTANCE_DECAY: f64 = 0.95;
 /// Starting guesses for the estimates, before anything is measured: how
 /// often a guess is kept grows with its kind (for prompt lookup, a longer
 /// match: 0.5 for 2 tokens, 0.55 for 3, 0.6 for 4), and an extra row costs
@@ -316,8 +321,8 @@ impl Gate {
     /// at no cost, and the kind needs no probes.
     pub fn record_shadow(&mut self, kind: usize, kept: bool) {
         let rec = &mut self.kinds[kind.min(GUESS_KINDS - 1)];
-        rec.kept = rec.kept * GATE_DECAY + f64::from(u8::from(kept));
-        rec.missed = rec.missed * GATE_DECAY + f64::from(u8::from(!kept));
+        rec.kept = rec.kept * ACCEPTANCE_DECAY + f64::from(u8::from(kept));
+        rec.missed = rec.missed * ACCEPTANCE_DECAY + f64::from(u8::from(!kept));
         rec.since_probe = 0;
     }
 
@@ -332,8 +337,8 @@ impl Gate {
     pub fn record_verify(&mut self, kind: usize, guessed: usize, kept: usize, took: Duration) {
         let step = self.step.filter(|s| !s.is_zero());
         let rec = &mut self.kinds[kind.min(GUESS_KINDS - 1)];
-        rec.kept = rec.kept * GATE_DECAY + kept as f64;
-        rec.missed = rec.missed * GATE_DECAY + f64::from(u8::from(kept < guessed));
+        rec.kept = rec.kept * ACCEPTANCE_DECAY + kept as f64;
+        rec.missed = rec.missed * ACCEPTANCE_DECAY + f64::from(u8::from(kept < guessed));
         if let Some(step) = step {
             let steps = (took.as_secs_f64() / step.as_secs_f64()).max(1.0);
             let extra = (steps - 1.0) / guessed.max(1) as f64;

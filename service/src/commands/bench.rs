@@ -81,6 +81,10 @@ pub struct BenchArgs {
     /// With --speculate: nucleus sampling's probability mass.
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
+    /// With --speculate: decode plainly and with guesses this many times
+    /// each, alternated; the speed-up is the ratio of the medians.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
 }
 
 /// Probes the drives of a pack (see [`longhaul_service::probe`]).
@@ -413,6 +417,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             prompt: &prompt,
             tokens: args.gen_tokens,
             sampling,
+            repeat: args.repeat,
         };
         report["speculation"] = run.compare(arg)?;
     }

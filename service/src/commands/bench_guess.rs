@@ -47,6 +47,8 @@ pub struct Run<'a> {
     pub prompt: &'a [u32],
     pub tokens: usize,
     pub sampling: SamplingParams,
+    /// Plain and guessed decodings, alternated, this many times each.
+    pub repeat: usize,
 }
 
 impl Run<'_> {
@@ -76,15 +78,27 @@ impl Run<'_> {
 
     /// The `speculation` section of the bench report.
     pub fn compare(&self, arg: &SpeculateArg) -> anyhow::Result<Value> {
-        eprintln!("decoding {} tokens plainly, then with guesses", self.tokens);
-        let plain = self.decode(&SpeculateArg::Off)?;
-        let guessed = self.decode(arg)?;
+        eprintln!(
+            "decoding {} tokens plainly, then with guesses, {} times",
+            self.tokens, self.repeat
+        );
+        let mut pairs = Vec::with_capacity(self.repeat.max(1));
+        for _ in 0..self.repeat.max(1) {
+            pairs.push((self.decode(&SpeculateArg::Off)?, self.decode(arg)?));
+        }
+        let rates = |pick: fn(&(Decoded, Decoded)) -> &Decoded| -> Vec<f64> {
+            pairs
+                .iter()
+                .map(|p| pick(p).generation.stats.decode_tokens_per_second())
+                .collect()
+        };
+        let (plain_rates, rates) = (rates(|p| &p.0), rates(|p| &p.1));
+        let same = pairs
+            .iter()
+            .all(|(p, g)| p.generation.tokens == g.generation.tokens);
+        let (plain, guessed) = &pairs[0];
         let stats = &guessed.generation.stats;
         let s = &stats.speculation;
-        let (plain_rate, rate) = (
-            plain.generation.stats.decode_tokens_per_second(),
-            stats.decode_tokens_per_second(),
-        );
         Ok(json!({
             "mode": match arg {
                 SpeculateArg::Off => "off".to_string(),
@@ -92,8 +106,10 @@ impl Run<'_> {
                 SpeculateArg::Draft(p) => format!("draft:{}", p.display()),
             },
             "temperature": self.sampling.temperature,
-            "same_tokens": plain.generation.tokens == guessed.generation.tokens,
-            "speedup": rate / plain_rate.max(1e-9),
+            "same_tokens": same,
+            "speedup": median(&rates) / median(&plain_rates).max(1e-9),
+            "plain_tok_s_runs": plain_rates,
+            "guessed_tok_s_runs": rates,
             "plain": plain.figures(),
             "guessed": guessed.figures(),
             "verify_passes": s.verify_passes,
@@ -106,5 +122,15 @@ impl Run<'_> {
                 / stats.decode_steps.max(1) as f64,
             "expert_bytes_saved_per_token": plain.bytes_per_token() - guessed.bytes_per_token(),
         }))
+    }
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
