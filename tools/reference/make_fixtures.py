@@ -474,7 +474,55 @@ FIXTURES = [
     ),
 ]
 
+MINIMAX_M2_RELEASED_FIELDS = {
+    # Fields the release's config carries that transformers does not read.
+    "use_qk_norm": True,
+    "qk_norm_type": "per_layer",
+    "scoring_func": "sigmoid",
+    "use_routing_bias": True,
+    "shared_intermediate_size": 0,
+}
+FIXTURES += [
+    (
+        "minimax_m2_released",
+        {
+            "model_type": "minimax_m2",
+            "num_hidden_layers": 2,
+            "num_attention_heads": 6,
+            "num_key_value_heads": 2,
+            # Queries 96 wide over a hidden size of 64: a per-head norm would show.
+            "head_dim": 16,
+            "rotary_dim": 8,
+            "intermediate_size": 32,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 3,
+            "rope": {"rope_type": "default", "rope_theta": 5000000.0},
+            "attn_type_list": [1, 1],
+            "tie_word_embeddings": False,
+            **MINIMAX_M2_RELEASED_FIELDS,
+        },
+        {"style": "old", "layout": "per_expert", "dtype": "bfloat16", "shards": 1},
+    ),
+    (
+        "minimax_m2_recent",
+        {
+            "model_type": "minimax_m2",
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "intermediate_size": 24,
+            "num_local_experts": 6,
+            "num_experts_per_tok": 2,
+            "rope": {"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.25},
+            "tie_word_embeddings": True,
+        },
+        {"style": "new", "layout": "fused", "dtype": "float32", "shards": 1},
+    ),
+]
+
 EXPERT_NAMES = {
+    "minimax_m2": ("block_sparse_moe", "w1", "w3", "w2"),
     "qwen3_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
     "mixtral": ("block_sparse_moe", "w1", "w3", "w2"),
     "deepseek_v3": ("mlp", "gate_proj", "up_proj", "down_proj"),
@@ -552,7 +600,8 @@ def checkpoint_tensors(model, cfg: dict, layout: str) -> dict:
             prefix = k[: -len("mlp.experts.down_proj")] + block + ".experts"
             for e in range(v.shape[0]):
                 out[f"{prefix}.{e}.{down_name}.weight"] = v[e].contiguous()
-        elif block != "mlp" and (".mlp.gate." in k or ".mlp.shared_experts." in k):
+        elif block != "mlp" and (".mlp.gate." in k or ".mlp.shared_experts." in k
+                                 or k.endswith(".mlp.e_score_correction_bias")):
             out[k.replace(".mlp.", f".{block}.")] = v
         elif ".forget_gate." in k:
             # Kimi-Linear's release keeps the forget gate's tensors in the attention.

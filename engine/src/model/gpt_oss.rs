@@ -134,6 +134,7 @@ pub fn build(
             head_dim: c.head_dim,
             bias: c.attention_bias,
             qk_norm_eps: None,
+            qk_norm_full_width: false,
             window: c.sliding_window.filter(|_| c.sliding[i]),
             sinks: true,
             output_gate: false,

@@ -83,6 +83,7 @@ pub fn build(
             head_dim: c.head_dim,
             bias: false,
             qk_norm_eps: None,
+            qk_norm_full_width: false,
             window: c.sliding_window,
             sinks: false,
             output_gate: false,

@@ -7,6 +7,7 @@ pub mod deepseek_v3;
 pub mod gpt_oss;
 pub mod kimi_linear;
 pub mod layers;
+pub mod minimax_m2;
 pub mod mixtral;
 pub mod quantization;
 pub mod qwen3_moe;
@@ -59,6 +60,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "qwen3_next",
     "qwen3_5_moe",
     "qwen3_5_moe_text",
+    "minimax_m2",
 ];
 
 /// Settings every architecture has.
@@ -115,6 +117,7 @@ pub fn parse_token_ids(v: &serde_json::Value) -> Option<Vec<u32>> {
 pub enum Architecture {
     Qwen3Moe(qwen3_moe::Config),
     Mixtral(mixtral::Config),
+    MinimaxM2(minimax_m2::Config),
     DeepseekV3(deepseek_v3::Config),
     GptOss(gpt_oss::Config),
     KimiLinear(kimi_linear::Config),
@@ -171,6 +174,10 @@ impl ModelSpec {
             }
             "qwen3_moe" => (Architecture::Qwen3Moe(qwen3_moe::Config::parse(raw)?), ""),
             "mixtral" => (Architecture::Mixtral(mixtral::Config::parse(raw)?), ""),
+            "minimax_m2" => (
+                Architecture::MinimaxM2(minimax_m2::Config::parse(raw)?),
+                "",
+            ),
             "gpt_oss" => (Architecture::GptOss(gpt_oss::Config::parse(raw)?), ""),
             "kimi_linear" => (
                 Architecture::KimiLinear(kimi_linear::Config::parse(raw)?),
@@ -217,6 +224,7 @@ impl ModelSpec {
         match &self.architecture {
             Architecture::Qwen3Moe(c) => &c.common,
             Architecture::Mixtral(c) => &c.common,
+            Architecture::MinimaxM2(c) => &c.common,
             Architecture::DeepseekV3(c) => &c.common,
             Architecture::GptOss(c) => &c.common,
             Architecture::KimiLinear(c) => &c.common,
@@ -250,6 +258,7 @@ impl ModelSpec {
         let (layers, per_layer) = match &self.architecture {
             Architecture::Qwen3Moe(c) => (c.common.num_layers, 2 * c.kv_heads * c.head_dim),
             Architecture::Mixtral(c) => (c.common.num_layers, 2 * c.kv_heads * c.head_dim),
+            Architecture::MinimaxM2(c) => (c.common.num_layers, 2 * c.kv_heads * c.head_dim),
             Architecture::GptOss(c) => (c.common.num_layers, 2 * c.kv_heads * c.head_dim),
             Architecture::DeepseekV3(c) => {
                 (c.common.num_layers, c.kv_lora_rank + c.qk_rope_head_dim)
@@ -341,6 +350,7 @@ impl ModelSpec {
         match &self.architecture {
             Architecture::Qwen3Moe(c) => qwen3_moe::build(c, &w, experts),
             Architecture::Mixtral(c) => mixtral::build(c, &w, experts),
+            Architecture::MinimaxM2(c) => minimax_m2::build(c, &w, experts),
             Architecture::DeepseekV3(c) => deepseek_v3::build(c, &w, experts),
             Architecture::GptOss(c) => gpt_oss::build(c, &w, experts),
             Architecture::KimiLinear(c) => kimi_linear::build(c, &w, experts),

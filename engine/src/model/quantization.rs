@@ -17,6 +17,8 @@ pub const FP8_WEIGHT_BLOCK: [u64; 2] = [128, 128];
 /// INT4 group size Longhaul reads (Kimi's releases).
 pub const INT4_GROUP_SIZE: u64 = 32;
 /// What this Longhaul reads, for messages.
+/// `fmt` values naming FP8 e4m3.
+const FP8_FORMATS: [&str; 2] = ["e4m3", "float8_e4m3fn"];
 const SUPPORTED: &str = "fp8 (fmt e4m3, weight_block_size [128, 128]), or compressed-tensors \
      (format pack-quantized, weights int 4-bit symmetric in groups of 32, no activation quantisation), \
      or mxfp4 (gpt-oss's `_blocks`/`_scales` experts)";
@@ -57,8 +59,9 @@ pub fn parse(raw: &RawConfig) -> Result<Option<Quantization>, ConfigError> {
         "mxfp4" => return Ok(Some(Quantization::Mxfp4)),
         _ => return Err(unsupported("quant_method", method.to_string())),
     }
+    // MiniMax-M2 spells the same format as torch names its dtype.
     if let Some(fmt) = q.get("fmt").and_then(Value::as_str)
-        && fmt != "e4m3"
+        && !FP8_FORMATS.contains(&fmt)
     {
         return Err(unsupported("fmt", fmt.to_string()));
     }

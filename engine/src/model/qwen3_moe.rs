@@ -118,6 +118,7 @@ pub fn build(
             head_dim: c.head_dim,
             bias: c.attention_bias,
             qk_norm_eps: Some(eps),
+            qk_norm_full_width: false,
             window: c.sliding_window,
             sinks: false,
             output_gate: false,

@@ -256,6 +256,7 @@ pub fn build(
                 head_dim: c.head_dim,
                 bias: c.attention_bias,
                 qk_norm_eps: Some(eps),
+                qk_norm_full_width: false,
                 window: None,
                 sinks: false,
                 output_gate: true,

@@ -37,8 +37,11 @@ pub struct GqaShape {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub bias: bool,
-    /// Epsilon of the per-head q/k norms, for architectures that have them.
+    /// Epsilon of the q/k norms, for architectures that have them.
     pub qk_norm_eps: Option<f64>,
+    /// Whether the q/k norms span all heads' lanes at once (MiniMax-M2)
+    /// rather than each head's.
+    pub qk_norm_full_width: bool,
     pub window: Option<usize>,
     /// Whether the layer has attention sinks (`sinks`, one per head).
     pub sinks: bool,
@@ -54,10 +57,17 @@ impl GroupedQueryAttention {
     pub fn load(w: &Weights, s: GqaShape, rope: &Rope) -> Result<Self, ModelError> {
         let (q_out, kv_out) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
         let offset = if s.centred_norms { 1.0 } else { 0.0 };
+        // A norm's width decides the rows it normalises over (q is laid out
+        // `[position][head · lane]`), so loading it full width is all it takes.
+        let (q_norm_width, k_norm_width) = if s.qk_norm_full_width {
+            (q_out, kv_out)
+        } else {
+            (s.head_dim, s.head_dim)
+        };
         let qk_norm = match s.qk_norm_eps {
             Some(eps) => Some((
-                RmsNorm::load_offset(w, "q_norm", s.head_dim, eps, offset)?,
-                RmsNorm::load_offset(w, "k_norm", s.head_dim, eps, offset)?,
+                RmsNorm::load_offset(w, "q_norm", q_norm_width, eps, offset)?,
+                RmsNorm::load_offset(w, "k_norm", k_norm_width, eps, offset)?,
             )),
             None => None,
         };
