@@ -446,7 +446,9 @@ pub fn generate_drafted(
     // Verified guesses fed ahead of the tokens reported: each with the
     // logits after it.
     let mut ahead: VecDeque<KeptGuess> = VecDeque::new();
-    let mut gate = speculate::Gate::default();
+    // Declined guesses are checked in the shadow of plain steps, so every
+    // kind starts shut until guesses are seen to be kept.
+    let mut gate = speculate::Gate::shadowed();
     // A guess the gate declined, checked against the next token chosen.
     let mut shadow: Option<(usize, u32)> = None;
     // What a drafter guesses from: the prompt and the answer so far, kept
@@ -517,10 +519,10 @@ pub fn generate_drafted(
                     Some(k) if d.gated() => gate.guesses(k, most),
                     _ => most,
                 };
-                let (mut g, k) = if ask == 0 {
-                    (Vec::new(), 0)
-                } else {
-                    d.propose(&context, ask)
+                let (mut g, k) = match (ask, d.fixed_kind()) {
+                    (0, Some(k)) if gate.wants_shadow(k) => d.propose(&context, 1),
+                    (0, _) => (Vec::new(), 0),
+                    _ => d.propose(&context, ask),
                 };
                 let allowed = if d.gated() && d.fixed_kind().is_none() {
                     gate.guesses(k, g.len())
@@ -537,8 +539,10 @@ pub fn generate_drafted(
             None => Vec::new(),
         };
         if guesses.is_empty() {
+            // A step's own cost, without a shadow guess's.
+            let fed = Instant::now();
             logits = session.feed(&[id])?;
-            gate.record_step(step.elapsed());
+            gate.record_step(fed.elapsed());
             stats.speculation.plain_steps += 1;
         } else {
             let (after, kept) = verify(&mut session, &sampler, id, &guesses, tokens.len())?;

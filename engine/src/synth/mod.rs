@@ -55,6 +55,7 @@ pub enum SynthArch {
     Mixtral,
     GptOss,
     KimiLinear,
+    MinimaxM2,
 }
 
 impl SynthArch {
@@ -65,8 +66,9 @@ impl SynthArch {
             "mixtral" => Ok(Self::Mixtral),
             "gpt_oss" => Ok(Self::GptOss),
             "kimi_linear" => Ok(Self::KimiLinear),
+            "minimax_m2" => Ok(Self::MinimaxM2),
             other => Err(SynthError::Invalid(format!(
-                "--arch {other} is not supported; use deepseek_v3, kimi_linear, qwen3_moe, mixtral or gpt_oss"
+                "--arch {other} is not supported; use deepseek_v3, kimi_linear, qwen3_moe, mixtral, gpt_oss or minimax_m2"
             ))),
         }
     }
@@ -588,7 +590,7 @@ fn plan(s: &SynthSpec) -> Vec<TensorPlan> {
                     std(s.heads * mla.v),
                 );
             }
-            SynthArch::Qwen3Moe | SynthArch::Mixtral | SynthArch::GptOss => {
+            SynthArch::Qwen3Moe | SynthArch::Mixtral | SynthArch::GptOss | SynthArch::MinimaxM2 => {
                 t(
                     format!("{a}.q_proj.weight"),
                     vec![s.heads * head_dim, h],
@@ -613,6 +615,12 @@ fn plan(s: &SynthSpec) -> Vec<TensorPlan> {
                     t(format!("{a}.q_norm.weight"), vec![head_dim], Fill::NearOne);
                     t(format!("{a}.k_norm.weight"), vec![head_dim], Fill::NearOne);
                 }
+                if s.arch == SynthArch::MinimaxM2 {
+                    // Over all heads' lanes at once.
+                    let (q, kv) = (s.heads * head_dim, s.kv_heads * head_dim);
+                    t(format!("{a}.q_norm.weight"), vec![q], Fill::NearOne);
+                    t(format!("{a}.k_norm.weight"), vec![kv], Fill::NearOne);
+                }
             }
         }
         if l < s.dense_prefix() {
@@ -624,7 +632,9 @@ fn plan(s: &SynthSpec) -> Vec<TensorPlan> {
             continue;
         }
         let (block, names) = match s.arch {
-            SynthArch::Mixtral | SynthArch::KimiLinear => ("block_sparse_moe", ["w1", "w3", "w2"]),
+            SynthArch::Mixtral | SynthArch::KimiLinear | SynthArch::MinimaxM2 => {
+                ("block_sparse_moe", ["w1", "w3", "w2"])
+            }
             _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
         };
         let m = format!("{p}.{block}");
@@ -637,6 +647,13 @@ fn plan(s: &SynthSpec) -> Vec<TensorPlan> {
                 popularity: popularity(s.experts, s.zipf),
             },
         );
+        if s.arch == SynthArch::MinimaxM2 {
+            t(
+                format!("{m}.e_score_correction_bias"),
+                vec![s.experts],
+                Fill::Zeros,
+            );
+        }
         if matches!(s.arch, SynthArch::DeepseekV3 | SynthArch::KimiLinear) {
             t(
                 format!("{m}.gate.e_score_correction_bias"),
@@ -743,6 +760,12 @@ fn config_json(s: &SynthSpec) -> Value {
             "model_type": "mixtral",
             "intermediate_size": s.moe_intermediate, "num_local_experts": s.experts,
         }),
+        SynthArch::MinimaxM2 => json!({
+            "model_type": "minimax_m2",
+            "head_dim": s.hidden / s.heads, "rotary_dim": s.hidden / s.heads / 2,
+            "intermediate_size": s.moe_intermediate, "num_local_experts": s.experts,
+            "rope_theta": 5_000_000.0,
+        }),
         SynthArch::GptOss => json!({
             "model_type": "gpt_oss",
             "head_dim": s.hidden / s.heads,
@@ -837,6 +860,24 @@ mod tests {
         let p = popularity(8, 1.0);
         assert!(p.windows(2).all(|w| w[0] > w[1]));
         assert!(popularity(4, 0.0).iter().all(|&x| x == 0.0));
+    }
+
+    /// Every architecture's synthetic checkpoint opens as that family and
+    /// computes finite logits.
+    #[test]
+    fn every_architecture_writes_a_checkpoint_that_opens() {
+        for arch in ["deepseek_v3", "qwen3_moe", "mixtral", "gpt_oss", "kimi_linear", "minimax_m2"] {
+            let tmp = tempfile::tempdir().unwrap();
+            let mut s = SynthSpec::new(SynthArch::parse(arch).unwrap());
+            (s.vocab, s.hidden, s.layers, s.heads, s.kv_heads) = (64, 64, 2, 4, 2);
+            (s.experts, s.top_k, s.moe_intermediate, s.dense_intermediate) = (8, 2, 32, 64);
+            let out = tmp.path().join(arch);
+            write_synthetic(&s, &out, &|_, _| {}).unwrap();
+            let engine = crate::Engine::open(&out).unwrap();
+            assert_eq!(engine.spec().model_type, arch);
+            let logits = engine.logits(&[1, 2, 3]).unwrap().to_vec2::<f32>().unwrap();
+            assert!(logits.iter().flatten().all(|v| v.is_finite()), "{arch}");
+        }
     }
 
     #[test]

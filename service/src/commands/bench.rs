@@ -69,9 +69,9 @@ pub struct BenchArgs {
     /// With --prompt-file: wrap its text as a user message in the chat template.
     #[arg(long, requires = "prompt_file")]
     chat: bool,
-    /// Also decode the --gen greedy tokens plainly and with guesses (`lookup`
-    /// or `draft:PATH`), each by a fresh engine, and report both under
-    /// `speculation`.
+    /// Also decode the --gen tokens plainly and with guesses (`lookup` or
+    /// `draft:PATH`; `off` decodes plainly both times, to show the figures'
+    /// noise), each by a fresh engine, and report both under `speculation`.
     #[arg(long, value_parser = parse_speculate)]
     speculate: Option<SpeculateArg>,
     /// With --speculate: sampling temperature of both answers (0, the
@@ -403,7 +403,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         r.extend(more);
     }
     drop(engine);
-    if let Some(arg) = args.speculate.as_ref().filter(|a| **a != SpeculateArg::Off) {
+    // `off` compares plain decoding with itself: the noise of the figures.
+    if let Some(arg) = &args.speculate {
         let sampling = SamplingParams {
             temperature: args.temperature,
             top_k: None,
