@@ -69,7 +69,7 @@ impl Config {
             rope.partial_rotary_factor = dim as f64 / head_dim as f64;
         }
         let rotated = (head_dim as f64 * rope.partial_rotary_factor) as usize;
-        if rotated == 0 || rotated > head_dim || rotated % 2 != 0 {
+        if rotated == 0 || rotated > head_dim || !rotated.is_multiple_of(2) {
             return Err(raw.invalid(
                 "rotary_dim",
                 format!("rotates {rotated} of {head_dim} lanes: must be even, 2 to head_dim"),
