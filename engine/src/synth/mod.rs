@@ -869,7 +869,7 @@ mod tests {
         for arch in ["deepseek_v3", "qwen3_moe", "mixtral", "gpt_oss", "kimi_linear", "minimax_m2"] {
             let tmp = tempfile::tempdir().unwrap();
             let mut s = SynthSpec::new(SynthArch::parse(arch).unwrap());
-            (s.vocab, s.hidden, s.layers, s.heads, s.kv_heads) = (64, 64, 2, 4, 2);
+            (s.vocab, s.hidden, s.layers, s.heads, s.kv_heads) = (300, 64, 2, 4, 2);
             (s.experts, s.top_k, s.moe_intermediate, s.dense_intermediate) = (8, 2, 32, 64);
             let out = tmp.path().join(arch);
             write_synthetic(&s, &out, &|_, _| {}).unwrap();
