@@ -20,6 +20,7 @@ use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, MIXTRAL_N
 use super::layers::moe::MoeBlock;
 use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::Scoring;
+use super::mixtral::moe_block;
 use super::qwen3_moe::check_heads;
 use super::{CommonConfig, ModelError, assemble};
 use crate::weights::Weights;
@@ -29,10 +30,6 @@ const DEFAULT_RMS_EPS: f64 = 1e-6;
 /// transformers' default: not `hidden_size / heads` (the release's queries
 /// are 6,144 wide over a hidden size of 3,072).
 const DEFAULT_HEAD_DIM: usize = 128;
-
-/// Released checkpoints name the MoE block `block_sparse_moe`; transformers
-/// writes `mlp`.
-const MOE_BLOCK_NAMES: [&str; 2] = ["block_sparse_moe", "mlp"];
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -153,12 +150,7 @@ pub fn build(
             centred_norms: false,
         };
         let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape, &rope)?;
-        let block = MOE_BLOCK_NAMES
-            .iter()
-            .find(|b| lw.pp(b).has("gate.weight"))
-            .copied()
-            .unwrap_or(MOE_BLOCK_NAMES[0]);
-        let mw = lw.pp(block);
+        let mw = moe_block(&lw);
         let shape = ExpertShape {
             count: c.num_experts,
             hidden: h,

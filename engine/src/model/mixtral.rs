@@ -21,6 +21,16 @@ const DEFAULT_RMS_EPS: f64 = 1e-5;
 /// transformers versions write `mlp`.
 const MOE_BLOCK_NAMES: [&str; 2] = ["block_sparse_moe", "mlp"];
 
+/// A layer's MoE block under `lw`, by whichever name holds its router.
+pub(super) fn moe_block<'a>(lw: &Weights<'a>) -> Weights<'a> {
+    let block = MOE_BLOCK_NAMES
+        .iter()
+        .find(|b| lw.pp(b).has("gate.weight"))
+        .copied()
+        .unwrap_or(MOE_BLOCK_NAMES[0]);
+    lw.pp(block)
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub common: CommonConfig,
@@ -90,12 +100,7 @@ pub fn build(
             centred_norms: false,
         };
         let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape, &rope)?;
-        let block = MOE_BLOCK_NAMES
-            .iter()
-            .find(|b| lw.pp(b).has("gate.weight"))
-            .copied()
-            .unwrap_or(MOE_BLOCK_NAMES[0]);
-        let mw = lw.pp(block);
+        let mw = moe_block(&lw);
         let shape = ExpertShape {
             count: c.num_experts,
             hidden: h,
