@@ -172,11 +172,13 @@ fn cut_and_resume(
 
 #[test]
 fn a_resumed_generation_ends_as_an_uninterrupted_one() {
-    // An attention-only model and a hybrid whose linear layers' state is
-    // overwritten every token.
+    // An attention-only model, a hybrid whose linear layers' state is
+    // overwritten every token, and sparse attention whose indexer keeps keys
+    // of its own.
     for dir in [
         fixtures()[0].clone(),
         common::fixtures_dir().join("kimi_linear_released"),
+        common::fixtures_dir().join("glm_moe_dsa_released"),
     ] {
         resumes_exactly(&Engine::open(&dir).unwrap());
     }

@@ -21,6 +21,7 @@ It rewrites every fixture folder under the output folder, or only those named
 after it (`... make_fixtures.py engine/tests/fixtures deepseek_v3_fp8`).
 """
 
+import contextlib
 import copy
 import json
 import math
@@ -521,7 +522,67 @@ FIXTURES += [
     ),
 ]
 
+# GLM-5 (DeepSeek sparse attention). index_topk 6 of the teacher text's 26
+# positions makes the indexer's choice decide most rows.
+GLM_MOE_DSA_SPEC = {
+    "model_type": "glm_moe_dsa",
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 12,
+    "intermediate_size": 96,
+    "moe_intermediate_size": 24,
+    "n_routed_experts": 8,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 3,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "index_topk": 6,
+    "index_head_dim": 16,
+    "index_n_heads": 8,
+    "tie_word_embeddings": False,
+}
+FIXTURES += [
+    (
+        "glm_moe_dsa_released",
+        dict(
+            GLM_MOE_DSA_SPEC,
+            first_k_dense_replace=1,
+            # Layers 0, 1 and 3 run their indexer; layer 2 reuses layer 1's choice.
+            index_topk_freq=2,
+            index_skip_topk_offset=2,
+            rope={"rope_type": "default", "rope_theta": 1000000.0},
+        ),
+        {"style": "old", "layout": "per_expert", "dtype": "bfloat16", "shards": 1},
+    ),
+    (
+        "glm_moe_dsa_recent",
+        dict(
+            GLM_MOE_DSA_SPEC,
+            mlp_layer_types=["dense", "sparse", "dense", "sparse"],
+            indexer_types=["full", "shared", "shared", "full"],
+            n_group=2,
+            topk_group=1,
+            num_experts_per_tok=2,
+            rope={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "original_max_position_embeddings": 16,
+            },
+        ),
+        {"style": "new", "layout": "fused", "dtype": "float32", "shards": 1},
+    ),
+]
+
 EXPERT_NAMES = {
+    "glm_moe_dsa": ("mlp", "gate_proj", "up_proj", "down_proj"),
     "minimax_m2": ("block_sparse_moe", "w1", "w3", "w2"),
     "qwen3_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
     "mixtral": ("block_sparse_moe", "w1", "w3", "w2"),
@@ -810,6 +871,43 @@ def write_tokenizer_files(tok: Tokenizer, out: Path) -> None:
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos, "do_sample": False}, indent=1))
 
 
+# The least gap between the k-th and the next score at the indexer's cut:
+# `torch.topk` orders ties arbitrarily (Longhaul keeps the lowest position),
+# so a fixture must not depend on how one is broken.
+MIN_INDEX_GAP = 1e-4
+
+
+class IndexCutCheck:
+    """Checks every top-k the sparse-attention indexers take for near-ties
+    at the cut, while active."""
+
+    def __init__(self):
+        self.least = math.inf
+        self.original = torch.Tensor.topk
+
+    def __enter__(self):
+        check = self
+
+        def topk(t, k, *args, **kwargs):
+            if t.dtype == torch.float32 and t.dim() == 3:
+                ordered = t.sort(dim=-1, descending=True).values.reshape(-1, t.shape[-1])
+                for row in ordered:
+                    valid = int((row > -1e30).sum())
+                    if valid > k:
+                        gap = (row[k - 1] - row[k]).item() / max(1.0, abs(row[k - 1].item()))
+                        check.least = min(check.least, gap)
+            return check.original(t, k, *args, **kwargs)
+
+        torch.Tensor.topk = topk
+        return self
+
+    def __exit__(self, *exc):
+        torch.Tensor.topk = self.original
+        print(f"least relative gap at the indexer cut: {self.least:.2e}")
+        if self.least < MIN_INDEX_GAP:
+            raise AssertionError(f"indexer scores tie at the cut (relative gap {self.least:.2e})")
+
+
 @torch.no_grad()
 def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, seed: int) -> None:
     out = root / name
@@ -849,17 +947,20 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
     save_checkpoint(tensors, out, dtype, opts["shards"], "language_model." if wrapped == "kimi_k25" else "")
 
     ids = tok.encode(TEACHER_TEXT).ids
-    logits = model(torch.tensor([ids])).logits[0]
+    cut_check = IndexCutCheck() if cfg["model_type"] == "glm_moe_dsa" else contextlib.nullcontext()
+    with cut_check:
+        logits = model(torch.tensor([ids])).logits[0]
     prompt_ids = tok.encode(PROMPT_TEXT).ids
     eos = json.loads((out / "generation_config.json").read_text())["eos_token_id"]
-    generated = model.generate(
-        torch.tensor([prompt_ids]),
-        attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-        max_new_tokens=GREEDY_TOKENS,
-        do_sample=False,
-        eos_token_id=eos,
-        pad_token_id=eos[0],
-    )[0, len(prompt_ids) :].tolist()
+    with cut_check:
+        generated = model.generate(
+            torch.tensor([prompt_ids]),
+            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            max_new_tokens=GREEDY_TOKENS,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=eos[0],
+        )[0, len(prompt_ids) :].tolist()
 
     # transformers' CPU FP8 dequantisation sizes partial blocks as rows /
     # scale_rows, not the format's fixed 128: its reload is no reference here.

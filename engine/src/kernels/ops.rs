@@ -55,6 +55,78 @@ impl WithSimd for RmsNorm<'_> {
     }
 }
 
+/// `y = (x − mean) / sqrt(var + eps) · w + b` for each row of `x` (rows of
+/// `w.len()`, biased variance), as `nn.LayerNorm` computes it.
+pub fn layer_norm(x: &[f32], weight: &[f32], bias: &[f32], eps: f32) -> Vec<f32> {
+    let dim = weight.len().max(1);
+    let mut y = vec![0f32; x.len()];
+    for (row, out) in x.chunks(dim).zip(y.chunks_mut(dim)) {
+        let n = row.len() as f32;
+        let mean = row.iter().sum::<f32>() / n;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+        let rstd = 1.0 / (var + eps).sqrt();
+        for (((o, &v), &w), &b) in out.iter_mut().zip(row).zip(weight).zip(bias) {
+            *o = (v - mean) * rstd * w + b;
+        }
+    }
+    y
+}
+
+/// Keys scored per task when index scores run on both compute threads.
+const INDEX_KEYS_PER_TASK: usize = 256;
+
+/// One query's sparse-attention index scores against `keys` (`[n][d]`):
+/// `Σ_h w_h · relu(q_h·k · scale)`, over heads in order, for every key.
+pub fn index_scores(q: &[f32], weights: &[f32], keys: &[f32], d: usize, scale: f32) -> Vec<f32> {
+    let n = keys.len() / d.max(1);
+    let mut out = vec![0f32; n];
+    let one = |(chunk, o): (usize, &mut [f32])| {
+        let first = chunk * INDEX_KEYS_PER_TASK;
+        let keys = &keys[first * d..(first + o.len()) * d];
+        dispatch(
+            Isa::Best,
+            IndexRow {
+                q,
+                weights,
+                keys,
+                d,
+                scale,
+                out: o,
+            },
+        );
+    };
+    if n * q.len() < PARALLEL_MIN_WORK {
+        out.chunks_mut(INDEX_KEYS_PER_TASK).enumerate().for_each(one);
+    } else {
+        out.par_chunks_mut(INDEX_KEYS_PER_TASK).enumerate().for_each(one);
+    }
+    out
+}
+
+struct IndexRow<'a> {
+    q: &'a [f32],
+    weights: &'a [f32],
+    keys: &'a [f32],
+    d: usize,
+    scale: f32,
+    out: &'a mut [f32],
+}
+
+impl WithSimd for IndexRow<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, simd: S) {
+        let d = self.d.max(1);
+        for (key, o) in self.keys.chunks_exact(d).zip(self.out.iter_mut()) {
+            let mut total = 0f32;
+            for (qh, &w) in self.q.chunks_exact(d).zip(self.weights) {
+                total += w * (dot(simd, qh, key) * self.scale).max(0.0);
+            }
+            *o = total;
+        }
+    }
+}
+
 /// Softmax of one row in place: `exp(s − max) / Σ`, summed in order.
 pub fn softmax_in_place(row: &mut [f32]) {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -237,7 +309,9 @@ pub struct LatentShape {
 }
 
 /// Softmax((q_latent·latentᵀ + q_rot·k_rotᵀ)·scale)·latent for every head
-/// and query; output `[heads, seq, latent]`.
+/// and query; output `[heads, seq, latent]`. Query `i` sees positions up to
+/// `start + i`, or, with `selected`, only the positions `selected[i]` lists
+/// (ascending; sparse attention's choice, the same for every head).
 pub fn latent_attention(
     q_latent: &[f32],
     q_rot: &[f32],
@@ -245,10 +319,15 @@ pub fn latent_attention(
     k_rot: &[f32],
     s: &LatentShape,
     scale: f32,
+    selected: Option<&[Vec<usize>]>,
 ) -> Vec<f32> {
     let mut out = vec![0f32; s.heads * s.seq * s.latent];
     let one = |(row, o): (usize, &mut [f32])| {
         let i = row % s.seq;
+        let visible = match selected {
+            Some(rows) => Keys::Listed(rows.get(i).map_or(&[][..], Vec::as_slice)),
+            None => Keys::Causal(0..(s.start + i + 1).min(s.total)),
+        };
         dispatch(
             Isa::Best,
             LatentRow {
@@ -257,15 +336,40 @@ pub fn latent_attention(
                 latent,
                 k_rot,
                 shape: s,
-                visible: 0..(s.start + i + 1).min(s.total),
+                visible,
                 scale,
                 out: o,
             },
         );
     };
-    let work = s.heads * s.seq * s.total * (2 * s.latent + s.rope);
+    let keys = selected.map_or(s.total, |rows| rows.iter().map(Vec::len).max().unwrap_or(0));
+    let work = s.heads * s.seq * keys * (2 * s.latent + s.rope);
     each_row(&mut out, s.latent, work, one);
     out
+}
+
+/// The positions one query attends to, in increasing order.
+#[derive(Clone)]
+enum Keys<'a> {
+    Causal(std::ops::Range<usize>),
+    Listed(&'a [usize]),
+}
+
+impl Keys<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Keys::Causal(r) => r.len(),
+            Keys::Listed(l) => l.len(),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        let (range, list) = match self {
+            Keys::Causal(r) => (r.clone(), &[][..]),
+            Keys::Listed(l) => (0..0, *l),
+        };
+        range.chain(list.iter().copied())
+    }
 }
 
 struct LatentRow<'a> {
@@ -274,7 +378,7 @@ struct LatentRow<'a> {
     latent: &'a [f32],
     k_rot: &'a [f32],
     shape: &'a LatentShape,
-    visible: std::ops::Range<usize>,
+    visible: Keys<'a>,
     scale: f32,
     out: &'a mut [f32],
 }
@@ -284,14 +388,16 @@ impl WithSimd for LatentRow<'_> {
     #[inline(always)]
     fn with_simd<S: Simd>(self, simd: S) {
         let (l, r) = (self.shape.latent, self.shape.rope);
+        let total = self.latent.len() / l.max(1);
+        let keys = || self.visible.iter().filter(|&t| t < total);
         let mut scores = Vec::with_capacity(self.visible.len());
-        for t in self.visible.clone() {
+        for t in keys() {
             let nope = dot(simd, self.q_latent, &self.latent[t * l..(t + 1) * l]);
             let rope = dot(simd, self.q_rot, &self.k_rot[t * r..(t + 1) * r]);
             scores.push((nope + rope) * self.scale);
         }
         softmax_in_place(&mut scores);
-        for (p, t) in scores.iter().zip(self.visible.clone()) {
+        for (p, t) in scores.iter().zip(keys()) {
             axpy(simd, self.out, *p, &self.latent[t * l..(t + 1) * l]);
         }
     }

@@ -9,20 +9,33 @@ use super::config::{ConfigError, RawConfig};
 use super::layers::Mlp;
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
-use super::layers::mla::{LatentAttention, MlaShape};
+use super::layers::mla::{LatentAttention, MlaShape, SparseKeys};
 use super::layers::moe::{MoeBlock, SigmoidGroupedMoe};
 use super::layers::rope::{Rope, RopeParams};
 use super::{CommonConfig, ModelError, assemble};
 use crate::weights::Weights;
 
 const DEFAULT_ROPE_THETA: f64 = 10_000.0;
-const DEFAULT_RMS_EPS: f64 = 1e-6;
-/// Defaults of transformers' `DeepseekV3Config` for fields a config may omit.
-const DEFAULT_FIRST_K_DENSE: usize = 3;
-const DEFAULT_N_GROUP: usize = 8;
-const DEFAULT_TOPK_GROUP: usize = 4;
 const DEFAULT_ROUTED_SCALING: f64 = 2.5;
 const DEFAULT_SHARED_EXPERTS: usize = 1;
+
+/// Defaults of a transformers config class for fields a config may omit,
+/// where the families built on this file differ.
+#[derive(Debug, Clone, Copy)]
+pub struct Defaults {
+    pub rms_eps: f64,
+    pub first_k_dense: usize,
+    pub n_group: usize,
+    pub topk_group: usize,
+}
+
+/// `DeepseekV3Config`'s.
+pub const DEEPSEEK_V3: Defaults = Defaults {
+    rms_eps: 1e-6,
+    first_k_dense: 3,
+    n_group: 8,
+    topk_group: 4,
+};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -64,7 +77,11 @@ impl Config {
     }
 
     pub fn parse(raw: &RawConfig) -> Result<Self, ConfigError> {
-        let common = CommonConfig::parse(raw, DEFAULT_RMS_EPS)?;
+        Self::parse_with(raw, &DEEPSEEK_V3)
+    }
+
+    pub fn parse_with(raw: &RawConfig, defaults: &Defaults) -> Result<Self, ConfigError> {
+        let common = CommonConfig::parse(raw, defaults.rms_eps)?;
         if let Some(s) = raw.str_opt("scoring_func")?
             && s != "sigmoid"
         {
@@ -82,10 +99,10 @@ impl Config {
         }
         let n_routed_experts = raw.positive_any(&["n_routed_experts", "num_local_experts"])?;
         let top_k = raw.positive("num_experts_per_tok")?;
-        let n_group = raw.usize_any(&["n_group"])?.unwrap_or(DEFAULT_N_GROUP);
+        let n_group = raw.usize_any(&["n_group"])?.unwrap_or(defaults.n_group);
         let topk_group = raw
             .usize_any(&["topk_group"])?
-            .unwrap_or(DEFAULT_TOPK_GROUP);
+            .unwrap_or(defaults.topk_group);
         if n_group == 0 || !n_routed_experts.is_multiple_of(n_group) {
             return Err(raw.invalid(
                 "n_group",
@@ -125,7 +142,7 @@ impl Config {
             routed_scaling_factor: raw.f64_or("routed_scaling_factor", DEFAULT_ROUTED_SCALING)?,
             first_k_dense_replace: raw
                 .usize_any(&["first_k_dense_replace"])?
-                .unwrap_or(DEFAULT_FIRST_K_DENSE),
+                .unwrap_or(defaults.first_k_dense),
             rope_interleave: raw.bool_or("rope_interleave", true)?,
             rope: raw.rope(DEFAULT_ROPE_THETA)?,
             common,
@@ -162,15 +179,34 @@ pub fn build(
     w: &Weights,
     experts: Option<Arc<dyn ExpertProvider>>,
 ) -> Result<Decoder, ModelError> {
+    build_with(c, w, experts, |i| i < c.first_k_dense_replace, |_, _, _| {
+        Ok(None)
+    })
+}
+
+/// The decoder of this family, with the layers `dense` names using a dense
+/// MLP, and each attention's sparse selection from `sparse` (given the
+/// layer, its attention's weights and the rope).
+pub fn build_with(
+    c: &Config,
+    w: &Weights,
+    experts: Option<Arc<dyn ExpertProvider>>,
+    dense: impl Fn(usize) -> bool,
+    mut sparse: impl FnMut(usize, &Weights, &Rope) -> Result<Option<SparseKeys>, ModelError>,
+) -> Result<Decoder, ModelError> {
     let h = c.common.hidden_size;
     let rope = Rope::new(&c.rope, c.qk_rope_head_dim, c.rope_interleave);
     let mut experts = ExpertSetup::new(experts);
     let mut layers = Vec::with_capacity(c.common.num_layers);
     for i in 0..c.common.num_layers {
         let lw = w.pp(format_args!("model.layers.{i}"));
-        let attention = Attention::Latent(load_attention(c, &lw.pp("self_attn"), &rope)?);
+        let aw = lw.pp("self_attn");
+        let mut attention = load_attention(c, &aw, &rope)?;
+        attention.sparse = sparse(i, &aw, &rope)?;
         let mw = lw.pp("mlp");
-        let ffn = if i >= c.first_k_dense_replace {
+        let ffn = if dense(i) {
+            FeedForward::Dense(Mlp::load(&mw, h, c.intermediate_size)?)
+        } else {
             let shape = ExpertShape {
                 count: c.n_routed_experts,
                 hidden: h,
@@ -178,14 +214,12 @@ pub fn build(
             };
             experts.add_layer(&mw, PROJ_NAMES, i, shape)?;
             FeedForward::Sparse(load_moe(c, &mw, i)?)
-        } else {
-            FeedForward::Dense(Mlp::load(&mw, h, c.intermediate_size)?)
         };
         layers.push(DecoderLayer::load(
             &lw,
             h,
             c.common.rms_norm_eps,
-            attention,
+            Attention::Latent(attention),
             ffn,
         )?);
     }

@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod deepseek_v3;
+pub mod glm_moe_dsa;
 pub mod gpt_oss;
 pub mod kimi_linear;
 pub mod layers;
@@ -61,6 +62,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "qwen3_5_moe",
     "qwen3_5_moe_text",
     "minimax_m2",
+    "glm_moe_dsa",
 ];
 
 /// Settings every architecture has.
@@ -119,6 +121,8 @@ pub enum Architecture {
     Mixtral(mixtral::Config),
     MinimaxM2(minimax_m2::Config),
     DeepseekV3(deepseek_v3::Config),
+    /// GLM-5: DeepSeek-V3 with sparse attention.
+    GlmMoeDsa(glm_moe_dsa::Config),
     GptOss(gpt_oss::Config),
     KimiLinear(kimi_linear::Config),
     /// Qwen3-Next and Qwen3.5-MoE's text model.
@@ -179,6 +183,10 @@ impl ModelSpec {
                 "",
             ),
             "gpt_oss" => (Architecture::GptOss(gpt_oss::Config::parse(raw)?), ""),
+            "glm_moe_dsa" => (
+                Architecture::GlmMoeDsa(glm_moe_dsa::Config::parse(raw)?),
+                "",
+            ),
             "kimi_linear" => (
                 Architecture::KimiLinear(kimi_linear::Config::parse(raw)?),
                 "",
@@ -226,6 +234,7 @@ impl ModelSpec {
             Architecture::Mixtral(c) => &c.common,
             Architecture::MinimaxM2(c) => &c.common,
             Architecture::DeepseekV3(c) => &c.common,
+            Architecture::GlmMoeDsa(c) => c.common(),
             Architecture::GptOss(c) => &c.common,
             Architecture::KimiLinear(c) => &c.common,
             Architecture::Qwen3Next(c) => &c.common,
@@ -262,6 +271,12 @@ impl ModelSpec {
             Architecture::GptOss(c) => (c.common.num_layers, 2 * c.kv_heads * c.head_dim),
             Architecture::DeepseekV3(c) => {
                 (c.common.num_layers, c.kv_lora_rank + c.qk_rope_head_dim)
+            }
+            Architecture::GlmMoeDsa(c) => {
+                let b = &c.base;
+                let index = c.indexers() * c.index_head_dim;
+                return (b.common.num_layers * (b.kv_lora_rank + b.qk_rope_head_dim) + index) as u64
+                    * F32;
             }
             Architecture::KimiLinear(c) => (
                 c.linear_layers.iter().filter(|l| !**l).count(),
@@ -352,6 +367,7 @@ impl ModelSpec {
             Architecture::Mixtral(c) => mixtral::build(c, &w, experts),
             Architecture::MinimaxM2(c) => minimax_m2::build(c, &w, experts),
             Architecture::DeepseekV3(c) => deepseek_v3::build(c, &w, experts),
+            Architecture::GlmMoeDsa(c) => glm_moe_dsa::build(c, &w, experts),
             Architecture::GptOss(c) => gpt_oss::build(c, &w, experts),
             Architecture::KimiLinear(c) => kimi_linear::build(c, &w, experts),
             Architecture::Qwen3Next(c) => qwen3_next::build(c, &w, experts),
@@ -378,6 +394,7 @@ pub(crate) fn assemble(
         Linear::load(w, "lm_head", c.hidden_size, c.vocab_size, false)?
     };
     Ok(Decoder {
+        state_slots: layers.len(),
         norm: RmsNorm::load(&w.pp("model"), "norm", c.hidden_size, c.rms_norm_eps)?,
         embed,
         lm_head,

@@ -56,6 +56,7 @@ pub enum SynthArch {
     GptOss,
     KimiLinear,
     MinimaxM2,
+    GlmMoeDsa,
 }
 
 impl SynthArch {
@@ -67,8 +68,9 @@ impl SynthArch {
             "gpt_oss" => Ok(Self::GptOss),
             "kimi_linear" => Ok(Self::KimiLinear),
             "minimax_m2" => Ok(Self::MinimaxM2),
+            "glm_moe_dsa" => Ok(Self::GlmMoeDsa),
             other => Err(SynthError::Invalid(format!(
-                "--arch {other} is not supported; use deepseek_v3, kimi_linear, qwen3_moe, mixtral, gpt_oss or minimax_m2"
+                "--arch {other} is not supported; use deepseek_v3, glm_moe_dsa, kimi_linear, qwen3_moe, mixtral, gpt_oss or minimax_m2"
             ))),
         }
     }
@@ -165,7 +167,7 @@ impl SynthSpec {
 
     fn dense_prefix(&self) -> usize {
         match self.arch {
-            SynthArch::DeepseekV3 | SynthArch::KimiLinear => 1,
+            SynthArch::DeepseekV3 | SynthArch::KimiLinear | SynthArch::GlmMoeDsa => 1,
             _ => 0,
         }
     }
@@ -556,7 +558,7 @@ fn plan(s: &SynthSpec) -> Vec<TensorPlan> {
         let a = format!("{p}.self_attn");
         match s.arch {
             SynthArch::KimiLinear => kimi_linear::attention(s, &a, l, &mut t),
-            SynthArch::DeepseekV3 => {
+            SynthArch::DeepseekV3 | SynthArch::GlmMoeDsa => {
                 let qk = mla.nope + mla.rope;
                 t(format!("{a}.q_a_proj.weight"), vec![mla.q_lora, h], std(h));
                 t(
@@ -589,6 +591,15 @@ fn plan(s: &SynthSpec) -> Vec<TensorPlan> {
                     vec![h, s.heads * mla.v],
                     std(s.heads * mla.v),
                 );
+                if s.arch == SynthArch::GlmMoeDsa {
+                    let (heads, dim) = (mla.index_heads, mla.index_dim);
+                    let ix = format!("{a}.indexer");
+                    t(format!("{ix}.wq_b.weight"), vec![heads * dim, mla.q_lora], std(mla.q_lora));
+                    t(format!("{ix}.wk.weight"), vec![dim, h], std(h));
+                    t(format!("{ix}.k_norm.weight"), vec![dim], Fill::NearOne);
+                    t(format!("{ix}.k_norm.bias"), vec![dim], Fill::Zeros);
+                    t(format!("{ix}.weights_proj.weight"), vec![heads, h], std(h));
+                }
             }
             SynthArch::Qwen3Moe | SynthArch::Mixtral | SynthArch::GptOss | SynthArch::MinimaxM2 => {
                 t(
@@ -654,7 +665,10 @@ fn plan(s: &SynthSpec) -> Vec<TensorPlan> {
                 Fill::Zeros,
             );
         }
-        if matches!(s.arch, SynthArch::DeepseekV3 | SynthArch::KimiLinear) {
+        if matches!(
+            s.arch,
+            SynthArch::DeepseekV3 | SynthArch::KimiLinear | SynthArch::GlmMoeDsa
+        ) {
             t(
                 format!("{m}.gate.e_score_correction_bias"),
                 vec![s.experts],
@@ -706,6 +720,9 @@ pub(super) struct MlaDims {
     nope: usize,
     rope: usize,
     v: usize,
+    /// GLM-5's indexer: half the heads, twice the rotary width.
+    index_heads: usize,
+    index_dim: usize,
 }
 
 impl MlaDims {
@@ -717,9 +734,14 @@ impl MlaDims {
             nope: head,
             rope: (head / 2).max(2) & !1,
             v: head,
+            index_heads: (s.heads / 2).max(1),
+            index_dim: head.max(2) & !1,
         }
     }
 }
+
+/// Positions each query reads under GLM-5's sparse attention, as released.
+const SYNTH_INDEX_TOPK: usize = 2048;
 
 fn config_json(s: &SynthSpec) -> Value {
     let common = json!({
@@ -748,6 +770,20 @@ fn config_json(s: &SynthSpec) -> Value {
                 "n_routed_experts": s.experts, "n_shared_experts": 1,
                 "n_group": 8, "topk_group": 4, "first_k_dense_replace": 1,
                 "norm_topk_prob": true, "routed_scaling_factor": 2.5, "rope_interleave": true,
+            })
+        }
+        SynthArch::GlmMoeDsa => {
+            let m = MlaDims::of(s);
+            json!({
+                "model_type": "glm_moe_dsa",
+                "q_lora_rank": m.q_lora, "kv_lora_rank": m.kv_lora,
+                "qk_nope_head_dim": m.nope, "qk_rope_head_dim": m.rope, "v_head_dim": m.v,
+                "intermediate_size": s.dense_intermediate, "moe_intermediate_size": s.moe_intermediate,
+                "n_routed_experts": s.experts, "n_shared_experts": 1,
+                "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+                "norm_topk_prob": true, "routed_scaling_factor": 2.5,
+                "index_topk": SYNTH_INDEX_TOPK, "index_head_dim": m.index_dim,
+                "index_n_heads": m.index_heads,
             })
         }
         SynthArch::Qwen3Moe => json!({
@@ -866,7 +902,15 @@ mod tests {
     /// computes finite logits.
     #[test]
     fn every_architecture_writes_a_checkpoint_that_opens() {
-        for arch in ["deepseek_v3", "qwen3_moe", "mixtral", "gpt_oss", "kimi_linear", "minimax_m2"] {
+        for arch in [
+            "deepseek_v3",
+            "glm_moe_dsa",
+            "qwen3_moe",
+            "mixtral",
+            "gpt_oss",
+            "kimi_linear",
+            "minimax_m2",
+        ] {
             let tmp = tempfile::tempdir().unwrap();
             let mut s = SynthSpec::new(SynthArch::parse(arch).unwrap());
             (s.vocab, s.hidden, s.layers, s.heads, s.kv_heads) = (300, 64, 2, 4, 2);

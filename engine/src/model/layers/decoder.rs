@@ -73,6 +73,9 @@ pub struct Decoder {
     pub rope: Rope,
     pub experts: Arc<dyn ExpertProvider>,
     pub vocab_size: usize,
+    /// Slots of sequence state: one per layer, then any a layer keeps
+    /// besides its attention cache (a sparse-attention indexer's keys).
+    pub state_slots: usize,
 }
 
 impl Decoder {
@@ -105,7 +108,7 @@ impl Decoder {
     }
 
     pub fn new_state(&self) -> SequenceState {
-        SequenceState::new(self.layers.len())
+        SequenceState::new(self.state_slots)
     }
 
     /// Runs `ids` after whatever `cache` holds and returns logits `[n, vocab]`.
@@ -142,11 +145,12 @@ impl Decoder {
         }
         let mut x = Tensor::from_vec(rows, (seq, hidden), &Device::Cpu)?;
         self.pilot(0, &x)?;
+        let mut chosen = None;
         for (index, layer) in self.layers.iter().enumerate() {
             let h = layer.input_norm.forward(&x)?;
             let h = match &layer.attention {
                 Attention::Grouped(a) => a.forward(&h, index, cache, &tables)?,
-                Attention::Latent(a) => a.forward(&h, index, cache, &tables)?,
+                Attention::Latent(a) => a.forward(&h, index, cache, &tables, &mut chosen)?,
                 Attention::Linear(a) => a.forward(&h, index, cache)?,
             };
             x = (x + h)?;

@@ -11,6 +11,7 @@
 
 use candle_core::{Device, Tensor};
 
+use super::indexer::{Indexer, Selection};
 use super::rope::{Rope, RopeTables};
 use super::{Linear, RmsNorm, values};
 use crate::kernels::Matrix;
@@ -51,6 +52,15 @@ impl KeyProjection {
     }
 }
 
+/// Where a sparse-attention layer's choice of positions comes from.
+pub enum SparseKeys {
+    /// The layer's own indexer.
+    Own(Box<Indexer>),
+    /// The choice of the last layer before it with its own indexer, in the
+    /// same pass (GLM-5's "shared" layers).
+    Shared,
+}
+
 pub struct LatentAttention {
     pub q: QueryProjection,
     pub kv_a: Linear,
@@ -65,6 +75,8 @@ pub struct LatentAttention {
     pub scale: f64,
     /// `kv_b` split per head.
     pub absorbed: Vec<HeadProjections>,
+    /// Sparse attention (DSA): each query reads only the positions chosen.
+    pub sparse: Option<SparseKeys>,
 }
 
 /// Sizes of a latent-attention layer, as read from a config.
@@ -112,6 +124,7 @@ impl LatentAttention {
             v_dim: s.v,
             rope: rope.clone(),
             scale,
+            sparse: None,
         })
     }
 }
@@ -156,23 +169,41 @@ pub fn split_kv_b(
 }
 
 impl LatentAttention {
+    /// Attention of `x`'s rows after what `cache` holds. `chosen` carries
+    /// the last sparse-attention choice of this pass from layer to layer.
     pub fn forward(
         &self,
         x: &Tensor,
         layer: usize,
         cache: &mut SequenceState,
         tables: &RopeTables,
+        chosen: &mut Option<Selection>,
     ) -> Result<Tensor, ModelError> {
         let seq = x.dim(0)?;
         let start = cache.len();
         let xs = values(x)?;
         let (nope, rope, lat) = (self.qk_nope_dim, self.qk_rope_dim, self.kv_lora_rank);
         let qk = nope + rope;
-        let mut q = match &self.q {
-            QueryProjection::Direct(p) => p.forward_values(&xs, seq)?,
+        let (q_resid, mut q) = match &self.q {
+            QueryProjection::Direct(p) => (None, p.forward_values(&xs, seq)?),
             QueryProjection::LowRank { a, norm, b } => {
-                b.forward_values(&norm.forward_values(&a.forward_values(&xs, seq)?), seq)?
+                let resid = norm.forward_values(&a.forward_values(&xs, seq)?);
+                let q = b.forward_values(&resid, seq)?;
+                (Some(resid), q)
             }
+        };
+        let selection = match &self.sparse {
+            None => None,
+            Some(SparseKeys::Own(indexer)) => {
+                let resid = q_resid.as_deref().ok_or(ModelError::Internal(
+                    "sparse attention needs a low-rank query",
+                ))?;
+                *chosen = Some(indexer.select(&xs, resid, seq, cache, tables)?);
+                chosen.as_ref()
+            }
+            Some(SparseKeys::Shared) => Some(chosen.as_ref().ok_or(ModelError::Internal(
+                "a shared sparse-attention layer before any indexer",
+            ))?),
         };
         // `[seq][heads][nope + rope]`: the rotary part of every head turns.
         self.rope.rotate(&mut q, self.heads, qk, nope, tables)?;
@@ -198,7 +229,14 @@ impl LatentAttention {
             q_pass[at * nope..(at + 1) * nope].copy_from_slice(&src[..nope]);
             q_rot[at * rope..(at + 1) * rope].copy_from_slice(&src[nope..]);
         }
-        let out = self.attend(&q_pass, &q_rot, latents, k_rots, start)?;
+        let out = self.attend(
+            &q_pass,
+            &q_rot,
+            latents,
+            k_rots,
+            start,
+            selection.map(Vec::as_slice),
+        )?;
         let y = self.o_proj.forward_values(&out, seq)?;
         Ok(Tensor::from_vec(
             y,
@@ -217,6 +255,7 @@ impl LatentAttention {
         latent: &[f32],
         k_rot: &[f32],
         start: usize,
+        selected: Option<&[Vec<usize>]>,
     ) -> Result<Vec<f32>, ModelError> {
         let (nope, l, v) = (self.qk_nope_dim, self.kv_lora_rank, self.v_dim);
         let seq = q_pass.len() / (self.heads * nope).max(1);
@@ -236,7 +275,7 @@ impl LatentAttention {
             start,
         };
         let out_latent =
-            latent_attention(&q_latent, q_rot, latent, k_rot, &shape, self.scale as f32);
+            latent_attention(&q_latent, q_rot, latent, k_rot, &shape, self.scale as f32, selected);
         let mut out = vec![0f32; seq * self.heads * v];
         for (h, p) in self.absorbed.iter().enumerate() {
             let y = p
@@ -304,6 +343,7 @@ mod tests {
             v_dim: v,
             rope: Rope::new(&params, rope_dim, true),
             scale: 0.3,
+            sparse: None,
         };
         let (seq, total, start) = (3, 7, 4);
         let q_pass = random(&[heads, seq, nope], 5);
@@ -317,6 +357,7 @@ mod tests {
                 &values(&latent).unwrap(),
                 &values(&k_rot).unwrap(),
                 start,
+                None,
             )
             .unwrap();
 

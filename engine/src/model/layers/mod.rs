@@ -4,6 +4,7 @@
 pub mod attention;
 pub mod decoder;
 pub mod experts;
+pub mod indexer;
 pub mod linear;
 pub mod mla;
 pub mod moe;
@@ -207,6 +208,24 @@ impl RmsNorm {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
         let y = self.forward_values(&values(x)?);
         Ok(Tensor::from_vec(y, x.dims(), &Device::Cpu)?)
+    }
+}
+
+/// Layer normalisation with a bias (`nn.LayerNorm`), computed in f32.
+#[derive(Debug, Clone)]
+pub struct LayerNorm {
+    weight: Vec<f32>,
+    bias: Vec<f32>,
+    eps: f32,
+}
+
+impl LayerNorm {
+    pub fn new(weight: Vec<f32>, bias: Vec<f32>, eps: f32) -> Self {
+        Self { weight, bias, eps }
+    }
+
+    pub fn forward_values(&self, x: &[f32]) -> Vec<f32> {
+        crate::kernels::ops::layer_norm(x, &self.weight, &self.bias, self.eps)
     }
 }
 

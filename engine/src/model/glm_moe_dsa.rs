@@ -1,0 +1,288 @@
+//! GLM-5 (`glm_moe_dsa`): DeepSeek-V3's multi-head latent attention and
+//! sigmoid-routed experts, with DeepSeek sparse attention (DSA): a lightning
+//! indexer picks the `index_topk` positions (2,048 in GLM-5) each query
+//! reads. Layers marked `shared` reuse the choice of the last layer that ran
+//! its own indexer, which saves the indexer's keys and scoring there.
+//! Differences from DeepSeek-V3 in transformers' code: rope is always
+//! interleaved, dense layers may be listed per layer (`mlp_layer_types`),
+//! and the defaults (one expert group, RMS epsilon 1e-5).
+
+use std::sync::Arc;
+
+use super::config::{ConfigError, RawConfig};
+use super::deepseek_v3::{self, Defaults};
+use super::layers::decoder::Decoder;
+use super::layers::experts::ExpertProvider;
+use super::layers::indexer::{Indexer, IndexerShape};
+use super::layers::mla::SparseKeys;
+use super::{CommonConfig, ModelError};
+use crate::weights::Weights;
+
+/// `GlmMoeDsaConfig`'s defaults where they differ from DeepSeek-V3's.
+const GLM_DEFAULTS: Defaults = Defaults {
+    rms_eps: 1e-5,
+    first_k_dense: 3,
+    n_group: 1,
+    topk_group: 1,
+};
+const DEFAULT_INDEX_TOPK: usize = 2048;
+const DEFAULT_INDEX_HEAD_DIM: usize = 128;
+const DEFAULT_INDEX_HEADS: usize = 32;
+/// `index_topk_freq` and `index_skip_topk_offset`'s defaults: every layer
+/// runs its indexer.
+const DEFAULT_INDEX_FREQ: usize = 1;
+const DEFAULT_INDEX_OFFSET: usize = 2;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub base: deepseek_v3::Config,
+    /// Per layer: a dense MLP (else routed experts).
+    pub dense_layers: Vec<bool>,
+    /// Per layer: runs its own indexer (else reuses the last one's choice).
+    pub own_indexer: Vec<bool>,
+    pub index_heads: usize,
+    pub index_head_dim: usize,
+    pub index_topk: usize,
+}
+
+impl Config {
+    pub fn common(&self) -> &CommonConfig {
+        &self.base.common
+    }
+
+    pub fn parse(raw: &RawConfig) -> Result<Self, ConfigError> {
+        let mut base = deepseek_v3::Config::parse_with(raw, &GLM_DEFAULTS)?;
+        // transformers' GLM-5 rotates interleaved pairs whatever the config says.
+        base.rope_interleave = true;
+        if base.q_lora_rank.is_none() {
+            return Err(raw.missing("q_lora_rank"));
+        }
+        let n = base.common.num_layers;
+        let dense_layers = match raw.str_list("mlp_layer_types")? {
+            Some(kinds) => per_layer(raw, "mlp_layer_types", &kinds, n, ("dense", "sparse"))?,
+            None => (0..n).map(|i| i < base.first_k_dense_replace).collect(),
+        };
+        let own_indexer = indexer_types(raw, n)?;
+        let index_head_dim = raw
+            .usize_any(&["index_head_dim"])?
+            .unwrap_or(DEFAULT_INDEX_HEAD_DIM);
+        if index_head_dim < base.qk_rope_head_dim {
+            return Err(raw.invalid(
+                "index_head_dim",
+                format!(
+                    "{index_head_dim} is narrower than qk_rope_head_dim {}",
+                    base.qk_rope_head_dim
+                ),
+            ));
+        }
+        let positive = |field: &str, default: usize| -> Result<usize, ConfigError> {
+            match raw.usize_any(&[field])?.unwrap_or(default) {
+                0 => Err(raw.invalid(field, "must be positive")),
+                v => Ok(v),
+            }
+        };
+        Ok(Self {
+            dense_layers,
+            own_indexer,
+            index_heads: positive("index_n_heads", DEFAULT_INDEX_HEADS)?,
+            index_head_dim,
+            index_topk: positive("index_topk", DEFAULT_INDEX_TOPK)?,
+            base,
+        })
+    }
+
+    /// Layers that run their own indexer.
+    pub fn indexers(&self) -> usize {
+        self.own_indexer.iter().filter(|f| **f).count()
+    }
+}
+
+/// One of two names per layer, as `true` for the first.
+fn per_layer(
+    raw: &RawConfig,
+    field: &str,
+    kinds: &[String],
+    layers: usize,
+    (yes, no): (&str, &str),
+) -> Result<Vec<bool>, ConfigError> {
+    if kinds.len() != layers {
+        return Err(raw.invalid(
+            field,
+            format!("{} entries for {layers} layers", kinds.len()),
+        ));
+    }
+    kinds
+        .iter()
+        .enumerate()
+        .map(|(i, k)| match k.as_str() {
+            k if k == yes => Ok(true),
+            k if k == no => Ok(false),
+            other => Err(raw.invalid(
+                field,
+                format!("entry {i} is `{other}`, expected `{yes}` or `{no}`"),
+            )),
+        })
+        .collect()
+}
+
+/// Which layers run their own indexer, as transformers' config derives it:
+/// `indexer_types`, else `index_topk_pattern` (`"FSSF…"` or a list), else
+/// every `index_topk_freq`-th layer counting from `index_skip_topk_offset`.
+fn indexer_types(raw: &RawConfig, layers: usize) -> Result<Vec<bool>, ConfigError> {
+    let names = ("full", "shared");
+    let own = if let Some(kinds) = raw.str_list("indexer_types")? {
+        per_layer(raw, "indexer_types", &kinds, layers, names)?
+    } else if let Some(pattern) = raw.get("index_topk_pattern").filter(|v| !v.is_null()) {
+        let kinds: Vec<String> = match pattern.as_str() {
+            Some(letters) => letters
+                .chars()
+                .map(|c| match c {
+                    'F' => Ok("full".to_string()),
+                    'S' => Ok("shared".to_string()),
+                    other => Err(raw.invalid(
+                        "index_topk_pattern",
+                        format!("`{other}` is neither F nor S"),
+                    )),
+                })
+                .collect::<Result<_, _>>()?,
+            None => raw.str_list("index_topk_pattern")?.unwrap_or_default(),
+        };
+        per_layer(raw, "index_topk_pattern", &kinds, layers, names)?
+    } else {
+        let freq = raw
+            .usize_any(&["index_topk_freq"])?
+            .unwrap_or(DEFAULT_INDEX_FREQ)
+            .max(1);
+        let offset = raw
+            .usize_any(&["index_skip_topk_offset"])?
+            .unwrap_or(DEFAULT_INDEX_OFFSET);
+        (0..layers)
+            .map(|i| (i + 1).saturating_sub(offset).is_multiple_of(freq))
+            .collect()
+    };
+    if own.first() == Some(&false) {
+        return Err(raw.invalid(
+            "indexer_types",
+            "the first layer shares an indexer choice no layer before it made",
+        ));
+    }
+    Ok(own)
+}
+
+pub fn build(
+    c: &Config,
+    w: &Weights,
+    experts: Option<Arc<dyn ExpertProvider>>,
+) -> Result<Decoder, ModelError> {
+    let b = &c.base;
+    let shape = IndexerShape {
+        hidden: b.common.hidden_size,
+        q_lora_rank: b.q_lora_rank.unwrap_or(0),
+        heads: c.index_heads,
+        head_dim: c.index_head_dim,
+        top_k: c.index_topk,
+    };
+    // Index keys are kept in the state slots after the layers' own.
+    let mut slots = b.common.num_layers;
+    let mut decoder = deepseek_v3::build_with(
+        b,
+        w,
+        experts,
+        |i| c.dense_layers.get(i).copied().unwrap_or(false),
+        |i, aw, rope| {
+            if !c.own_indexer.get(i).copied().unwrap_or(true) {
+                return Ok(Some(SparseKeys::Shared));
+            }
+            let indexer = Indexer::load(&aw.pp("indexer"), &shape, rope, slots)?;
+            slots += 1;
+            Ok(Some(SparseKeys::Own(Box::new(indexer))))
+        },
+    )?;
+    decoder.state_slots = slots;
+    Ok(decoder)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::super::{LogitsFor, ModelSpec};
+    use crate::weights::{RawTensor, SafetensorsCheckpoint, TensorSource, WeightsError};
+
+    const HEAD_WEIGHTS: &str = "indexer.weights_proj.weight";
+
+    /// A checkpoint whose indexers weigh every head by zero: every index
+    /// score is 0, so every choice is decided by the tie-break alone.
+    struct Tied(SafetensorsCheckpoint);
+
+    impl TensorSource for Tied {
+        fn shape(&self, name: &str) -> Option<&[usize]> {
+            self.0.shape(name)
+        }
+
+        fn load(&self, name: &str) -> Result<candle_core::Tensor, WeightsError> {
+            let t = self.0.load(name)?;
+            if name.ends_with(HEAD_WEIGHTS) {
+                return t.zeros_like().map_err(|source| WeightsError::Tensor {
+                    name: name.to_string(),
+                    source,
+                });
+            }
+            Ok(t)
+        }
+
+        fn load_raw(&self, name: &str) -> Result<RawTensor, WeightsError> {
+            let mut raw = self.0.load_raw(name)?;
+            if name.ends_with(HEAD_WEIGHTS) {
+                raw.bytes.fill(0);
+            }
+            Ok(raw)
+        }
+
+        fn location(&self, name: &str) -> PathBuf {
+            self.0.location(name)
+        }
+
+        fn origin(&self) -> PathBuf {
+            self.0.origin()
+        }
+    }
+
+    fn fixture(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name)
+    }
+
+    /// With every score tied, each query past `index_topk` positions reads
+    /// the lowest ones, and a prompt fed in one pass, in chunks or token by
+    /// token gives bitwise the same logits.
+    #[test]
+    fn tied_index_scores_choose_the_same_positions_in_prefill_and_decode() {
+        for name in ["glm_moe_dsa_recent", "glm_moe_dsa_released"] {
+            let dir = fixture(name);
+            let spec = ModelSpec::read(&dir.join("config.json")).unwrap();
+            let source = Tied(SafetensorsCheckpoint::open(&dir).unwrap());
+            let model = spec.build(&source, None).unwrap();
+            let honest = spec
+                .build(&SafetensorsCheckpoint::open(&dir).unwrap(), None)
+                .unwrap();
+            let ids: Vec<u32> = (0..24).map(|i| (i * 7 % 40 + 3) as u32).collect();
+            let run = |m: &super::Decoder, chunk: usize| -> Vec<Vec<f32>> {
+                let mut state = m.new_state();
+                let mut rows = Vec::new();
+                for part in ids.chunks(chunk) {
+                    let out = m.forward(part, &mut state, LogitsFor::All).unwrap();
+                    rows.extend(out.to_vec2::<f32>().unwrap());
+                }
+                rows
+            };
+            let whole = run(&model, ids.len());
+            for chunk in [1, 5] {
+                assert!(run(&model, chunk) == whole, "{name}: chunks of {chunk}");
+            }
+            // The tie-break decided something: the untied model reads other positions.
+            assert!(run(&honest, ids.len()) != whole, "{name}: the tie changed nothing");
+        }
+    }
+}
