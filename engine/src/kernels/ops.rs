@@ -177,6 +177,104 @@ pub fn clamped_swiglu(gate: &[f32], up: &[f32], alpha: f32, limit: f32) -> Vec<f
         .collect()
 }
 
+/// DeepSeek-V4's SwiGLU, elementwise: `silu(min(gate, limit)) · clamp(up, ±limit)`.
+pub fn limited_swiglu(gate: &[f32], up: &[f32], limit: f32) -> Vec<f32> {
+    gate.iter()
+        .zip(up)
+        .map(|(&g, &u)| {
+            let g = g.min(limit);
+            g / (1.0 + (-g).exp()) * u.clamp(-limit, limit)
+        })
+        .collect()
+}
+
+/// The keys one query of [`sink_attention`] reads: a run of the window's
+/// rows, then listed rows of the compressed entries.
+#[derive(Debug, Clone, Default)]
+pub struct QueryKeys {
+    pub window: std::ops::Range<usize>,
+    pub entries: Vec<usize>,
+}
+
+/// Multi-query attention with one key/value head whose keys are its values
+/// (DeepSeek-V4): `q` is `[seq][heads][d]`, `window` and `entries` hold rows
+/// of `d`; query `i` reads `keys[i]`, in that order, and each head's
+/// softmax also weighs its sink logit (which adds no value). Output
+/// `[seq][heads][d]`.
+pub fn sink_attention(
+    q: &[f32],
+    heads: usize,
+    window: &[f32],
+    entries: &[f32],
+    keys: &[QueryKeys],
+    sinks: &[f32],
+    scale: f32,
+) -> Vec<f32> {
+    let d = if heads == 0 || keys.is_empty() {
+        1
+    } else {
+        q.len() / (heads * keys.len())
+    };
+    let mut out = vec![0f32; q.len()];
+    let one = |(row, o): (usize, &mut [f32])| {
+        let (i, h) = (row / heads.max(1), row % heads.max(1));
+        dispatch(
+            Isa::Best,
+            SinkRow {
+                q: &q[row * d..(row + 1) * d],
+                window,
+                entries,
+                keys: &keys[i],
+                sink: sinks.get(h).copied().unwrap_or(f32::NEG_INFINITY),
+                scale,
+                out: o,
+            },
+        );
+    };
+    let per_query = keys.iter().map(|k| k.window.len() + k.entries.len()).max();
+    let work = q.len() * per_query.unwrap_or(0) * 2;
+    each_row(&mut out, d, work, one);
+    out
+}
+
+struct SinkRow<'a> {
+    q: &'a [f32],
+    window: &'a [f32],
+    entries: &'a [f32],
+    keys: &'a QueryKeys,
+    sink: f32,
+    scale: f32,
+    out: &'a mut [f32],
+}
+
+impl SinkRow<'_> {
+    fn rows(&self) -> impl Iterator<Item = &[f32]> + '_ {
+        let d = self.q.len();
+        let window = self.keys.window.clone().map(move |t| &self.window[t * d..(t + 1) * d]);
+        let entries = self.keys.entries.iter().map(move |&e| &self.entries[e * d..(e + 1) * d]);
+        window.chain(entries)
+    }
+}
+
+impl WithSimd for SinkRow<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, simd: S) {
+        let scores: Vec<f32> = self
+            .rows()
+            .map(|k| dot(simd, self.q, k) * self.scale)
+            .collect();
+        let max = scores.iter().copied().fold(self.sink, f32::max);
+        let exps: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+        let total = exps.iter().sum::<f32>() + (self.sink - max).exp();
+        let mut acc = vec![0f32; self.out.len()];
+        for (e, v) in exps.iter().zip(self.rows()) {
+            axpy(simd, &mut acc, e / total, v);
+        }
+        self.out.copy_from_slice(&acc);
+    }
+}
+
 /// Shapes of one attention call. Everything is position-major: queries
 /// `[seq][heads][dim]`, keys `[total][kv_heads][dim]`, values
 /// `[total][kv_heads][value_dim]` (the attention cache's own layout), with

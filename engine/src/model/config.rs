@@ -290,6 +290,29 @@ impl RawConfig {
                 "one rope setting for all layers",
             ));
         }
+        self.rope_from(field, params, default_theta)
+    }
+
+    /// The rope setting nested at `path` (`["rope_parameters", "compress"]`).
+    pub fn rope_at(&self, path: &[&str], default_theta: f64) -> Result<RopeParams, ConfigError> {
+        let field = path.join(".");
+        let mut at = self.get(path.first().copied().unwrap_or_default());
+        for key in path.iter().skip(1) {
+            at = at.and_then(|v| v.get(key));
+        }
+        match at {
+            Some(Value::Object(m)) => self.rope_from(&field, m.clone(), default_theta),
+            Some(_) => Err(self.invalid(&field, "expected an object")),
+            None => Err(self.missing(&field)),
+        }
+    }
+
+    fn rope_from(
+        &self,
+        field: &str,
+        params: Map<String, Value>,
+        default_theta: f64,
+    ) -> Result<RopeParams, ConfigError> {
         let sub = RawConfig {
             path: self.path.clone(),
             map: params,

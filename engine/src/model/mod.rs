@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod deepseek_v3;
+pub mod deepseek_v4;
 pub mod glm_moe_dsa;
 pub mod gpt_oss;
 pub mod kimi_linear;
@@ -63,6 +64,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "qwen3_5_moe_text",
     "minimax_m2",
     "glm_moe_dsa",
+    "deepseek_v4",
 ];
 
 /// Settings every architecture has.
@@ -121,6 +123,7 @@ pub enum Architecture {
     Mixtral(mixtral::Config),
     MinimaxM2(minimax_m2::Config),
     DeepseekV3(deepseek_v3::Config),
+    DeepseekV4(Box<deepseek_v4::Config>),
     /// GLM-5: DeepSeek-V3 with sparse attention.
     GlmMoeDsa(glm_moe_dsa::Config),
     GptOss(gpt_oss::Config),
@@ -183,6 +186,10 @@ impl ModelSpec {
                 "",
             ),
             "gpt_oss" => (Architecture::GptOss(gpt_oss::Config::parse(raw)?), ""),
+            "deepseek_v4" => (
+                Architecture::DeepseekV4(Box::new(deepseek_v4::Config::parse(raw)?)),
+                "",
+            ),
             "glm_moe_dsa" => (
                 Architecture::GlmMoeDsa(glm_moe_dsa::Config::parse(raw)?),
                 "",
@@ -235,6 +242,7 @@ impl ModelSpec {
             Architecture::MinimaxM2(c) => &c.common,
             Architecture::DeepseekV3(c) => &c.common,
             Architecture::GlmMoeDsa(c) => c.common(),
+            Architecture::DeepseekV4(c) => &c.common,
             Architecture::GptOss(c) => &c.common,
             Architecture::KimiLinear(c) => &c.common,
             Architecture::Qwen3Next(c) => &c.common,
@@ -272,6 +280,7 @@ impl ModelSpec {
             Architecture::DeepseekV3(c) => {
                 (c.common.num_layers, c.kv_lora_rank + c.qk_rope_head_dim)
             }
+            Architecture::DeepseekV4(c) => return c.state_values_per_token() as u64 * F32,
             Architecture::GlmMoeDsa(c) => {
                 let b = &c.base;
                 let index = c.indexers() * c.index_head_dim;
@@ -368,6 +377,7 @@ impl ModelSpec {
             Architecture::MinimaxM2(c) => minimax_m2::build(c, &w, experts),
             Architecture::DeepseekV3(c) => deepseek_v3::build(c, &w, experts),
             Architecture::GlmMoeDsa(c) => glm_moe_dsa::build(c, &w, experts),
+            Architecture::DeepseekV4(c) => deepseek_v4::build(c, &w, experts),
             Architecture::GptOss(c) => gpt_oss::build(c, &w, experts),
             Architecture::KimiLinear(c) => kimi_linear::build(c, &w, experts),
             Architecture::Qwen3Next(c) => qwen3_next::build(c, &w, experts),
@@ -395,6 +405,8 @@ pub(crate) fn assemble(
     };
     Ok(Decoder {
         state_slots: layers.len(),
+        hyper_head: None,
+        streams: 1,
         norm: RmsNorm::load(&w.pp("model"), "norm", c.hidden_size, c.rms_norm_eps)?,
         embed,
         lm_head,

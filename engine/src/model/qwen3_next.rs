@@ -291,6 +291,7 @@ pub fn build(
                 CENTRED,
             )?,
             ffn,
+            hyper: None,
         });
     }
     let mut decoder = super::assemble(&c.common, w, layers, rope, experts)?;

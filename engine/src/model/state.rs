@@ -147,6 +147,19 @@ impl SequenceState {
         Ok((a, b))
     }
 
+    /// Slot `slot`'s two appended buffers as they are (empty before the
+    /// first append), for layers that read several slots at once.
+    pub fn rows(&self, slot: usize) -> Result<(&[f32], &[f32]), ModelError> {
+        match self.layers.get(slot) {
+            Some(LayerState::Appending { first, second, .. }) => Ok((first, second)),
+            Some(LayerState::Empty) => Ok((&[], &[])),
+            Some(LayerState::Recurrent { .. }) => {
+                Err(ModelError::Internal("rows asked of a recurrent layer"))
+            }
+            None => Err(ModelError::Internal("layer index past the state")),
+        }
+    }
+
     /// Layer `layer`'s convolution window (`window_len` values) and
     /// recurrent state (`state_len`), zero before the first position.
     pub fn recurrent(

@@ -68,6 +68,10 @@ impl Dtype {
             Dtype::Blocks(Format::Q4K) => Some("Q4_K"),
             Dtype::Blocks(f) if !f.is_float() => Some(f.name()),
             Dtype::Blocks(_) => None,
+            // Integer tables (DeepSeek-V4's token-to-expert routing) are
+            // read by model code as they are stored, so packs carry them.
+            Dtype::Unsupported(UnsupportedDtype::I64) => Some("I64"),
+            Dtype::Unsupported(UnsupportedDtype::I32) => Some("I32"),
             Dtype::Unsupported(_) => None,
         }
     }

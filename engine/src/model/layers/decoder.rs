@@ -6,6 +6,8 @@ use std::sync::Arc;
 use candle_core::{Device, Tensor};
 
 use super::attention::GroupedQueryAttention;
+use super::compressed::CompressedAttention;
+use super::hyper::{HyperConnection, HyperHead, Mixing};
 use super::experts::ExpertProvider;
 use super::linear::LinearAttention;
 use super::mla::LatentAttention;
@@ -21,6 +23,8 @@ pub enum Attention {
     Latent(LatentAttention),
     /// Linear attention with a recurrent state (KDA, Gated DeltaNet).
     Linear(Box<LinearAttention>),
+    /// A sliding window plus compressed entries (DeepSeek-V4).
+    Compressed(Box<CompressedAttention>),
 }
 
 pub enum FeedForward {
@@ -33,6 +37,9 @@ pub struct DecoderLayer {
     pub attention: Attention,
     pub post_attention_norm: RmsNorm,
     pub ffn: FeedForward,
+    /// Hyper-connections around the attention and the feed-forward block
+    /// (DeepSeek-V4); without them the residual stream is one wide.
+    pub hyper: Option<Box<[HyperConnection; 2]>>,
 }
 
 impl DecoderLayer {
@@ -50,6 +57,7 @@ impl DecoderLayer {
             attention,
             post_attention_norm: RmsNorm::load(w, "post_attention_layernorm", hidden, eps)?,
             ffn,
+            hyper: None,
         })
     }
 }
@@ -76,13 +84,52 @@ pub struct Decoder {
     /// Slots of sequence state: one per layer, then any a layer keeps
     /// besides its attention cache (a sparse-attention indexer's keys).
     pub state_slots: usize,
+    /// With hyper-connections, the residual streams' last collapse.
+    pub hyper_head: Option<HyperHead>,
+    /// Residual streams per position (`hc_mult`; 1 without hyper-connections).
+    pub streams: usize,
+}
+
+/// The block input a hyper-connection weighs from the streams `x`, or `x`
+/// itself without one.
+fn collapse(
+    hc: Option<&HyperConnection>,
+    x: &Tensor,
+    seq: usize,
+) -> Result<(Tensor, Option<Mixing>), ModelError> {
+    let Some(hc) = hc else {
+        return Ok((x.clone(), None));
+    };
+    let (input, mixing) = hc.collapse(&values(x)?, seq)?;
+    let hidden = input.len() / seq.max(1);
+    Ok((
+        Tensor::from_vec(input, (seq, hidden), &Device::Cpu)?,
+        Some(mixing),
+    ))
+}
+
+/// The residual after a block's output `h`: added, or spread over the streams.
+fn spread(
+    hc: Option<&HyperConnection>,
+    mixing: Option<Mixing>,
+    x: Tensor,
+    h: Tensor,
+) -> Result<Tensor, ModelError> {
+    match (hc, mixing) {
+        (Some(hc), Some(m)) => {
+            let dims = x.dims().to_vec();
+            let y = hc.spread(&m, &values(&x)?, &values(&h)?);
+            Ok(Tensor::from_vec(y, dims, &Device::Cpu)?)
+        }
+        _ => Ok((x + h)?),
+    }
 }
 
 impl Decoder {
     /// Guesses which experts layer `layer` will ask for from the residual
     /// stream `x` as it is now (an earlier layer's), through that layer's own
     /// norm and router, and tells the expert provider.
-    fn pilot(&self, layer: usize, x: &Tensor) -> Result<(), ModelError> {
+    fn pilot(&self, layer: usize, x: &Tensor, ids: &[u32]) -> Result<(), ModelError> {
         let Some(next) = self.layers.get(layer) else {
             return Ok(());
         };
@@ -94,8 +141,8 @@ impl Decoder {
         }
         let (n, _) = x.dims2()?;
         let normed = next.post_attention_norm.forward_values(&values(x)?);
-        let ids = moe.predict(&normed, n)?;
-        self.experts.prefetch(layer, &ids);
+        let experts = moe.predict(&normed, n, ids)?;
+        self.experts.prefetch(layer, &experts);
         Ok(())
     }
 
@@ -143,32 +190,51 @@ impl Decoder {
         for (&id, row) in ids.iter().zip(rows.chunks_exact_mut(hidden.max(1))) {
             self.embed.row_into(id as usize, row)?;
         }
-        let mut x = Tensor::from_vec(rows, (seq, hidden), &Device::Cpu)?;
-        self.pilot(0, &x)?;
+        let embedded = Tensor::from_vec(rows, (seq, hidden), &Device::Cpu)?;
+        self.pilot(0, &embedded, ids)?;
+        // The residual streams, `streams` copies of the embedding per row.
+        let mut x = if self.streams > 1 {
+            Tensor::cat(&vec![&embedded; self.streams], 1)?
+        } else {
+            embedded
+        };
         let mut chosen = None;
         for (index, layer) in self.layers.iter().enumerate() {
-            let h = layer.input_norm.forward(&x)?;
+            let [attn_hc, ffn_hc] = match &layer.hyper {
+                Some(hc) => [Some(&hc[0]), Some(&hc[1])],
+                None => [None, None],
+            };
+            let (input, mixing) = collapse(attn_hc, &x, seq)?;
+            let h = layer.input_norm.forward(&input)?;
             let h = match &layer.attention {
                 Attention::Grouped(a) => a.forward(&h, index, cache, &tables)?,
                 Attention::Latent(a) => a.forward(&h, index, cache, &tables, &mut chosen)?,
                 Attention::Linear(a) => a.forward(&h, index, cache)?,
+                Attention::Compressed(a) => {
+                    let y = a.forward(&values(&h)?, seq, index, cache)?;
+                    Tensor::from_vec(y, (seq, hidden), &Device::Cpu)?
+                }
             };
-            x = (x + h)?;
-            let h = layer.post_attention_norm.forward(&x)?;
+            x = spread(attn_hc, mixing, x, h)?;
+            let (input, mixing) = collapse(ffn_hc, &x, seq)?;
+            let h = layer.post_attention_norm.forward(&input)?;
             let h = match &layer.ffn {
                 FeedForward::Dense(m) => {
-                    self.pilot(index + 1, &x)?;
+                    self.pilot(index + 1, &input, ids)?;
                     m.forward(&h)?
                 }
                 FeedForward::Sparse(m) => {
                     // This layer's reads are queued first, then the guess
                     // for the next one, then the experts are computed.
-                    let started = m.start(&h, self.experts.as_ref())?;
-                    self.pilot(index + 1, &x)?;
+                    let started = m.start(&h, ids, self.experts.as_ref())?;
+                    self.pilot(index + 1, &input, ids)?;
                     m.finish(started)?
                 }
             };
-            x = (x + h)?;
+            x = spread(ffn_hc, mixing, x, h)?;
+        }
+        if let Some(head) = &self.hyper_head {
+            x = Tensor::from_vec(head.collapse(&values(&x)?, seq)?, (seq, hidden), &Device::Cpu)?;
         }
         cache.advance(seq);
         let x = match which {

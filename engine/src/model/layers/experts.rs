@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::kernels::Matrix;
-use crate::kernels::ops::{clamped_swiglu, swiglu};
+use crate::kernels::ops::{clamped_swiglu, limited_swiglu, swiglu};
 use crate::model::ModelError;
 use crate::weights::Weights;
 
@@ -21,6 +21,19 @@ pub enum Activation {
     /// gpt-oss: the gate clamped above at `limit`, up clamped to ±`limit`,
     /// then `gate · σ(alpha · gate) · (up + 1)`.
     ClampedSwiglu { alpha: f32, limit: f32 },
+    /// DeepSeek-V4: `silu(min(gate, limit)) · clamp(up, ±limit)`.
+    LimitedSwiglu { limit: f32 },
+}
+
+impl Activation {
+    /// The activation of one row's gate and up products.
+    pub fn apply(self, gate: &[f32], up: &[f32]) -> Vec<f32> {
+        match self {
+            Activation::Swiglu => swiglu(gate, up),
+            Activation::ClampedSwiglu { alpha, limit } => clamped_swiglu(gate, up, alpha, limit),
+            Activation::LimitedSwiglu { limit } => limited_swiglu(gate, up, limit),
+        }
+    }
 }
 
 /// One expert's biases, for families whose experts have them (gpt-oss):
@@ -93,12 +106,7 @@ impl Expert {
         let mut act = Vec::with_capacity(n * i);
         for row in h.chunks_exact((2 * i).max(1)) {
             let (gate, up) = row.split_at(i);
-            act.extend(match activation {
-                Activation::Swiglu => swiglu(gate, up),
-                Activation::ClampedSwiglu { alpha, limit } => {
-                    clamped_swiglu(gate, up, alpha, limit)
-                }
-            });
+            act.extend(activation.apply(gate, up));
         }
         let mut y = self.down.matmul_serial(&act, n)?;
         if let Some(b) = bias {

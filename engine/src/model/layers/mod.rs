@@ -2,8 +2,10 @@
 //! says which blocks it uses and where its weights are named.
 
 pub mod attention;
+pub mod compressed;
 pub mod decoder;
 pub mod experts;
+pub mod hyper;
 pub mod indexer;
 pub mod linear;
 pub mod mla;
@@ -235,6 +237,7 @@ pub struct Mlp {
     gate: Linear,
     up: Linear,
     down: Linear,
+    pub activation: experts::Activation,
 }
 
 impl Mlp {
@@ -244,15 +247,27 @@ impl Mlp {
             gate: Linear::load(w, "gate_proj", hidden, intermediate, false)?,
             up: Linear::load(w, "up_proj", hidden, intermediate, false)?,
             down: Linear::load(w, "down_proj", intermediate, hidden, false)?,
+            activation: experts::Activation::Swiglu,
         })
     }
 
     /// The block on `n` rows of `x`.
     pub fn forward_values(&self, x: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
-        let act = swiglu(
-            &self.gate.forward_values(x, n)?,
-            &self.up.forward_values(x, n)?,
+        let (gate, up) = (
+            self.gate.forward_values(x, n)?,
+            self.up.forward_values(x, n)?,
         );
+        let act = match self.activation {
+            experts::Activation::Swiglu => swiglu(&gate, &up),
+            other => {
+                let i = self.gate.weight.rows().max(1);
+                let mut act = Vec::with_capacity(gate.len());
+                for (g, u) in gate.chunks_exact(i).zip(up.chunks_exact(i)) {
+                    act.extend(other.apply(g, u));
+                }
+                act
+            }
+        };
         self.down.forward_values(&act, n)
     }
 

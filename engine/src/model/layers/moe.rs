@@ -121,21 +121,28 @@ impl MoeBlock {
         })
     }
 
-    pub fn forward(&self, x: &Tensor, experts: &dyn ExpertProvider) -> Result<Tensor, ModelError> {
-        let started = self.start(x, experts)?;
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        ids: &[u32],
+        experts: &dyn ExpertProvider,
+    ) -> Result<Tensor, ModelError> {
+        let started = self.start(x, ids, experts)?;
         self.finish(started)
     }
 
-    /// Routes the rows of `x` (`[tokens, hidden]`) and asks for their experts,
-    /// so the reads are on their way while the caller does other work.
+    /// Routes the rows of `x` (`[tokens, hidden]`, the tokens `ids`) and
+    /// asks for their experts, so the reads are on their way while the
+    /// caller does other work.
     pub fn start<'a>(
         &self,
         x: &Tensor,
+        ids: &[u32],
         experts: &'a dyn ExpertProvider,
     ) -> Result<Started<'a>, ModelError> {
         let (n, hidden) = x.dims2()?;
         let xs = values(x)?;
-        let routes = self.router.route_values(&xs, n)?;
+        let routes = self.router.route_values(&xs, n, ids)?;
         // expert id → (token rows, weights)
         let mut by_expert: BTreeMap<usize, (Vec<usize>, Vec<f32>)> = BTreeMap::new();
         for (token, route) in routes.iter().enumerate() {
@@ -231,8 +238,13 @@ impl MoeBlock {
     /// The experts this layer's router picks for the `n` rows of `normed`
     /// (already through the layer's post-attention norm), ascending: the
     /// pilot's guess when `normed` comes from an earlier layer.
-    pub fn predict(&self, normed: &[f32], n: usize) -> Result<Vec<usize>, ModelError> {
-        let routes = self.router.route_values(normed, n)?;
+    pub fn predict(
+        &self,
+        normed: &[f32],
+        n: usize,
+        ids: &[u32],
+    ) -> Result<Vec<usize>, ModelError> {
+        let routes = self.router.route_values(normed, n, ids)?;
         let mut ids: Vec<usize> = routes.iter().flatten().map(|&(e, _)| e).collect();
         ids.sort_unstable();
         ids.dedup();

@@ -216,6 +216,45 @@ impl Rope {
     }
 }
 
+impl Rope {
+    /// Turns adjacent pairs `(2j, 2j+1)` of each row's `offset..` lanes in
+    /// place, keeping them interleaved (DeepSeek-V4), by the angle of row
+    /// `i / heads`'s position; `inverse` turns them back.
+    pub fn rotate_pairs(
+        &self,
+        x: &mut [f32],
+        heads: usize,
+        stride: usize,
+        offset: usize,
+        tables: &RopeTables,
+        inverse: bool,
+    ) -> Result<(), ModelError> {
+        let half = self.inv_freq.len();
+        if half != tables.half || offset + 2 * half > stride || stride == 0 {
+            return Err(ModelError::Internal("rope width does not fit the heads"));
+        }
+        let sign = if inverse { -1.0 } else { 1.0 };
+        for (i, row) in x.chunks_exact_mut(stride).enumerate() {
+            let t = i / heads.max(1);
+            let (Some(cos), Some(sin)) = (
+                tables.cos.get(t * half..(t + 1) * half),
+                tables.sin.get(t * half..(t + 1) * half),
+            ) else {
+                return Err(ModelError::Internal(
+                    "rope tables shorter than the sequence",
+                ));
+            };
+            let v = &mut row[offset..offset + 2 * half];
+            for j in 0..half {
+                let (a, b, s) = (v[2 * j], v[2 * j + 1], sign * sin[j]);
+                v[2 * j] = a * cos[j] - b * s;
+                v[2 * j + 1] = b * cos[j] + a * s;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// cos and sin of every rotated pair's angle at consecutive positions,
 /// `[seq][half]`, scaled as the rope kind asks.
 #[derive(Debug, Clone)]

@@ -23,6 +23,15 @@ pub enum Scoring {
         renormalize: bool,
         scaling: f32,
     },
+    /// DeepSeek-V4: `sqrt(softplus(logit))` scores; a per-expert bias steers
+    /// the choice only; the chosen weights are renormalised, then scaled.
+    SqrtSoftplus {
+        correction_bias: Vec<f32>,
+        scaling: f32,
+    },
+    /// DeepSeek-V4's first layers: the experts are a fixed function of the
+    /// token (`tid2eid`, `[vocab][top_k]`); the scores still weigh them.
+    Hash { table: Vec<u32>, scaling: f32 },
 }
 
 /// One token's chosen experts and their weights, in selection order.
@@ -54,17 +63,18 @@ impl Router {
         self.top_k
     }
 
-    /// Routes the `n` rows of `x` (`n × hidden`).
-    pub fn route_values(&self, x: &[f32], n: usize) -> Result<Vec<Route>, ModelError> {
+    /// Routes the `n` rows of `x` (`n × hidden`), tokens `ids`.
+    pub fn route_values(&self, x: &[f32], n: usize, ids: &[u32]) -> Result<Vec<Route>, ModelError> {
         let logits = self.gate.forward_values(x, n)?;
-        Ok(logits
+        logits
             .chunks_exact(self.experts.max(1))
-            .map(|row| self.route_one(row))
-            .collect())
+            .enumerate()
+            .map(|(row, l)| self.route_one(l, ids.get(row).copied()))
+            .collect()
     }
 
-    fn route_one(&self, logits: &[f32]) -> Route {
-        match &self.scoring {
+    fn route_one(&self, logits: &[f32], id: Option<u32>) -> Result<Route, ModelError> {
+        Ok(match &self.scoring {
             Scoring::Softmax { renormalize } => {
                 let probs = softmax(logits);
                 let chosen = top_k(&probs, self.top_k);
@@ -114,7 +124,47 @@ impl Router {
                 route.iter_mut().for_each(|(_, w)| *w *= scaling);
                 route
             }
-        }
+            Scoring::SqrtSoftplus {
+                correction_bias,
+                scaling,
+            } => {
+                let scores: Vec<f32> = logits.iter().map(|&l| softplus(l).sqrt()).collect();
+                let choice: Vec<f32> = scores
+                    .iter()
+                    .zip(correction_bias)
+                    .map(|(s, b)| s + b)
+                    .collect();
+                let chosen = top_k(&choice, self.top_k);
+                renormalised(chosen, &scores, *scaling)
+            }
+            Scoring::Hash { table, scaling } => {
+                let id = id.ok_or(ModelError::Internal("hash routing without token ids"))? as usize;
+                let chosen = table
+                    .get(id * self.top_k..(id + 1) * self.top_k)
+                    .ok_or(ModelError::Internal("a token past the routing table"))?;
+                let scores: Vec<f32> = logits.iter().map(|&l| softplus(l).sqrt()).collect();
+                renormalised(chosen.iter().map(|&e| e as usize).collect(), &scores, *scaling)
+            }
+        })
+    }
+}
+
+/// The chosen experts weighted by their scores, renormalised, then scaled.
+fn renormalised(chosen: Vec<usize>, scores: &[f32], scaling: f32) -> Route {
+    let mut route: Route = chosen.into_iter().map(|e| (e, scores[e])).collect();
+    let sum: f32 = route.iter().map(|(_, w)| w).sum::<f32>() + SIGMOID_NORM_EPS;
+    route.iter_mut().for_each(|(_, w)| *w = *w / sum * scaling);
+    route
+}
+
+/// Above this, `softplus(x)` is `x` (torch's threshold).
+const SOFTPLUS_THRESHOLD: f32 = 20.0;
+
+fn softplus(x: f32) -> f32 {
+    if x > SOFTPLUS_THRESHOLD {
+        x
+    } else {
+        x.exp().ln_1p()
     }
 }
 
@@ -158,7 +208,7 @@ mod tests {
     #[test]
     fn softmax_routing_renormalises_chosen_weights() {
         let r = router(Scoring::Softmax { renormalize: true }, 4, 2);
-        let route = r.route_one(&[1.0, 3.0, 2.0, 0.0]);
+        let route = r.route_one(&[1.0, 3.0, 2.0, 0.0], None).unwrap();
         assert_eq!(route.iter().map(|r| r.0).collect::<Vec<_>>(), vec![1, 2]);
         let sum: f32 = route.iter().map(|r| r.1).sum();
         assert!((sum - 1.0).abs() < 1e-6);
@@ -167,7 +217,7 @@ mod tests {
     #[test]
     fn top_k_softmax_routing_weighs_only_the_chosen_logits() {
         let r = router(Scoring::TopKSoftmax, 4, 2);
-        let route = r.route_one(&[1.0, 3.0, 2.0, 0.0]);
+        let route = r.route_one(&[1.0, 3.0, 2.0, 0.0], None).unwrap();
         assert_eq!(route.iter().map(|r| r.0).collect::<Vec<_>>(), vec![1, 2]);
         let e = (-1f32).exp();
         assert!((route[0].1 - 1.0 / (1.0 + e)).abs() < 1e-7);
@@ -185,7 +235,7 @@ mod tests {
         };
         let r = router(scoring, 4, 2);
         // Group 1 (experts 2, 3) wins thanks to expert 3's bias.
-        let route = r.route_one(&[4.0, 4.0, -1.0, -2.0]);
+        let route = r.route_one(&[4.0, 4.0, -1.0, -2.0], None).unwrap();
         assert_eq!(route.iter().map(|r| r.0).collect::<Vec<_>>(), vec![3, 2]);
         assert!(
             (route[0].1 - sigmoid(-2.0)).abs() < 1e-7,

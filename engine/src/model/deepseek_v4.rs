@@ -1,0 +1,396 @@
+//! DeepSeek-V4: attention over a sliding window plus compressed entries
+//! (heavily compressed, or sparse through a lightning indexer; see
+//! `layers/compressed.rs`), residual streams widened by hyper-connections
+//! (`layers/hyper.rs`), and routed experts chosen by `sqrt(softplus)` scores
+//! with a correction bias, or, in the first layers, by a fixed table of the
+//! token (`tid2eid`). A plain rope serves sliding layers and a second one
+//! (its own base, YaRN when configured) the compressed layers.
+
+use std::sync::Arc;
+
+use super::config::{ConfigError, RawConfig};
+use super::layers::compressed::{CompressedAttention, CompressedShape, IndexShape, LayerKind};
+use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
+use super::layers::experts::{Activation, ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
+use super::layers::hyper::{HyperConnection, HyperHead, HyperShape};
+use super::layers::moe::MoeBlock;
+use super::layers::rope::{Rope, RopeKind, RopeParams};
+use super::layers::router::Scoring;
+use super::layers::Mlp;
+use super::{CommonConfig, ModelError, assemble};
+use crate::weights::{Dtype, Weights, WeightsError};
+
+/// `DeepseekV4Config`'s defaults for fields a config may omit.
+const DEFAULT_RMS_EPS: f64 = 1e-6;
+const DEFAULT_ROPE_THETA: f64 = 10_000.0;
+const DEFAULT_COMPRESS_ROPE_THETA: f64 = 160_000.0;
+const DEFAULT_ROPE_DIM: usize = 64;
+const DEFAULT_HEAD_DIM: usize = 512;
+const DEFAULT_CSA_RATE: usize = 4;
+const DEFAULT_HCA_RATE: usize = 128;
+const DEFAULT_HASH_LAYERS: usize = 3;
+const DEFAULT_SLIDING_WINDOW: usize = 128;
+const DEFAULT_O_GROUPS: usize = 8;
+const DEFAULT_O_LORA_RANK: usize = 1024;
+const DEFAULT_INDEX_HEADS: usize = 64;
+const DEFAULT_INDEX_HEAD_DIM: usize = 128;
+const DEFAULT_INDEX_TOPK: usize = 512;
+const DEFAULT_HC_MULT: usize = 4;
+const DEFAULT_SINKHORN_ITERS: usize = 20;
+const DEFAULT_HC_EPS: f64 = 1e-6;
+const DEFAULT_SWIGLU_LIMIT: f64 = 10.0;
+const DEFAULT_ROUTED_SCALING: f64 = 1.5;
+
+const SLIDING: &str = "sliding_attention";
+const CSA: &str = "compressed_sparse_attention";
+const HCA: &str = "heavily_compressed_attention";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub common: CommonConfig,
+    pub attention: CompressedShape,
+    pub index: IndexShape,
+    pub layer_kinds: Vec<LayerKind>,
+    /// Per layer: experts from the token's row of `tid2eid`.
+    pub hash_layers: Vec<bool>,
+    pub experts: usize,
+    pub top_k: usize,
+    pub moe_intermediate_size: usize,
+    pub routed_scaling_factor: f64,
+    pub swiglu_limit: f64,
+    pub hyper: HyperShape,
+    pub main_rope: RopeParams,
+    pub compress_rope: RopeParams,
+}
+
+impl Config {
+    pub fn parse(raw: &RawConfig) -> Result<Self, ConfigError> {
+        let common = CommonConfig::parse(raw, DEFAULT_RMS_EPS)?;
+        let n = common.num_layers;
+        if let Some(s) = raw.str_opt("scoring_func")?
+            && s != "sqrtsoftplus"
+        {
+            return Err(raw.unsupported("scoring_func", s, "sqrtsoftplus"));
+        }
+        if raw.bool_or("mlp_bias", false)? {
+            return Err(raw.unsupported("mlp_bias", true, "false"));
+        }
+        let or = |field: &str, default: usize| -> Result<usize, ConfigError> {
+            match raw.usize_any(&[field])?.unwrap_or(default) {
+                0 => Err(raw.invalid(field, "must be positive")),
+                v => Ok(v),
+            }
+        };
+        let heads = or("num_attention_heads", 64)?;
+        let head_dim = or("head_dim", DEFAULT_HEAD_DIM)?;
+        let (main_rope, compress_rope) = ropes(raw, head_dim)?;
+        let rope_dim = (head_dim as f64 * main_rope.partial_rotary_factor) as usize;
+        let o_groups = or("o_groups", DEFAULT_O_GROUPS)?;
+        if rope_dim == 0 || rope_dim % 2 == 1 || rope_dim > head_dim {
+            return Err(raw.invalid(
+                "partial_rotary_factor",
+                format!("gives {rope_dim} rotated lanes of a {head_dim}-wide head"),
+            ));
+        }
+        if !(heads * head_dim).is_multiple_of(o_groups) {
+            return Err(raw.invalid("o_groups", format!("{o_groups} does not divide the heads")));
+        }
+        let index = IndexShape {
+            heads: or("index_n_heads", DEFAULT_INDEX_HEADS)?,
+            head_dim: or("index_head_dim", DEFAULT_INDEX_HEAD_DIM)?,
+            top_k: or("index_topk", DEFAULT_INDEX_TOPK)?,
+        };
+        if index.head_dim < rope_dim {
+            return Err(raw.invalid("index_head_dim", "narrower than the rotated lanes"));
+        }
+        let experts = raw.positive_any(&["n_routed_experts", "num_local_experts"])?;
+        let top_k = raw.positive("num_experts_per_tok")?;
+        if top_k > experts {
+            return Err(raw.invalid("num_experts_per_tok", "more than the experts"));
+        }
+        let hc_eps = raw.f64_or("hc_eps", DEFAULT_HC_EPS)?;
+        Ok(Self {
+            attention: CompressedShape {
+                hidden: common.hidden_size,
+                heads,
+                head_dim,
+                rope_dim,
+                q_lora_rank: or("q_lora_rank", 1024)?,
+                o_groups,
+                o_lora_rank: or("o_lora_rank", DEFAULT_O_LORA_RANK)?,
+                sliding_window: or("sliding_window", DEFAULT_SLIDING_WINDOW)?,
+                eps: common.rms_norm_eps,
+            },
+            index,
+            layer_kinds: layer_kinds(raw, n)?,
+            hash_layers: hash_layers(raw, n)?,
+            experts,
+            top_k,
+            moe_intermediate_size: raw.positive_any(&["moe_intermediate_size", "intermediate_size"])?,
+            routed_scaling_factor: raw.f64_or("routed_scaling_factor", DEFAULT_ROUTED_SCALING)?,
+            swiglu_limit: raw.f64_or("swiglu_limit", DEFAULT_SWIGLU_LIMIT)?,
+            hyper: HyperShape {
+                streams: or("hc_mult", DEFAULT_HC_MULT)?,
+                hidden: common.hidden_size,
+                norm_eps: common.rms_norm_eps,
+                eps: hc_eps as f32,
+                sinkhorn_iters: or("hc_sinkhorn_iters", DEFAULT_SINKHORN_ITERS)?,
+            },
+            main_rope,
+            compress_rope,
+            common,
+        })
+    }
+
+    /// Values one position keeps in the sequence state, over all layers.
+    pub fn state_values_per_token(&self) -> usize {
+        let (hd, di) = (self.attention.head_dim, self.index.head_dim);
+        self.layer_kinds
+            .iter()
+            .map(|k| match k {
+                LayerKind::Sliding => hd,
+                LayerKind::Heavy { .. } => hd + 2 * hd + hd,
+                LayerKind::Sparse { .. } => hd + 4 * hd + hd + 4 * di + di,
+            })
+            .sum()
+    }
+}
+
+/// The plain rope of sliding layers and the compressed layers' own, as
+/// transformers derives them: `rope_parameters` nested as `main` and
+/// `compress`, or one flat setting (`rope_parameters` or `rope_scaling`)
+/// that is the compressed branches' with `compress_rope_theta` as its base.
+fn ropes(raw: &RawConfig, head_dim: usize) -> Result<(RopeParams, RopeParams), ConfigError> {
+    let factor = match (raw.f64_opt("partial_rotary_factor")?, raw.usize_any(&["qk_rope_head_dim"])?) {
+        (Some(f), _) => f,
+        (None, Some(dim)) => dim as f64 / head_dim as f64,
+        (None, None) => DEFAULT_ROPE_DIM as f64 / DEFAULT_HEAD_DIM as f64,
+    };
+    let nested = raw
+        .get("rope_parameters")
+        .and_then(|v| v.as_object())
+        .filter(|m| m.get("main").is_some_and(|v| v.is_object()));
+    let (main, mut compress) = match nested {
+        Some(_) => (
+            raw.rope_at(&["rope_parameters", "main"], DEFAULT_ROPE_THETA)?,
+            raw.rope_at(&["rope_parameters", "compress"], DEFAULT_COMPRESS_ROPE_THETA)?,
+        ),
+        None => {
+            let main = RopeParams {
+                theta: raw.f64_or("rope_theta", DEFAULT_ROPE_THETA)?,
+                partial_rotary_factor: factor,
+                kind: RopeKind::Default,
+            };
+            let mut compress = raw.rope(DEFAULT_COMPRESS_ROPE_THETA)?;
+            compress.theta = raw.f64_or("compress_rope_theta", DEFAULT_COMPRESS_ROPE_THETA)?;
+            compress.partial_rotary_factor = factor;
+            if let RopeKind::Yarn { attention_factor, .. } = &mut compress.kind {
+                attention_factor.get_or_insert(1.0);
+            }
+            (main, compress)
+        }
+    };
+    // transformers reads `truncate` from the top level, where it never is.
+    if let RopeKind::Yarn { truncate, .. } = &mut compress.kind {
+        *truncate = true;
+    }
+    Ok((main, compress))
+}
+
+/// Each layer's attention kind: `layer_types`, else the released
+/// `compress_ratios` (0, 4 or 128 per layer), else transformers' default.
+fn layer_kinds(raw: &RawConfig, layers: usize) -> Result<Vec<LayerKind>, ConfigError> {
+    let rates = raw.get("compress_rates").and_then(|v| v.as_object());
+    let rate = |kind: &str, legacy: &str, default: usize| -> Result<usize, ConfigError> {
+        let from_map = rates.and_then(|m| m.get(kind)).and_then(|v| v.as_u64());
+        let rate = match (raw.usize_any(&[legacy])?, from_map) {
+            (Some(r), _) => r,
+            (None, Some(r)) => r as usize,
+            (None, None) => default,
+        };
+        if rate == 0 {
+            return Err(raw.invalid("compress_rates", format!("{kind} pools 0 tokens")));
+        }
+        Ok(rate)
+    };
+    let csa = rate(CSA, "compress_rate_csa", DEFAULT_CSA_RATE)?;
+    let hca = rate(HCA, "compress_rate_hca", DEFAULT_HCA_RATE)?;
+    let names: Vec<String> = if let Some(types) = raw.str_list("layer_types")? {
+        types
+    } else if raw.get("compress_ratios").is_some_and(|v| !v.is_null()) {
+        raw.usize_list("compress_ratios")?
+            .into_iter()
+            .map(|r| match r {
+                0 => Ok(SLIDING.to_string()),
+                4 => Ok(CSA.to_string()),
+                128 => Ok(HCA.to_string()),
+                other => Err(raw.invalid("compress_ratios", format!("{other} is not 0, 4 or 128"))),
+            })
+            .collect::<Result<_, _>>()?
+    } else {
+        (0..layers)
+            .map(|i| if i >= 2 && i % 2 == 1 { CSA } else { HCA }.to_string())
+            .collect()
+    };
+    if names.len() < layers {
+        return Err(raw.invalid("layer_types", format!("{} entries for {layers} layers", names.len())));
+    }
+    names
+        .iter()
+        .take(layers)
+        .map(|k| match k.as_str() {
+            SLIDING => Ok(LayerKind::Sliding),
+            CSA => Ok(LayerKind::Sparse { rate: csa }),
+            HCA => Ok(LayerKind::Heavy { rate: hca }),
+            other => Err(raw.invalid("layer_types", format!("`{other}` is not a DeepSeek-V4 layer"))),
+        })
+        .collect()
+}
+
+/// Which layers route by the token: `mlp_layer_types`, else the first
+/// `num_hash_layers`.
+fn hash_layers(raw: &RawConfig, layers: usize) -> Result<Vec<bool>, ConfigError> {
+    match raw.str_list("mlp_layer_types")? {
+        Some(kinds) if kinds.len() >= layers => kinds
+            .iter()
+            .take(layers)
+            .map(|k| match k.as_str() {
+                "hash_moe" => Ok(true),
+                "moe" => Ok(false),
+                other => Err(raw.invalid("mlp_layer_types", format!("`{other}` is neither hash_moe nor moe"))),
+            })
+            .collect(),
+        Some(kinds) => Err(raw.invalid(
+            "mlp_layer_types",
+            format!("{} entries for {layers} layers", kinds.len()),
+        )),
+        None => {
+            let hashed = raw.usize_any(&["num_hash_layers"])?.unwrap_or(DEFAULT_HASH_LAYERS);
+            Ok((0..layers).map(|i| i < hashed).collect())
+        }
+    }
+}
+
+/// `tid2eid` under `w`: `[vocab][top_k]` expert ids, stored as integers.
+fn routing_table(w: &Weights, c: &Config) -> Result<Vec<u32>, ModelError> {
+    let name = "tid2eid";
+    let full = w.full_name(name);
+    let source = w.source();
+    let want = [c.common.vocab_size, c.top_k];
+    let bad = |reason: String| WeightsError::InvalidFile {
+        path: source.location(&full),
+        reason: format!("tensor `{full}`: {reason}"),
+    };
+    match source.shape(&full) {
+        Some(shape) if shape == want => {}
+        Some(shape) => return Err(bad(format!("shape {shape:?}, expected {want:?}")).into()),
+        None => {
+            return Err(WeightsError::Missing {
+                name: full.clone(),
+                dir: source.origin(),
+            }
+            .into());
+        }
+    }
+    let raw = source.load_raw(&full)?;
+    let width = match raw.dtype {
+        Dtype::Unsupported(crate::weights::safetensors::UnsupportedDtype::I64) => 8,
+        Dtype::Unsupported(crate::weights::safetensors::UnsupportedDtype::I32) => 4,
+        other => return Err(bad(format!("stored as {other:?}, expected integers")).into()),
+    };
+    if raw.bytes.len() != want[0] * want[1] * width {
+        return Err(bad("byte length does not match its shape".into()).into());
+    }
+    raw.bytes
+        .chunks_exact(width)
+        .map(|b| {
+            let mut word = [0u8; 8];
+            word[..width].copy_from_slice(b);
+            let id = i64::from_le_bytes(word);
+            match u32::try_from(id) {
+                Ok(e) if (e as usize) < c.experts => Ok(e),
+                _ => Err(bad(format!("expert id {id} outside 0..{}", c.experts)).into()),
+            }
+        })
+        .collect()
+}
+
+fn load_moe(c: &Config, w: &Weights, layer: usize) -> Result<MoeBlock, ModelError> {
+    let (h, limit) = (c.common.hidden_size, c.swiglu_limit as f32);
+    let scaling = c.routed_scaling_factor as f32;
+    let scoring = if c.hash_layers.get(layer).copied().unwrap_or(false) {
+        Scoring::Hash {
+            table: routing_table(&w.pp("gate"), c)?,
+            scaling,
+        }
+    } else {
+        Scoring::SqrtSoftplus {
+            correction_bias: w
+                .pp("gate")
+                .get("e_score_correction_bias", &[c.experts])?
+                .to_vec1()?,
+            scaling,
+        }
+    };
+    let mut shared = Mlp::load(&w.pp("shared_experts"), h, c.moe_intermediate_size)?;
+    shared.activation = Activation::LimitedSwiglu { limit };
+    let mut block = MoeBlock::load(w, layer, h, c.experts, c.top_k, scoring, Some(shared))?;
+    block.extras.activation = Activation::LimitedSwiglu { limit };
+    Ok(block)
+}
+
+pub fn build(
+    c: &Config,
+    w: &Weights,
+    experts: Option<Arc<dyn ExpertProvider>>,
+) -> Result<Decoder, ModelError> {
+    let h = c.common.hidden_size;
+    let hd = c.attention.head_dim;
+    let main_rope = Rope::new(&c.main_rope, hd, false);
+    let compress_rope = Rope::new(&c.compress_rope, hd, false);
+    let mut experts = ExpertSetup::new(experts);
+    let mut layers = Vec::with_capacity(c.common.num_layers);
+    // Compressed layers keep entries in state slots after the layers' own.
+    let mut slots = c.common.num_layers;
+    for (i, &kind) in c.layer_kinds.iter().enumerate() {
+        let lw = w.pp(format_args!("model.layers.{i}"));
+        let (rope, extra) = match kind {
+            LayerKind::Sliding => (&main_rope, 0),
+            LayerKind::Heavy { .. } => (&compress_rope, 1),
+            LayerKind::Sparse { .. } => (&compress_rope, 2),
+        };
+        let attention = CompressedAttention::load(
+            &lw.pp("self_attn"),
+            &c.attention,
+            kind,
+            &c.index,
+            rope,
+            (slots, slots + 1),
+        )?;
+        slots += extra;
+        let mw = lw.pp("mlp");
+        let shape = ExpertShape {
+            count: c.experts,
+            hidden: h,
+            intermediate: c.moe_intermediate_size,
+        };
+        experts.add_layer(&mw, PROJ_NAMES, i, shape)?;
+        let mut layer = DecoderLayer::load(
+            &lw,
+            h,
+            c.common.rms_norm_eps,
+            Attention::Compressed(Box::new(attention)),
+            FeedForward::Sparse(load_moe(c, &mw, i)?),
+        )?;
+        layer.hyper = Some(Box::new([
+            HyperConnection::load(&lw, "attn_hc", &c.hyper)?,
+            HyperConnection::load(&lw, "ffn_hc", &c.hyper)?,
+        ]));
+        layers.push(layer);
+    }
+    let mut decoder = assemble(&c.common, w, layers, main_rope, experts)?;
+    decoder.state_slots = slots;
+    decoder.hyper_head = Some(HyperHead::load(&w.pp("model.hc_head"), &c.hyper)?);
+    decoder.streams = c.hyper.streams;
+    Ok(decoder)
+}

@@ -1,0 +1,445 @@
+//! DeepSeek-V4's attention: one key/value head whose keys are its values,
+//! read over a sliding window of the last `sliding_window` tokens plus
+//! compressed entries that pool every `m` tokens into one.
+//!
+//! - Heavily compressed layers (HCA, `m` = 128 in V4-Flash) read every
+//!   entry: at 8,192 tokens of context that is 128 + 64 keys instead of 8,192.
+//! - Compressed sparse layers (CSA, `m` = 4) pool overlapping windows of
+//!   `2m` tokens and read only the `index_topk` entries (512) a lightning
+//!   indexer picks, ties at the cut going to the lowest entry.
+//! - Sliding layers read the window alone.
+//!
+//! Every piece of state is kept one row per position, so cutting a sequence
+//! back drops rows and nothing else: the attention slot holds the rotated
+//! key/value row and the raw compressor projections (the pooling of a window
+//! reads them back when the window closes); a second slot holds the entry
+//! a position closed (zero where it closed none) and the indexer's raw
+//! projections; a third the indexer's entries. Entries are pooled when
+//! their window's last token arrives, so a prompt fed in one pass and token
+//! by token computes each the same way.
+
+use super::indexer::top_k_lowest_first;
+use super::rope::{Rope, RopeTables};
+use super::{Linear, RmsNorm, values};
+use crate::kernels::ops::{QueryKeys, index_scores, rms_norm, sink_attention};
+use crate::model::{ModelError, state::SequenceState};
+use crate::weights::Weights;
+
+/// Sizes of a DeepSeek-V4 attention layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CompressedShape {
+    pub hidden: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    /// Trailing lanes of each head that turn with rope.
+    pub rope_dim: usize,
+    pub q_lora_rank: usize,
+    pub o_groups: usize,
+    pub o_lora_rank: usize,
+    pub sliding_window: usize,
+    pub eps: f64,
+}
+
+/// What a layer reads besides its window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerKind {
+    Sliding,
+    /// Every entry, pooled from `rate` tokens each.
+    Heavy { rate: usize },
+    /// Entries pooled from overlapping windows, as many as the indexer picks.
+    Sparse { rate: usize },
+}
+
+/// The lightning indexer's sizes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IndexShape {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub top_k: usize,
+}
+
+/// Pools the projections of every `rate` tokens into one entry: per channel
+/// a softmax over the tokens' gates (plus a learned bias per offset) weighs
+/// their values. With `overlap`, a window also reads the previous window's
+/// tokens through the first half of the projections.
+struct Compressor {
+    kv_proj: Linear,
+    gate_proj: Linear,
+    /// `[rate][projection width]`.
+    position_bias: Vec<f32>,
+    norm: RmsNorm,
+    rate: usize,
+    /// Width of one entry.
+    dim: usize,
+    overlap: bool,
+}
+
+impl Compressor {
+    fn load(
+        w: &Weights,
+        hidden: usize,
+        dim: usize,
+        rate: usize,
+        overlap: bool,
+        eps: f64,
+    ) -> Result<Self, ModelError> {
+        let width = if overlap { 2 * dim } else { dim };
+        Ok(Self {
+            kv_proj: Linear::load(w, "kv_proj", hidden, width, false)?,
+            gate_proj: Linear::load(w, "gate_proj", hidden, width, false)?,
+            position_bias: values(&w.get("position_bias", &[rate, width])?)?,
+            norm: RmsNorm::load(w, "kv_norm", dim, eps)?,
+            rate,
+            dim,
+            overlap,
+        })
+    }
+
+    /// Values then gates of one position.
+    fn raw_width(&self) -> usize {
+        if self.overlap { 4 * self.dim } else { 2 * self.dim }
+    }
+
+    /// The raw rows of `seq` new positions.
+    fn project(&self, xs: &[f32], seq: usize) -> Result<Vec<f32>, ModelError> {
+        let kv = self.kv_proj.forward_values(xs, seq)?;
+        let gate = self.gate_proj.forward_values(xs, seq)?;
+        let width = self.raw_width() / 2;
+        let mut out = Vec::with_capacity(seq * 2 * width);
+        for (k, g) in kv.chunks_exact(width).zip(gate.chunks_exact(width)) {
+            out.extend_from_slice(k);
+            out.extend_from_slice(g);
+        }
+        Ok(out)
+    }
+
+    /// One entry row per position from `start` to `end`: the entry of the
+    /// window a position closes, rotated to the window's first position,
+    /// zeros elsewhere. `raw` holds every position's raw row so far.
+    fn entries(
+        &self,
+        raw: &[f32],
+        start: usize,
+        end: usize,
+        rope: &Rope,
+        rope_offset: usize,
+    ) -> Result<Vec<f32>, ModelError> {
+        let (m, d) = (self.rate, self.dim);
+        let mut out = vec![0f32; (end - start) * d];
+        for t in start..end {
+            if (t + 1) % m != 0 {
+                continue;
+            }
+            let window = (t + 1) / m - 1;
+            let pooled = self.pool(raw, window);
+            let mut entry = self.norm.forward_values(&pooled);
+            let tables = rope.tables(window * m, 1);
+            rope.rotate_pairs(&mut entry, 1, d, rope_offset, &tables, false)?;
+            out[(t - start) * d..(t - start + 1) * d].copy_from_slice(&entry);
+        }
+        Ok(out)
+    }
+
+    /// The softmax-weighted sum over window `w`'s slots, per channel.
+    fn pool(&self, raw: &[f32], w: usize) -> Vec<f32> {
+        let (m, d, rw) = (self.rate, self.dim, self.raw_width());
+        let half = rw / 2;
+        let bias_width = half;
+        // (value, gate) of slot `j` for channel `c`.
+        let slot = |j: usize, c: usize| -> (f32, f32) {
+            let (token, lane, offset) = if !self.overlap {
+                (w * m + j, c, j)
+            } else if j < m {
+                if w == 0 {
+                    return (0.0, f32::NEG_INFINITY);
+                }
+                ((w - 1) * m + j, c, j)
+            } else {
+                (w * m + j - m, d + c, j - m)
+            };
+            let row = &raw[token * rw..(token + 1) * rw];
+            let gate = row[half + lane] + self.position_bias[offset * bias_width + lane];
+            (row[lane], gate)
+        };
+        let slots = if self.overlap { 2 * m } else { m };
+        (0..d)
+            .map(|c| {
+                let max = (0..slots)
+                    .map(|j| slot(j, c).1)
+                    .fold(f32::NEG_INFINITY, f32::max);
+                let exps: Vec<f32> = (0..slots).map(|j| (slot(j, c).1 - max).exp()).collect();
+                let total: f32 = exps.iter().sum();
+                (0..slots).map(|j| exps[j] / total * slot(j, c).0).sum()
+            })
+            .collect()
+    }
+}
+
+/// The indexer of a compressed sparse layer: its own compressor over
+/// narrower entries, and a multi-head ReLU scorer of them.
+struct EntryIndexer {
+    compressor: Compressor,
+    q_b_proj: Linear,
+    weights_proj: Linear,
+    shape: IndexShape,
+}
+
+pub struct CompressedAttention {
+    q_a: Linear,
+    q_a_norm: RmsNorm,
+    q_b: Linear,
+    kv_proj: Linear,
+    kv_norm: RmsNorm,
+    /// `[groups × o_lora_rank, heads × head_dim / groups]`, one block per group.
+    o_a: Linear,
+    o_b: Linear,
+    sinks: Vec<f32>,
+    compressor: Option<Compressor>,
+    indexer: Option<EntryIndexer>,
+    shape: CompressedShape,
+    rope: Rope,
+    /// Slots of state for the entries and for the indexer's entries.
+    slots: (usize, usize),
+}
+
+impl CompressedAttention {
+    /// Loads the layer's weights under `w`; `rope` is the layer's (plain for
+    /// sliding layers, the compressed branches' otherwise) and `slots` the
+    /// two state slots after the layers' own that compressed layers use.
+    pub fn load(
+        w: &Weights,
+        s: &CompressedShape,
+        kind: LayerKind,
+        index: &IndexShape,
+        rope: &Rope,
+        slots: (usize, usize),
+    ) -> Result<Self, ModelError> {
+        let (h, hd, g) = (s.hidden, s.head_dim, s.o_groups);
+        let (compressor, indexer) = match kind {
+            LayerKind::Sliding => (None, None),
+            LayerKind::Heavy { rate } => (
+                Some(Compressor::load(&w.pp("compressor"), h, hd, rate, false, s.eps)?),
+                None,
+            ),
+            LayerKind::Sparse { rate } => {
+                let cw = w.pp("compressor");
+                let iw = cw.pp("indexer");
+                let indexer = EntryIndexer {
+                    compressor: Compressor::load(&iw, h, index.head_dim, rate, true, s.eps)?,
+                    q_b_proj: Linear::load(
+                        &iw,
+                        "q_b_proj",
+                        s.q_lora_rank,
+                        index.heads * index.head_dim,
+                        false,
+                    )?,
+                    weights_proj: Linear::load(
+                        &iw.pp("scorer"),
+                        "weights_proj",
+                        h,
+                        index.heads,
+                        false,
+                    )?,
+                    shape: *index,
+                };
+                (
+                    Some(Compressor::load(&cw, h, hd, rate, true, s.eps)?),
+                    Some(indexer),
+                )
+            }
+        };
+        Ok(Self {
+            q_a: Linear::load(w, "q_a_proj", h, s.q_lora_rank, false)?,
+            q_a_norm: RmsNorm::load(w, "q_a_norm", s.q_lora_rank, s.eps)?,
+            q_b: Linear::load(w, "q_b_proj", s.q_lora_rank, s.heads * hd, false)?,
+            kv_proj: Linear::load(w, "kv_proj", h, hd, false)?,
+            kv_norm: RmsNorm::load(w, "kv_norm", hd, s.eps)?,
+            o_a: Linear::load(w, "o_a_proj", s.heads * hd / g, g * s.o_lora_rank, false)?,
+            o_b: Linear::load(w, "o_b_proj", g * s.o_lora_rank, h, false)?,
+            sinks: values(&w.get("sinks", &[s.heads])?)?,
+            compressor,
+            indexer,
+            shape: *s,
+            rope: rope.clone(),
+            slots,
+        })
+    }
+
+    /// Values per position of this layer's state slots (its own, then the
+    /// two extra): what a sequence keeps per token.
+    pub fn state_widths(&self) -> usize {
+        let hd = self.shape.head_dim;
+        let main = self.compressor.as_ref().map_or(0, |c| c.raw_width() + hd);
+        let index = self
+            .indexer
+            .as_ref()
+            .map_or(0, |i| i.compressor.raw_width() + i.shape.head_dim);
+        hd + main + index
+    }
+
+    /// Attention of `xs`' `seq` rows after what `cache` holds.
+    pub fn forward(
+        &self,
+        xs: &[f32],
+        seq: usize,
+        layer: usize,
+        cache: &mut SequenceState,
+    ) -> Result<Vec<f32>, ModelError> {
+        let s = &self.shape;
+        let (hd, heads) = (s.head_dim, s.heads);
+        let offset = hd - s.rope_dim;
+        let start = cache.len();
+        // The layer's own rope (plain or the compressed branches'), not the decoder's.
+        let tables = &self.rope.tables(start, seq);
+        let q_res = self.q_a_norm.forward_values(&self.q_a.forward_values(xs, seq)?);
+        let mut q = rms_norm(
+            &self.q_b.forward_values(&q_res, seq)?,
+            &vec![1.0; hd],
+            s.eps as f32,
+        );
+        self.rope.rotate_pairs(&mut q, heads, hd, offset, tables, false)?;
+        let mut kv = self.kv_norm.forward_values(&self.kv_proj.forward_values(xs, seq)?);
+        self.rope.rotate_pairs(&mut kv, 1, hd, offset, tables, false)?;
+        let raw = match &self.compressor {
+            Some(c) => c.project(xs, seq)?,
+            None => Vec::new(),
+        };
+        let raw_width = self.compressor.as_ref().map_or(0, Compressor::raw_width);
+        cache.append(layer, &kv, hd, &raw, raw_width)?;
+        let chosen = self.update_entries(xs, &q_res, seq, layer, cache, tables)?;
+        let keys: Vec<QueryKeys> = (0..seq)
+            .map(|i| {
+                let t = start + i;
+                QueryKeys {
+                    window: (t + 1).saturating_sub(s.sliding_window)..t + 1,
+                    entries: chosen.get(i).cloned().unwrap_or_default(),
+                }
+            })
+            .collect();
+        let (window, _) = cache.rows(layer)?;
+        let (entries, _) = cache.rows(self.slots.0)?;
+        let scale = (hd as f32).powf(-0.5);
+        let mut out = sink_attention(&q, heads, window, entries, &keys, &self.sinks, scale);
+        self.rope.rotate_pairs(&mut out, heads, hd, offset, tables, true)?;
+        self.project_out(&out, seq)
+    }
+
+    /// Pools the entries the new positions close and returns, per query
+    /// row, the entry rows it reads (position rows of the entry slot).
+    fn update_entries(
+        &self,
+        xs: &[f32],
+        q_res: &[f32],
+        seq: usize,
+        layer: usize,
+        cache: &mut SequenceState,
+        tables: &RopeTables,
+    ) -> Result<Vec<Vec<usize>>, ModelError> {
+        let Some(compressor) = &self.compressor else {
+            return Ok(vec![Vec::new(); seq]);
+        };
+        let start = cache.len();
+        let (hd, offset) = (self.shape.head_dim, self.shape.head_dim - self.shape.rope_dim);
+        let entries = {
+            let (_, raw) = cache.rows(layer)?;
+            compressor.entries(raw, start, start + seq, &self.rope, offset)?
+        };
+        let m = compressor.rate;
+        // Entry `w` lives in the row of the position that closed it.
+        let row_of = |w: usize| (w + 1) * m - 1;
+        let Some(indexer) = &self.indexer else {
+            cache.append(self.slots.0, &entries, hd, &[], 0)?;
+            return Ok((0..seq)
+                .map(|i| (0..(start + i + 1) / m).map(row_of).collect())
+                .collect());
+        };
+        let ic = &indexer.compressor;
+        let raw = ic.project(xs, seq)?;
+        cache.append(self.slots.0, &entries, hd, &raw, ic.raw_width())?;
+        let index_entries = {
+            let (_, raw) = cache.rows(self.slots.0)?;
+            let d = ic.dim;
+            ic.entries(raw, start, start + seq, &self.rope, d - self.shape.rope_dim)?
+        };
+        cache.append(self.slots.1, &index_entries, ic.dim, &[], 0)?;
+        let chosen = indexer.choose(q_res, xs, seq, start, cache.rows(self.slots.1)?.0, &self.rope, tables)?;
+        Ok(chosen
+            .into_iter()
+            .map(|ws| ws.into_iter().map(row_of).collect())
+            .collect())
+    }
+
+    /// Inverse-rotated `[seq][heads][head_dim]` through the grouped output
+    /// projection: each group of heads through its own block of `o_a`, then
+    /// all groups through `o_b`.
+    fn project_out(&self, out: &[f32], seq: usize) -> Result<Vec<f32>, ModelError> {
+        let s = &self.shape;
+        let (g, r) = (s.o_groups, s.o_lora_rank);
+        let width = s.heads * s.head_dim / g;
+        let mut low = vec![0f32; seq * g * r];
+        for group in 0..g {
+            let mut part = Vec::with_capacity(seq * width);
+            for row in out.chunks_exact(g * width) {
+                part.extend_from_slice(&row[group * width..(group + 1) * width]);
+            }
+            let block = self.o_a.weight().row_range(group * r, r)?;
+            let y = block.matmul(&part, seq)?;
+            for (i, y) in y.chunks_exact(r).enumerate() {
+                low[(i * g + group) * r..(i * g + group + 1) * r].copy_from_slice(y);
+            }
+        }
+        self.o_b.forward_values(&low, seq)
+    }
+}
+
+impl EntryIndexer {
+    /// Per query row, the entries (window numbers, ascending) it reads: all
+    /// closed ones while they number at most `top_k`, else the `top_k` best
+    /// scored, ties to the lowest.
+    #[allow(clippy::too_many_arguments)]
+    fn choose(
+        &self,
+        q_res: &[f32],
+        xs: &[f32],
+        seq: usize,
+        start: usize,
+        entries: &[f32],
+        rope: &Rope,
+        tables: &RopeTables,
+    ) -> Result<Vec<Vec<usize>>, ModelError> {
+        let IndexShape { heads, head_dim: d, top_k } = self.shape;
+        let m = self.compressor.rate;
+        let rope_offset = d - rope.dim();
+        let mut q = self.q_b_proj.forward_values(q_res, seq)?;
+        rope.rotate_pairs(&mut q, heads, d, rope_offset, tables, false)?;
+        let head_scale = (heads as f32).powf(-0.5);
+        let weights: Vec<f32> = self
+            .weights_proj
+            .forward_values(xs, seq)?
+            .into_iter()
+            .map(|w| w * head_scale)
+            .collect();
+        let scale = (d as f32).powf(-0.5);
+        (0..seq)
+            .map(|i| {
+                let closed = (start + i + 1) / m;
+                if closed <= top_k {
+                    return Ok((0..closed).collect());
+                }
+                let mut keys = Vec::with_capacity(closed * d);
+                for w in 0..closed {
+                    let row = (w + 1) * m - 1;
+                    keys.extend_from_slice(&entries[row * d..(row + 1) * d]);
+                }
+                let scores = index_scores(
+                    &q[i * heads * d..(i + 1) * heads * d],
+                    &weights[i * heads..(i + 1) * heads],
+                    &keys,
+                    d,
+                    scale,
+                );
+                Ok(top_k_lowest_first(&scores, top_k))
+            })
+            .collect()
+    }
+}
