@@ -24,6 +24,7 @@ use serde_json::{Value, json};
 
 use crate::weights::safetensors::{TensorEntry, header_bytes};
 
+mod deepseek_v4;
 mod gpt_oss;
 mod kimi_linear;
 
@@ -35,6 +36,8 @@ const BIAS_CHANNEL: f32 = 4.0;
 /// that `zipf:1` on a 64-expert, top-8 DeepSeek-V3 shape sends 0.40 of lookups
 /// to the most used tenth of experts (ideal Zipf(1) sampling of 8 of 64: 0.44).
 const POPULARITY_STRENGTH: f32 = 1.8;
+/// Consecutive tokens' hashed experts start this many apart.
+const TOKEN_EXPERT_STRIDE: usize = 7;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
@@ -57,6 +60,7 @@ pub enum SynthArch {
     KimiLinear,
     MinimaxM2,
     GlmMoeDsa,
+    DeepseekV4,
 }
 
 impl SynthArch {
@@ -69,8 +73,9 @@ impl SynthArch {
             "kimi_linear" => Ok(Self::KimiLinear),
             "minimax_m2" => Ok(Self::MinimaxM2),
             "glm_moe_dsa" => Ok(Self::GlmMoeDsa),
+            "deepseek_v4" => Ok(Self::DeepseekV4),
             other => Err(SynthError::Invalid(format!(
-                "--arch {other} is not supported; use deepseek_v3, glm_moe_dsa, kimi_linear, qwen3_moe, mixtral, gpt_oss or minimax_m2"
+                "--arch {other} is not supported; use deepseek_v3, deepseek_v4, glm_moe_dsa, kimi_linear, qwen3_moe, mixtral, gpt_oss or minimax_m2"
             ))),
         }
     }
@@ -197,6 +202,11 @@ impl SynthSpec {
         {
             return bad("kimi_linear is released in BF16: use --dtype bf16 or f32");
         }
+        if self.arch == SynthArch::DeepseekV4
+            && !matches!(self.dtype, SynthDtype::Bf16 | SynthDtype::F32)
+        {
+            return bad("deepseek_v4 synthetic checkpoints are BF16 or F32: use --dtype bf16 or f32");
+        }
         let gpt_oss = self.arch == SynthArch::GptOss;
         if self.dtype == SynthDtype::Mxfp4 && !gpt_oss {
             return bad("--dtype mxfp4 is how gpt-oss is released: use it with --arch gpt_oss");
@@ -235,6 +245,8 @@ enum Fill {
     Constant(f32),
     /// These values in order (an INT4 matrix's recorded shape).
     List(Vec<f32>),
+    /// A token's distinct experts (DeepSeek-V4's `tid2eid` rows).
+    TokenExperts { experts: usize },
 }
 
 struct TensorPlan {
@@ -357,6 +369,7 @@ fn value(fill: &Fill, rng: &mut SmallRng, row: usize, col: usize) -> f32 {
         Fill::Zeros => 0.0,
         Fill::Constant(v) => *v,
         Fill::List(values) => values.get(col).copied().unwrap_or(0.0),
+        Fill::TokenExperts { experts } => ((row * TOKEN_EXPERT_STRIDE + col) % experts.max(&1)) as f32,
     }
 }
 
@@ -470,6 +483,7 @@ fn storage_plans(spec: &SynthSpec, plans: Vec<TensorPlan>) -> Vec<(TensorPlan, S
                 out.push((p, Storage::Mxfp4 { scale }));
             }
             Fill::Constant(_) if p.name.ends_with("_scales") => out.push((p, Storage::U8)),
+            Fill::TokenExperts { .. } => out.push((p, Storage::I32)),
             Fill::Uniform(std) if spec.dtype == SynthDtype::Int4 && expert => {
                 // A BF16 scale, so the nibbles and scale are what is stored.
                 let scale = half::bf16::from_f32(std * 3f32.sqrt() / INT4_MAX).to_f32();
@@ -557,6 +571,7 @@ fn plan(s: &SynthSpec) -> Vec<TensorPlan> {
         }
         let a = format!("{p}.self_attn");
         match s.arch {
+            SynthArch::DeepseekV4 => deepseek_v4::layer(s, &p, l, &mut t),
             SynthArch::KimiLinear => kimi_linear::attention(s, &a, l, &mut t),
             SynthArch::DeepseekV3 | SynthArch::GlmMoeDsa => {
                 let qk = mla.nope + mla.rope;
@@ -708,6 +723,9 @@ fn plan(s: &SynthSpec) -> Vec<TensorPlan> {
             );
         }
     }
+    if s.arch == SynthArch::DeepseekV4 {
+        deepseek_v4::head(s, &mut t);
+    }
     t("model.norm.weight".into(), vec![h], Fill::NearOne);
     t("lm_head.weight".into(), vec![s.vocab, h], std(h));
     out
@@ -772,6 +790,7 @@ fn config_json(s: &SynthSpec) -> Value {
                 "norm_topk_prob": true, "routed_scaling_factor": 2.5, "rope_interleave": true,
             })
         }
+        SynthArch::DeepseekV4 => deepseek_v4::config(s),
         SynthArch::GlmMoeDsa => {
             let m = MlaDims::of(s);
             json!({
@@ -905,6 +924,7 @@ mod tests {
         for arch in [
             "deepseek_v3",
             "glm_moe_dsa",
+            "deepseek_v4",
             "qwen3_moe",
             "mixtral",
             "gpt_oss",
@@ -915,6 +935,10 @@ mod tests {
             let mut s = SynthSpec::new(SynthArch::parse(arch).unwrap());
             (s.vocab, s.hidden, s.layers, s.heads, s.kv_heads) = (300, 64, 2, 4, 2);
             (s.experts, s.top_k, s.moe_intermediate, s.dense_intermediate) = (8, 2, 32, 64);
+            if s.arch == SynthArch::DeepseekV4 {
+                // Sliding, sparse and heavily compressed layers.
+                s.layers = 4;
+            }
             let out = tmp.path().join(arch);
             write_synthetic(&s, &out, &|_, _| {}).unwrap();
             let engine = crate::Engine::open(&out).unwrap();

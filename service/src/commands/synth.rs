@@ -12,7 +12,8 @@ use super::size::parse_size;
 
 #[derive(Args)]
 pub struct SynthArgs {
-    /// Architecture: deepseek_v3, glm_moe_dsa (GLM-5's sparse attention),
+    /// Architecture: deepseek_v3, deepseek_v4 (compressed and sparse
+    /// attention, hyper-connections), glm_moe_dsa (GLM-5's sparse attention),
     /// kimi_linear (Kimi K3's kind: mostly linear attention, hundreds of
     /// experts), qwen3_moe, mixtral, gpt_oss or minimax_m2.
     #[arg(long)]
