@@ -47,7 +47,7 @@ impl Dims {
 fn layer_type(l: usize) -> &'static str {
     if l < SLIDING_LAYERS {
         "sliding_attention"
-    } else if l % 2 == 0 {
+    } else if l.is_multiple_of(2) {
         "compressed_sparse_attention"
     } else {
         "heavily_compressed_attention"
