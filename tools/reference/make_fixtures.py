@@ -619,9 +619,95 @@ DEEPSEEK_V4_SPEC = {
     "max_position_embeddings": 64,
     "tie_word_embeddings": False,
 }
+# As DeepSeek releases V4: the original config fields (`compress_ratios`,
+# `num_hash_layers`, `qk_rope_head_dim`, a flat YaRN `rope_scaling`) and
+# tensor names (`embed.weight`, `layers.N.attn.wq_a.weight`, experts one by
+# one as `ffn.experts.E.w1`), which transformers converts on loading.
+DEEPSEEK_V4_RELEASED = {
+    k: v for k, v in DEEPSEEK_V4_SPEC.items()
+    if k not in ("layer_types", "mlp_layer_types", "partial_rotary_factor", "compress_rates", "rope")
+}
+DEEPSEEK_V4_RELEASED.update(
+    compress_ratios=[0, 4, 128, 4],
+    compress_rate_hca=8,
+    num_hash_layers=2,
+    qk_rope_head_dim=8,
+    rope={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+          "beta_fast": 32.0, "beta_slow": 1.0},
+)
 FIXTURES += [
     ("deepseek_v4_recent", DEEPSEEK_V4_SPEC, {"style": "new", "layout": "fused", "dtype": "float32", "shards": 1}),
+    ("deepseek_v4_released", DEEPSEEK_V4_RELEASED,
+     # Seeded apart: the list position's seed ties two scores at the indexer's cut.
+     {"style": "old", "layout": "deepseek_v4_released", "dtype": "bfloat16", "shards": 1, "seed": 102}),
 ]
+
+# transformers' tensor names → DeepSeek's released ones (the inverse of
+# transformers' `deepseek_v4` conversion mapping), within a layer.
+V4_TOP_NAMES = {
+    "model.embed_tokens.weight": "embed.weight",
+    "lm_head.weight": "head.weight",
+    "model.norm.weight": "norm.weight",
+    "model.hc_head.hc_fn": "hc_head_fn",
+    "model.hc_head.hc_base": "hc_head_base",
+    "model.hc_head.hc_scale": "hc_head_scale",
+}
+V4_LAYER_NAMES = [
+    ("input_layernorm.", "attn_norm."),
+    ("post_attention_layernorm.", "ffn_norm."),
+    ("attn_hc.", "hc_attn_"),
+    ("ffn_hc.", "hc_ffn_"),
+    ("self_attn.compressor.indexer.q_b_proj.", "attn.indexer.wq_b."),
+    ("self_attn.compressor.indexer.scorer.weights_proj.", "attn.indexer.weights_proj."),
+    ("self_attn.compressor.indexer.kv_proj.", "attn.indexer.compressor.wkv."),
+    ("self_attn.compressor.indexer.gate_proj.", "attn.indexer.compressor.wgate."),
+    ("self_attn.compressor.indexer.position_bias", "attn.indexer.compressor.ape"),
+    ("self_attn.compressor.indexer.kv_norm.", "attn.indexer.compressor.norm."),
+    ("self_attn.compressor.kv_proj.", "attn.compressor.wkv."),
+    ("self_attn.compressor.gate_proj.", "attn.compressor.wgate."),
+    ("self_attn.compressor.position_bias", "attn.compressor.ape"),
+    ("self_attn.compressor.kv_norm.", "attn.compressor.norm."),
+    ("self_attn.sinks", "attn.attn_sink"),
+    ("self_attn.q_a_proj.", "attn.wq_a."),
+    ("self_attn.q_a_norm.", "attn.q_norm."),
+    ("self_attn.q_b_proj.", "attn.wq_b."),
+    ("self_attn.kv_proj.", "attn.wkv."),
+    ("self_attn.kv_norm.", "attn.kv_norm."),
+    ("self_attn.o_a_proj.", "attn.wo_a."),
+    ("self_attn.o_b_proj.", "attn.wo_b."),
+    ("mlp.gate.e_score_correction_bias", "ffn.gate.bias"),
+    ("mlp.gate.", "ffn.gate."),
+    ("mlp.shared_experts.gate_proj.", "ffn.shared_experts.w1."),
+    ("mlp.shared_experts.up_proj.", "ffn.shared_experts.w3."),
+    ("mlp.shared_experts.down_proj.", "ffn.shared_experts.w2."),
+]
+
+
+def v4_released_name(name: str) -> str:
+    if name in V4_TOP_NAMES:
+        return V4_TOP_NAMES[name]
+    layer, tail = name[len("model.layers."):].split(".", 1)
+    for hf, released in V4_LAYER_NAMES:
+        if tail.startswith(hf):
+            return f"layers.{layer}.{released}{tail[len(hf):]}"
+    raise KeyError(name)
+
+
+def v4_released_tensors(state: dict) -> dict:
+    out = {}
+    for k, v in state.items():
+        if k.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+            layer = k[len("model.layers."):].split(".", 1)[0]
+            for e in range(v.shape[0]):
+                if k.endswith("down_proj"):
+                    out[f"layers.{layer}.ffn.experts.{e}.w2.weight"] = v[e].contiguous()
+                else:
+                    inter = v.shape[1] // 2
+                    out[f"layers.{layer}.ffn.experts.{e}.w1.weight"] = v[e, :inter].contiguous()
+                    out[f"layers.{layer}.ffn.experts.{e}.w3.weight"] = v[e, inter:].contiguous()
+        else:
+            out[v4_released_name(k)] = v
+    return out
 
 EXPERT_NAMES = {
     "deepseek_v4": ("mlp", "gate_proj", "up_proj", "down_proj"),
@@ -695,6 +781,8 @@ def checkpoint_tensors(model, cfg: dict, layout: str) -> dict:
         state.pop("lm_head.weight", None)
     if layout == "fused":
         return state
+    if layout == "deepseek_v4_released":
+        return v4_released_tensors(state)
     block, gate_name, up_name, down_name = EXPERT_NAMES[arch]
     out = {}
     for k, v in state.items():
@@ -1054,7 +1142,7 @@ def main() -> None:
     tok = build_tokenizer()
     for seed, (name, spec, opts) in enumerate(FIXTURES):
         if not only or name in only:
-            make_fixture(root, name, spec, opts, tok, seed + 1)
+            make_fixture(root, name, spec, opts, tok, opts.get("seed", seed + 1))
 
 
 if __name__ == "__main__":

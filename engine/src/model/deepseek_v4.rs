@@ -18,7 +18,7 @@ use super::layers::rope::{Rope, RopeKind, RopeParams};
 use super::layers::router::Scoring;
 use super::layers::Mlp;
 use super::{CommonConfig, ModelError, assemble};
-use crate::weights::{Dtype, Weights, WeightsError};
+use crate::weights::{Dtype, RawTensor, TensorSource, Weights, WeightsError};
 
 /// `DeepseekV4Config`'s defaults for fields a config may omit.
 const DEFAULT_RMS_EPS: f64 = 1e-6;
@@ -393,4 +393,115 @@ pub fn build(
     decoder.hyper_head = Some(HyperHead::load(&w.pp("model.hc_head"), &c.hyper)?);
     decoder.streams = c.hyper.streams;
     Ok(decoder)
+}
+
+/// DeepSeek's own tensor names, as the released files spell them, for the
+/// names transformers (and Longhaul's model code) use: `embed.weight`,
+/// `layers.N.attn.wq_a.weight`, `layers.N.ffn.experts.E.w1.weight`, a
+/// weight's FP8 scale as `….scale`. The inverse of transformers'
+/// conversion mapping for `deepseek_v4`.
+pub struct ReleasedNames<'a> {
+    pub inner: &'a dyn TensorSource,
+}
+
+/// Whether `source` spells its tensors as DeepSeek's release does.
+pub fn has_released_names(source: &dyn TensorSource) -> bool {
+    source.shape("model.embed_tokens.weight").is_none() && source.shape("embed.weight").is_some()
+}
+
+/// Within a layer: transformers' prefix, the release's.
+const LAYER_NAMES: &[(&str, &str)] = &[
+    ("input_layernorm.", "attn_norm."),
+    ("post_attention_layernorm.", "ffn_norm."),
+    ("attn_hc.", "hc_attn_"),
+    ("ffn_hc.", "hc_ffn_"),
+    ("self_attn.compressor.indexer.q_b_proj.", "attn.indexer.wq_b."),
+    ("self_attn.compressor.indexer.scorer.weights_proj.", "attn.indexer.weights_proj."),
+    ("self_attn.compressor.indexer.", "attn.indexer.compressor."),
+    ("self_attn.sinks", "attn.attn_sink"),
+    ("self_attn.", "attn."),
+    ("mlp.gate.e_score_correction_bias", "ffn.gate.bias"),
+    ("mlp.", "ffn."),
+];
+
+/// Module names inside the attention and the experts.
+const MODULE_NAMES: &[(&str, &str)] = &[
+    ("q_a_proj", "wq_a"),
+    ("q_a_norm", "q_norm"),
+    ("q_b_proj", "wq_b"),
+    ("kv_proj", "wkv"),
+    ("gate_proj", "wgate"),
+    ("position_bias", "ape"),
+    ("o_a_proj", "wo_a"),
+    ("o_b_proj", "wo_b"),
+];
+
+const EXPERT_NAMES: &[(&str, &str)] = &[("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")];
+
+/// The released name of transformers' tensor `name`.
+pub fn released_name(name: &str) -> String {
+    let name = match name.strip_suffix(".weight_scale_inv") {
+        Some(weight) => return format!("{}.scale", released_name(&format!("{weight}.weight"))),
+        None => name,
+    };
+    let top = [
+        ("model.embed_tokens.weight", "embed.weight"),
+        ("lm_head.weight", "head.weight"),
+        ("model.norm.weight", "norm.weight"),
+        ("model.hc_head.hc_fn", "hc_head_fn"),
+        ("model.hc_head.hc_base", "hc_head_base"),
+        ("model.hc_head.hc_scale", "hc_head_scale"),
+    ];
+    if let Some((_, released)) = top.iter().find(|(hf, _)| *hf == name) {
+        return released.to_string();
+    }
+    let Some((layer, tail)) = name
+        .strip_prefix("model.layers.")
+        .and_then(|rest| rest.split_once('.'))
+    else {
+        return name.to_string();
+    };
+    let Some((from, to)) = LAYER_NAMES.iter().find(|(hf, _)| tail.starts_with(hf)) else {
+        return name.to_string();
+    };
+    let rest = &tail[from.len()..];
+    let mut parts: Vec<String> = rest.split('.').map(str::to_string).collect();
+    let experts = tail.starts_with("mlp.experts.") || tail.starts_with("mlp.shared_experts.");
+    let table = if experts { EXPERT_NAMES } else { MODULE_NAMES };
+    for part in parts.iter_mut() {
+        if let Some((_, released)) = table.iter().find(|(hf, _)| hf == part) {
+            *part = released.to_string();
+            break;
+        }
+    }
+    // The compressors' norms are `norm`; the attention's stays `kv_norm`.
+    if tail.starts_with("self_attn.compressor.") {
+        parts
+            .iter_mut()
+            .filter(|p| *p == "kv_norm")
+            .for_each(|p| *p = "norm".into());
+    }
+    format!("layers.{layer}.{to}{}", parts.join("."))
+}
+
+impl TensorSource for ReleasedNames<'_> {
+    fn shape(&self, name: &str) -> Option<&[usize]> {
+        self.inner.shape(&released_name(name))
+    }
+
+    fn load(&self, name: &str) -> Result<candle_core::Tensor, WeightsError> {
+        self.inner.load(&released_name(name))
+    }
+
+    fn load_raw(&self, name: &str) -> Result<RawTensor, WeightsError> {
+        self.inner.load_raw(&released_name(name))
+    }
+
+    fn location(&self, name: &str) -> std::path::PathBuf {
+        self.inner.location(&released_name(name))
+    }
+
+    fn origin(&self) -> std::path::PathBuf {
+        self.inner.origin()
+    }
 }

@@ -334,6 +334,14 @@ impl ModelSpec {
         } else {
             source
         };
+        let released = deepseek_v4::ReleasedNames { inner: source };
+        let source: &dyn TensorSource = if matches!(self.architecture, Architecture::DeepseekV4(_))
+            && deepseek_v4::has_released_names(source)
+        {
+            &released
+        } else {
+            source
+        };
         let root = Weights::root(source);
         let w = if self.weight_prefix.is_empty() {
             root

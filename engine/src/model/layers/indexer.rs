@@ -148,3 +148,91 @@ mod tests {
         assert_eq!(top_k_lowest_first(&[-1.0, -0.0, 0.0, 0.5], 2), vec![1, 3]);
     }
 }
+
+#[cfg(test)]
+mod tied {
+    use std::path::{Path, PathBuf};
+
+    use crate::model::{Decoder, LogitsFor, ModelSpec};
+    use crate::weights::{RawTensor, SafetensorsCheckpoint, TensorSource, WeightsError};
+
+    /// GLM-5's `indexer.weights_proj` and DeepSeek-V4's
+    /// `indexer.scorer.weights_proj`.
+    const HEAD_WEIGHTS: &str = "weights_proj.weight";
+
+    /// A checkpoint whose indexers weigh every head by zero: every index
+    /// score is 0, so every choice is decided by the tie-break alone.
+    struct Tied(SafetensorsCheckpoint);
+
+    impl TensorSource for Tied {
+        fn shape(&self, name: &str) -> Option<&[usize]> {
+            self.0.shape(name)
+        }
+
+        fn load(&self, name: &str) -> Result<candle_core::Tensor, WeightsError> {
+            let t = self.0.load(name)?;
+            if name.ends_with(HEAD_WEIGHTS) {
+                return t.zeros_like().map_err(|source| WeightsError::Tensor {
+                    name: name.to_string(),
+                    source,
+                });
+            }
+            Ok(t)
+        }
+
+        fn load_raw(&self, name: &str) -> Result<RawTensor, WeightsError> {
+            let mut raw = self.0.load_raw(name)?;
+            if name.ends_with(HEAD_WEIGHTS) {
+                raw.bytes.fill(0);
+            }
+            Ok(raw)
+        }
+
+        fn location(&self, name: &str) -> PathBuf {
+            self.0.location(name)
+        }
+
+        fn origin(&self) -> PathBuf {
+            self.0.origin()
+        }
+    }
+
+    fn fixture(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name)
+    }
+
+    /// With every score tied, each query with more than `index_topk`
+    /// candidates reads the lowest, and a prompt fed in one pass, in chunks
+    /// or token by token gives bitwise the same logits: GLM-5 choosing
+    /// positions, DeepSeek-V4 choosing compressed entries.
+    #[test]
+    fn tied_index_scores_choose_the_same_positions_in_prefill_and_decode() {
+        for name in ["glm_moe_dsa_recent", "glm_moe_dsa_released", "deepseek_v4_recent"] {
+            let dir = fixture(name);
+            let spec = ModelSpec::read(&dir.join("config.json")).unwrap();
+            let source = Tied(SafetensorsCheckpoint::open(&dir).unwrap());
+            let model = spec.build(&source, None).unwrap();
+            let honest = spec
+                .build(&SafetensorsCheckpoint::open(&dir).unwrap(), None)
+                .unwrap();
+            let ids: Vec<u32> = (0..24).map(|i| (i * 7 % 40 + 3) as u32).collect();
+            let run = |m: &Decoder, chunk: usize| -> Vec<Vec<f32>> {
+                let mut state = m.new_state();
+                let mut rows = Vec::new();
+                for part in ids.chunks(chunk) {
+                    let out = m.forward(part, &mut state, LogitsFor::All).unwrap();
+                    rows.extend(out.to_vec2::<f32>().unwrap());
+                }
+                rows
+            };
+            let whole = run(&model, ids.len());
+            for chunk in [1, 5] {
+                assert!(run(&model, chunk) == whole, "{name}: chunks of {chunk}");
+            }
+            // The tie-break decided something: the untied model reads other positions.
+            assert!(run(&honest, ids.len()) != whole, "{name}: the tie changed nothing");
+        }
+    }
+}
