@@ -26,6 +26,9 @@ fn expert_bytes(fixture: &str) -> u64 {
         // MXFP4 rows of 64 weights (two blocks of 32, each a scale byte and
         // 16 bytes): 128 gate/up rows and 64 down rows.
         "gpt_oss_mxfp4" => (128 + 64) * 2 * (1 + 16),
+        // DeepSeek-V4's FP4 as MXFP4 blocks of 32 (a scale byte and 16
+        // bytes): 64 gate/up rows of 64 weights and 64 down rows of 32.
+        "deepseek_v4_fp8_fp4" => 64 * 2 * (1 + 16) + 64 * (1 + 16),
         // FP8 rows of 64 (gate, up) and 24 (down) weights, each led by a scale.
         "deepseek_v3_fp8" => 48 * (4 + 64) + 64 * (4 + 24),
         // INT4 rows of 64 weights (two groups of 32, each a BF16 scale and
@@ -199,6 +202,7 @@ fn quantised_experts_stream_exactly_as_published() {
         ("deepseek_v3_fp8", "FP8_E4M3_B128"),
         ("kimi_k2_int4", "INT4_G32"),
         ("gpt_oss_mxfp4", "MXFP4"),
+        ("deepseek_v4_fp8_fp4", "MXFP4"),
     ] {
         published_experts_stream_exactly(fixture, dtype);
     }

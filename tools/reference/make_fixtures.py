@@ -25,6 +25,7 @@ import contextlib
 import copy
 import json
 import math
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -635,8 +636,19 @@ DEEPSEEK_V4_RELEASED.update(
     rope={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
           "beta_fast": 32.0, "beta_slow": 1.0},
 )
+# DeepSeek-V4's published formats: FP8 projections with E8M0 (power-of-two)
+# 128x128 block scales, FP4 routed experts with an E8M0 scale per 32.
+V4_FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "scale_fmt": "ue8m0",
+                 "weight_block_size": [128, 128]}
+V4_FP8_LAYERS = ("wq_a", "wq_b", "wkv", "wo_a", "wo_b", "w1", "w2", "w3")
+
 FIXTURES += [
     ("deepseek_v4_recent", DEEPSEEK_V4_SPEC, {"style": "new", "layout": "fused", "dtype": "float32", "shards": 1}),
+    # A hidden size of 64 makes every FP8 block partial; FP4 rows are 2 blocks.
+    # Seeded apart, as the released-names fixture is (other seeds tie at the cut).
+    ("deepseek_v4_fp8_fp4", DEEPSEEK_V4_RELEASED,
+     {"style": "old", "layout": "deepseek_v4_released", "dtype": "bfloat16", "shards": 1, "seed": 202,
+      "v4_quant": True}),
     ("deepseek_v4_released", DEEPSEEK_V4_RELEASED,
      # Seeded apart: the list position's seed ties two scores at the indexer's cut.
      {"style": "old", "layout": "deepseek_v4_released", "dtype": "bfloat16", "shards": 1, "seed": 102}),
@@ -966,10 +978,74 @@ def quantize_mxfp4(model, tensors: dict) -> dict:
     return out
 
 
+def e8m0_scales(amax: torch.Tensor, top: float) -> torch.Tensor:
+    """Powers of two that bring `amax` within `top`: 2^ceil(log2(amax / top))."""
+    return torch.exp2(torch.ceil(torch.log2(amax.clamp(min=1e-30) / top)))
+
+
+def fp8_e8m0_quantize(w: torch.Tensor):
+    """FP8 e4m3 with a power-of-two scale per fixed 128x128 block, as
+    DeepSeek-V4 publishes: returns (fp8, e8m0 scales, dequantised)."""
+    rows, cols = w.shape
+    br, bc = math.ceil(rows / FP8_BLOCK), math.ceil(cols / FP8_BLOCK)
+    amax = torch.zeros(br, bc)
+    for i in range(br):
+        for j in range(bc):
+            amax[i, j] = w[i * FP8_BLOCK : (i + 1) * FP8_BLOCK, j * FP8_BLOCK : (j + 1) * FP8_BLOCK].abs().max()
+    scale = e8m0_scales(amax, FP8_MAX)
+    full = scale.repeat_interleave(FP8_BLOCK, 0)[:rows].repeat_interleave(FP8_BLOCK, 1)[:, :cols]
+    q = (w / full).to(torch.float8_e4m3fn)
+    return q, scale.to(torch.float8_e8m0fnu), q.to(torch.float32) * full
+
+
+def fp4_quantize(w: torch.Tensor):
+    """E2M1 with a power-of-two scale per 32 weights of a row, two values a
+    byte (low nibble first), as DeepSeek-V4 publishes its experts: returns
+    (int8 [rows, cols/2], e8m0 scales [rows, cols/32], dequantised)."""
+    rows, cols = w.shape
+    g = w.reshape(rows, cols // MXFP4_BLOCK, MXFP4_BLOCK)
+    scale = e8m0_scales(g.abs().amax(-1), 6.0)
+    codes = (g.unsqueeze(-1) / scale[..., None, None] - FP4_VALUES).abs().argmin(-1)
+    deq = (FP4_VALUES[codes] * scale[..., None]).reshape(rows, cols)
+    packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8).reshape(rows, cols // 2)
+    return packed.view(torch.int8), scale.to(torch.float8_e8m0fnu), deq
+
+
+def quantize_v4(model, tensors: dict) -> dict:
+    """DeepSeek-V4's released formats over released names, with the exact
+    dequantised values put back into `model`."""
+    params = dict(model.named_parameters())
+    to_hf = {v4_released_name(k): k for k in params if ".mlp.experts." not in k}
+    out = {}
+    for k, v in tensors.items():
+        expert = re.fullmatch(r"layers\.(\d+)\.ffn\.experts\.(\d+)\.(w[123])\.weight", k)
+        if expert:
+            packed, scale, deq = fp4_quantize(v.to(torch.float32))
+            # transformers' own unpacking of the stored bytes must agree.
+            from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+            theirs = Fp8Dequantize(None)._unpack_fp4(packed) * scale.to(torch.float32).repeat_interleave(
+                MXFP4_BLOCK, 1)
+            assert torch.equal(theirs, deq), k
+            out[k], out[k[: -len("weight")] + "scale"] = packed, scale
+            layer, e, w = expert.groups()
+            part = "down_proj" if w == "w2" else "gate_up_proj"
+            fused = params[f"model.layers.{layer}.mlp.experts.{part}"][int(e)]
+            inter = fused.shape[0] // 2
+            {"w1": fused[:inter], "w3": fused[inter:], "w2": fused}[w].copy_(deq)
+        elif k.endswith(".weight") and k.split(".")[-2] in V4_FP8_LAYERS and "compressor" not in k:
+            q, scale, deq = fp8_e8m0_quantize(v.to(torch.float32))
+            out[k], out[k[: -len("weight")] + "scale"] = q, scale
+            params[to_hf[k]].copy_(deq)
+        else:
+            out[k] = v
+    return out
+
+
 def save_checkpoint(tensors: dict, out: Path, dtype: torch.dtype, shards: int, prefix: str = "") -> None:
     def stored(k, v):
         # Quantised weights and their scales are written as published.
-        published = v.dtype in (torch.float8_e4m3fn, torch.int32, torch.int64, torch.uint8) or k.endswith(("_scale_inv", "_scale"))
+        published = v.dtype in (torch.float8_e4m3fn, torch.float8_e8m0fnu, torch.int8, torch.int32, torch.int64,
+                                torch.uint8) or k.endswith(("_scale_inv", "_scale"))
         return v if published else v.to(dtype)
 
     tensors = {prefix + k: stored(k, v).contiguous() for k, v in tensors.items()}
@@ -1078,6 +1154,9 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
     if opts.get("mxfp4"):
         tensors = quantize_mxfp4(model, tensors)
         cfg = dict(cfg, quantization_config=MXFP4_CONFIG)
+    if opts.get("v4_quant"):
+        tensors = quantize_v4(model, tensors)
+        cfg = dict(cfg, quantization_config=V4_FP8_CONFIG, expert_dtype="fp4")
     wrapped = opts.get("wrap")
     if wrapped == "qwen3_5_moe":
         tensors = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v for k, v in tensors.items()}
@@ -1105,7 +1184,7 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
     # INT4 would need compressed-tensors installed to reload; the model above
     # already computes on its dequantised values.
     # MXFP4's loader wants GPU kernels; its dequantisation was run directly above.
-    if not wrapped and not any(opts.get(q) for q in ("fp8", "int4", "mxfp4")):
+    if not wrapped and not any(opts.get(q) for q in ("fp8", "int4", "mxfp4", "v4_quant")):
         # The checkpoint as written must load back in transformers to the same logits.
         reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
         again = reloaded(torch.tensor([ids])).logits[0]

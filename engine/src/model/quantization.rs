@@ -19,7 +19,10 @@ pub const INT4_GROUP_SIZE: u64 = 32;
 /// What this Longhaul reads, for messages.
 /// `fmt` values naming FP8 e4m3.
 const FP8_FORMATS: [&str; 2] = ["e4m3", "float8_e4m3fn"];
-const SUPPORTED: &str = "fp8 (fmt e4m3, weight_block_size [128, 128]), or compressed-tensors \
+/// `expert_dtype` values beside FP8: the experts' own format (FP4 is
+/// DeepSeek-V4's, E2M1 with E8M0 scales per 32).
+const EXPERT_DTYPES: [&str; 2] = ["fp8", "fp4"];
+const SUPPORTED: &str = "fp8 (fmt e4m3, weight_block_size [128, 128], scale_fmt ue8m0, expert_dtype fp8 or fp4), or compressed-tensors \
      (format pack-quantized, weights int 4-bit symmetric in groups of 32, no activation quantisation), \
      or mxfp4 (gpt-oss's `_blocks`/`_scales` experts)";
 
@@ -78,6 +81,19 @@ pub fn parse(raw: &RawConfig) -> Result<Option<Quantization>, ConfigError> {
         && a != "dynamic"
     {
         return Err(unsupported("activation_scheme", a.to_string()));
+    }
+    // Power-of-two scales (DeepSeek-V3.1, V4), stored as floats or as E8M0.
+    if let Some(f) = q.get("scale_fmt").and_then(Value::as_str)
+        && f != "ue8m0"
+    {
+        return Err(unsupported("scale_fmt", f.to_string()));
+    }
+    // DeepSeek-V4 keeps its routed experts in FP4 (beside the config's FP8).
+    let expert_dtype = q.get("expert_dtype").or(raw.get("expert_dtype"));
+    if let Some(d) = expert_dtype.and_then(Value::as_str)
+        && !EXPERT_DTYPES.contains(&d)
+    {
+        return Err(unsupported("expert_dtype", d.to_string()));
     }
     Ok(Some(Quantization::Fp8Blocks))
 }
@@ -159,6 +175,17 @@ mod tests {
             parse_json(json!({ "quantization_config": fp8 })).unwrap(),
             Some(Quantization::Fp8Blocks)
         );
+        // DeepSeek-V4's, with FP4 experts named at the top of the config.
+        let v4 = json!({ "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                         "scale_fmt": "ue8m0", "weight_block_size": [128, 128] });
+        assert_eq!(
+            parse_json(json!({ "quantization_config": v4, "expert_dtype": "fp4" })).unwrap(),
+            Some(Quantization::Fp8Blocks)
+        );
+        let err = parse_json(json!({ "quantization_config": v4, "expert_dtype": "int2" }))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("expert_dtype") && err.contains("int2"), "{err}");
         for (config, names) in [
             (json!({ "quant_method": "gptq", "bits": 4 }), "gptq"),
             (
@@ -173,6 +200,10 @@ mod tests {
             (
                 json!({ "quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "static" }),
                 "static",
+            ),
+            (
+                json!({ "quant_method": "fp8", "weight_block_size": [128, 128], "scale_fmt": "e4m3" }),
+                "scale_fmt",
             ),
         ] {
             let err = parse_json(json!({ "quantization_config": config }))

@@ -3,6 +3,7 @@
 //! All supported families name routed experts the same few ways, so the
 //! split into "streamed" and "resident" needs no architecture knowledge:
 //! per-expert tensors `…layers.L.<block>.experts.E.{gate_proj,up_proj,down_proj,w1,w3,w2}.weight`
+//! (with their scales: `weight_scale_inv`, INT4's parts, DeepSeek-V4's `scale`)
 //! or fused ones `…layers.L.<block>.experts.{gate_up_proj,down_proj}`.
 //! Shared experts (`shared_experts.gate_proj`) have no index and stay resident.
 
@@ -39,7 +40,7 @@ impl ExpertTensors {
         names: impl Iterator<Item = &'a str>,
     ) -> Result<(Self, Vec<String>), regex::Error> {
         let per_expert = Regex::new(
-            r"(?:^|\.)(?:layers|blocks)\.(\d+)\.[A-Za-z_]+\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight(_scale_inv|_packed|_scale|_shape|_zero_point|_g_idx)?$",
+            r"(?:^|\.)(?:layers|blocks)\.(\d+)\.[A-Za-z_]+\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.(?:weight(_scale_inv|_packed|_scale|_shape|_zero_point|_g_idx)?|(scale))$",
         )?;
         let fused = Regex::new(
             r"(?:^|\.)(?:layers|blocks)\.(\d+)\.[A-Za-z_]+\.experts\.(gate_up_proj|down_proj)(_blocks|_scales)?$",
@@ -57,6 +58,10 @@ impl ExpertTensors {
                     "up_proj" | "w3" => Part::Up,
                     _ => Part::Down,
                 };
+                // DeepSeek-V4's released `….w1.scale` travels with its weight.
+                if c.get(5).is_some() {
+                    continue;
+                }
                 let name = match c.get(4).map(|m| m.as_str()) {
                     None => name.to_string(),
                     // An INT4 expert is known by its weight's name; its
@@ -117,6 +122,8 @@ mod tests {
             "model.layers.6.mlp.experts.gate_up_proj_blocks",
             "model.layers.6.mlp.experts.gate_up_proj_scales",
             "model.layers.6.mlp.experts.gate_up_proj_bias",
+            "layers.7.ffn.experts.1.w2.weight",
+            "layers.7.ffn.experts.1.w2.scale",
         ];
         let (experts, resident) = ExpertTensors::classify(names.iter().copied()).unwrap();
         assert_eq!(
@@ -142,6 +149,11 @@ mod tests {
         assert_eq!(
             experts.layers[&5].per_expert[&2][Part::Down as usize].as_deref(),
             Some("model.layers.5.mlp.experts.2.down_proj.weight")
+        );
+        // DeepSeek-V4's released scale travels with its weight.
+        assert_eq!(
+            experts.layers[&7].per_expert[&1][Part::Down as usize].as_deref(),
+            Some("layers.7.ffn.experts.1.w2.weight")
         );
     }
 }

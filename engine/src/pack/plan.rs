@@ -9,7 +9,8 @@ use super::encoding::ExpertEncoding;
 use super::layout::{LayerTensors, Part};
 use crate::kernels::Format;
 use crate::model::{Architecture, ModelSpec, gpt_oss};
-use crate::weights::{Dtype, SafetensorsCheckpoint, Weights, int4, mxfp4, stored_rows};
+use crate::weights::safetensors::UnsupportedDtype;
+use crate::weights::{Dtype, SafetensorsCheckpoint, Weights, fp4, int4, mxfp4, stored_rows};
 
 /// How one layer's experts are read from the checkpoint.
 pub(super) struct LayerPlan<'a> {
@@ -248,6 +249,13 @@ fn matrix_info(
     name: &str,
 ) -> Result<(Vec<usize>, ExpertEncoding), PackError> {
     if let Some((_, info)) = ckpt.info(name) {
+        // DeepSeek-V4's FP4: two values a byte, the logical shape twice as wide.
+        if info.dtype == Dtype::Unsupported(UnsupportedDtype::I8) {
+            let shape = fp4::logical_shape(&info.shape);
+            if fp4::is_packed(ckpt, name, &shape) {
+                return Ok((shape, ExpertEncoding::Published(Format::Mxfp4)));
+            }
+        }
         let encoding = match info.dtype {
             Dtype::F8E4M3 => ExpertEncoding::Published(Format::Fp8Block),
             // A GGUF's blocks; the layer's plan pairs gate/up with down.

@@ -6,7 +6,9 @@
 //! Rows are rearranged for the kernels' [`Format::Fp8Block`]: each row's
 //! 128-wide blocks led by their scale, so the weight stays 1 byte wide.
 
-use super::{TensorSource, WeightsError};
+use super::safetensors::UnsupportedDtype;
+use super::{Dtype, TensorSource, WeightsError};
+use crate::kernels::format::e8m0_to_f32;
 use crate::kernels::{FP8_BLOCK, Format};
 
 /// The scale tensor's shape for `shape` (`[..., rows, cols]`).
@@ -20,14 +22,47 @@ pub fn scale_shape(shape: &[usize]) -> Vec<usize> {
     s
 }
 
+/// The name of quantised `weight`'s scales: `weight_scale_inv` as
+/// transformers names them, or, in DeepSeek-V4's released files, `scale`
+/// beside `weight` (`….wq_a.scale` for `….wq_a.weight`).
+pub fn scale_name(source: &dyn TensorSource, weight: &str) -> String {
+    let hf = format!("{weight}_scale_inv");
+    match weight.strip_suffix(".weight") {
+        Some(stem) if source.shape(&hf).is_none() => {
+            let released = format!("{stem}.scale");
+            if source.shape(&released).is_some() {
+                return released;
+            }
+            hf
+        }
+        _ => hf,
+    }
+}
+
+/// Scales as f32: E8M0 exponents decoded (`2^(b − 127)`), floats as stored.
+pub fn load_scale_values(source: &dyn TensorSource, scale: &str) -> Result<Vec<f32>, WeightsError> {
+    let raw = source.load_raw(scale)?;
+    if raw.dtype == Dtype::Unsupported(UnsupportedDtype::F8E8M0) {
+        return Ok(raw.bytes.iter().map(|&b| e8m0_to_f32(b)).collect());
+    }
+    source
+        .load(scale)?
+        .flatten_all()
+        .and_then(|t| t.to_vec1::<f32>())
+        .map_err(|source| WeightsError::Tensor {
+            name: scale.to_string(),
+            source,
+        })
+}
+
 /// The f32 block scales of FP8 tensor `weight` (of `shape`, `[..., rows,
-/// cols]`): its `_scale_inv`, which must have [`scale_shape`].
+/// cols]`): its scales ([`scale_name`]), which must have [`scale_shape`].
 pub fn load_scales(
     source: &dyn TensorSource,
     weight: &str,
     shape: &[usize],
 ) -> Result<Vec<f32>, WeightsError> {
-    let scale = format!("{weight}_scale_inv");
+    let scale = scale_name(source, weight);
     let path = source.location(weight);
     let Some(actual) = source.shape(&scale) else {
         return Err(WeightsError::MissingScale {
@@ -46,14 +81,7 @@ pub fn load_scales(
             expected,
         });
     }
-    source
-        .load(&scale)?
-        .flatten_all()
-        .and_then(|t| t.to_vec1::<f32>())
-        .map_err(|source| WeightsError::Tensor {
-            name: scale,
-            source,
-        })
+    load_scale_values(source, &scale)
 }
 
 /// One matrix's FP8 bytes (`rows × cols`) and its block scales (row-major

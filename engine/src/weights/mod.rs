@@ -5,6 +5,7 @@
 //! config is reported with the tensor's name and the file it came from.
 
 mod checkpoint;
+pub mod fp4;
 pub mod fp8;
 pub mod gguf;
 pub mod int4;
@@ -206,7 +207,10 @@ impl<'a> Weights<'a> {
     ) -> Result<Vec<Matrix>, WeightsError> {
         let [rows, cols] = [shape[shape.len() - 2], shape[shape.len() - 1]];
         let full = self.full_name(name);
-        if !int4::is_packed(self.source, &full) && !mxfp4::is_blocked(self.source, &full) {
+        if !int4::is_packed(self.source, &full)
+            && !mxfp4::is_blocked(self.source, &full)
+            && !fp4::is_packed(self.source, &full, shape)
+        {
             self.check_shape(name, shape)?;
         }
         let (format, bytes) = stored_rows(self.source, &full, shape, count)?;
@@ -262,6 +266,9 @@ pub fn stored_rows(
     }
     if mxfp4::is_blocked(source, name) {
         return Ok((Format::Mxfp4, mxfp4::load(source, name, shape)?));
+    }
+    if fp4::is_packed(source, name, shape) {
+        return fp4::load(source, name, shape);
     }
     let raw = source.load_raw(name)?;
     if let Dtype::Blocks(format) = raw.dtype {

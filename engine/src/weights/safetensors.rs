@@ -55,6 +55,9 @@ pub enum UnsupportedDtype {
     U64,
     Bool,
     F8E5M2,
+    /// E8M0 exponents (`2^(b − 127)`): the block scales DeepSeek-V4 stores
+    /// beside FP8 and FP4 weights, read only as those scales.
+    F8E8M0,
 }
 
 impl Dtype {
@@ -72,6 +75,8 @@ impl Dtype {
             // read by model code as they are stored, so packs carry them.
             Dtype::Unsupported(UnsupportedDtype::I64) => Some("I64"),
             Dtype::Unsupported(UnsupportedDtype::I32) => Some("I32"),
+            // Block scales of resident FP8 weights.
+            Dtype::Unsupported(UnsupportedDtype::F8E8M0) => Some("F8_E8M0"),
             Dtype::Unsupported(_) => None,
         }
     }
@@ -100,6 +105,7 @@ impl Dtype {
             "BOOL" => Dtype::Unsupported(U::Bool),
             "F8_E4M3" => Dtype::F8E4M3,
             "F8_E5M2" => Dtype::Unsupported(U::F8E5M2),
+            "F8_E8M0" => Dtype::Unsupported(U::F8E8M0),
             _ => return None,
         })
     }
@@ -116,7 +122,7 @@ impl Dtype {
                 U::F64 | U::I64 | U::U64 => 8,
                 U::I32 | U::U32 => 4,
                 U::I16 | U::U16 => 2,
-                U::I8 | U::U8 | U::Bool | U::F8E5M2 => 1,
+                U::I8 | U::U8 | U::Bool | U::F8E5M2 | U::F8E8M0 => 1,
             },
         }
     }
