@@ -30,7 +30,7 @@ fn expert_bytes(fixture: &str) -> u64 {
         // bytes): 64 gate/up rows of 64 weights and 64 down rows of 32.
         "deepseek_v4_fp8_fp4" => 64 * 2 * (1 + 16) + 64 * (1 + 16),
         // FP8 rows of 64 (gate, up) and 24 (down) weights, each led by a scale.
-        "deepseek_v3_fp8" => 48 * (4 + 64) + 64 * (4 + 24),
+        "deepseek_v3_fp8" | "glm_moe_dsa_fp8" => 48 * (4 + 64) + 64 * (4 + 24),
         // INT4 rows of 64 weights (two groups of 32, each a BF16 scale and
         // 16 bytes): 128 gate/up rows and 64 down rows.
         "kimi_k2_int4" => (128 + 64) * 2 * (2 + 16),
@@ -200,6 +200,7 @@ fn logits_are_bitwise_identical_to_the_in_memory_model() {
 fn quantised_experts_stream_exactly_as_published() {
     for (fixture, dtype) in [
         ("deepseek_v3_fp8", "FP8_E4M3_B128"),
+        ("glm_moe_dsa_fp8", "FP8_E4M3_B128"),
         ("kimi_k2_int4", "INT4_G32"),
         ("gpt_oss_mxfp4", "MXFP4"),
         ("deepseek_v4_fp8_fp4", "MXFP4"),

@@ -654,6 +654,17 @@ FIXTURES += [
      {"style": "old", "layout": "deepseek_v4_released", "dtype": "bfloat16", "shards": 1, "seed": 102}),
 ]
 
+# Appended last, so that every earlier fixture keeps its seed.
+FIXTURES += [
+    # GLM-5-FP8's layout: DeepSeek-V3's FP8 with 128x128 block scales; an
+    # intermediate size of 200 makes 1.5-block edges.
+    (
+        "glm_moe_dsa_fp8",
+        dict(GLM_MOE_DSA_SPEC, first_k_dense_replace=1, intermediate_size=200),
+        {"style": "old", "layout": "per_expert", "dtype": "bfloat16", "shards": 1, "fp8": True},
+    ),
+]
+
 # transformers' tensor names → DeepSeek's released ones (the inverse of
 # transformers' `deepseek_v4` conversion mapping), within a layer.
 V4_TOP_NAMES = {
