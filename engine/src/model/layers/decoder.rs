@@ -1,5 +1,7 @@
 //! The decoder stack every supported architecture shares: embed, then per
 //! layer `x += attn(norm(x)); x += ffn(norm(x))`, then norm and LM head.
+//! With hyper-connections (DeepSeek-V4) `x` is several residual streams: each
+//! block reads a weighed collapse of them and its output is spread back.
 
 use std::sync::Arc;
 
