@@ -172,11 +172,12 @@ fn cut_and_resume(
 
 #[test]
 fn a_resumed_generation_ends_as_an_uninterrupted_one() {
-    // An attention-only model, a hybrid whose linear layers' state is
+    // Attention-only models, a hybrid whose linear layers' state is
     // overwritten every token, sparse attention whose indexer keeps keys of
     // its own, and compressed attention whose entries close every few tokens.
     for dir in [
         fixtures()[0].clone(),
+        common::fixtures_dir().join("minimax_m2_released"),
         common::fixtures_dir().join("kimi_linear_released"),
         common::fixtures_dir().join("glm_moe_dsa_released"),
         common::fixtures_dir().join("deepseek_v4_recent"),

@@ -196,16 +196,44 @@ pub struct QueryKeys {
     pub entries: Vec<usize>,
 }
 
+/// Compressed entries as a DeepSeek-V4 layer keeps them: entry `w` spread
+/// over the rows of the window after its own (`rows[(w + 1)·stride..]`),
+/// but for the latest (`last`: its number and values), still being spread.
+#[derive(Debug, Clone, Copy)]
+pub struct EntryRows<'a> {
+    pub rows: &'a [f32],
+    pub stride: usize,
+    pub last: (usize, &'a [f32]),
+}
+
+impl<'a> EntryRows<'a> {
+    /// No entries (a sliding-window layer).
+    pub const NONE: EntryRows<'static> = EntryRows {
+        rows: &[],
+        stride: 0,
+        last: (usize::MAX, &[]),
+    };
+
+    /// Entry `w`'s `d` values.
+    pub fn get(&self, w: usize, d: usize) -> &'a [f32] {
+        if w == self.last.0 {
+            &self.last.1[..d]
+        } else {
+            &self.rows[(w + 1) * self.stride..][..d]
+        }
+    }
+}
+
 /// Multi-query attention with one key/value head whose keys are its values
-/// (DeepSeek-V4): `q` is `[seq][heads][d]`, `window` and `entries` hold rows
-/// of `d`; query `i` reads `keys[i]`, in that order, and each head's
-/// softmax also weighs its sink logit (which adds no value). Output
-/// `[seq][heads][d]`.
+/// (DeepSeek-V4): `q` is `[seq][heads][d]`, `window` holds rows of `d`;
+/// query `i` reads `keys[i]` (window rows, then entries), in that order, and
+/// each head's softmax also weighs its sink logit (which adds no value).
+/// Output `[seq][heads][d]`.
 pub fn sink_attention(
     q: &[f32],
     heads: usize,
     window: &[f32],
-    entries: &[f32],
+    entries: EntryRows<'_>,
     keys: &[QueryKeys],
     sinks: &[f32],
     scale: f32,
@@ -240,7 +268,7 @@ pub fn sink_attention(
 struct SinkRow<'a> {
     q: &'a [f32],
     window: &'a [f32],
-    entries: &'a [f32],
+    entries: EntryRows<'a>,
     keys: &'a QueryKeys,
     sink: f32,
     scale: f32,
@@ -251,7 +279,7 @@ impl SinkRow<'_> {
     fn rows(&self) -> impl Iterator<Item = &[f32]> + '_ {
         let d = self.q.len();
         let window = self.keys.window.clone().map(move |t| &self.window[t * d..(t + 1) * d]);
-        let entries = self.keys.entries.iter().map(move |&e| &self.entries[e * d..(e + 1) * d]);
+        let entries = self.keys.entries.iter().map(move |&e| self.entries.get(e, d));
         window.chain(entries)
     }
 }

@@ -142,15 +142,29 @@ impl Config {
         })
     }
 
-    /// Values one position keeps in the sequence state, over all layers.
+    /// Values one position keeps in the sequence state, over all layers:
+    /// the key/value row and its share of the entries.
     pub fn state_values_per_token(&self) -> usize {
         let (hd, di) = (self.attention.head_dim, self.index.head_dim);
         self.layer_kinds
             .iter()
-            .map(|k| match k {
+            .map(|k| match *k {
                 LayerKind::Sliding => hd,
-                LayerKind::Heavy { .. } => hd + 2 * hd + hd,
-                LayerKind::Sparse { .. } => hd + 4 * hd + hd + 4 * di + di,
+                LayerKind::Heavy { rate } => hd + hd.div_ceil(rate),
+                LayerKind::Sparse { rate } => hd + hd.div_ceil(rate) + di.div_ceil(rate),
+            })
+            .sum()
+    }
+
+    /// Values of the fixed rings of open windows' projections, over all layers.
+    pub fn state_values_fixed(&self) -> usize {
+        let (hd, di) = (self.attention.head_dim, self.index.head_dim);
+        self.layer_kinds
+            .iter()
+            .map(|k| match *k {
+                LayerKind::Sliding => 0,
+                LayerKind::Heavy { rate } => rate * 2 * hd,
+                LayerKind::Sparse { rate } => 2 * rate * (4 * hd + 4 * di),
             })
             .sum()
     }
@@ -356,8 +370,8 @@ pub fn build(
         let lw = w.pp(format_args!("model.layers.{i}"));
         let (rope, extra) = match kind {
             LayerKind::Sliding => (&main_rope, 0),
-            LayerKind::Heavy { .. } => (&compress_rope, 1),
-            LayerKind::Sparse { .. } => (&compress_rope, 2),
+            // Entries, then the ring of open windows' projections.
+            LayerKind::Heavy { .. } | LayerKind::Sparse { .. } => (&compress_rope, 2),
         };
         let attention = CompressedAttention::load(
             &lw.pp("self_attn"),
@@ -503,5 +517,28 @@ impl TensorSource for ReleasedNames<'_> {
 
     fn origin(&self) -> std::path::PathBuf {
         self.inner.origin()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::model::{LogitsFor, load_checkpoint};
+
+    /// What a sequence keeps grows by the per-token figure the memory plan
+    /// uses, and no more: entries take their share of rows, and the open
+    /// windows' projections stay in a ring of fixed size.
+    #[test]
+    fn state_grows_by_the_planned_bytes_per_token() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/deepseek_v4_recent");
+        let (spec, model) = load_checkpoint(&dir).unwrap();
+        let mut state = model.new_state();
+        let ids: Vec<u32> = (0..40).map(|i| (i * 11 % 300 + 5) as u32).collect();
+        model.forward(&ids[..16], &mut state, LogitsFor::Last).unwrap();
+        let before = state.bytes();
+        model.forward(&ids[16..], &mut state, LogitsFor::Last).unwrap();
+        let grown = (state.bytes() - before) as u64;
+        assert_eq!(grown, 24 * spec.state_bytes().per_token);
     }
 }

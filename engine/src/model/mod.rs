@@ -259,10 +259,13 @@ impl ModelSpec {
             Architecture::Qwen3Next(c) => Some((&c.linear, &c.linear_layers)),
             _ => None,
         };
-        let fixed = linear.map_or(0, |(s, layers)| {
-            let count = layers.iter().filter(|l| **l).count();
-            (count * s.state_values()) as u64 * F32 * (1 + state::MAX_CHECKPOINTS as u64)
-        });
+        let fixed_values = match &self.architecture {
+            Architecture::DeepseekV4(c) => c.state_values_fixed(),
+            _ => linear.map_or(0, |(s, layers)| {
+                layers.iter().filter(|l| **l).count() * s.state_values()
+            }),
+        };
+        let fixed = fixed_values as u64 * F32 * (1 + state::MAX_CHECKPOINTS as u64);
         crate::memory::StateBytes {
             per_token: self.kv_bytes_per_token(),
             fixed,

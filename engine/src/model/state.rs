@@ -160,6 +160,14 @@ impl SequenceState {
         }
     }
 
+    /// Slot `slot`'s recurrent state as it is.
+    pub fn recurrent_state(&self, slot: usize) -> Result<&[f32], ModelError> {
+        match self.layers.get(slot) {
+            Some(LayerState::Recurrent { state, .. }) => Ok(state),
+            _ => Err(ModelError::Internal("recurrent state asked of another slot")),
+        }
+    }
+
     /// Layer `layer`'s convolution window (`window_len` values) and
     /// recurrent state (`state_len`), zero before the first position.
     pub fn recurrent(

@@ -9,19 +9,23 @@
 //!   indexer picks, ties at the cut going to the lowest entry.
 //! - Sliding layers read the window alone.
 //!
-//! Every piece of state is kept one row per position, so cutting a sequence
-//! back drops rows and nothing else: the attention slot holds the rotated
-//! key/value row and the raw compressor projections (the pooling of a window
-//! reads them back when the window closes); a second slot holds the entry
-//! a position closed (zero where it closed none) and the indexer's raw
-//! projections; a third the indexer's entries. Entries are pooled when
-//! their window's last token arrives, so a prompt fed in one pass and token
-//! by token computes each the same way.
+//! State: the attention slot keeps each position's rotated key/value row.
+//! An entry is pooled when its window's last token arrives and written over
+//! its window's rows of a second slot, `dim / m` values each, so entries
+//! cost no more than they hold and a sequence cut back drops whole windows'
+//! entries with their rows (an open window's rows hold nothing that is
+//! read). The raw projections a window's pooling reads are kept only while
+//! it is open, in a fixed ring (the last `m`, or `2m` with overlap) — state
+//! that cannot be cut back by dropping rows, so a cut returns to the last
+//! mark and feeds the tokens after it again, as for linear attention.
+//! Together: about 100 KB per token of context at V4-Flash's widths over
+//! its 43 layers, where one row of everything per position took 480 KB
+//! (DeepSeek-V3's MLA keeps 140 KB).
 
 use super::indexer::top_k_lowest_first;
 use super::rope::{Rope, RopeTables};
 use super::{Linear, RmsNorm, values};
-use crate::kernels::ops::{QueryKeys, index_scores, rms_norm, sink_attention};
+use crate::kernels::ops::{EntryRows, QueryKeys, index_scores, rms_norm, sink_attention};
 use crate::model::{ModelError, state::SequenceState};
 use crate::weights::Weights;
 
@@ -113,37 +117,70 @@ impl Compressor {
         Ok(out)
     }
 
-    /// One entry row per position from `start` to `end`: the entry of the
-    /// window a position closes, rotated to the window's first position,
-    /// zeros elsewhere. `raw` holds every position's raw row so far.
-    fn entries(
-        &self,
-        raw: &[f32],
-        start: usize,
-        end: usize,
-        rope: &Rope,
-        rope_offset: usize,
-    ) -> Result<Vec<f32>, ModelError> {
-        let (m, d) = (self.rate, self.dim);
-        let mut out = vec![0f32; (end - start) * d];
-        for t in start..end {
-            if (t + 1) % m != 0 {
-                continue;
-            }
-            let window = (t + 1) / m - 1;
-            let pooled = self.pool(raw, window);
-            let mut entry = self.norm.forward_values(&pooled);
-            let tables = rope.tables(window * m, 1);
-            rope.rotate_pairs(&mut entry, 1, d, rope_offset, &tables, false)?;
-            out[(t - start) * d..(t - start + 1) * d].copy_from_slice(&entry);
-        }
-        Ok(out)
+    /// Rows of raw projections a window's pooling reads: its own tokens, and
+    /// with `overlap` the window's before.
+    fn ring_rows(&self) -> usize {
+        if self.overlap { 2 * self.rate } else { self.rate }
     }
 
-    /// The softmax-weighted sum over window `w`'s slots, per channel.
-    fn pool(&self, raw: &[f32], w: usize) -> Vec<f32> {
+    /// Floats of one entry's share of each position's row in the entry
+    /// slot: an entry is spread over the `rate` rows of its window, so a
+    /// sequence keeps `dim / rate` values a position instead of `dim`.
+    fn piece(&self) -> usize {
+        self.dim.div_ceil(self.rate)
+    }
+
+    /// Floats from one entry to the next in the entry slot.
+    fn stride(&self) -> usize {
+        self.piece() * self.rate
+    }
+
+    /// Floats of this compressor's part of the ring: the open windows' raw
+    /// rows, then the latest entry while its window's successor spreads it.
+    fn ring_len(&self) -> usize {
+        self.ring_rows() * self.raw_width() + self.dim
+    }
+
+    /// Position `t`'s share of the entry the window before its own closed
+    /// (`latest`): entry `w` is spread over window `w + 1`'s rows.
+    fn piece_of(&self, latest: &[f32], t: usize) -> Vec<f32> {
+        let mut piece = vec![0f32; self.piece()];
+        if t >= self.rate {
+            let from = (t % self.rate) * self.piece();
+            let part = latest.get(from..(from + self.piece()).min(self.dim)).unwrap_or(&[]);
+            piece[..part.len()].copy_from_slice(part);
+        }
+        piece
+    }
+
+    /// Writes position `t`'s raw row into the ring; when `t` closes a
+    /// window, returns that window's entry, rotated to its first position.
+    fn push(
+        &self,
+        ring: &mut [f32],
+        t: usize,
+        raw: &[f32],
+        rope: &Rope,
+        rope_offset: usize,
+    ) -> Result<Option<Vec<f32>>, ModelError> {
         let (m, d, rw) = (self.rate, self.dim, self.raw_width());
-        let half = rw / 2;
+        let at = (t % self.ring_rows()) * rw;
+        ring[at..at + rw].copy_from_slice(raw);
+        if !(t + 1).is_multiple_of(m) {
+            return Ok(None);
+        }
+        let window = (t + 1) / m - 1;
+        let mut entry = self.norm.forward_values(&self.pool(ring, window));
+        let tables = rope.tables(window * m, 1);
+        rope.rotate_pairs(&mut entry, 1, d, rope_offset, &tables, false)?;
+        Ok(Some(entry))
+    }
+
+    /// The softmax-weighted sum over window `w`'s slots, per channel, from
+    /// the raw rows in `ring`.
+    fn pool(&self, ring: &[f32], w: usize) -> Vec<f32> {
+        let (m, d, rw) = (self.rate, self.dim, self.raw_width());
+        let (half, rows) = (rw / 2, self.ring_rows());
         let bias_width = half;
         // (value, gate) of slot `j` for channel `c`.
         let slot = |j: usize, c: usize| -> (f32, f32) {
@@ -157,7 +194,8 @@ impl Compressor {
             } else {
                 (w * m + j - m, d + c, j - m)
             };
-            let row = &raw[token * rw..(token + 1) * rw];
+            let at = (token % rows) * rw;
+            let row = &ring[at..at + rw];
             let gate = row[half + lane] + self.position_bias[offset * bias_width + lane];
             (row[lane], gate)
         };
@@ -172,6 +210,50 @@ impl Compressor {
                 (0..slots).map(|j| exps[j] / total * slot(j, c).0).sum()
             })
             .collect()
+    }
+}
+
+/// One compressor's work on a pass: the new positions' raw projections and
+/// the shares of entries they add to the entry slot.
+struct Pending<'c> {
+    compressor: &'c Compressor,
+    raw: Vec<f32>,
+    pieces: Vec<f32>,
+}
+
+impl<'c> Pending<'c> {
+    fn new(compressor: &'c Compressor, xs: &[f32], seq: usize) -> Result<Self, ModelError> {
+        Ok(Self {
+            compressor,
+            raw: compressor.project(xs, seq)?,
+            pieces: Vec::with_capacity(seq * compressor.piece()),
+        })
+    }
+
+    fn ring_len(&self) -> usize {
+        self.compressor.ring_len()
+    }
+
+    /// Feeds the new positions from `start` through `ring` (this
+    /// compressor's part of it), in order: each adds its share of the latest
+    /// entry, then pools the entry its window closes, if it closes one.
+    fn run(
+        &mut self,
+        ring: &mut [f32],
+        start: usize,
+        rope: &Rope,
+        rope_dim: usize,
+    ) -> Result<(), ModelError> {
+        let c = self.compressor;
+        let (rows, latest) = ring.split_at_mut(c.ring_rows() * c.raw_width());
+        for (i, raw) in self.raw.chunks_exact(c.raw_width()).enumerate() {
+            let t = start + i;
+            self.pieces.extend(c.piece_of(latest, t));
+            if let Some(entry) = c.push(rows, t, raw, rope, c.dim - rope_dim)? {
+                latest.copy_from_slice(&entry);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -198,14 +280,16 @@ pub struct CompressedAttention {
     indexer: Option<EntryIndexer>,
     shape: CompressedShape,
     rope: Rope,
-    /// Slots of state for the entries and for the indexer's entries.
+    /// Slots of state: the entries (and the indexer's), then the ring of
+    /// raw projections of the windows still open.
     slots: (usize, usize),
 }
 
 impl CompressedAttention {
     /// Loads the layer's weights under `w`; `rope` is the layer's (plain for
     /// sliding layers, the compressed branches' otherwise) and `slots` the
-    /// two state slots after the layers' own that compressed layers use.
+    /// two state slots after the layers' own that compressed layers use:
+    /// the entries, then the ring of open windows' projections.
     pub fn load(
         w: &Weights,
         s: &CompressedShape,
@@ -265,18 +349,6 @@ impl CompressedAttention {
         })
     }
 
-    /// Values per position of this layer's state slots (its own, then the
-    /// two extra): what a sequence keeps per token.
-    pub fn state_widths(&self) -> usize {
-        let hd = self.shape.head_dim;
-        let main = self.compressor.as_ref().map_or(0, |c| c.raw_width() + hd);
-        let index = self
-            .indexer
-            .as_ref()
-            .map_or(0, |i| i.compressor.raw_width() + i.shape.head_dim);
-        hd + main + index
-    }
-
     /// Attention of `xs`' `seq` rows after what `cache` holds.
     pub fn forward(
         &self,
@@ -300,13 +372,8 @@ impl CompressedAttention {
         self.rope.rotate_pairs(&mut q, heads, hd, offset, tables, false)?;
         let mut kv = self.kv_norm.forward_values(&self.kv_proj.forward_values(xs, seq)?);
         self.rope.rotate_pairs(&mut kv, 1, hd, offset, tables, false)?;
-        let raw = match &self.compressor {
-            Some(c) => c.project(xs, seq)?,
-            None => Vec::new(),
-        };
-        let raw_width = self.compressor.as_ref().map_or(0, Compressor::raw_width);
-        cache.append(layer, &kv, hd, &raw, raw_width)?;
-        let chosen = self.update_entries(xs, &q_res, seq, layer, cache, tables)?;
+        cache.append(layer, &kv, hd, &[], 0)?;
+        let chosen = self.update_entries(xs, &q_res, seq, cache)?;
         let keys: Vec<QueryKeys> = (0..seq)
             .map(|i| {
                 let t = start + i;
@@ -317,56 +384,83 @@ impl CompressedAttention {
             })
             .collect();
         let (window, _) = cache.rows(layer)?;
-        let (entries, _) = cache.rows(self.slots.0)?;
+        let entries = match self.compressor {
+            Some(_) => self.entries(cache, false, start + seq)?,
+            None => EntryRows::NONE,
+        };
         let scale = (hd as f32).powf(-0.5);
         let mut out = sink_attention(&q, heads, window, entries, &keys, &self.sinks, scale);
         self.rope.rotate_pairs(&mut out, heads, hd, offset, tables, true)?;
         self.project_out(&out, seq)
     }
 
-    /// Pools the entries the new positions close and returns, per query
-    /// row, the entry rows it reads (position rows of the entry slot).
+    /// Pools the entries the new positions close (the indexer's too), adds
+    /// each position's share of the entries to the entry slot, and returns
+    /// per query row the entries it reads.
     fn update_entries(
         &self,
         xs: &[f32],
         q_res: &[f32],
         seq: usize,
-        layer: usize,
         cache: &mut SequenceState,
-        tables: &RopeTables,
     ) -> Result<Vec<Vec<usize>>, ModelError> {
-        let Some(compressor) = &self.compressor else {
+        let Some(main) = &self.compressor else {
             return Ok(vec![Vec::new(); seq]);
         };
         let start = cache.len();
-        let (hd, offset) = (self.shape.head_dim, self.shape.head_dim - self.shape.rope_dim);
-        let entries = {
-            let (_, raw) = cache.rows(layer)?;
-            compressor.entries(raw, start, start + seq, &self.rope, offset)?
-        };
-        let m = compressor.rate;
-        // Entry `w` lives in the row of the position that closed it.
-        let row_of = |w: usize| (w + 1) * m - 1;
+        let index = self.indexer.as_ref().map(|i| &i.compressor);
+        let mut streams = vec![Pending::new(main, xs, seq)?];
+        if let Some(ic) = index {
+            streams.push(Pending::new(ic, xs, seq)?);
+        }
+        let ring_len: usize = streams.iter().map(|p| p.ring_len()).sum();
+        {
+            let (_, ring) = cache.recurrent(self.slots.1, 0, ring_len)?;
+            let mut rest = ring;
+            for p in &mut streams {
+                let (mine, others) = rest.split_at_mut(p.ring_len());
+                p.run(mine, start, &self.rope, self.shape.rope_dim)?;
+                rest = others;
+            }
+        }
+        let index_pieces = streams.get(1).map_or(&[][..], |p| &p.pieces);
+        let index_piece = index.map_or(0, Compressor::piece);
+        cache.append(self.slots.0, &streams[0].pieces, main.piece(), index_pieces, index_piece)?;
         let Some(indexer) = &self.indexer else {
-            cache.append(self.slots.0, &entries, hd, &[], 0)?;
-            return Ok((0..seq)
-                .map(|i| (0..(start + i + 1) / m).map(row_of).collect())
-                .collect());
+            return Ok((0..seq).map(|i| (0..(start + i + 1) / main.rate).collect()).collect());
         };
-        let ic = &indexer.compressor;
-        let raw = ic.project(xs, seq)?;
-        cache.append(self.slots.0, &entries, hd, &raw, ic.raw_width())?;
-        let index_entries = {
-            let (_, raw) = cache.rows(self.slots.0)?;
-            let d = ic.dim;
-            ic.entries(raw, start, start + seq, &self.rope, d - self.shape.rope_dim)?
+        let tables = self.rope.tables(start, seq);
+        let index_entries = self.entries(cache, true, start + seq)?;
+        indexer.choose(q_res, xs, seq, start, &index_entries, &self.rope, &tables)
+    }
+
+    /// Where this layer's entries are now (the indexer's with `index`): the
+    /// entry slot, and the latest entry, not yet spread, in the ring.
+    fn entries<'s>(
+        &self,
+        cache: &'s SequenceState,
+        index: bool,
+        end: usize,
+    ) -> Result<EntryRows<'s>, ModelError> {
+        let compressor = match (index, &self.compressor, &self.indexer) {
+            (false, Some(c), _) => c,
+            (true, _, Some(i)) => &i.compressor,
+            _ => return Err(ModelError::Internal("entries of a layer without them")),
         };
-        cache.append(self.slots.1, &index_entries, ic.dim, &[], 0)?;
-        let chosen = indexer.choose(q_res, xs, seq, start, cache.rows(self.slots.1)?.0, &self.rope, tables)?;
-        Ok(chosen
-            .into_iter()
-            .map(|ws| ws.into_iter().map(row_of).collect())
-            .collect())
+        let (main, index_rows) = cache.rows(self.slots.0)?;
+        let ring = cache.recurrent_state(self.slots.1)?;
+        let main_ring = self.compressor.as_ref().map_or(0, Compressor::ring_len);
+        let at = if index {
+            main_ring + compressor.ring_rows() * compressor.raw_width()
+        } else {
+            compressor.ring_rows() * compressor.raw_width()
+        };
+        let closed = end / compressor.rate;
+        Ok(EntryRows {
+            rows: if index { index_rows } else { main },
+            stride: compressor.stride(),
+            last: (closed.wrapping_sub(1), &ring[at..at + compressor.dim]),
+        })
     }
 
     /// Inverse-rotated `[seq][heads][head_dim]` through the grouped output
@@ -403,7 +497,7 @@ impl EntryIndexer {
         xs: &[f32],
         seq: usize,
         start: usize,
-        entries: &[f32],
+        entries: &EntryRows<'_>,
         rope: &Rope,
         tables: &RopeTables,
     ) -> Result<Vec<Vec<usize>>, ModelError> {
@@ -428,8 +522,7 @@ impl EntryIndexer {
                 }
                 let mut keys = Vec::with_capacity(closed * d);
                 for w in 0..closed {
-                    let row = (w + 1) * m - 1;
-                    keys.extend_from_slice(&entries[row * d..(row + 1) * d]);
+                    keys.extend_from_slice(entries.get(w, d));
                 }
                 let scores = index_scores(
                     &q[i * heads * d..(i + 1) * heads * d],
