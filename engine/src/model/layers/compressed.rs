@@ -10,16 +10,16 @@
 //! - Sliding layers read the window alone.
 //!
 //! State: the attention slot keeps each position's rotated key/value row.
-//! An entry is pooled when its window's last token arrives and written over
-//! its window's rows of a second slot, `dim / m` values each, so entries
-//! cost no more than they hold and a sequence cut back drops whole windows'
-//! entries with their rows (an open window's rows hold nothing that is
-//! read). The raw projections a window's pooling reads are kept only while
-//! it is open, in a fixed ring (the last `m`, or `2m` with overlap) — state
-//! that cannot be cut back by dropping rows, so a cut returns to the last
-//! mark and feeds the tokens after it again, as for linear attention.
-//! Together: about 100 KB per token of context at V4-Flash's widths over
-//! its 43 layers, where one row of everything per position took 480 KB
+//! An entry is pooled when its window's last token arrives; the positions
+//! of the next window each add `dim / m` of its values to a second slot, so
+//! entries cost no more than they hold and every slot only appends (saved
+//! state is the rows from a position on). The raw projections a window's
+//! pooling reads, and the latest entry while it is being spread, are kept
+//! in a fixed ring (the last `m` rows, or `2m` with overlap) — state that
+//! cannot be cut back by dropping rows, so a cut returns to the last mark
+//! and feeds the tokens after it again, as for linear attention. Together:
+//! about 100 KB per token of context at V4-Flash's widths over its 43
+//! layers, where a row of everything per position would take 480 KB
 //! (DeepSeek-V3's MLA keeps 140 KB).
 
 use super::indexer::top_k_lowest_first;
