@@ -22,7 +22,7 @@ fn expert_bytes(fixture: &str) -> u64 {
         "qwen3_next_released" | "qwen3_5_moe_wrapped" => 3 * 64 * 16 * 4,
         "minimax_m2_released" => 3 * 64 * 32 * 4,
         "glm_moe_dsa_released" => 3 * 64 * 24 * 4,
-        "deepseek_v4_recent" | "deepseek_v4_released" => 3 * 64 * 32 * 4,
+        "deepseek_v4_recent" | "deepseek_v4_released" | "deepseek_v4_saved" => 3 * 64 * 32 * 4,
         // MXFP4 rows of 64 weights (two blocks of 32, each a scale byte and
         // 16 bytes): 128 gate/up rows and 64 down rows.
         "gpt_oss_mxfp4" => (128 + 64) * 2 * (1 + 16),
@@ -164,6 +164,7 @@ fn logits_are_bitwise_identical_to_the_in_memory_model() {
         "glm_moe_dsa_released",
         "deepseek_v4_recent",
         "deepseek_v4_released",
+        "deepseek_v4_saved",
     ] {
         let dir = common::fixtures_dir().join(fixture);
         let exp = common::expected(&dir);

@@ -27,6 +27,7 @@ import json
 import math
 import re
 import shutil
+import tempfile
 import sys
 from pathlib import Path
 
@@ -656,6 +657,10 @@ FIXTURES += [
 
 # Appended last, so that every earlier fixture keeps its seed.
 FIXTURES += [
+    # DeepSeek-V4 as transformers' `save_pretrained` writes it back: released
+    # names under `model.`, the attention's `kv_norm` as `attn.norm`.
+    ("deepseek_v4_saved", DEEPSEEK_V4_SPEC,
+     {"style": "new", "layout": "fused", "dtype": "float32", "shards": 1, "save_pretrained": True, "seed": 202}),
     # GLM-5-FP8's layout: DeepSeek-V3's FP8 with 128x128 block scales; an
     # intermediate size of 200 makes 1.5-block edges.
     (
@@ -1171,7 +1176,13 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
     wrapped = opts.get("wrap")
     if wrapped == "qwen3_5_moe":
         tensors = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v for k, v in tensors.items()}
-    save_checkpoint(tensors, out, dtype, opts["shards"], "language_model." if wrapped == "kimi_k25" else "")
+    if opts.get("save_pretrained"):
+        # transformers' own writer; only its weights file is kept.
+        with tempfile.TemporaryDirectory() as saved:
+            model.save_pretrained(saved)
+            shutil.copy(Path(saved) / "model.safetensors", out / "model.safetensors")
+    else:
+        save_checkpoint(tensors, out, dtype, opts["shards"], "language_model." if wrapped == "kimi_k25" else "")
 
     ids = tok.encode(TEACHER_TEXT).ids
     sparse = cfg["model_type"] in ("glm_moe_dsa", "deepseek_v4")

@@ -418,9 +418,13 @@ pub struct ReleasedNames<'a> {
     pub inner: &'a dyn TensorSource,
 }
 
-/// Whether `source` spells its tensors as DeepSeek's release does.
+/// Whether `source` spells its layers' tensors as DeepSeek's release does:
+/// as released (`layers.0.attn_norm.weight`), or as transformers'
+/// `save_pretrained` writes them back (`model.layers.0.attn_norm.weight`).
 pub fn has_released_names(source: &dyn TensorSource) -> bool {
-    source.shape("model.embed_tokens.weight").is_none() && source.shape("embed.weight").is_some()
+    source.shape("model.layers.0.input_layernorm.weight").is_none()
+        && (source.shape("layers.0.attn_norm.weight").is_some()
+            || source.shape("model.layers.0.attn_norm.weight").is_some())
 }
 
 /// Within a layer: transformers' prefix, the release's.
@@ -498,21 +502,42 @@ pub fn released_name(name: &str) -> String {
     format!("layers.{layer}.{to}{}", parts.join("."))
 }
 
+impl ReleasedNames<'_> {
+    /// The name `name` is stored under: the released one; as transformers'
+    /// `save_pretrained` writes it (the released name under `model.`, the
+    /// attention's `kv_norm` as `norm`, but the embedding, final norm and
+    /// `hc_head` under their own names); or `name` itself.
+    fn stored(&self, name: &str) -> String {
+        let released = released_name(name);
+        let mut candidates = vec![released.clone()];
+        if released.starts_with("layers.") {
+            let saved = format!("model.{released}");
+            candidates.push(saved.replace(".attn.kv_norm.", ".attn.norm."));
+            candidates.push(saved);
+        }
+        candidates.push(name.to_string());
+        candidates
+            .into_iter()
+            .find(|c| self.inner.shape(c).is_some())
+            .unwrap_or(released)
+    }
+}
+
 impl TensorSource for ReleasedNames<'_> {
     fn shape(&self, name: &str) -> Option<&[usize]> {
-        self.inner.shape(&released_name(name))
+        self.inner.shape(&self.stored(name))
     }
 
     fn load(&self, name: &str) -> Result<candle_core::Tensor, WeightsError> {
-        self.inner.load(&released_name(name))
+        self.inner.load(&self.stored(name))
     }
 
     fn load_raw(&self, name: &str) -> Result<RawTensor, WeightsError> {
-        self.inner.load_raw(&released_name(name))
+        self.inner.load_raw(&self.stored(name))
     }
 
     fn location(&self, name: &str) -> std::path::PathBuf {
-        self.inner.location(&released_name(name))
+        self.inner.location(&self.stored(name))
     }
 
     fn origin(&self) -> std::path::PathBuf {
