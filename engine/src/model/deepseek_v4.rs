@@ -18,7 +18,7 @@ use super::layers::rope::{Rope, RopeKind, RopeParams};
 use super::layers::router::Scoring;
 use super::layers::Mlp;
 use super::{CommonConfig, ModelError, assemble};
-use crate::weights::{Dtype, RawTensor, TensorSource, Weights, WeightsError};
+use crate::weights::{RawTensor, TensorSource, Weights, WeightsError};
 
 /// `DeepseekV4Config`'s defaults for fields a config may omit.
 const DEFAULT_RMS_EPS: f64 = 1e-6;
@@ -288,43 +288,19 @@ fn hash_layers(raw: &RawConfig, layers: usize) -> Result<Vec<bool>, ConfigError>
 /// `tid2eid` under `w`: `[vocab][top_k]` expert ids, stored as integers.
 fn routing_table(w: &Weights, c: &Config) -> Result<Vec<u32>, ModelError> {
     let name = "tid2eid";
-    let full = w.full_name(name);
-    let source = w.source();
-    let want = [c.common.vocab_size, c.top_k];
-    let bad = |reason: String| WeightsError::InvalidFile {
-        path: source.location(&full),
-        reason: format!("tensor `{full}`: {reason}"),
-    };
-    match source.shape(&full) {
-        Some(shape) if shape == want => {}
-        Some(shape) => return Err(bad(format!("shape {shape:?}, expected {want:?}")).into()),
-        None => {
-            return Err(WeightsError::Missing {
-                name: full.clone(),
-                dir: source.origin(),
+    w.integers(name, &[c.common.vocab_size, c.top_k])?
+        .into_iter()
+        .map(|id| match u32::try_from(id) {
+            Ok(e) if (e as usize) < c.experts => Ok(e),
+            _ => Err(WeightsError::InvalidFile {
+                path: w.source().location(&w.full_name(name)),
+                reason: format!(
+                    "tensor `{}`: expert id {id} outside 0..{}",
+                    w.full_name(name),
+                    c.experts
+                ),
             }
-            .into());
-        }
-    }
-    let raw = source.load_raw(&full)?;
-    let width = match raw.dtype {
-        Dtype::Unsupported(crate::weights::safetensors::UnsupportedDtype::I64) => 8,
-        Dtype::Unsupported(crate::weights::safetensors::UnsupportedDtype::I32) => 4,
-        other => return Err(bad(format!("stored as {other:?}, expected integers")).into()),
-    };
-    if raw.bytes.len() != want[0] * want[1] * width {
-        return Err(bad("byte length does not match its shape".into()).into());
-    }
-    raw.bytes
-        .chunks_exact(width)
-        .map(|b| {
-            let mut word = [0u8; 8];
-            word[..width].copy_from_slice(b);
-            let id = i64::from_le_bytes(word);
-            match u32::try_from(id) {
-                Ok(e) if (e as usize) < c.experts => Ok(e),
-                _ => Err(bad(format!("expert id {id} outside 0..{}", c.experts)).into()),
-            }
+            .into()),
         })
         .collect()
 }

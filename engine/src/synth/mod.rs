@@ -778,32 +778,18 @@ fn config_json(s: &SynthSpec) -> Value {
     });
     let specific = match s.arch {
         SynthArch::KimiLinear => kimi_linear::config(s),
-        SynthArch::DeepseekV3 => {
-            let m = MlaDims::of(s);
-            json!({
-                "model_type": "deepseek_v3",
-                "q_lora_rank": m.q_lora, "kv_lora_rank": m.kv_lora,
-                "qk_nope_head_dim": m.nope, "qk_rope_head_dim": m.rope, "v_head_dim": m.v,
-                "intermediate_size": s.dense_intermediate, "moe_intermediate_size": s.moe_intermediate,
-                "n_routed_experts": s.experts, "n_shared_experts": 1,
-                "n_group": 8, "topk_group": 4, "first_k_dense_replace": 1,
-                "norm_topk_prob": true, "routed_scaling_factor": 2.5, "rope_interleave": true,
-            })
-        }
+        SynthArch::DeepseekV3 => extended(
+            mla_config(s, "deepseek_v3", (8, 4)),
+            json!({ "rope_interleave": true }),
+        ),
         SynthArch::DeepseekV4 => deepseek_v4::config(s),
         SynthArch::GlmMoeDsa => {
             let m = MlaDims::of(s);
-            json!({
-                "model_type": "glm_moe_dsa",
-                "q_lora_rank": m.q_lora, "kv_lora_rank": m.kv_lora,
-                "qk_nope_head_dim": m.nope, "qk_rope_head_dim": m.rope, "v_head_dim": m.v,
-                "intermediate_size": s.dense_intermediate, "moe_intermediate_size": s.moe_intermediate,
-                "n_routed_experts": s.experts, "n_shared_experts": 1,
-                "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
-                "norm_topk_prob": true, "routed_scaling_factor": 2.5,
+            let index = json!({
                 "index_topk": SYNTH_INDEX_TOPK, "index_head_dim": m.index_dim,
                 "index_n_heads": m.index_heads,
-            })
+            });
+            extended(mla_config(s, "glm_moe_dsa", (1, 1)), index)
         }
         SynthArch::Qwen3Moe => json!({
             "model_type": "qwen3_moe",
@@ -857,10 +843,30 @@ fn config_json(s: &SynthSpec) -> Value {
     if let (Some(q), Some(m)) = (quantization, merged.as_object_mut()) {
         m.insert("quantization_config".into(), q);
     }
-    if let (Some(m), Value::Object(extra)) = (merged.as_object_mut(), specific) {
+    extended(merged, specific)
+}
+
+/// `base` with `extra`'s fields added (replacing any of the same name).
+fn extended(mut base: Value, extra: Value) -> Value {
+    if let (Some(m), Value::Object(extra)) = (base.as_object_mut(), extra) {
         m.extend(extra);
     }
-    merged
+    base
+}
+
+/// The fields DeepSeek-V3 and GLM-5 share: MLA sizes, the MoE, and
+/// `(n_group, topk_group)` of its group-limited routing.
+fn mla_config(s: &SynthSpec, model_type: &str, (n_group, topk_group): (usize, usize)) -> Value {
+    let m = MlaDims::of(s);
+    json!({
+        "model_type": model_type,
+        "q_lora_rank": m.q_lora, "kv_lora_rank": m.kv_lora,
+        "qk_nope_head_dim": m.nope, "qk_rope_head_dim": m.rope, "v_head_dim": m.v,
+        "intermediate_size": s.dense_intermediate, "moe_intermediate_size": s.moe_intermediate,
+        "n_routed_experts": s.experts, "n_shared_experts": 1,
+        "n_group": n_group, "topk_group": topk_group, "first_k_dense_replace": 1,
+        "norm_topk_prob": true, "routed_scaling_factor": 2.5,
+    })
 }
 
 /// A plain chat template, so conversations can be sent to synthetic models.

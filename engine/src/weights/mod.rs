@@ -22,6 +22,7 @@ pub use checkpoint::SafetensorsCheckpoint;
 
 use crate::kernels::{Format, Matrix};
 pub use safetensors::{BLOCK_FORMATS, Dtype, RowOrder, SafetensorsFile, TensorInfo};
+use safetensors::UnsupportedDtype;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
@@ -180,6 +181,34 @@ impl<'a> Weights<'a> {
     pub fn get(&self, name: &str, expected: &[usize]) -> Result<Tensor, WeightsError> {
         let full = self.check_shape(name, expected)?;
         self.source.load(&full)
+    }
+
+    /// Loads integer tensor `name` (`I64` or `I32`, of shape `expected`):
+    /// tables such as DeepSeek-V4's token-to-expert routing.
+    pub fn integers(&self, name: &str, expected: &[usize]) -> Result<Vec<i64>, WeightsError> {
+        let full = self.check_shape(name, expected)?;
+        let raw = self.source.load_raw(&full)?;
+        let bad = |reason: String| WeightsError::InvalidFile {
+            path: self.source.location(&full),
+            reason: format!("tensor `{full}`: {reason}"),
+        };
+        let values: Vec<i64> = match raw.dtype {
+            Dtype::Unsupported(UnsupportedDtype::I64) => raw
+                .bytes
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+                .collect(),
+            Dtype::Unsupported(UnsupportedDtype::I32) => raw
+                .bytes
+                .chunks_exact(4)
+                .map(|b| i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+                .collect(),
+            other => return Err(bad(format!("stored as {other:?}, expected integers"))),
+        };
+        if values.len() != expected.iter().product::<usize>() {
+            return Err(bad("byte length does not match its shape".into()));
+        }
+        Ok(values)
     }
 
     /// Loads `name` (shape `[rows, cols]`) at its stored width.

@@ -22,10 +22,12 @@
 //! layers, where a row of everything per position would take 480 KB
 //! (DeepSeek-V3's MLA keeps 140 KB).
 
-use super::indexer::top_k_lowest_first;
+use std::borrow::Cow;
+
+use super::indexer::{choose, head_weights};
 use super::rope::{Rope, RopeTables};
 use super::{Linear, RmsNorm, values};
-use crate::kernels::ops::{EntryRows, QueryKeys, index_scores, rms_norm, sink_attention};
+use crate::kernels::ops::{EntryRows, QueryKeys, rms_norm, sink_attention};
 use crate::model::{ModelError, state::SequenceState};
 use crate::weights::Weights;
 
@@ -373,7 +375,7 @@ impl CompressedAttention {
         let mut kv = self.kv_norm.forward_values(&self.kv_proj.forward_values(xs, seq)?);
         self.rope.rotate_pairs(&mut kv, 1, hd, offset, tables, false)?;
         cache.append(layer, &kv, hd, &[], 0)?;
-        let chosen = self.update_entries(xs, &q_res, seq, cache)?;
+        let chosen = self.update_entries(xs, &q_res, seq, cache, tables)?;
         let keys: Vec<QueryKeys> = (0..seq)
             .map(|i| {
                 let t = start + i;
@@ -403,6 +405,7 @@ impl CompressedAttention {
         q_res: &[f32],
         seq: usize,
         cache: &mut SequenceState,
+        tables: &RopeTables,
     ) -> Result<Vec<Vec<usize>>, ModelError> {
         let Some(main) = &self.compressor else {
             return Ok(vec![Vec::new(); seq]);
@@ -429,9 +432,8 @@ impl CompressedAttention {
         let Some(indexer) = &self.indexer else {
             return Ok((0..seq).map(|i| (0..(start + i + 1) / main.rate).collect()).collect());
         };
-        let tables = self.rope.tables(start, seq);
         let index_entries = self.entries(cache, true, start + seq)?;
-        indexer.choose(q_res, xs, seq, start, &index_entries, &self.rope, &tables)
+        indexer.select(q_res, xs, seq, start, &index_entries, &self.rope, tables)
     }
 
     /// Where this layer's entries are now (the indexer's with `index`): the
@@ -491,7 +493,7 @@ impl EntryIndexer {
     /// closed ones while they number at most `top_k`, else the `top_k` best
     /// scored, ties to the lowest.
     #[allow(clippy::too_many_arguments)]
-    fn choose(
+    fn select(
         &self,
         q_res: &[f32],
         xs: &[f32],
@@ -506,33 +508,11 @@ impl EntryIndexer {
         let rope_offset = d - rope.dim();
         let mut q = self.q_b_proj.forward_values(q_res, seq)?;
         rope.rotate_pairs(&mut q, heads, d, rope_offset, tables, false)?;
-        let head_scale = (heads as f32).powf(-0.5);
-        let weights: Vec<f32> = self
-            .weights_proj
-            .forward_values(xs, seq)?
-            .into_iter()
-            .map(|w| w * head_scale)
-            .collect();
-        let scale = (d as f32).powf(-0.5);
-        (0..seq)
-            .map(|i| {
-                let closed = (start + i + 1) / m;
-                if closed <= top_k {
-                    return Ok((0..closed).collect());
-                }
-                let mut keys = Vec::with_capacity(closed * d);
-                for w in 0..closed {
-                    keys.extend_from_slice(entries.get(w, d));
-                }
-                let scores = index_scores(
-                    &q[i * heads * d..(i + 1) * heads * d],
-                    &weights[i * heads..(i + 1) * heads],
-                    &keys,
-                    d,
-                    scale,
-                );
-                Ok(top_k_lowest_first(&scores, top_k))
-            })
-            .collect()
+        let weights = head_weights(&self.weights_proj, xs, seq, heads)?;
+        let closed = (0..seq).map(|i| (start + i + 1) / m);
+        let gathered = |n: usize| -> Cow<'_, [f32]> {
+            Cow::Owned((0..n).flat_map(|w| entries.get(w, d)).copied().collect())
+        };
+        Ok(choose(&q, &weights, (heads, d, top_k), closed, gathered))
     }
 }

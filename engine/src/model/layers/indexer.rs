@@ -16,6 +16,8 @@
 
 use super::rope::{Rope, RopeTables};
 use super::{Linear, values};
+use std::borrow::Cow;
+
 use super::LayerNorm;
 use crate::kernels::ops::index_scores;
 use crate::model::{ModelError, state::SequenceState};
@@ -92,32 +94,57 @@ impl Indexer {
         self.rope.rotate(&mut q, heads, d, 0, tables)?;
         let mut k = self.k_norm.forward_values(&self.wk.forward_values(xs, seq)?);
         self.rope.rotate(&mut k, 1, d, 0, tables)?;
-        let head_scale = (heads as f32).powf(-0.5);
-        let weights: Vec<f32> = self
-            .weights_proj
-            .forward_values(xs, seq)?
-            .into_iter()
-            .map(|w| w * head_scale)
-            .collect();
+        let weights = head_weights(&self.weights_proj, xs, seq, heads)?;
         let (keys, _) = cache.append(self.slot, &k, d, &[], 0)?;
-        let softmax_scale = (d as f32).powf(-0.5);
-        (0..seq)
-            .map(|i| {
-                let visible = start + i + 1;
-                if visible <= s.top_k {
-                    return Ok((0..visible).collect());
-                }
-                let scores = index_scores(
-                    &q[i * heads * d..(i + 1) * heads * d],
-                    &weights[i * heads..(i + 1) * heads],
-                    &keys[..visible * d],
-                    d,
-                    softmax_scale,
-                );
-                Ok(top_k_lowest_first(&scores, s.top_k))
-            })
-            .collect()
+        let visible = (0..seq).map(|i| start + i + 1);
+        let shape = (heads, d, s.top_k);
+        Ok(choose(&q, &weights, shape, visible, |n| Cow::Borrowed(&keys[..n * d])))
     }
+}
+
+/// The indexer's weight of each head for the `seq` rows of `xs`:
+/// `weights_proj(x) / √heads`.
+pub fn head_weights(
+    weights_proj: &Linear,
+    xs: &[f32],
+    seq: usize,
+    heads: usize,
+) -> Result<Vec<f32>, ModelError> {
+    let scale = (heads as f32).powf(-0.5);
+    let mut weights = weights_proj.forward_values(xs, seq)?;
+    weights.iter_mut().for_each(|w| *w *= scale);
+    Ok(weights)
+}
+
+/// What each query row reads among its candidates (`candidates` gives
+/// their number per row; `keys(n)` the first `n` keys, `[n][dim]`): all of
+/// them while they number at most `top_k`, else the `top_k` with the best
+/// `Σ_h w_h · relu(q_h·k / √dim)`, ties to the lowest ([`top_k_lowest_first`]).
+/// `q` is `[rows][heads][dim]`, `weights` `[rows][heads]`.
+pub fn choose<'k>(
+    q: &[f32],
+    weights: &[f32],
+    (heads, dim, top_k): (usize, usize, usize),
+    candidates: impl Iterator<Item = usize>,
+    keys: impl Fn(usize) -> Cow<'k, [f32]>,
+) -> Selection {
+    let scale = (dim as f32).powf(-0.5);
+    candidates
+        .enumerate()
+        .map(|(i, n)| {
+            if n <= top_k {
+                return (0..n).collect();
+            }
+            let scores = index_scores(
+                &q[i * heads * dim..(i + 1) * heads * dim],
+                &weights[i * heads..(i + 1) * heads],
+                &keys(n),
+                dim,
+                scale,
+            );
+            top_k_lowest_first(&scores, top_k)
+        })
+        .collect()
 }
 
 /// The positions of the `k` highest scores, ascending. Equal scores keep

@@ -182,22 +182,8 @@ impl Rope {
         tables: &RopeTables,
     ) -> Result<(), ModelError> {
         let half = self.inv_freq.len();
-        if half != tables.half || offset + 2 * half > stride || stride == 0 {
-            return Err(ModelError::Internal("rope width does not fit the heads"));
-        }
         let mut gathered = vec![0f32; 2 * half];
-        for (i, row) in x.chunks_exact_mut(stride).enumerate() {
-            let t = i / heads.max(1);
-            let (cos, sin) = (
-                tables.cos.get(t * half..(t + 1) * half),
-                tables.sin.get(t * half..(t + 1) * half),
-            );
-            let (Some(cos), Some(sin)) = (cos, sin) else {
-                return Err(ModelError::Internal(
-                    "rope tables shorter than the sequence",
-                ));
-            };
-            let v = &mut row[offset..offset + 2 * half];
+        self.each_row(x, heads, stride, offset, tables, |v, cos, sin| {
             if self.interleaved {
                 for j in 0..half {
                     gathered[j] = v[2 * j];
@@ -211,12 +197,9 @@ impl Rope {
                 lo[j] = a * cos[j] - b * sin[j];
                 hi[j] = a * sin[j] + b * cos[j];
             }
-        }
-        Ok(())
+        })
     }
-}
 
-impl Rope {
     /// Turns adjacent pairs `(2j, 2j+1)` of each row's `offset..` lanes in
     /// place, keeping them interleaved (DeepSeek-V4), by the angle of row
     /// `i / heads`'s position; `inverse` turns them back.
@@ -229,11 +212,31 @@ impl Rope {
         tables: &RopeTables,
         inverse: bool,
     ) -> Result<(), ModelError> {
+        let sign = if inverse { -1.0 } else { 1.0 };
+        self.each_row(x, heads, stride, offset, tables, |v, cos, sin| {
+            for j in 0..cos.len() {
+                let (a, b, s) = (v[2 * j], v[2 * j + 1], sign * sin[j]);
+                v[2 * j] = a * cos[j] - b * s;
+                v[2 * j + 1] = b * cos[j] + a * s;
+            }
+        })
+    }
+
+    /// Calls `turn` with each row's rotated lanes (`[seq][heads][stride]`,
+    /// [`Rope::dim`] lanes from `offset`) and its position's cos and sin.
+    fn each_row(
+        &self,
+        x: &mut [f32],
+        heads: usize,
+        stride: usize,
+        offset: usize,
+        tables: &RopeTables,
+        mut turn: impl FnMut(&mut [f32], &[f32], &[f32]),
+    ) -> Result<(), ModelError> {
         let half = self.inv_freq.len();
         if half != tables.half || offset + 2 * half > stride || stride == 0 {
             return Err(ModelError::Internal("rope width does not fit the heads"));
         }
-        let sign = if inverse { -1.0 } else { 1.0 };
         for (i, row) in x.chunks_exact_mut(stride).enumerate() {
             let t = i / heads.max(1);
             let (Some(cos), Some(sin)) = (
@@ -244,12 +247,7 @@ impl Rope {
                     "rope tables shorter than the sequence",
                 ));
             };
-            let v = &mut row[offset..offset + 2 * half];
-            for j in 0..half {
-                let (a, b, s) = (v[2 * j], v[2 * j + 1], sign * sin[j]);
-                v[2 * j] = a * cos[j] - b * s;
-                v[2 * j + 1] = b * cos[j] + a * s;
-            }
+            turn(&mut row[offset..offset + 2 * half], cos, sin);
         }
         Ok(())
     }
