@@ -5,6 +5,7 @@
 pub mod config;
 pub mod deepseek_v3;
 pub mod deepseek_v4;
+pub mod extra;
 pub mod glm_moe_dsa;
 pub mod gpt_oss;
 pub mod kimi_linear;
@@ -20,6 +21,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use config::{ConfigError, RawConfig};
+pub use extra::{DecoderNames, ExtraBlock};
 pub use layers::decoder::{Decoder, LogitsFor};
 pub use layers::experts::{Expert, ExpertError, ExpertProvider, ExpertStream};
 pub use quantization::Quantization;
@@ -233,6 +235,23 @@ impl ModelSpec {
             nested_language_model,
             quantization,
         })
+    }
+
+    /// Where the decoder's layers are named in the checkpoint, so that
+    /// tensors of other blocks (MTP) are told apart from its own.
+    pub fn decoder_names(&self) -> DecoderNames {
+        let mut prefixes = vec![format!("{}model.", self.weight_prefix)];
+        if self.nested_language_model {
+            prefixes.push("model.language_model.".to_string());
+        }
+        // DeepSeek-V4's released names start at `layers.`.
+        if matches!(self.architecture, Architecture::DeepseekV4(_)) {
+            prefixes.push(String::new());
+        }
+        DecoderNames {
+            prefixes,
+            layers: self.common().num_layers,
+        }
     }
 
     pub fn common(&self) -> &CommonConfig {

@@ -6,10 +6,14 @@
 //! (with their scales: `weight_scale_inv`, INT4's parts, DeepSeek-V4's `scale`)
 //! or fused ones `…layers.L.<block>.experts.{gate_up_proj,down_proj}`.
 //! Shared experts (`shared_experts.gate_proj`) have no index and stay resident.
+//! A name counts only under the decoder's own prefix and layer range
+//! ([`DecoderNames`]): blocks beside the decoder (MTP) are left out.
 
 use std::collections::BTreeMap;
 
 use regex::Regex;
+
+use crate::model::{DecoderNames, ExtraBlock};
 
 /// Which projection of an expert a tensor holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,11 +38,23 @@ pub struct ExpertTensors {
     pub layers: BTreeMap<usize, LayerTensors>,
 }
 
+/// A checkpoint's tensors sorted for a pack.
+#[derive(Debug, Default)]
+pub struct Classified {
+    pub experts: ExpertTensors,
+    /// Everything else the decoder reads: the resident file's tensors.
+    pub resident: Vec<String>,
+    /// Tensors of blocks the decoder does not run, by block.
+    pub left_out: BTreeMap<ExtraBlock, Vec<String>>,
+}
+
 impl ExpertTensors {
-    /// Sorts `names` into expert tensors (returned) and everything else.
+    /// Sorts `names` into the decoder's expert tensors, its other tensors
+    /// and the tensors of other blocks.
     pub fn classify<'a>(
         names: impl Iterator<Item = &'a str>,
-    ) -> Result<(Self, Vec<String>), regex::Error> {
+        decoder: &DecoderNames,
+    ) -> Result<Classified, regex::Error> {
         let per_expert = Regex::new(
             r"(?:^|\.)(?:layers|blocks)\.(\d+)\.[A-Za-z_]+\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.(?:weight(_scale_inv|_packed|_scale|_shape|_zero_point|_g_idx)?|(scale))$",
         )?;
@@ -47,8 +63,20 @@ impl ExpertTensors {
         )?;
         let mut out = ExpertTensors::default();
         let mut resident = Vec::new();
+        let mut left_out: BTreeMap<ExtraBlock, Vec<String>> = BTreeMap::new();
         for name in names {
-            if let Some(c) = per_expert.captures(name) {
+            let outside = |name: &str| {
+                decoder
+                    .layer_of(name)
+                    .is_none_or(|(layer, _)| layer >= decoder.layers)
+            };
+            let extra = decoder.extra_block(name).or_else(|| {
+                let expert = per_expert.is_match(name) || fused.is_match(name);
+                (expert && outside(name)).then_some(ExtraBlock::OutsideDecoder)
+            });
+            if let Some(block) = extra {
+                left_out.entry(block).or_default().push(name.to_string());
+            } else if let Some(c) = per_expert.captures(name) {
                 let (Ok(layer), Ok(expert)) = (c[1].parse::<usize>(), c[2].parse::<usize>()) else {
                     resident.push(name.to_string());
                     continue;
@@ -97,7 +125,11 @@ impl ExpertTensors {
                 resident.push(name.to_string());
             }
         }
-        Ok((out, resident))
+        Ok(Classified {
+            experts: out,
+            resident,
+            left_out,
+        })
     }
 }
 
@@ -125,7 +157,13 @@ mod tests {
             "layers.7.ffn.experts.1.w2.weight",
             "layers.7.ffn.experts.1.w2.scale",
         ];
-        let (experts, resident) = ExpertTensors::classify(names.iter().copied()).unwrap();
+        let decoder = DecoderNames {
+            prefixes: vec!["model.".into(), "language_model.model.".into(), "".into()],
+            layers: 8,
+        };
+        let sorted = ExpertTensors::classify(names.iter().copied(), &decoder).unwrap();
+        let (experts, resident) = (sorted.experts, sorted.resident);
+        assert!(sorted.left_out.is_empty());
         assert_eq!(
             resident,
             vec![
@@ -154,6 +192,38 @@ mod tests {
         assert_eq!(
             experts.layers[&7].per_expert[&1][Part::Down as usize].as_deref(),
             Some("layers.7.ffn.experts.1.w2.weight")
+        );
+    }
+
+    #[test]
+    fn blocks_beside_the_decoder_are_left_out() {
+        let names = [
+            "model.layers.0.mlp.experts.0.gate_proj.weight",
+            "mtp.layers.0.mlp.experts.0.gate_proj.weight",
+            "mtp.fc.weight",
+            "model.layers.2.mlp.experts.1.up_proj.weight",
+            "model.layers.2.eh_proj.weight",
+            "vision.layers.0.mlp.experts.0.gate_proj.weight",
+        ];
+        let decoder = DecoderNames {
+            prefixes: vec!["model.".into()],
+            layers: 2,
+        };
+        let sorted = ExpertTensors::classify(names.iter().copied(), &decoder).unwrap();
+        assert_eq!(sorted.experts.layers.keys().copied().collect::<Vec<_>>(), [0]);
+        assert!(sorted.resident.is_empty(), "{:?}", sorted.resident);
+        assert_eq!(
+            sorted.left_out[&ExtraBlock::Mtp],
+            [
+                "mtp.layers.0.mlp.experts.0.gate_proj.weight",
+                "mtp.fc.weight",
+                "model.layers.2.mlp.experts.1.up_proj.weight",
+                "model.layers.2.eh_proj.weight"
+            ]
+        );
+        assert_eq!(
+            sorted.left_out[&ExtraBlock::OutsideDecoder],
+            ["vision.layers.0.mlp.experts.0.gate_proj.weight"]
         );
     }
 }

@@ -34,6 +34,21 @@ pub struct Manifest {
     /// The non-expert weights, as a safetensors file.
     pub resident: ResidentFile,
     pub experts: ExpertSection,
+    /// Blocks of the checkpoint the decoder does not run (MTP), left out of
+    /// the resident file and the expert records.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<LeftOut>,
+}
+
+/// One block of the checkpoint left out of the pack.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeftOut {
+    pub block: crate::model::ExtraBlock,
+    pub tensors: usize,
+    /// Bytes the checkpoint stores for them.
+    pub bytes: u64,
+    /// The first of its tensor names, for the report.
+    pub first: String,
 }
 
 /// The checkpoint a pack was made from.

@@ -15,7 +15,7 @@ use super::compress;
 use super::encoding::{ErrorSums, ExpertEncoding, Quantization, quantize_matrix, quantize_record};
 use super::layout::ExpertTensors;
 use super::manifest::{
-    self, ExpertLayer, ExpertSection, FORMAT, MANIFEST_FILE, Manifest, QuantizationReport, Record,
+    self, ExpertLayer, LeftOut, ExpertSection, FORMAT, MANIFEST_FILE, Manifest, QuantizationReport, Record,
     ResidentFile, Segment, SourceFile, SourceIdentity, VERSION, VERSION_COMPRESSED, hash_file,
 };
 use super::plan::LayerPlan;
@@ -141,8 +141,23 @@ pub fn write_pack(
     let model = ModelSource::open(&opts.source).map_err(|e| PackError::Source(e.to_string()))?;
     let spec = model.spec().map_err(|e| PackError::Source(e.to_string()))?;
     let checkpoint = &model.checkpoint;
-    let (experts, resident_names) = ExpertTensors::classify(checkpoint.names())
+    let sorted = ExpertTensors::classify(checkpoint.names(), &spec.decoder_names())
         .map_err(|e| PackError::Source(e.to_string()))?;
+    let (experts, resident_names) = (sorted.experts, sorted.resident);
+    let left_out = sorted
+        .left_out
+        .into_iter()
+        .map(|(block, names)| LeftOut {
+            block,
+            tensors: names.len(),
+            bytes: names
+                .iter()
+                .filter_map(|n| checkpoint.info(n))
+                .map(|(_, i)| i.len)
+                .sum(),
+            first: names.first().cloned().unwrap_or_default(),
+        })
+        .collect();
     if experts.layers.is_empty() {
         return Err(PackError::Source(format!(
             "{}: no routed-expert tensors found; nothing to stream",
@@ -411,6 +426,7 @@ pub fn write_pack(
             compression: compressed.then(|| compress::COMPRESSION_NAME.to_string()),
             layers,
         },
+        left_out,
     };
     write_manifest(&opts.out, &manifest)?;
     Ok(PackSummary {

@@ -164,6 +164,7 @@ pub fn run(args: PackArgs) -> anyhow::Result<()> {
                 "expert_dtype": summary.manifest.experts.dtype,
                 "quantization": summary.manifest.experts.quantization,
                 "resident_quantization": summary.manifest.resident.quantization,
+                "left_out": summary.manifest.left_out,
             })
         );
     } else {
@@ -175,6 +176,15 @@ pub fn run(args: PackArgs) -> anyhow::Result<()> {
             summary.resident_bytes as f64 / 1e6,
             out.display()
         );
+        for block in &summary.manifest.left_out {
+            println!(
+                "left out the checkpoint's {}: {} tensors, {:.1} MB ({}, …); the model does not run it",
+                block.block.describe(),
+                block.tensors,
+                block.bytes as f64 / 1e6,
+                block.first
+            );
+        }
         if let Some(c) = &summary.manifest.experts.compression {
             println!(
                 "records compressed losslessly ({c}): {:.1} MB on the drives for {:.1} MB of weights ({:.0}%)",
