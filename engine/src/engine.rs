@@ -260,7 +260,7 @@ impl Engine {
         checkpoint.drop_page_cache();
         let tokenizer = if let Some(t) = gguf_tokenizer {
             t.ok()
-        } else if path.join("tokenizer.json").is_file() {
+        } else if TextTokenizer::exists_in(path) {
             Some(TextTokenizer::from_dir(path)?)
         } else {
             None
@@ -360,12 +360,8 @@ impl Engine {
                     path: self.path.clone(),
                     source: Arc::clone(reason),
                 },
-                None => EngineError::Tokenizer(TokenizerError::Io {
-                    path: self.path.join("tokenizer.json"),
-                    source: std::io::Error::new(
-                        std::io::ErrorKind::NotFound,
-                        "no tokenizer in this model folder",
-                    ),
+                None => EngineError::Tokenizer(TokenizerError::NoTokenizer {
+                    dir: self.path.clone(),
                 }),
             })
     }

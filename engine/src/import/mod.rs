@@ -265,7 +265,10 @@ pub const AUX_FILES: &[&str] = &[
     "tokenizer.json",
     "tokenizer_config.json",
     "chat_template.jinja",
+    "chat_template.json",
     "special_tokens_map.json",
+    crate::tokenizer::tiktoken::TIKTOKEN_FILE,
+    crate::tokenizer::tiktoken::KIMI_TOKENIZER_CODE,
 ];
 
 impl ModelSource {

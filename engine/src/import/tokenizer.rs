@@ -47,7 +47,7 @@ const DEEPSEEK3_REGEXES: &[&str] = &[
 ];
 
 /// Kimi K2's split: o200k's with runs of Han characters kept apart.
-const KIMI_K2_REGEX: &str = r"[\p{Han}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const KIMI_K2_REGEX: &str = crate::tokenizer::tiktoken::KIMI_PATTERN;
 
 /// `tokenizer.ggml.pre` names read, and their splits, applied in order
 /// (none: GPT-2's own, which `ByteLevel` applies). llama.cpp's `default` is

@@ -1,7 +1,8 @@
-//! Text in and out: the checkpoint's own `tokenizer.json`, its special tokens
-//! and its chat template.
+//! Text in and out: the checkpoint's own tokenizer (`tokenizer.json`, or
+//! Kimi's `tiktoken.model`), its special tokens and its chat template.
 
 mod chat;
+pub mod tiktoken;
 
 use std::path::{Path, PathBuf};
 
@@ -24,6 +25,11 @@ pub enum TokenizerError {
     #[error("decoding failed: {0}")]
     Decode(String),
     #[error(
+        "{dir}: no tokenizer: looked for {TOKENIZER_FILE} and {} (with tokenizer_config.json)",
+        tiktoken::TIKTOKEN_FILE
+    )]
+    NoTokenizer { dir: PathBuf },
+    #[error(
         "{dir}: this checkpoint has no chat template (tokenizer_config.json `chat_template` or chat_template.jinja); send a plain prompt instead"
     )]
     NoChatTemplate { dir: PathBuf },
@@ -33,11 +39,19 @@ pub enum TokenizerError {
 
 /// A checkpoint's tokenizer with what `tokenizer_config.json` says about it.
 pub struct TextTokenizer {
-    inner: tokenizers::Tokenizer,
+    inner: Vocabulary,
     dir: PathBuf,
     chat_template: Option<ChatTemplate>,
     bos_token: Option<String>,
     eos_token: Option<String>,
+}
+
+/// How ids and text map to each other.
+enum Vocabulary {
+    /// A Hugging Face `tokenizer.json`.
+    Hf(tokenizers::Tokenizer),
+    /// Kimi's `tiktoken.model`.
+    Tiktoken(tiktoken::Tiktoken),
 }
 
 const TOKENIZER_FILE: &str = "tokenizer.json";
@@ -45,14 +59,14 @@ const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
 const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
 
 impl TextTokenizer {
-    /// Loads `tokenizer.json` and, when present, `tokenizer_config.json` and
-    /// `chat_template.jinja` from `dir`.
+    /// Whether `dir` holds a tokenizer this reader knows.
+    pub fn exists_in(dir: &Path) -> bool {
+        dir.join(TOKENIZER_FILE).is_file() || dir.join(tiktoken::TIKTOKEN_FILE).is_file()
+    }
+
+    /// Loads `tokenizer.json` (or Kimi's `tiktoken.model`) and, when
+    /// present, `tokenizer_config.json` and `chat_template.jinja` from `dir`.
     pub fn from_dir(dir: &Path) -> Result<Self, TokenizerError> {
-        let path = dir.join(TOKENIZER_FILE);
-        let bytes = std::fs::read(&path).map_err(|source| TokenizerError::Io {
-            path: path.clone(),
-            source,
-        })?;
         let config_path = dir.join(TOKENIZER_CONFIG_FILE);
         let config = if config_path.is_file() {
             let text =
@@ -78,6 +92,20 @@ impl TextTokenizer {
         } else {
             None
         };
+        let path = dir.join(TOKENIZER_FILE);
+        if !path.is_file() && dir.join(tiktoken::TIKTOKEN_FILE).is_file() {
+            let inner = Vocabulary::Tiktoken(tiktoken::Tiktoken::from_dir(dir, &config)?);
+            return Self::with_vocabulary(dir, inner, &config, template);
+        }
+        if !path.is_file() {
+            return Err(TokenizerError::NoTokenizer {
+                dir: dir.to_path_buf(),
+            });
+        }
+        let bytes = std::fs::read(&path).map_err(|source| TokenizerError::Io {
+            path: path.clone(),
+            source,
+        })?;
         Self::from_parts(dir, &bytes, &config, template)
     }
 
@@ -96,6 +124,15 @@ impl TextTokenizer {
                 reason: e.to_string(),
             }
         })?;
+        Self::with_vocabulary(origin, Vocabulary::Hf(inner), config, template)
+    }
+
+    fn with_vocabulary(
+        origin: &Path,
+        inner: Vocabulary,
+        config: &Value,
+        template: Option<String>,
+    ) -> Result<Self, TokenizerError> {
         let template_source = match template {
             Some(t) => Some(t),
             None => {
@@ -116,36 +153,56 @@ impl TextTokenizer {
 
     /// Tokenizes `text`; `add_special_tokens` applies the tokenizer's own
     /// post-processing (e.g. a leading BOS), as transformers does for plain prompts.
+    /// Kimi's tokenizer never adds one.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
-        let enc = self
-            .inner
-            .encode(text, add_special_tokens)
-            .map_err(|e| TokenizerError::Encode(e.to_string()))?;
-        Ok(enc.get_ids().to_vec())
+        match &self.inner {
+            Vocabulary::Hf(t) => {
+                let enc = t
+                    .encode(text, add_special_tokens)
+                    .map_err(|e| TokenizerError::Encode(e.to_string()))?;
+                Ok(enc.get_ids().to_vec())
+            }
+            Vocabulary::Tiktoken(t) => t.encode(text),
+        }
     }
 
     pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
-        self.inner
-            .decode(ids, true)
-            .map_err(|e| TokenizerError::Decode(e.to_string()))
+        self.decode_skipping(ids, true)
     }
 
     /// The text of `ids` with special tokens written out (`<|im_start|>`), as
     /// [`TextTokenizer::encode`] reads them back.
     pub fn decode_with_special(&self, ids: &[u32]) -> Result<String, TokenizerError> {
-        self.inner
-            .decode(ids, false)
-            .map_err(|e| TokenizerError::Decode(e.to_string()))
+        self.decode_skipping(ids, false)
+    }
+
+    fn decode_skipping(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
+        match &self.inner {
+            Vocabulary::Hf(t) => t
+                .decode(ids, skip_special)
+                .map_err(|e| TokenizerError::Decode(e.to_string())),
+            Vocabulary::Tiktoken(t) => t.decode(ids, skip_special),
+        }
     }
 
     /// Whether both tokenizers give every token the same id, so ids pass
     /// between their models unchanged.
     pub fn same_vocabulary(&self, other: &TextTokenizer) -> bool {
-        self.inner.get_vocab(true) == other.inner.get_vocab(true)
+        self.vocab() == other.vocab()
+    }
+
+    fn vocab(&self) -> std::collections::HashMap<String, u32> {
+        match &self.inner {
+            Vocabulary::Hf(t) => t.get_vocab(true),
+            Vocabulary::Tiktoken(t) => t.vocab(),
+        }
     }
 
     pub fn token_id(&self, token: &str) -> Option<u32> {
-        self.inner.token_to_id(token)
+        match &self.inner {
+            Vocabulary::Hf(t) => t.token_to_id(token),
+            Vocabulary::Tiktoken(t) => t.token_id(token),
+        }
     }
 
     /// Renders `messages` with the checkpoint's chat template.
