@@ -13,6 +13,9 @@ use longhaul_engine::weights::SafetensorsFile;
 use longhaul_engine::weights::safetensors::{TensorEntry, header_bytes};
 use longhaul_engine::{Engine, EngineOptions};
 
+/// A tensor's name and shape.
+type Named = (String, Vec<usize>);
+
 /// How a release names its MTP block, given a decoder layer's tensor name
 /// suffix (`mlp.experts.3.gate_proj.weight`).
 struct MtpLayout {
@@ -22,7 +25,7 @@ struct MtpLayout {
     /// The block's name for one of those tensors.
     rename: fn(&str) -> String,
     /// The block's own tensors beside its layer: name and shape.
-    own: fn(hidden: usize, vocab: usize) -> Vec<(String, Vec<usize>)>,
+    own: fn(hidden: usize, vocab: usize) -> Vec<Named>,
 }
 
 const LAYOUTS: &[MtpLayout] = &[

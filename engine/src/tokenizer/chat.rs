@@ -4,11 +4,20 @@
 //! A template comes with a downloaded model, so it is treated as untrusted:
 //! no loader (no file access, no includes), no network, and a fuel budget
 //! that bounds the work — and so the output — of any template.
+//!
+//! It renders as transformers renders it (`render_jinja_template`): Python's
+//! `str` for printed values and `json.dumps` for `tojson` ([`super::python`]),
+//! `strftime_now(format)` on one fixed instant per prompt (a resumed job sees
+//! the prompt it started with), `raise_exception`, `dict(...)`, and lists
+//! that cannot be changed (transformers' immutable sandbox refuses `append`
+//! with a SecurityError; so does this, by name).
 
 use minijinja::syntax::SyntaxConfig;
-use minijinja::value::Serde;
-use minijinja::{Environment, Error as JinjaError, ErrorKind, Value, context};
+use minijinja::value::{Kwargs, Rest, Serde, ValueKind};
+use minijinja::{Environment, Error as JinjaError, ErrorKind, State, Value};
 use serde::{Deserialize, Serialize};
+
+use super::python;
 
 /// Instructions a template may execute; generous for real templates
 /// (thousands of messages), fatal for runaway loops.
@@ -39,10 +48,36 @@ pub enum TemplateError {
     TooLarge,
 }
 
+/// What a template sees besides the messages.
+#[derive(Debug, Clone, Default)]
+pub struct ChatOptions {
+    pub add_generation_prompt: bool,
+    /// Variables the template reads as switches (`enable_thinking`,
+    /// `thinking`, `reasoning_effort`): transformers' `chat_template_kwargs`.
+    pub args: serde_json::Map<String, serde_json::Value>,
+    /// The instant `strftime_now` formats, in seconds since the epoch;
+    /// `None` is now.
+    pub now: Option<i64>,
+}
+
+impl ChatOptions {
+    pub fn generation() -> Self {
+        Self {
+            add_generation_prompt: true,
+            ..Self::default()
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct ChatTemplate {
     source: String,
 }
+
+/// Methods that change a list, which transformers' sandbox refuses.
+const LIST_CHANGES: &[&str] = &[
+    "append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse",
+];
 
 impl ChatTemplate {
     pub fn new(source: String) -> Self {
@@ -52,7 +87,7 @@ impl ChatTemplate {
     pub fn render(
         &self,
         messages: &[ChatMessage],
-        add_generation_prompt: bool,
+        options: &ChatOptions,
         bos_token: Option<&str>,
         eos_token: Option<&str>,
     ) -> Result<String, TemplateError> {
@@ -65,20 +100,36 @@ impl ChatTemplate {
             .map_err(|e| TemplateError::Render(e.to_string()))?;
         env.set_syntax(syntax);
         env.set_fuel(Some(TEMPLATE_FUEL));
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_unknown_method_callback(list_methods);
+        env.set_formatter(|out, _state, value| {
+            out.write_str(&python::py_str(value))
+                .map_err(|_| JinjaError::new(ErrorKind::WriteFailure, "writing the prompt failed"))
+        });
+        env.add_filter("tojson", python::tojson);
         env.add_function("raise_exception", raise_exception);
-        env.add_function("strftime_now", strftime_now);
+        let now = options.now.unwrap_or_else(|| chrono::Utc::now().timestamp());
+        env.add_function("strftime_now", move |format: String| strftime(now, &format));
+        env.add_function("dict", dict);
         let describe = |e: JinjaError| TemplateError::Render(describe_error(&e));
         env.add_template("chat", &self.source).map_err(describe)?;
         let template = env.get_template("chat").map_err(describe)?;
-        let text = template
-            .render(context! {
-                messages => Value::from(Serde(messages)),
-                add_generation_prompt => add_generation_prompt,
-                bos_token => bos_token.unwrap_or(""),
-                eos_token => eos_token.unwrap_or(""),
-            })
-            .map_err(describe)?;
+        // The caller's switches first, as transformers passes them; the
+        // variables it always sets win over them.
+        let mut vars: std::collections::BTreeMap<String, Value> = options
+            .args
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::from(Serde(v))))
+            .collect();
+        vars.insert("messages".into(), Value::from(Serde(messages)));
+        vars.insert(
+            "add_generation_prompt".into(),
+            Value::from(options.add_generation_prompt),
+        );
+        vars.entry("tools".into()).or_insert(Value::from(()));
+        vars.entry("documents".into()).or_insert(Value::from(()));
+        vars.insert("bos_token".into(), Value::from(bos_token.unwrap_or("")));
+        vars.insert("eos_token".into(), Value::from(eos_token.unwrap_or("")));
+        let text = template.render(vars).map_err(describe)?;
         if text.len() > MAX_RENDERED_BYTES {
             return Err(TemplateError::TooLarge);
         }
@@ -97,10 +148,83 @@ fn raise_exception(message: String) -> Result<String, JinjaError> {
     Err(JinjaError::new(ErrorKind::InvalidOperation, message))
 }
 
-/// Templates that stamp the date get a fixed one: rendering must be
-/// reproducible for a resumed job to see the same prompt.
-fn strftime_now(_format: String) -> String {
-    "2026-01-01".to_string()
+/// `datetime.now().strftime(format)` at the prompt's instant, in local time.
+fn strftime(now: i64, format: &str) -> Result<String, JinjaError> {
+    use chrono::format::{Item, StrftimeItems};
+    let items: Vec<Item> = StrftimeItems::new(format).collect();
+    if items.iter().any(|i| matches!(i, Item::Error)) {
+        return Err(JinjaError::new(
+            ErrorKind::InvalidOperation,
+            format!("strftime_now: `{format}` is not a strftime format"),
+        ));
+    }
+    let at = chrono::DateTime::from_timestamp(now, 0)
+        .ok_or_else(|| JinjaError::new(ErrorKind::InvalidOperation, "strftime_now: no such time"))?
+        .with_timezone(&chrono::Local);
+    Ok(at.format_with_items(items.into_iter()).to_string())
+}
+
+/// `dict(a=1)`, `dict(other)`: transformers' `TemplateDict`. A key given
+/// again keeps its place and takes the new value, as in Python.
+fn dict(args: Rest<Value>, kwargs: Kwargs) -> Result<Value, JinjaError> {
+    let mut pairs: Vec<(Value, Value)> = Vec::new();
+    let mut put = |k: Value, v: Value| match pairs.iter_mut().find(|(key, _)| *key == k) {
+        Some(slot) => slot.1 = v,
+        None => pairs.push((k, v)),
+    };
+    match args.as_slice() {
+        [] => {}
+        [from] if from.kind() == ValueKind::Map => {
+            for k in from.try_iter()? {
+                let v = from.get_item(&k)?;
+                put(k, v);
+            }
+        }
+        _ => {
+            return Err(JinjaError::new(
+                ErrorKind::InvalidOperation,
+                "dict() takes a mapping and keyword arguments",
+            ));
+        }
+    }
+    for name in kwargs.args() {
+        put(Value::from(name), kwargs.get::<Value>(name)?);
+    }
+    Ok(Value::from_pairs(pairs))
+}
+
+/// Python's methods on values (pycompat's), plus `list.index` and
+/// `list.copy`; a method that would change a list is refused by name.
+fn list_methods(
+    state: &mut State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> Result<Value, JinjaError> {
+    if value.kind() == ValueKind::Seq {
+        if LIST_CHANGES.contains(&method) {
+            return Err(JinjaError::new(
+                ErrorKind::InvalidOperation,
+                format!(
+                    "access to attribute `{method}` of a list is unsafe: chat templates cannot change lists (transformers refuses it too)"
+                ),
+            ));
+        }
+        match (method, args) {
+            ("copy", []) => return Ok(Value::from(value.try_iter()?.collect::<Vec<_>>())),
+            ("index", [want]) => {
+                return value
+                    .try_iter()?
+                    .position(|v| v == *want)
+                    .map(Value::from)
+                    .ok_or_else(|| {
+                        JinjaError::new(ErrorKind::InvalidOperation, "list.index(x): x not in list")
+                    });
+            }
+            _ => {}
+        }
+    }
+    minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
 }
 
 #[cfg(test)]
@@ -113,7 +237,7 @@ mod tests {
     fn renders_chatml_with_python_string_methods() {
         let t = ChatTemplate::new(CHATML.to_string());
         let out = t
-            .render(&[ChatMessage::user("  hi  ")], true, None, None)
+            .render(&[ChatMessage::user("  hi  ")], &ChatOptions::generation(), None, None)
             .unwrap();
         assert_eq!(
             out,
@@ -125,7 +249,7 @@ mod tests {
     fn raise_exception_becomes_an_error() {
         let t =
             ChatTemplate::new("{{ raise_exception('only user and assistant roles') }}".to_string());
-        let err = t.render(&[], false, None, None).unwrap_err().to_string();
+        let err = t.render(&[], &ChatOptions::default(), None, None).unwrap_err().to_string();
         assert!(err.contains("only user and assistant roles"), "{err}");
     }
 
@@ -135,12 +259,12 @@ mod tests {
             "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"
                 .to_string(),
         );
-        assert!(t.render(&[], false, None, None).is_err());
+        assert!(t.render(&[], &ChatOptions::default(), None, None).is_err());
     }
 
     #[test]
     fn templates_cannot_include_files() {
         let t = ChatTemplate::new("{% include '/etc/passwd' %}".to_string());
-        assert!(t.render(&[], false, None, None).is_err());
+        assert!(t.render(&[], &ChatOptions::default(), None, None).is_err());
     }
 }

@@ -2,13 +2,14 @@
 //! Kimi's `tiktoken.model`), its special tokens and its chat template.
 
 mod chat;
+pub mod python;
 pub mod tiktoken;
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-pub use chat::{ChatMessage, ChatTemplate, TemplateError};
+pub use chat::{ChatMessage, ChatOptions, ChatTemplate, TemplateError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
@@ -49,14 +50,16 @@ pub struct TextTokenizer {
 /// How ids and text map to each other.
 enum Vocabulary {
     /// A Hugging Face `tokenizer.json`.
-    Hf(tokenizers::Tokenizer),
+    Hf(Box<tokenizers::Tokenizer>),
     /// Kimi's `tiktoken.model`.
-    Tiktoken(tiktoken::Tiktoken),
+    Tiktoken(Box<tiktoken::Tiktoken>),
 }
 
 const TOKENIZER_FILE: &str = "tokenizer.json";
 const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
 const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
+/// A processor's legacy template file: `{"chat_template": "..."}`.
+const CHAT_TEMPLATE_JSON_FILE: &str = "chat_template.json";
 
 impl TextTokenizer {
     /// Whether `dir` holds a tokenizer this reader knows.
@@ -92,9 +95,18 @@ impl TextTokenizer {
         } else {
             None
         };
+        // transformers: the tokenizer's template (its file, then its
+        // config); a multimodal release's processor template after both.
+        let template = match template {
+            Some(t) => Some(t),
+            None if config.get("chat_template").is_none_or(Value::is_null) => {
+                legacy_template(dir)?
+            }
+            None => None,
+        };
         let path = dir.join(TOKENIZER_FILE);
         if !path.is_file() && dir.join(tiktoken::TIKTOKEN_FILE).is_file() {
-            let inner = Vocabulary::Tiktoken(tiktoken::Tiktoken::from_dir(dir, &config)?);
+            let inner = Vocabulary::Tiktoken(Box::new(tiktoken::Tiktoken::from_dir(dir, &config)?));
             return Self::with_vocabulary(dir, inner, &config, template);
         }
         if !path.is_file() {
@@ -124,7 +136,7 @@ impl TextTokenizer {
                 reason: e.to_string(),
             }
         })?;
-        Self::with_vocabulary(origin, Vocabulary::Hf(inner), config, template)
+        Self::with_vocabulary(origin, Vocabulary::Hf(Box::new(inner)), config, template)
     }
 
     fn with_vocabulary(
@@ -211,6 +223,19 @@ impl TextTokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
+        let options = ChatOptions {
+            add_generation_prompt,
+            ..ChatOptions::default()
+        };
+        self.render_chat_with(messages, &options)
+    }
+
+    /// Renders `messages` with the template's switches and instant.
+    pub fn render_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        options: &ChatOptions,
+    ) -> Result<String, TokenizerError> {
         let template =
             self.chat_template
                 .as_ref()
@@ -219,7 +244,7 @@ impl TextTokenizer {
                 })?;
         Ok(template.render(
             messages,
-            add_generation_prompt,
+            options,
             self.bos_token.as_deref(),
             self.eos_token.as_deref(),
         )?)
@@ -269,6 +294,30 @@ impl TextStream<'_> {
         let rest = text.get(self.emitted..).unwrap_or_default().to_string();
         self.emitted = text.len();
         Ok(rest)
+    }
+}
+
+/// The template of a `chat_template.json`, if the folder has one.
+fn legacy_template(dir: &Path) -> Result<Option<String>, TokenizerError> {
+    let path = dir.join(CHAT_TEMPLATE_JSON_FILE);
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let invalid = |reason: String| TokenizerError::Invalid {
+        path: path.clone(),
+        reason,
+    };
+    let text = std::fs::read_to_string(&path).map_err(|source| TokenizerError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    let value: Value =
+        serde_json::from_str(&text).map_err(|e| invalid(format!("not valid JSON: {e}")))?;
+    match value.get("chat_template") {
+        Some(Value::String(t)) => Ok(Some(t.clone())),
+        _ => Err(invalid(
+            "expected an object with a `chat_template` string".to_string(),
+        )),
     }
 }
 

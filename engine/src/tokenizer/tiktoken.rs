@@ -158,7 +158,7 @@ impl Tiktoken {
             } else {
                 return Err(TokenizerError::Decode(format!(
                     "token id {id} is outside the vocabulary of {}",
-                    self.len()
+                    self.vocab_size()
                 )));
             }
         }
@@ -166,7 +166,7 @@ impl Tiktoken {
     }
 
     /// Ids in the vocabulary: base ranks and reserved special ids.
-    pub fn len(&self) -> usize {
+    pub fn vocab_size(&self) -> usize {
         self.tokens.len() + self.specials.len()
     }
 
@@ -443,7 +443,7 @@ mod tests {
         assert_eq!(t.decode(&[258, 261, 262], true).unwrap(), "hell<|tool_call_begin|>");
         assert_eq!(t.decode(&[258, 261], false).unwrap(), "hell<|im_end|>");
         assert!(t.decode(&[263], false).is_err());
-        assert_eq!(t.len(), 263);
+        assert_eq!(t.vocab_size(), 263);
         assert_eq!(t.token_id("<|im_end|>"), Some(261));
         assert_eq!(t.token_id("hell"), Some(258));
         assert_eq!(t.vocab().get("Ġ"), Some(&32));
