@@ -14,6 +14,8 @@ use super::layers::moe::{MoeBlock, SigmoidGroupedMoe};
 use super::layers::rope::{Rope, RopeParams};
 use super::{CommonConfig, ModelError, assemble};
 use crate::weights::Weights;
+use super::family::{Family, FamilyConfig, Parsed};
+use super::state::{SlotKind, StateLayout};
 
 const DEFAULT_ROPE_THETA: f64 = 10_000.0;
 const DEFAULT_ROUTED_SCALING: f64 = 2.5;
@@ -224,4 +226,79 @@ pub fn build_with(
         )?);
     }
     assemble(&c.common, w, layers, rope, experts)
+}
+
+/// DeepSeek-V3 and Kimi K2 (K2.5 wraps a K2 text model; its vision tower
+/// is not used).
+pub struct DeepseekV3Family;
+
+pub static FAMILY: DeepseekV3Family = DeepseekV3Family;
+
+impl Family for DeepseekV3Family {
+    fn model_types(&self) -> &'static [&'static str] {
+        &["deepseek_v3", "kimi_k2", "kimi_k25"]
+    }
+
+    fn parse(&self, raw: &RawConfig, model_type: &str) -> Result<Parsed, ConfigError> {
+        if model_type != "kimi_k25" {
+            return Ok(Parsed::plain(Config::parse(raw)?));
+        }
+        let text = raw.sub_config("text_config")?;
+        let mut c = Config::parse(&text)?;
+        // The wrapper's own setting decides; absent, the files do.
+        match raw.get("tie_word_embeddings") {
+            Some(v) => {
+                c.common.tie_word_embeddings = v
+                    .as_bool()
+                    .ok_or_else(|| raw.invalid("tie_word_embeddings", "expected true or false"))?;
+            }
+            None => c.common.tie_if_head_missing = true,
+        }
+        Ok(Parsed {
+            quantization: super::quantization::parse(&text)?,
+            weight_prefix: "language_model.",
+            ..Parsed::plain(c)
+        })
+    }
+
+    fn gguf_architectures(&self) -> &'static [&'static str] {
+        &["deepseek2"]
+    }
+}
+
+impl Config {
+    /// One appending slot per layer: the compressed latent and the shared
+    /// rotary key a position.
+    pub fn latent_layout(&self) -> StateLayout {
+        StateLayout::layers((0..self.common.num_layers).map(|_| SlotKind::Appending {
+            per_position: self.kv_latent_width(),
+        }))
+    }
+
+    /// Values a position adds to an MLA layer's cache.
+    pub fn kv_latent_width(&self) -> usize {
+        self.kv_lora_rank + self.qk_rope_head_dim
+    }
+}
+
+impl FamilyConfig for Config {
+    fn common(&self) -> &CommonConfig {
+        &self.common
+    }
+
+    fn state_layout(&self) -> StateLayout {
+        self.latent_layout()
+    }
+
+    fn build(
+        &self,
+        w: &Weights,
+        experts: Option<Arc<dyn ExpertProvider>>,
+    ) -> Result<Decoder, ModelError> {
+        build(self, w, experts)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }

@@ -19,6 +19,8 @@ use super::layers::router::Scoring;
 use super::layers::Mlp;
 use super::{CommonConfig, ModelError, assemble};
 use crate::weights::{RawTensor, TensorSource, Weights, WeightsError};
+use super::family::{Family, FamilyConfig, Parsed};
+use super::state::{SlotKind, SlotRole, StateLayout};
 
 /// `DeepseekV4Config`'s defaults for fields a config may omit.
 const DEFAULT_RMS_EPS: f64 = 1e-6;
@@ -142,31 +144,32 @@ impl Config {
         })
     }
 
-    /// Values one position keeps in the sequence state, over all layers:
-    /// the key/value row and its share of the entries.
-    pub fn state_values_per_token(&self) -> usize {
+    /// Each layer's key/value row; then, for each compressed layer, its
+    /// share of the entries a position and the fixed ring of its open
+    /// windows' projections.
+    pub fn layout(&self) -> StateLayout {
         let (hd, di) = (self.attention.head_dim, self.index.head_dim);
-        self.layer_kinds
-            .iter()
-            .map(|k| match *k {
-                LayerKind::Sliding => hd,
-                LayerKind::Heavy { rate } => hd + hd.div_ceil(rate),
-                LayerKind::Sparse { rate } => hd + hd.div_ceil(rate) + di.div_ceil(rate),
-            })
-            .sum()
-    }
-
-    /// Values of the fixed rings of open windows' projections, over all layers.
-    pub fn state_values_fixed(&self) -> usize {
-        let (hd, di) = (self.attention.head_dim, self.index.head_dim);
-        self.layer_kinds
-            .iter()
-            .map(|k| match *k {
-                LayerKind::Sliding => 0,
-                LayerKind::Heavy { rate } => rate * 2 * hd,
-                LayerKind::Sparse { rate } => 2 * rate * (4 * hd + 4 * di),
-            })
-            .sum()
+        let mut layout = StateLayout::layers(
+            (0..self.layer_kinds.len()).map(|_| SlotKind::Appending { per_position: hd }),
+        );
+        for (i, kind) in self.layer_kinds.iter().enumerate() {
+            let (entries, ring) = match *kind {
+                LayerKind::Sliding => continue,
+                LayerKind::Heavy { rate } => (hd.div_ceil(rate), rate * 2 * hd),
+                LayerKind::Sparse { rate } => (
+                    hd.div_ceil(rate) + di.div_ceil(rate),
+                    2 * rate * (4 * hd + 4 * di),
+                ),
+            };
+            layout.push(
+                SlotRole::Entries(i),
+                SlotKind::Appending {
+                    per_position: entries,
+                },
+            );
+            layout.push(SlotRole::Ring(i), SlotKind::Fixed { values: ring });
+        }
+        layout
     }
 }
 
@@ -340,14 +343,19 @@ pub fn build(
     let compress_rope = Rope::new(&c.compress_rope, hd, false);
     let mut experts = ExpertSetup::new(experts);
     let mut layers = Vec::with_capacity(c.common.num_layers);
-    // Compressed layers keep entries in state slots after the layers' own.
-    let mut slots = c.common.num_layers;
+    // Compressed layers keep entries and a ring in slots of their own.
+    let layout = c.layout();
     for (i, &kind) in c.layer_kinds.iter().enumerate() {
         let lw = w.pp(format_args!("model.layers.{i}"));
-        let (rope, extra) = match kind {
-            LayerKind::Sliding => (&main_rope, 0),
-            // Entries, then the ring of open windows' projections.
-            LayerKind::Heavy { .. } | LayerKind::Sparse { .. } => (&compress_rope, 2),
+        let (rope, slots) = match kind {
+            LayerKind::Sliding => (&main_rope, (0, 0)),
+            LayerKind::Heavy { .. } | LayerKind::Sparse { .. } => (
+                &compress_rope,
+                (
+                    layout.slot(SlotRole::Entries(i))?,
+                    layout.slot(SlotRole::Ring(i))?,
+                ),
+            ),
         };
         let attention = CompressedAttention::load(
             &lw.pp("self_attn"),
@@ -355,9 +363,8 @@ pub fn build(
             kind,
             &c.index,
             rope,
-            (slots, slots + 1),
+            slots,
         )?;
-        slots += extra;
         let mw = lw.pp("mlp");
         let shape = ExpertShape {
             count: c.experts,
@@ -379,7 +386,7 @@ pub fn build(
         layers.push(layer);
     }
     let mut decoder = assemble(&c.common, w, layers, main_rope, experts)?;
-    decoder.state_slots = slots;
+    decoder.state_slots = layout.len();
     decoder.hyper_head = Some(HyperHead::load(&w.pp("model.hc_head"), &c.hyper)?);
     decoder.streams = c.hyper.streams;
     Ok(decoder)
@@ -518,6 +525,56 @@ impl TensorSource for ReleasedNames<'_> {
 
     fn origin(&self) -> std::path::PathBuf {
         self.inner.origin()
+    }
+}
+
+/// DeepSeek-V4.
+pub struct DeepseekV4Family;
+
+pub static FAMILY: DeepseekV4Family = DeepseekV4Family;
+
+impl Family for DeepseekV4Family {
+    fn model_types(&self) -> &'static [&'static str] {
+        &["deepseek_v4"]
+    }
+
+    fn parse(&self, raw: &RawConfig, _model_type: &str) -> Result<Parsed, ConfigError> {
+        Ok(Parsed::plain(Config::parse(raw)?))
+    }
+}
+
+impl FamilyConfig for Config {
+    fn common(&self) -> &CommonConfig {
+        &self.common
+    }
+
+    fn state_layout(&self) -> StateLayout {
+        self.layout()
+    }
+
+    fn build(
+        &self,
+        w: &Weights,
+        experts: Option<Arc<dyn ExpertProvider>>,
+    ) -> Result<Decoder, ModelError> {
+        build(self, w, experts)
+    }
+
+    fn released_names<'a>(
+        &self,
+        source: &'a dyn TensorSource,
+    ) -> Option<Box<dyn TensorSource + 'a>> {
+        has_released_names(source)
+            .then(|| Box::new(ReleasedNames { inner: source }) as Box<dyn TensorSource + 'a>)
+    }
+
+    /// The release's names start at `layers.`.
+    fn extra_layer_prefixes(&self) -> &'static [&'static str] {
+        &[""]
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

@@ -17,6 +17,8 @@ use super::layers::indexer::{Indexer, IndexerShape};
 use super::layers::mla::SparseKeys;
 use super::{CommonConfig, ModelError};
 use crate::weights::Weights;
+use super::family::{Family, FamilyConfig, Parsed};
+use super::state::{SlotKind, SlotRole, StateLayout};
 
 /// `GlmMoeDsaConfig`'s defaults where they differ from DeepSeek-V3's.
 const GLM_DEFAULTS: Defaults = Defaults {
@@ -182,8 +184,8 @@ pub fn build(
         head_dim: c.index_head_dim,
         top_k: c.index_topk,
     };
-    // Index keys are kept in the state slots after the layers' own.
-    let mut slots = b.common.num_layers;
+    // Index keys are kept in slots of their own.
+    let layout = c.state_layout();
     let mut decoder = deepseek_v3::build_with(
         b,
         w,
@@ -193,12 +195,59 @@ pub fn build(
             if !c.own_indexer.get(i).copied().unwrap_or(true) {
                 return Ok(Some(SparseKeys::Shared));
             }
-            let indexer = Indexer::load(&aw.pp("indexer"), &shape, rope, slots)?;
-            slots += 1;
+            let slot = layout.slot(SlotRole::IndexKeys(i))?;
+            let indexer = Indexer::load(&aw.pp("indexer"), &shape, rope, slot)?;
             Ok(Some(SparseKeys::Own(Box::new(indexer))))
         },
     )?;
-    decoder.state_slots = slots;
+    decoder.state_slots = layout.len();
     Ok(decoder)
 }
 
+/// GLM-5.
+pub struct GlmMoeDsaFamily;
+
+pub static FAMILY: GlmMoeDsaFamily = GlmMoeDsaFamily;
+
+impl Family for GlmMoeDsaFamily {
+    fn model_types(&self) -> &'static [&'static str] {
+        &["glm_moe_dsa"]
+    }
+
+    fn parse(&self, raw: &RawConfig, _model_type: &str) -> Result<Parsed, ConfigError> {
+        Ok(Parsed::plain(Config::parse(raw)?))
+    }
+}
+
+impl FamilyConfig for Config {
+    fn common(&self) -> &CommonConfig {
+        &self.base.common
+    }
+
+    /// The layers' latents, then the index keys of each layer that runs its
+    /// own indexer.
+    fn state_layout(&self) -> StateLayout {
+        let mut layout = self.base.latent_layout();
+        for (i, _) in self.own_indexer.iter().enumerate().filter(|(_, own)| **own) {
+            layout.push(
+                SlotRole::IndexKeys(i),
+                SlotKind::Appending {
+                    per_position: self.index_head_dim,
+                },
+            );
+        }
+        layout
+    }
+
+    fn build(
+        &self,
+        w: &Weights,
+        experts: Option<Arc<dyn ExpertProvider>>,
+    ) -> Result<Decoder, ModelError> {
+        build(self, w, experts)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}

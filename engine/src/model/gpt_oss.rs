@@ -25,6 +25,8 @@ use super::qwen3_moe::check_heads;
 use super::{CommonConfig, ModelError, assemble};
 use crate::kernels::{Format, Matrix};
 use crate::weights::{TensorSource, Weights, WeightsError, expect_shape, mxfp4, stored_rows};
+use super::family::{Family, FamilyConfig, Parsed, grouped_layout};
+use super::state::StateLayout;
 
 const DEFAULT_ROPE_THETA: f64 = 150_000.0;
 const DEFAULT_RMS_EPS: f64 = 1e-5;
@@ -360,4 +362,45 @@ fn stack_records(
             (format, record)
         })
         .collect()
+}
+
+/// gpt-oss.
+pub struct GptOssFamily;
+
+pub static FAMILY: GptOssFamily = GptOssFamily;
+
+impl Family for GptOssFamily {
+    fn model_types(&self) -> &'static [&'static str] {
+        &["gpt_oss"]
+    }
+
+    fn parse(&self, raw: &RawConfig, _model_type: &str) -> Result<Parsed, ConfigError> {
+        Ok(Parsed::plain(Config::parse(raw)?))
+    }
+
+    fn gguf_architectures(&self) -> &'static [&'static str] {
+        &["gpt-oss"]
+    }
+}
+
+impl FamilyConfig for Config {
+    fn common(&self) -> &CommonConfig {
+        &self.common
+    }
+
+    fn state_layout(&self) -> StateLayout {
+        grouped_layout(self.common.num_layers, self.kv_heads, self.head_dim)
+    }
+
+    fn build(
+        &self,
+        w: &Weights,
+        experts: Option<Arc<dyn ExpertProvider>>,
+    ) -> Result<Decoder, ModelError> {
+        build(self, w, experts)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }

@@ -22,6 +22,8 @@ use super::layers::rope::{Rope, RopeKind, RopeParams};
 use super::layers::{Linear, Mlp, RmsNorm, Stacked};
 use super::{CommonConfig, ModelError, assemble};
 use crate::weights::Weights;
+use super::family::{Family, FamilyConfig, Parsed};
+use super::state::{SlotKind, StateLayout};
 
 /// Defaults of transformers' `KimiLinearConfig` for fields a config may omit.
 const DEFAULT_RMS_EPS: f64 = 1e-5;
@@ -304,4 +306,52 @@ pub fn build(
         )?);
     }
     assemble(&c.common, w, layers, rope, experts)
+}
+
+/// Kimi-Linear (the Kimi K3 line's kind).
+pub struct KimiLinearFamily;
+
+pub static FAMILY: KimiLinearFamily = KimiLinearFamily;
+
+impl Family for KimiLinearFamily {
+    fn model_types(&self) -> &'static [&'static str] {
+        &["kimi_linear"]
+    }
+
+    fn parse(&self, raw: &RawConfig, _model_type: &str) -> Result<Parsed, ConfigError> {
+        Ok(Parsed::plain(Config::parse(raw)?))
+    }
+}
+
+impl FamilyConfig for Config {
+    fn common(&self) -> &CommonConfig {
+        &self.common
+    }
+
+    /// Linear layers' fixed state; the others' latents.
+    fn state_layout(&self) -> StateLayout {
+        StateLayout::layers(self.linear_layers.iter().map(|&linear| {
+            if linear {
+                SlotKind::Fixed {
+                    values: self.linear.state_values(),
+                }
+            } else {
+                SlotKind::Appending {
+                    per_position: self.mla.kv_lora_rank + self.mla.rope,
+                }
+            }
+        }))
+    }
+
+    fn build(
+        &self,
+        w: &Weights,
+        experts: Option<Arc<dyn ExpertProvider>>,
+    ) -> Result<Decoder, ModelError> {
+        build(self, w, experts)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }

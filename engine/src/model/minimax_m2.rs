@@ -24,6 +24,8 @@ use super::mixtral::moe_block;
 use super::qwen3_moe::check_heads;
 use super::{CommonConfig, ModelError, assemble};
 use crate::weights::Weights;
+use super::family::{Family, FamilyConfig, Parsed, grouped_layout};
+use super::state::StateLayout;
 
 const DEFAULT_ROPE_THETA: f64 = 5_000_000.0;
 const DEFAULT_RMS_EPS: f64 = 1e-6;
@@ -179,4 +181,41 @@ pub fn build(
         )?);
     }
     assemble(&c.common, w, layers, rope, experts)
+}
+
+/// MiniMax-M2.
+pub struct MinimaxM2Family;
+
+pub static FAMILY: MinimaxM2Family = MinimaxM2Family;
+
+impl Family for MinimaxM2Family {
+    fn model_types(&self) -> &'static [&'static str] {
+        &["minimax_m2"]
+    }
+
+    fn parse(&self, raw: &RawConfig, _model_type: &str) -> Result<Parsed, ConfigError> {
+        Ok(Parsed::plain(Config::parse(raw)?))
+    }
+}
+
+impl FamilyConfig for Config {
+    fn common(&self) -> &CommonConfig {
+        &self.common
+    }
+
+    fn state_layout(&self) -> StateLayout {
+        grouped_layout(self.common.num_layers, self.kv_heads, self.head_dim)
+    }
+
+    fn build(
+        &self,
+        w: &Weights,
+        experts: Option<Arc<dyn ExpertProvider>>,
+    ) -> Result<Decoder, ModelError> {
+        build(self, w, experts)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }

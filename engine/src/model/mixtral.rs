@@ -13,6 +13,8 @@ use super::layers::router::Scoring;
 use super::qwen3_moe::check_heads;
 use super::{CommonConfig, ModelError, assemble};
 use crate::weights::Weights;
+use super::family::{Family, FamilyConfig, Parsed, grouped_layout};
+use super::state::StateLayout;
 
 const DEFAULT_ROPE_THETA: f64 = 1_000_000.0;
 const DEFAULT_RMS_EPS: f64 = 1e-5;
@@ -118,4 +120,45 @@ pub fn build(
         )?);
     }
     assemble(&c.common, w, layers, rope, experts)
+}
+
+/// Mixtral, and GGUF `llama` files with experts.
+pub struct MixtralFamily;
+
+pub static FAMILY: MixtralFamily = MixtralFamily;
+
+impl Family for MixtralFamily {
+    fn model_types(&self) -> &'static [&'static str] {
+        &["mixtral"]
+    }
+
+    fn parse(&self, raw: &RawConfig, _model_type: &str) -> Result<Parsed, ConfigError> {
+        Ok(Parsed::plain(Config::parse(raw)?))
+    }
+
+    fn gguf_architectures(&self) -> &'static [&'static str] {
+        &["llama"]
+    }
+}
+
+impl FamilyConfig for Config {
+    fn common(&self) -> &CommonConfig {
+        &self.common
+    }
+
+    fn state_layout(&self) -> StateLayout {
+        grouped_layout(self.common.num_layers, self.kv_heads, self.head_dim)
+    }
+
+    fn build(
+        &self,
+        w: &Weights,
+        experts: Option<Arc<dyn ExpertProvider>>,
+    ) -> Result<Decoder, ModelError> {
+        build(self, w, experts)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }

@@ -1,11 +1,12 @@
 //! Model definitions: config parsing into typed specs, shared layers, and one
 //! file per architecture. Adding an architecture means one file here plus one
-//! line in [`ModelSpec::parse`]'s registry.
+//! row in [`family::FAMILIES`].
 
 pub mod config;
 pub mod deepseek_v3;
 pub mod deepseek_v4;
 pub mod extra;
+pub mod family;
 pub mod glm_moe_dsa;
 pub mod gpt_oss;
 pub mod kimi_linear;
@@ -22,6 +23,7 @@ use std::sync::Arc;
 
 pub use config::{ConfigError, RawConfig};
 pub use extra::{DecoderNames, ExtraBlock};
+pub use family::{FAMILIES, Family, FamilyConfig, Parsed};
 pub use layers::decoder::{Decoder, LogitsFor};
 pub use layers::experts::{Expert, ExpertError, ExpertProvider, ExpertStream};
 pub use quantization::Quantization;
@@ -51,23 +53,6 @@ pub enum ModelError {
     #[error("internal error: {0}")]
     Internal(&'static str),
 }
-
-/// `model_type` values Longhaul can run.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
-    "qwen3_moe",
-    "mixtral",
-    "deepseek_v3",
-    "kimi_k2",
-    "kimi_k25",
-    "gpt_oss",
-    "kimi_linear",
-    "qwen3_next",
-    "qwen3_5_moe",
-    "qwen3_5_moe_text",
-    "minimax_m2",
-    "glm_moe_dsa",
-    "deepseek_v4",
-];
 
 /// Settings every architecture has.
 #[derive(Debug, Clone, PartialEq)]
@@ -118,27 +103,12 @@ pub fn parse_token_ids(v: &serde_json::Value) -> Option<Vec<u32>> {
     }
 }
 
-/// An architecture and its typed settings.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Architecture {
-    Qwen3Moe(qwen3_moe::Config),
-    Mixtral(mixtral::Config),
-    MinimaxM2(minimax_m2::Config),
-    DeepseekV3(deepseek_v3::Config),
-    DeepseekV4(Box<deepseek_v4::Config>),
-    /// GLM-5: DeepSeek-V3 with sparse attention.
-    GlmMoeDsa(glm_moe_dsa::Config),
-    GptOss(gpt_oss::Config),
-    KimiLinear(kimi_linear::Config),
-    /// Qwen3-Next and Qwen3.5-MoE's text model.
-    Qwen3Next(qwen3_next::Config),
-}
-
 /// A parsed config.json: what to build and where its weights are named.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct ModelSpec {
     pub model_type: String,
-    pub architecture: Architecture,
+    /// The family's typed settings.
+    pub config: Arc<dyn FamilyConfig>,
     /// Prefix of the language model's tensors (multimodal checkpoints nest it).
     pub weight_prefix: String,
     /// Whether the text model's `model.` tensors are stored under
@@ -160,81 +130,30 @@ impl ModelSpec {
             .to_string();
         // Read first: a format Longhaul cannot compute with is refused before
         // anything else is looked at (multimodal releases keep it at the top).
-        let mut quantization = quantization::parse(raw)?;
-        let mut nested_language_model = false;
-        let (architecture, weight_prefix) = match model_type.as_str() {
-            "qwen3_next" => (
-                Architecture::Qwen3Next(qwen3_next::Config::parse(raw, false)?),
-                "",
-            ),
-            "qwen3_5_moe_text" => (
-                Architecture::Qwen3Next(qwen3_next::Config::parse(raw, true)?),
-                "",
-            ),
-            // The vision tower is not used; text positions make MRoPE plain rotary.
-            "qwen3_5_moe" => {
-                let text = raw.sub_config("text_config")?;
-                quantization = quantization.or(quantization::parse(&text)?);
-                nested_language_model = true;
-                (
-                    Architecture::Qwen3Next(qwen3_next::Config::parse(&text, true)?),
-                    "",
-                )
-            }
-            "qwen3_moe" => (Architecture::Qwen3Moe(qwen3_moe::Config::parse(raw)?), ""),
-            "mixtral" => (Architecture::Mixtral(mixtral::Config::parse(raw)?), ""),
-            "minimax_m2" => (
-                Architecture::MinimaxM2(minimax_m2::Config::parse(raw)?),
-                "",
-            ),
-            "gpt_oss" => (Architecture::GptOss(gpt_oss::Config::parse(raw)?), ""),
-            "deepseek_v4" => (
-                Architecture::DeepseekV4(Box::new(deepseek_v4::Config::parse(raw)?)),
-                "",
-            ),
-            "glm_moe_dsa" => (
-                Architecture::GlmMoeDsa(glm_moe_dsa::Config::parse(raw)?),
-                "",
-            ),
-            "kimi_linear" => (
-                Architecture::KimiLinear(kimi_linear::Config::parse(raw)?),
-                "",
-            ),
-            "deepseek_v3" | "kimi_k2" => (
-                Architecture::DeepseekV3(deepseek_v3::Config::parse(raw)?),
-                "",
-            ),
-            // Kimi K2.5 wraps a Kimi K2 text model; the vision tower is not used.
-            "kimi_k25" => {
-                let text = raw.sub_config("text_config")?;
-                quantization = quantization.or(quantization::parse(&text)?);
-                let mut c = deepseek_v3::Config::parse(&text)?;
-                // The wrapper's own setting decides; absent, the files do.
-                match raw.get("tie_word_embeddings") {
-                    Some(v) => {
-                        c.common.tie_word_embeddings = v.as_bool().ok_or_else(|| {
-                            raw.invalid("tie_word_embeddings", "expected true or false")
-                        })?;
-                    }
-                    None => c.common.tie_if_head_missing = true,
-                }
-                (Architecture::DeepseekV3(c), "language_model.")
-            }
-            other => {
-                return Err(ConfigError::UnknownModelType {
-                    path: raw.path().to_path_buf(),
-                    found: other.to_string(),
-                    supported: SUPPORTED_MODEL_TYPES.to_vec(),
-                });
-            }
-        };
+        let quantization = quantization::parse(raw)?;
+        let family =
+            family::family_of(&model_type).ok_or_else(|| ConfigError::UnknownModelType {
+                path: raw.path().to_path_buf(),
+                found: model_type.clone(),
+                supported: family::supported_model_types(),
+            })?;
+        let parsed = family.parse(raw, &model_type)?;
         Ok(Self {
             model_type,
-            architecture,
-            weight_prefix: weight_prefix.to_string(),
-            nested_language_model,
-            quantization,
+            config: Arc::from(parsed.config),
+            weight_prefix: parsed.weight_prefix.to_string(),
+            nested_language_model: parsed.nested_language_model,
+            quantization: quantization.or(parsed.quantization),
         })
+    }
+
+    pub fn common(&self) -> &CommonConfig {
+        self.config.common()
+    }
+
+    /// The family's config as its own type, for code that knows the family.
+    pub fn config_as<T: 'static>(&self) -> Option<&T> {
+        self.config.as_any().downcast_ref::<T>()
     }
 
     /// Where the decoder's layers are named in the checkpoint, so that
@@ -244,27 +163,10 @@ impl ModelSpec {
         if self.nested_language_model {
             prefixes.push("model.language_model.".to_string());
         }
-        // DeepSeek-V4's released names start at `layers.`.
-        if matches!(self.architecture, Architecture::DeepseekV4(_)) {
-            prefixes.push(String::new());
-        }
+        prefixes.extend(self.config.extra_layer_prefixes().iter().map(|p| p.to_string()));
         DecoderNames {
             prefixes,
             layers: self.common().num_layers,
-        }
-    }
-
-    pub fn common(&self) -> &CommonConfig {
-        match &self.architecture {
-            Architecture::Qwen3Moe(c) => &c.common,
-            Architecture::Mixtral(c) => &c.common,
-            Architecture::MinimaxM2(c) => &c.common,
-            Architecture::DeepseekV3(c) => &c.common,
-            Architecture::GlmMoeDsa(c) => c.common(),
-            Architecture::DeepseekV4(c) => &c.common,
-            Architecture::GptOss(c) => &c.common,
-            Architecture::KimiLinear(c) => &c.common,
-            Architecture::Qwen3Next(c) => &c.common,
         }
     }
 
@@ -272,53 +174,7 @@ impl ModelSpec {
     /// position, and the linear layers' fixed state and convolution window
     /// with the checkpoints kept of them (f32).
     pub fn state_bytes(&self) -> crate::memory::StateBytes {
-        const F32: u64 = 4;
-        let linear = match &self.architecture {
-            Architecture::KimiLinear(c) => Some((&c.linear, &c.linear_layers)),
-            Architecture::Qwen3Next(c) => Some((&c.linear, &c.linear_layers)),
-            _ => None,
-        };
-        let fixed_values = match &self.architecture {
-            Architecture::DeepseekV4(c) => c.state_values_fixed(),
-            _ => linear.map_or(0, |(s, layers)| {
-                layers.iter().filter(|l| **l).count() * s.state_values()
-            }),
-        };
-        let fixed = fixed_values as u64 * F32 * (1 + state::MAX_CHECKPOINTS as u64);
-        crate::memory::StateBytes {
-            per_token: self.kv_bytes_per_token(),
-            fixed,
-        }
-    }
-
-    /// Bytes the attention cache holds per position (f32, every attention layer).
-    fn kv_bytes_per_token(&self) -> u64 {
-        const F32: u64 = 4;
-        let (layers, per_layer) = match &self.architecture {
-            Architecture::Qwen3Moe(c) => (c.common.num_layers, 2 * c.kv_heads * c.head_dim),
-            Architecture::Mixtral(c) => (c.common.num_layers, 2 * c.kv_heads * c.head_dim),
-            Architecture::MinimaxM2(c) => (c.common.num_layers, 2 * c.kv_heads * c.head_dim),
-            Architecture::GptOss(c) => (c.common.num_layers, 2 * c.kv_heads * c.head_dim),
-            Architecture::DeepseekV3(c) => {
-                (c.common.num_layers, c.kv_lora_rank + c.qk_rope_head_dim)
-            }
-            Architecture::DeepseekV4(c) => return c.state_values_per_token() as u64 * F32,
-            Architecture::GlmMoeDsa(c) => {
-                let b = &c.base;
-                let index = c.indexers() * c.index_head_dim;
-                return (b.common.num_layers * (b.kv_lora_rank + b.qk_rope_head_dim) + index) as u64
-                    * F32;
-            }
-            Architecture::KimiLinear(c) => (
-                c.linear_layers.iter().filter(|l| !**l).count(),
-                c.mla.kv_lora_rank + c.mla.rope,
-            ),
-            Architecture::Qwen3Next(c) => (
-                c.linear_layers.iter().filter(|l| !**l).count(),
-                2 * c.kv_heads * c.head_dim,
-            ),
-        };
-        (layers * per_layer) as u64 * F32
+        self.config.state_layout().bytes()
     }
 
     /// Builds the model from `source`. With `experts` set, routed experts come
@@ -356,14 +212,8 @@ impl ModelSpec {
         } else {
             source
         };
-        let released = deepseek_v4::ReleasedNames { inner: source };
-        let source: &dyn TensorSource = if matches!(self.architecture, Architecture::DeepseekV4(_))
-            && deepseek_v4::has_released_names(source)
-        {
-            &released
-        } else {
-            source
-        };
+        let released = self.config.released_names(source);
+        let source: &dyn TensorSource = released.as_deref().unwrap_or(source);
         let root = Weights::root(source);
         let w = if self.weight_prefix.is_empty() {
             root
@@ -401,17 +251,13 @@ impl ModelSpec {
             }
             .into());
         }
-        match &self.architecture {
-            Architecture::Qwen3Moe(c) => qwen3_moe::build(c, &w, experts),
-            Architecture::Mixtral(c) => mixtral::build(c, &w, experts),
-            Architecture::MinimaxM2(c) => minimax_m2::build(c, &w, experts),
-            Architecture::DeepseekV3(c) => deepseek_v3::build(c, &w, experts),
-            Architecture::GlmMoeDsa(c) => glm_moe_dsa::build(c, &w, experts),
-            Architecture::DeepseekV4(c) => deepseek_v4::build(c, &w, experts),
-            Architecture::GptOss(c) => gpt_oss::build(c, &w, experts),
-            Architecture::KimiLinear(c) => kimi_linear::build(c, &w, experts),
-            Architecture::Qwen3Next(c) => qwen3_next::build(c, &w, experts),
+        let decoder = self.config.build(&w, experts)?;
+        if decoder.state_slots != self.config.state_layout().len() {
+            return Err(ModelError::Internal(
+                "the decoder's state slots differ from its family's layout",
+            ));
         }
+        Ok(decoder)
     }
 }
 

@@ -13,6 +13,8 @@ use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::Scoring;
 use super::{CommonConfig, ModelError, assemble};
 use crate::weights::Weights;
+use super::family::{Family, FamilyConfig, Parsed, grouped_layout};
+use super::state::StateLayout;
 
 const DEFAULT_ROPE_THETA: f64 = 10_000.0;
 const DEFAULT_RMS_EPS: f64 = 1e-6;
@@ -157,4 +159,45 @@ pub fn build(
         )?);
     }
     assemble(&c.common, w, layers, rope, experts)
+}
+
+/// Qwen3-MoE.
+pub struct Qwen3MoeFamily;
+
+pub static FAMILY: Qwen3MoeFamily = Qwen3MoeFamily;
+
+impl Family for Qwen3MoeFamily {
+    fn model_types(&self) -> &'static [&'static str] {
+        &["qwen3_moe"]
+    }
+
+    fn parse(&self, raw: &RawConfig, _model_type: &str) -> Result<Parsed, ConfigError> {
+        Ok(Parsed::plain(Config::parse(raw)?))
+    }
+
+    fn gguf_architectures(&self) -> &'static [&'static str] {
+        &["qwen3moe"]
+    }
+}
+
+impl FamilyConfig for Config {
+    fn common(&self) -> &CommonConfig {
+        &self.common
+    }
+
+    fn state_layout(&self) -> StateLayout {
+        grouped_layout(self.common.num_layers, self.kv_heads, self.head_dim)
+    }
+
+    fn build(
+        &self,
+        w: &Weights,
+        experts: Option<Arc<dyn ExpertProvider>>,
+    ) -> Result<Decoder, ModelError> {
+        build(self, w, experts)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }

@@ -25,6 +25,8 @@ use super::layers::{Linear, Mlp, RmsNorm, Stacked};
 use super::{CommonConfig, ModelError};
 use crate::kernels::Matrix;
 use crate::weights::Weights;
+use super::family::{Family, FamilyConfig, Parsed};
+use super::state::{SlotKind, StateLayout};
 
 const DEFAULT_ROPE_THETA: f64 = 10_000.0;
 const DEFAULT_RMS_EPS: f64 = 1e-6;
@@ -297,4 +299,64 @@ pub fn build(
     let mut decoder = super::assemble(&c.common, w, layers, rope, experts)?;
     decoder.norm = RmsNorm::load_offset(&w.pp("model"), "norm", h, eps, CENTRED)?;
     Ok(decoder)
+}
+
+/// Qwen3-Next and Qwen3.5-MoE's text model.
+pub struct Qwen3NextFamily;
+
+pub static FAMILY: Qwen3NextFamily = Qwen3NextFamily;
+
+impl Family for Qwen3NextFamily {
+    fn model_types(&self) -> &'static [&'static str] {
+        &["qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"]
+    }
+
+    fn parse(&self, raw: &RawConfig, model_type: &str) -> Result<Parsed, ConfigError> {
+        match model_type {
+            "qwen3_next" => Ok(Parsed::plain(Config::parse(raw, false)?)),
+            "qwen3_5_moe_text" => Ok(Parsed::plain(Config::parse(raw, true)?)),
+            // The vision tower is not used; text positions make MRoPE plain rotary.
+            _ => {
+                let text = raw.sub_config("text_config")?;
+                Ok(Parsed {
+                    quantization: super::quantization::parse(&text)?,
+                    nested_language_model: true,
+                    ..Parsed::plain(Config::parse(&text, true)?)
+                })
+            }
+        }
+    }
+}
+
+impl FamilyConfig for Config {
+    fn common(&self) -> &CommonConfig {
+        &self.common
+    }
+
+    /// Linear layers' fixed state; the gated attention layers' keys and values.
+    fn state_layout(&self) -> StateLayout {
+        StateLayout::layers(self.linear_layers.iter().map(|&linear| {
+            if linear {
+                SlotKind::Fixed {
+                    values: self.linear.state_values(),
+                }
+            } else {
+                SlotKind::Appending {
+                    per_position: 2 * self.kv_heads * self.head_dim,
+                }
+            }
+        }))
+    }
+
+    fn build(
+        &self,
+        w: &Weights,
+        experts: Option<Arc<dyn ExpertProvider>>,
+    ) -> Result<Decoder, ModelError> {
+        build(self, w, experts)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }

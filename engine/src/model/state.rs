@@ -27,6 +27,89 @@ use super::ModelError;
 /// Checkpoints kept for cutting back recurrent layers; older ones are dropped.
 pub const MAX_CHECKPOINTS: usize = 4;
 
+/// Who uses a state slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotRole {
+    /// Decoder layer `n`'s own attention or recurrent state.
+    Layer(usize),
+    /// The index keys of layer `n`'s lightning indexer (DeepSeek sparse
+    /// attention).
+    IndexKeys(usize),
+    /// Layer `n`'s compressed entries (DeepSeek-V4), appended per position.
+    Entries(usize),
+    /// Layer `n`'s ring of open windows' projections (DeepSeek-V4).
+    Ring(usize),
+}
+
+/// What a state slot holds, in f32 values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotKind {
+    /// Rows appended per position: this many values a position.
+    Appending { per_position: usize },
+    /// A fixed state overwritten as positions go: this many values, kept
+    /// again at each checkpoint.
+    Fixed { values: usize },
+}
+
+/// The state slots one sequence keeps: the layers' own first (slot `n` is
+/// layer `n`'s), then the extra slots some layers use, each found by its
+/// role. The memory a sequence needs and the slots a built decoder reads
+/// both come from it, so they cannot disagree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateLayout {
+    slots: Vec<(SlotRole, SlotKind)>,
+}
+
+impl StateLayout {
+    /// One slot per layer, of the given kinds.
+    pub fn layers(kinds: impl IntoIterator<Item = SlotKind>) -> Self {
+        Self {
+            slots: kinds
+                .into_iter()
+                .enumerate()
+                .map(|(i, k)| (SlotRole::Layer(i), k))
+                .collect(),
+        }
+    }
+
+    /// Adds a slot after the others.
+    pub fn push(&mut self, role: SlotRole, kind: SlotKind) {
+        self.slots.push((role, kind));
+    }
+
+    /// The index of the slot `role` uses.
+    pub fn slot(&self, role: SlotRole) -> Result<usize, ModelError> {
+        self.slots
+            .iter()
+            .position(|(r, _)| *r == role)
+            .ok_or(ModelError::Internal("a layer asked for a state slot its layout lacks"))
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// f32 bytes per position and fixed (with the checkpoints kept of it).
+    pub fn bytes(&self) -> crate::memory::StateBytes {
+        const F32: u64 = 4;
+        let (mut per_position, mut fixed) = (0u64, 0u64);
+        for (_, kind) in &self.slots {
+            match *kind {
+                SlotKind::Appending { per_position: n } => per_position += n as u64,
+                SlotKind::Fixed { values } => fixed += values as u64,
+            }
+        }
+        crate::memory::StateBytes {
+            per_token: per_position * F32,
+            fixed: fixed * F32 * (1 + MAX_CHECKPOINTS as u64),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq)]
 enum LayerState {
     /// Nothing computed yet (or a layer without state).

@@ -8,7 +8,7 @@ use super::PackError;
 use super::encoding::ExpertEncoding;
 use super::layout::{LayerTensors, Part};
 use crate::kernels::Format;
-use crate::model::{Architecture, ModelSpec, gpt_oss};
+use crate::model::{ModelSpec, gpt_oss};
 use crate::weights::safetensors::UnsupportedDtype;
 use crate::weights::{Dtype, SafetensorsCheckpoint, Weights, fp4, int4, mxfp4, stored_rows};
 
@@ -34,7 +34,7 @@ impl<'a> LayerPlan<'a> {
     ) -> Result<Self, PackError> {
         // gpt-oss's own stacked layout; experts stored one by one (a GGUF)
         // take the common path.
-        if let (Architecture::GptOss(c), [Some(_), _]) = (&spec.architecture, &tensors.fused) {
+        if let (Some(c), [Some(_), _]) = (spec.config_as::<gpt_oss::Config>(), &tensors.fused) {
             return Self::gpt_oss(ckpt, layer, tensors, c);
         }
         let info = |name: &str| {

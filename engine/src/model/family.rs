@@ -1,0 +1,164 @@
+//! A family is a file and a row.
+//!
+//! Each model family (Qwen3-MoE, DeepSeek-V3, …) lives in its own file and
+//! implements two traits: [`Family`] says which `model_type` values it reads
+//! and how (and which GGUF architectures and `synth` shapes it has), and the
+//! [`FamilyConfig`] it parses knows its state and builds its decoder.
+//! [`FAMILIES`] lists them; the supported types, config parsing, the GGUF
+//! architecture map and `synth --arch` all read that one table. Adding
+//! MiniMax-M2 before this took edits at seven places in `model/mod.rs` and
+//! four other model files; a family now touches its file and its row.
+
+use std::any::Any;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use super::config::{ConfigError, RawConfig};
+use super::layers::decoder::Decoder;
+use super::layers::experts::ExpertProvider;
+use super::quantization::Quantization;
+use super::state::{SlotKind, StateLayout};
+use super::{CommonConfig, ModelError};
+use crate::weights::{TensorSource, Weights};
+
+/// One model family.
+pub trait Family: Sync {
+    /// The `model_type` values it reads; the first names the family.
+    fn model_types(&self) -> &'static [&'static str];
+
+    /// Reads `raw`, whose `model_type` is one of [`Family::model_types`].
+    fn parse(&self, raw: &RawConfig, model_type: &str) -> Result<Parsed, ConfigError>;
+
+    /// The GGUF `general.architecture` values its files are imported from.
+    fn gguf_architectures(&self) -> &'static [&'static str] {
+        &[]
+    }
+}
+
+/// A parsed config and where its weights are.
+pub struct Parsed {
+    pub config: Box<dyn FamilyConfig>,
+    /// Prefix of the language model's tensors (multimodal checkpoints nest it).
+    pub weight_prefix: &'static str,
+    /// Whether the text model's `model.` tensors are stored under
+    /// `model.language_model.` (Qwen3.5's multimodal release).
+    pub nested_language_model: bool,
+    /// A weight format stated by a nested text config.
+    pub quantization: Option<Quantization>,
+}
+
+impl Parsed {
+    /// A config whose weights sit where transformers puts them.
+    pub fn plain(config: impl FamilyConfig) -> Self {
+        Self {
+            config: Box::new(config),
+            weight_prefix: "",
+            nested_language_model: false,
+            quantization: None,
+        }
+    }
+}
+
+/// A family's typed settings: what one sequence's state holds and how the
+/// decoder is built.
+pub trait FamilyConfig: Debug + Send + Sync + Any {
+    fn common(&self) -> &CommonConfig;
+
+    /// The state slots one sequence keeps, as the built decoder uses them.
+    fn state_layout(&self) -> StateLayout;
+
+    /// Builds the decoder from `w` (the language model's weights); routed
+    /// experts come from `experts`, else from `w` into RAM.
+    fn build(
+        &self,
+        w: &Weights,
+        experts: Option<Arc<dyn ExpertProvider>>,
+    ) -> Result<Decoder, ModelError>;
+
+    /// The weights under the names the build asks for, where the release
+    /// names them its own way (DeepSeek-V4's `layers.0.attn.wq_a`).
+    fn released_names<'a>(
+        &self,
+        _source: &'a dyn TensorSource,
+    ) -> Option<Box<dyn TensorSource + 'a>> {
+        None
+    }
+
+    /// What may precede `layers.N.` in the release's names besides `model.`.
+    fn extra_layer_prefixes(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// One appending slot per layer of grouped-query attention: a key and a
+/// value row per KV head a position.
+pub fn grouped_layout(layers: usize, kv_heads: usize, head_dim: usize) -> StateLayout {
+    StateLayout::layers((0..layers).map(|_| SlotKind::Appending {
+        per_position: 2 * kv_heads * head_dim,
+    }))
+}
+
+/// Every family Longhaul runs, in the order the README lists them.
+pub static FAMILIES: &[&dyn Family] = &[
+    &super::qwen3_moe::FAMILY,
+    &super::mixtral::FAMILY,
+    &super::deepseek_v3::FAMILY,
+    &super::gpt_oss::FAMILY,
+    &super::kimi_linear::FAMILY,
+    &super::qwen3_next::FAMILY,
+    &super::minimax_m2::FAMILY,
+    &super::glm_moe_dsa::FAMILY,
+    &super::deepseek_v4::FAMILY,
+];
+
+/// The family that reads `model_type`.
+pub fn family_of(model_type: &str) -> Option<&'static dyn Family> {
+    FAMILIES
+        .iter()
+        .copied()
+        .find(|f| f.model_types().contains(&model_type))
+}
+
+/// Every `model_type` value Longhaul reads.
+pub fn supported_model_types() -> Vec<&'static str> {
+    FAMILIES
+        .iter()
+        .flat_map(|f| f.model_types().iter().copied())
+        .collect()
+}
+
+/// The family a GGUF file's `general.architecture` names.
+pub fn family_of_gguf(architecture: &str) -> Option<&'static dyn Family> {
+    FAMILIES
+        .iter()
+        .copied()
+        .find(|f| f.gguf_architectures().contains(&architecture))
+}
+
+/// Every GGUF architecture Longhaul imports.
+pub fn supported_gguf_architectures() -> Vec<&'static str> {
+    FAMILIES
+        .iter()
+        .flat_map(|f| f.gguf_architectures().iter().copied())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_type_belongs_to_one_family() {
+        let types = supported_model_types();
+        for t in &types {
+            let owners = FAMILIES
+                .iter()
+                .filter(|f| f.model_types().contains(t))
+                .count();
+            assert_eq!(owners, 1, "{t}");
+        }
+        assert!(types.contains(&"kimi_k2") && types.contains(&"deepseek_v4"));
+    }
+}
