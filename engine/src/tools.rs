@@ -23,7 +23,7 @@ pub use crate::pilot::PilotCounters;
 pub use crate::store::probe::{ProbeReport, probe};
 pub use crate::store::{DEFAULT_QUEUE_DEPTH, DriveSnapshot, StoreConfig, StoreError, StoreFaults};
 pub use crate::synth::{
-    SynthArch, SynthDtype, SynthError, SynthSpec, SynthSummary, write_synthetic,
+    SynthDtype, SynthError, SynthSpec, SynthSummary, synth_names, write_synthetic,
 };
 pub use crate::tokenizer::TextTokenizer;
 

@@ -580,8 +580,8 @@ fn replicated_records_verify_and_stay_exact() {
 
 /// A small checkpoint whose expert rows are whole Q4K super-blocks.
 fn blockable_checkpoint(root: &Path) -> PathBuf {
-    use longhaul_engine::synth::{SynthArch, SynthSpec, write_synthetic};
-    let mut spec = SynthSpec::new(SynthArch::DeepseekV3);
+    use longhaul_engine::synth::{SynthSpec, write_synthetic};
+    let mut spec = SynthSpec::named("deepseek_v3").unwrap();
     spec.vocab = 512;
     spec.hidden = 256;
     spec.layers = 3;
@@ -602,12 +602,12 @@ fn blockable_checkpoint(root: &Path) -> PathBuf {
 #[test]
 fn synthetic_quantised_checkpoints_load_narrow_and_stream_exactly() {
     use longhaul_engine::model::Quantization;
-    use longhaul_engine::synth::{SynthArch, SynthDtype, SynthSpec, write_synthetic};
+    use longhaul_engine::synth::{SynthDtype, SynthSpec, write_synthetic};
     // (arch, dtype, moe intermediate, quantization, manifest dtype, record bytes)
     let cases = [
         // 400 gate/up rows of 256 and 256 down rows of 200, a byte each plus scales.
         (
-            SynthArch::DeepseekV3,
+            "deepseek_v3",
             SynthDtype::Fp8,
             200,
             Quantization::Fp8Blocks,
@@ -616,7 +616,7 @@ fn synthetic_quantised_checkpoints_load_narrow_and_stream_exactly() {
         ),
         // Groups of 32: a BF16 scale and 16 bytes.
         (
-            SynthArch::DeepseekV3,
+            "deepseek_v3",
             SynthDtype::Int4,
             192,
             Quantization::Int4Groups,
@@ -625,7 +625,7 @@ fn synthetic_quantised_checkpoints_load_narrow_and_stream_exactly() {
         ),
         // Blocks of 32: a scale byte and 16 bytes.
         (
-            SynthArch::GptOss,
+            "gpt_oss",
             SynthDtype::Mxfp4,
             192,
             Quantization::Mxfp4,
@@ -635,7 +635,7 @@ fn synthetic_quantised_checkpoints_load_narrow_and_stream_exactly() {
     ];
     for (arch, dtype, inter, quantization, name, record_len) in cases {
         let tmp = tempfile::tempdir().unwrap();
-        let mut spec = SynthSpec::new(arch);
+        let mut spec = SynthSpec::named(arch).unwrap();
         (
             spec.vocab,
             spec.hidden,
@@ -843,9 +843,9 @@ fn argmax(row: &[f32]) -> usize {
 /// streams bitwise the logits of the checkpoint in RAM.
 #[test]
 fn synthetic_kimi_linear_streams_exactly() {
-    use longhaul_engine::synth::{SynthArch, SynthSpec, write_synthetic};
+    use longhaul_engine::synth::{SynthSpec, write_synthetic};
     let tmp = tempfile::tempdir().unwrap();
-    let mut spec = SynthSpec::new(SynthArch::KimiLinear);
+    let mut spec = SynthSpec::named("kimi_linear").unwrap();
     (
         spec.vocab,
         spec.hidden,

@@ -35,8 +35,6 @@ pub enum Arch {
     GptOss,
 }
 
-const SUPPORTED_ARCHS: [&str; 4] = ["qwen3moe", "llama (with experts)", "deepseek2", "gpt-oss"];
-
 impl Arch {
     pub fn of(file: &GgufFile) -> Result<Self, ImportError> {
         let key = "general.architecture";
@@ -49,19 +47,22 @@ impl Arch {
                 key: key.to_string(),
                 needs: "it names the model's architecture",
             })?;
-        match name {
-            "qwen3moe" => Ok(Arch::Qwen3Moe),
-            "llama" => Ok(Arch::Llama),
-            "deepseek2" => Ok(Arch::Deepseek2),
-            "gpt-oss" => Ok(Arch::GptOss),
-            other => Err(ImportError::Unsupported {
-                path: file.path.clone(),
-                what: format!(
-                    "GGUF architecture `{other}` is not supported; supported: {}",
-                    SUPPORTED_ARCHS.join(", ")
-                ),
-            }),
-        }
+        // The families' table says which architectures are read; this
+        // module knows how each one's names map.
+        let known = crate::model::family::family_of_gguf(name).and(match name {
+            "qwen3moe" => Some(Arch::Qwen3Moe),
+            "llama" => Some(Arch::Llama),
+            "deepseek2" => Some(Arch::Deepseek2),
+            "gpt-oss" => Some(Arch::GptOss),
+            _ => None,
+        });
+        known.ok_or_else(|| ImportError::Unsupported {
+            path: file.path.clone(),
+            what: format!(
+                "GGUF architecture `{name}` is not supported; supported: {} (`llama` with experts)",
+                crate::model::family::supported_gguf_architectures().join(", ")
+            ),
+        })
     }
 
     /// The metadata key prefix.

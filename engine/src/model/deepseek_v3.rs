@@ -16,6 +16,8 @@ use super::{CommonConfig, ModelError, assemble};
 use crate::weights::Weights;
 use super::family::{Family, FamilyConfig, Parsed};
 use super::state::{SlotKind, StateLayout};
+use crate::synth::{self, ALL_DTYPES, SynthAttention, DEEPSEEK_MOE, Shape, SynthFamily};
+use serde_json::json;
 
 const DEFAULT_ROPE_THETA: f64 = 10_000.0;
 const DEFAULT_ROUTED_SCALING: f64 = 2.5;
@@ -235,6 +237,10 @@ pub struct DeepseekV3Family;
 pub static FAMILY: DeepseekV3Family = DeepseekV3Family;
 
 impl Family for DeepseekV3Family {
+    fn synth(&self) -> Option<&'static dyn SynthFamily> {
+        Some(&SYNTH)
+    }
+
     fn model_types(&self) -> &'static [&'static str] {
         &["deepseek_v3", "kimi_k2", "kimi_k25"]
     }
@@ -280,6 +286,23 @@ impl Config {
         self.kv_lora_rank + self.qk_rope_head_dim
     }
 }
+
+/// `synth --arch deepseek_v3`: eight routing groups, four taken.
+static SYNTH: Shape = Shape {
+    name: "deepseek_v3",
+    attention: SynthAttention::Latent { indexer: false },
+    moe: Some(DEEPSEEK_MOE),
+    dense_prefix: 1,
+    dtypes: ALL_DTYPES,
+    expert_groups: 8,
+    config: |s| {
+        synth::extended(
+            synth::mla_config(s, "deepseek_v3", (8, 4)),
+            json!({ "rope_interleave": true }),
+        )
+    },
+    head: None,
+};
 
 impl FamilyConfig for Config {
     fn common(&self) -> &CommonConfig {

@@ -21,6 +21,7 @@ use super::{CommonConfig, ModelError, assemble};
 use crate::weights::{RawTensor, TensorSource, Weights, WeightsError};
 use super::family::{Family, FamilyConfig, Parsed};
 use super::state::{SlotKind, SlotRole, StateLayout};
+use crate::synth::{Shape, SynthFamily};
 
 /// `DeepseekV4Config`'s defaults for fields a config may omit.
 const DEFAULT_RMS_EPS: f64 = 1e-6;
@@ -534,6 +535,10 @@ pub struct DeepseekV4Family;
 pub static FAMILY: DeepseekV4Family = DeepseekV4Family;
 
 impl Family for DeepseekV4Family {
+    fn synth(&self) -> Option<&'static dyn SynthFamily> {
+        Some(SYNTH)
+    }
+
     fn model_types(&self) -> &'static [&'static str] {
         &["deepseek_v4"]
     }
@@ -542,6 +547,9 @@ impl Family for DeepseekV4Family {
         Ok(Parsed::plain(Config::parse(raw)?))
     }
 }
+
+/// `synth --arch deepseek_v4`.
+static SYNTH: &Shape = &crate::synth::deepseek_v4::SHAPE;
 
 impl FamilyConfig for Config {
     fn common(&self) -> &CommonConfig {

@@ -33,6 +33,11 @@ pub trait Family: Sync {
     fn gguf_architectures(&self) -> &'static [&'static str] {
         &[]
     }
+
+    /// How `synth --arch NAME` writes one, where it can.
+    fn synth(&self) -> Option<&'static dyn crate::synth::SynthFamily> {
+        None
+    }
 }
 
 /// A parsed config and where its weights are.

@@ -19,6 +19,8 @@ use super::{CommonConfig, ModelError};
 use crate::weights::Weights;
 use super::family::{Family, FamilyConfig, Parsed};
 use super::state::{SlotKind, SlotRole, StateLayout};
+use crate::synth::{self, ALL_DTYPES, SynthAttention, DEEPSEEK_MOE, Shape, SynthFamily};
+use serde_json::json;
 
 /// `GlmMoeDsaConfig`'s defaults where they differ from DeepSeek-V3's.
 const GLM_DEFAULTS: Defaults = Defaults {
@@ -210,6 +212,10 @@ pub struct GlmMoeDsaFamily;
 pub static FAMILY: GlmMoeDsaFamily = GlmMoeDsaFamily;
 
 impl Family for GlmMoeDsaFamily {
+    fn synth(&self) -> Option<&'static dyn SynthFamily> {
+        Some(&SYNTH)
+    }
+
     fn model_types(&self) -> &'static [&'static str] {
         &["glm_moe_dsa"]
     }
@@ -218,6 +224,25 @@ impl Family for GlmMoeDsaFamily {
         Ok(Parsed::plain(Config::parse(raw)?))
     }
 }
+
+/// `synth --arch glm_moe_dsa`.
+static SYNTH: Shape = Shape {
+    name: "glm_moe_dsa",
+    attention: SynthAttention::Latent { indexer: true },
+    moe: Some(DEEPSEEK_MOE),
+    dense_prefix: 1,
+    dtypes: ALL_DTYPES,
+    expert_groups: 1,
+    config: |s| {
+        let m = synth::MlaDims::of(s);
+        let index = json!({
+            "index_topk": synth::SYNTH_INDEX_TOPK, "index_head_dim": m.index_dim,
+            "index_n_heads": m.index_heads,
+        });
+        synth::extended(synth::mla_config(s, "glm_moe_dsa", (1, 1)), index)
+    },
+    head: None,
+};
 
 impl FamilyConfig for Config {
     fn common(&self) -> &CommonConfig {

@@ -27,6 +27,7 @@ use crate::kernels::{Format, Matrix};
 use crate::weights::{TensorSource, Weights, WeightsError, expect_shape, mxfp4, stored_rows};
 use super::family::{Family, FamilyConfig, Parsed, grouped_layout};
 use super::state::StateLayout;
+use crate::synth::{Shape, SynthFamily};
 
 const DEFAULT_ROPE_THETA: f64 = 150_000.0;
 const DEFAULT_RMS_EPS: f64 = 1e-5;
@@ -370,6 +371,10 @@ pub struct GptOssFamily;
 pub static FAMILY: GptOssFamily = GptOssFamily;
 
 impl Family for GptOssFamily {
+    fn synth(&self) -> Option<&'static dyn SynthFamily> {
+        Some(SYNTH)
+    }
+
     fn model_types(&self) -> &'static [&'static str] {
         &["gpt_oss"]
     }
@@ -382,6 +387,9 @@ impl Family for GptOssFamily {
         &["gpt-oss"]
     }
 }
+
+/// `synth --arch gpt_oss`.
+static SYNTH: &Shape = &crate::synth::gpt_oss::SHAPE;
 
 impl FamilyConfig for Config {
     fn common(&self) -> &CommonConfig {

@@ -24,6 +24,7 @@ use super::{CommonConfig, ModelError, assemble};
 use crate::weights::Weights;
 use super::family::{Family, FamilyConfig, Parsed};
 use super::state::{SlotKind, StateLayout};
+use crate::synth::{Shape, SynthFamily};
 
 /// Defaults of transformers' `KimiLinearConfig` for fields a config may omit.
 const DEFAULT_RMS_EPS: f64 = 1e-5;
@@ -314,6 +315,10 @@ pub struct KimiLinearFamily;
 pub static FAMILY: KimiLinearFamily = KimiLinearFamily;
 
 impl Family for KimiLinearFamily {
+    fn synth(&self) -> Option<&'static dyn SynthFamily> {
+        Some(SYNTH)
+    }
+
     fn model_types(&self) -> &'static [&'static str] {
         &["kimi_linear"]
     }
@@ -322,6 +327,9 @@ impl Family for KimiLinearFamily {
         Ok(Parsed::plain(Config::parse(raw)?))
     }
 }
+
+/// `synth --arch kimi_linear`.
+static SYNTH: &Shape = &crate::synth::kimi_linear::SHAPE;
 
 impl FamilyConfig for Config {
     fn common(&self) -> &CommonConfig {

@@ -26,6 +26,8 @@ use super::{CommonConfig, ModelError, assemble};
 use crate::weights::Weights;
 use super::family::{Family, FamilyConfig, Parsed, grouped_layout};
 use super::state::StateLayout;
+use crate::synth::{ALL_DTYPES, SynthAttention, MIXTRAL_MOE, Moe, QkNorm, RouterBias, Shape, SynthFamily};
+use serde_json::json;
 
 const DEFAULT_ROPE_THETA: f64 = 5_000_000.0;
 const DEFAULT_RMS_EPS: f64 = 1e-6;
@@ -189,6 +191,10 @@ pub struct MinimaxM2Family;
 pub static FAMILY: MinimaxM2Family = MinimaxM2Family;
 
 impl Family for MinimaxM2Family {
+    fn synth(&self) -> Option<&'static dyn SynthFamily> {
+        Some(&SYNTH)
+    }
+
     fn model_types(&self) -> &'static [&'static str] {
         &["minimax_m2"]
     }
@@ -197,6 +203,31 @@ impl Family for MinimaxM2Family {
         Ok(Parsed::plain(Config::parse(raw)?))
     }
 }
+
+/// `synth --arch minimax_m2`: the bias under the block, as released.
+static SYNTH: Shape = Shape {
+    name: "minimax_m2",
+    attention: SynthAttention::Grouped {
+        qk_norm: QkNorm::FullWidth,
+        bias: false,
+    },
+    moe: Some(Moe {
+        bias: RouterBias::UnderBlock,
+        ..MIXTRAL_MOE
+    }),
+    dense_prefix: 0,
+    dtypes: ALL_DTYPES,
+    expert_groups: 1,
+    config: |s| {
+        json!({
+            "model_type": "minimax_m2",
+            "head_dim": s.hidden / s.heads, "rotary_dim": s.hidden / s.heads / 2,
+            "intermediate_size": s.moe_intermediate, "num_local_experts": s.experts,
+            "rope_theta": 5_000_000.0,
+        })
+    },
+    head: None,
+};
 
 impl FamilyConfig for Config {
     fn common(&self) -> &CommonConfig {

@@ -15,6 +15,8 @@ use super::{CommonConfig, ModelError, assemble};
 use crate::weights::Weights;
 use super::family::{Family, FamilyConfig, Parsed, grouped_layout};
 use super::state::StateLayout;
+use crate::synth::{ALL_DTYPES, SynthAttention, MIXTRAL_MOE, QkNorm, Shape, SynthFamily};
+use serde_json::json;
 
 const DEFAULT_ROPE_THETA: f64 = 1_000_000.0;
 const DEFAULT_RMS_EPS: f64 = 1e-5;
@@ -128,6 +130,10 @@ pub struct MixtralFamily;
 pub static FAMILY: MixtralFamily = MixtralFamily;
 
 impl Family for MixtralFamily {
+    fn synth(&self) -> Option<&'static dyn SynthFamily> {
+        Some(&SYNTH)
+    }
+
     fn model_types(&self) -> &'static [&'static str] {
         &["mixtral"]
     }
@@ -140,6 +146,26 @@ impl Family for MixtralFamily {
         &["llama"]
     }
 }
+
+/// `synth --arch mixtral`.
+static SYNTH: Shape = Shape {
+    name: "mixtral",
+    attention: SynthAttention::Grouped {
+        qk_norm: QkNorm::None,
+        bias: false,
+    },
+    moe: Some(MIXTRAL_MOE),
+    dense_prefix: 0,
+    dtypes: ALL_DTYPES,
+    expert_groups: 1,
+    config: |s| {
+        json!({
+            "model_type": "mixtral",
+            "intermediate_size": s.moe_intermediate, "num_local_experts": s.experts,
+        })
+    },
+    head: None,
+};
 
 impl FamilyConfig for Config {
     fn common(&self) -> &CommonConfig {

@@ -15,6 +15,8 @@ use super::{CommonConfig, ModelError, assemble};
 use crate::weights::Weights;
 use super::family::{Family, FamilyConfig, Parsed, grouped_layout};
 use super::state::StateLayout;
+use crate::synth::{ALL_DTYPES, SynthAttention, PROJ_MOE, QkNorm, Shape, SynthFamily};
+use serde_json::json;
 
 const DEFAULT_ROPE_THETA: f64 = 10_000.0;
 const DEFAULT_RMS_EPS: f64 = 1e-6;
@@ -167,6 +169,10 @@ pub struct Qwen3MoeFamily;
 pub static FAMILY: Qwen3MoeFamily = Qwen3MoeFamily;
 
 impl Family for Qwen3MoeFamily {
+    fn synth(&self) -> Option<&'static dyn SynthFamily> {
+        Some(&SYNTH)
+    }
+
     fn model_types(&self) -> &'static [&'static str] {
         &["qwen3_moe"]
     }
@@ -179,6 +185,28 @@ impl Family for Qwen3MoeFamily {
         &["qwen3moe"]
     }
 }
+
+/// `synth --arch qwen3_moe`.
+static SYNTH: Shape = Shape {
+    name: "qwen3_moe",
+    attention: SynthAttention::Grouped {
+        qk_norm: QkNorm::PerHead,
+        bias: false,
+    },
+    moe: Some(PROJ_MOE),
+    dense_prefix: 0,
+    dtypes: ALL_DTYPES,
+    expert_groups: 1,
+    config: |s| {
+        json!({
+            "model_type": "qwen3_moe",
+            "head_dim": s.hidden / s.heads,
+            "intermediate_size": s.dense_intermediate, "moe_intermediate_size": s.moe_intermediate,
+            "num_experts": s.experts, "norm_topk_prob": true, "decoder_sparse_step": 1,
+        })
+    },
+    head: None,
+};
 
 impl FamilyConfig for Config {
     fn common(&self) -> &CommonConfig {

@@ -5,7 +5,21 @@
 
 use serde_json::{Value, json};
 
-use super::{Fill, SynthSpec};
+use super::{Add, SynthAttention, FLOAT_DTYPES, Fill, PROJ_MOE, Shape, SynthSpec};
+
+/// DeepSeek-V4-Flash's proportions: hyper-connections, compressed and
+/// sliding attention, hashed routing first; its layer adds the router's
+/// bias or hash table and the shared expert.
+pub static SHAPE: Shape = Shape {
+    name: "deepseek_v4",
+    attention: SynthAttention::Own(layer),
+    moe: Some(PROJ_MOE),
+    dense_prefix: 0,
+    dtypes: FLOAT_DTYPES,
+    expert_groups: 1,
+    config,
+    head: Some(head),
+};
 
 /// V4-Flash's settings that do not scale with the model.
 const SLIDING_WINDOW: usize = 128;
@@ -54,7 +68,7 @@ fn layer_type(l: usize) -> &'static str {
     }
 }
 
-pub(super) fn config(s: &SynthSpec) -> Value {
+fn config(s: &SynthSpec) -> Value {
     let d = Dims::of(s);
     let types: Vec<&str> = (0..s.layers).map(layer_type).collect();
     json!({
@@ -75,7 +89,7 @@ pub(super) fn config(s: &SynthSpec) -> Value {
 
 /// Adds layer `l`'s tensors under `p` (`model.layers.{l}`) through `t`,
 /// but for its norms and experts.
-pub(super) fn layer(s: &SynthSpec, p: &str, l: usize, t: &mut dyn FnMut(String, Vec<usize>, Fill)) {
+fn layer(s: &SynthSpec, p: &str, l: usize, t: &mut Add) {
     let (h, d) = (s.hidden, Dims::of(s));
     let std = |fan_in: usize| Fill::Uniform(1.0 / (fan_in as f32).sqrt());
     let hc = (2 + HC_MULT) * HC_MULT;
@@ -136,7 +150,7 @@ pub(super) fn layer(s: &SynthSpec, p: &str, l: usize, t: &mut dyn FnMut(String, 
 }
 
 /// The final collapse of the residual streams.
-pub(super) fn head(s: &SynthSpec, t: &mut dyn FnMut(String, Vec<usize>, Fill)) {
+fn head(s: &SynthSpec, t: &mut Add) {
     let h = s.hidden;
     let std = Fill::Uniform(1.0 / ((HC_MULT * h) as f32).sqrt());
     t("model.hc_head.hc_fn".into(), vec![HC_MULT, HC_MULT * h], std);

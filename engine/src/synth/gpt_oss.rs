@@ -2,11 +2,43 @@
 //! sinks, a biased router, and expert stacks as released (MXFP4 blocks with
 //! E8M0 scales) or as `save_pretrained` writes them (`[E, H, 2I]` floats).
 
-use super::{Fill, SynthDtype, SynthSpec, popularity};
+use serde_json::{Value, json};
+
+use super::{Add, SynthAttention, Fill, Shape, SynthDtype, SynthSpec, popularity};
+
+/// gpt-oss as released (MXFP4 experts) or as `save_pretrained` writes it.
+pub static SHAPE: Shape = Shape {
+    name: "gpt_oss",
+    attention: SynthAttention::Own(own_layer),
+    moe: None,
+    dense_prefix: 0,
+    dtypes: &[SynthDtype::Mxfp4, SynthDtype::Bf16, SynthDtype::F32],
+    expert_groups: 1,
+    config,
+    head: None,
+};
+
+fn own_layer(s: &SynthSpec, p: &str, _l: usize, t: &mut Add) {
+    layer(s, p, t);
+}
+
+fn config(s: &SynthSpec) -> Value {
+    json!({
+        "model_type": "gpt_oss",
+        "head_dim": s.hidden / s.heads,
+        "intermediate_size": s.moe_intermediate, "num_local_experts": s.experts,
+        "attention_bias": true, "sliding_window": 128,
+        "swiglu_alpha": 1.702, "swiglu_limit": 7.0,
+        "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+            "beta_slow": 1.0, "truncate": false, "original_max_position_embeddings": 4096,
+        },
+    })
+}
 
 /// Adds layer `p`'s attention and MoE tensors (its norms are added by the
 /// caller) through `t`.
-pub(super) fn layer(s: &SynthSpec, p: &str, t: &mut dyn FnMut(String, Vec<usize>, Fill)) {
+fn layer(s: &SynthSpec, p: &str, t: &mut Add) {
     let (h, i, e) = (s.hidden, s.moe_intermediate, s.experts);
     let head_dim = h / s.heads;
     let std = |fan_in: usize| Fill::Uniform(1.0 / (fan_in as f32).sqrt());

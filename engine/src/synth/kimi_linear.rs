@@ -8,7 +8,28 @@
 
 use serde_json::{Value, json};
 
-use super::{Fill, SynthSpec};
+use super::{Add, SynthAttention, FLOAT_DTYPES, Fill, MIXTRAL_MOE, Moe, RouterBias, Shape, SynthSpec};
+
+/// Kimi-Linear as released: `block_sparse_moe` with the bias under its gate
+/// and a shared expert, one dense layer first.
+pub static SHAPE: Shape = Shape {
+    name: "kimi_linear",
+    attention: SynthAttention::Own(own_attention),
+    moe: Some(Moe {
+        bias: RouterBias::UnderGate,
+        shared_experts: true,
+        ..MIXTRAL_MOE
+    }),
+    dense_prefix: 1,
+    dtypes: FLOAT_DTYPES,
+    expert_groups: 1,
+    config,
+    head: None,
+};
+
+fn own_attention(s: &SynthSpec, p: &str, l: usize, t: &mut Add) {
+    attention(s, &format!("{p}.self_attn"), l, t);
+}
 
 /// Short convolution taps, as Kimi-Linear ships.
 const CONV_KERNEL: usize = 4;
@@ -28,12 +49,7 @@ fn linear_dims(s: &SynthSpec) -> (usize, usize) {
 }
 
 /// Adds layer `l`'s attention tensors under `a` through `t`.
-pub(super) fn attention(
-    s: &SynthSpec,
-    a: &str,
-    l: usize,
-    t: &mut dyn FnMut(String, Vec<usize>, Fill),
-) {
+fn attention(s: &SynthSpec, a: &str, l: usize, t: &mut Add) {
     let h = s.hidden;
     let std = |fan_in: usize| Fill::Uniform(1.0 / (fan_in as f32).sqrt());
     if is_full_attention(l) {
@@ -85,7 +101,7 @@ pub(super) fn attention(
 }
 
 /// The config's Kimi-Linear fields.
-pub(super) fn config(s: &SynthSpec) -> Value {
+fn config(s: &SynthSpec) -> Value {
     let m = super::MlaDims::of(s);
     let (heads, d) = linear_dims(s);
     let (full, kda): (Vec<usize>, Vec<usize>) =

@@ -24,9 +24,15 @@ use serde_json::{Value, json};
 
 use crate::weights::safetensors::{TensorEntry, header_bytes};
 
-mod deepseek_v4;
-mod gpt_oss;
-mod kimi_linear;
+pub mod deepseek_v4;
+pub mod gpt_oss;
+pub mod kimi_linear;
+mod shape;
+
+pub use shape::{
+    ALL_DTYPES, Add, DEEPSEEK_MOE, FLOAT_DTYPES, MIXTRAL_MOE, Moe, PROJ_MOE, QkNorm,
+    RouterBias, Shape, SynthAttention, SynthFamily,
+};
 
 /// Values generated and written per chunk.
 const CHUNK_VALUES: usize = 1 << 20;
@@ -51,40 +57,33 @@ pub enum SynthError {
     Invalid(String),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SynthArch {
-    DeepseekV3,
-    Qwen3Moe,
-    Mixtral,
-    GptOss,
-    KimiLinear,
-    MinimaxM2,
-    GlmMoeDsa,
-    DeepseekV4,
+/// The family `synth --arch name` writes.
+pub fn synth_family(name: &str) -> Result<&'static dyn SynthFamily, SynthError> {
+    crate::model::FAMILIES
+        .iter()
+        .filter_map(|f| f.synth())
+        .find(|s| s.name() == name)
+        .ok_or_else(|| {
+            SynthError::Invalid(format!(
+                "--arch {name} is not supported; use {}",
+                synth_names().join(", ")
+            ))
+        })
 }
 
-impl SynthArch {
-    pub fn parse(name: &str) -> Result<Self, SynthError> {
-        match name {
-            "deepseek_v3" => Ok(Self::DeepseekV3),
-            "qwen3_moe" => Ok(Self::Qwen3Moe),
-            "mixtral" => Ok(Self::Mixtral),
-            "gpt_oss" => Ok(Self::GptOss),
-            "kimi_linear" => Ok(Self::KimiLinear),
-            "minimax_m2" => Ok(Self::MinimaxM2),
-            "glm_moe_dsa" => Ok(Self::GlmMoeDsa),
-            "deepseek_v4" => Ok(Self::DeepseekV4),
-            other => Err(SynthError::Invalid(format!(
-                "--arch {other} is not supported; use deepseek_v3, deepseek_v4, glm_moe_dsa, kimi_linear, qwen3_moe, mixtral, gpt_oss or minimax_m2"
-            ))),
-        }
-    }
+/// Every `synth --arch` name, in the families' order.
+pub fn synth_names() -> Vec<&'static str> {
+    crate::model::FAMILIES
+        .iter()
+        .filter_map(|f| f.synth())
+        .map(|s| s.name())
+        .collect()
 }
 
 /// The shape of a synthetic model.
 #[derive(Debug, Clone)]
 pub struct SynthSpec {
-    pub arch: SynthArch,
+    pub arch: &'static dyn SynthFamily,
     pub vocab: usize,
     pub hidden: usize,
     pub layers: usize,
@@ -118,6 +117,16 @@ pub enum SynthDtype {
 }
 
 impl SynthDtype {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Bf16 => "bf16",
+            Self::F32 => "f32",
+            Self::Fp8 => "fp8",
+            Self::Int4 => "int4",
+            Self::Mxfp4 => "mxfp4",
+        }
+    }
+
     pub fn parse(name: &str) -> Result<Self, SynthError> {
         match name.to_ascii_lowercase().as_str() {
             "bf16" => Ok(Self::Bf16),
@@ -133,8 +142,13 @@ impl SynthDtype {
 }
 
 impl SynthSpec {
+    /// The default shape of the family `synth --arch name` writes.
+    pub fn named(name: &str) -> Result<Self, SynthError> {
+        Ok(Self::new(synth_family(name)?))
+    }
+
     /// A DeepSeek-V3-shaped default, small enough for one machine.
-    pub fn new(arch: SynthArch) -> Self {
+    pub fn new(arch: &'static dyn SynthFamily) -> Self {
         Self {
             arch,
             vocab: 4096,
@@ -171,10 +185,7 @@ impl SynthSpec {
     }
 
     fn dense_prefix(&self) -> usize {
-        match self.arch {
-            SynthArch::DeepseekV3 | SynthArch::KimiLinear | SynthArch::GlmMoeDsa => 1,
-            _ => 0,
-        }
+        self.arch.dense_prefix()
     }
 
     fn validate(&self) -> Result<(), SynthError> {
@@ -188,32 +199,13 @@ impl SynthSpec {
         if self.top_k == 0 || self.top_k > self.experts {
             return bad("--top-k must be between 1 and --experts");
         }
-        if self.arch == SynthArch::DeepseekV3 && !self.experts.is_multiple_of(8) {
-            return bad("deepseek_v3 needs --experts divisible by 8 (its 8 routing groups)");
-        }
         if self.layers <= self.dense_prefix() {
             return bad("--layers leaves no MoE layer");
         }
         if self.vocab < 256 {
             return bad("--vocab must be at least 256 (the tokenizer's byte alphabet)");
         }
-        if self.arch == SynthArch::KimiLinear
-            && !matches!(self.dtype, SynthDtype::Bf16 | SynthDtype::F32)
-        {
-            return bad("kimi_linear is released in BF16: use --dtype bf16 or f32");
-        }
-        if self.arch == SynthArch::DeepseekV4
-            && !matches!(self.dtype, SynthDtype::Bf16 | SynthDtype::F32)
-        {
-            return bad("deepseek_v4 synthetic checkpoints are BF16 or F32: use --dtype bf16 or f32");
-        }
-        let gpt_oss = self.arch == SynthArch::GptOss;
-        if self.dtype == SynthDtype::Mxfp4 && !gpt_oss {
-            return bad("--dtype mxfp4 is how gpt-oss is released: use it with --arch gpt_oss");
-        }
-        if gpt_oss && matches!(self.dtype, SynthDtype::Fp8 | SynthDtype::Int4) {
-            return bad("gpt_oss is released in MXFP4 or BF16: use --dtype mxfp4, bf16 or f32");
-        }
+        self.arch.check(self).map_err(SynthError::Invalid)?;
         let group = crate::kernels::format::INT4_GROUP;
         if matches!(self.dtype, SynthDtype::Int4 | SynthDtype::Mxfp4)
             && !(self.hidden.is_multiple_of(group) && self.moe_intermediate.is_multiple_of(group))
@@ -228,7 +220,7 @@ impl SynthSpec {
 
 /// How a tensor's values are drawn.
 #[derive(Debug, Clone)]
-enum Fill {
+pub enum Fill {
     /// Uniform with this standard deviation.
     Uniform(f32),
     /// 1 + uniform noise (norm weights).
@@ -551,8 +543,6 @@ fn plan(s: &SynthSpec) -> Vec<TensorPlan> {
         vec![s.vocab, h],
         Fill::Embedding,
     );
-    let head_dim = h / s.heads;
-    let mla = MlaDims::of(s);
     for l in 0..s.layers {
         let p = format!("model.layers.{l}");
         t(
@@ -565,186 +555,28 @@ fn plan(s: &SynthSpec) -> Vec<TensorPlan> {
             vec![h],
             Fill::NearOne,
         );
-        if s.arch == SynthArch::GptOss {
-            gpt_oss::layer(s, &p, &mut t);
-            continue;
-        }
-        let a = format!("{p}.self_attn");
-        match s.arch {
-            SynthArch::DeepseekV4 => deepseek_v4::layer(s, &p, l, &mut t),
-            SynthArch::KimiLinear => kimi_linear::attention(s, &a, l, &mut t),
-            SynthArch::DeepseekV3 | SynthArch::GlmMoeDsa => {
-                let qk = mla.nope + mla.rope;
-                t(format!("{a}.q_a_proj.weight"), vec![mla.q_lora, h], std(h));
-                t(
-                    format!("{a}.q_a_layernorm.weight"),
-                    vec![mla.q_lora],
-                    Fill::NearOne,
-                );
-                t(
-                    format!("{a}.q_b_proj.weight"),
-                    vec![s.heads * qk, mla.q_lora],
-                    std(mla.q_lora),
-                );
-                t(
-                    format!("{a}.kv_a_proj_with_mqa.weight"),
-                    vec![mla.kv_lora + mla.rope, h],
-                    std(h),
-                );
-                t(
-                    format!("{a}.kv_a_layernorm.weight"),
-                    vec![mla.kv_lora],
-                    Fill::NearOne,
-                );
-                t(
-                    format!("{a}.kv_b_proj.weight"),
-                    vec![s.heads * (mla.nope + mla.v), mla.kv_lora],
-                    std(mla.kv_lora),
-                );
-                t(
-                    format!("{a}.o_proj.weight"),
-                    vec![h, s.heads * mla.v],
-                    std(s.heads * mla.v),
-                );
-                if s.arch == SynthArch::GlmMoeDsa {
-                    let (heads, dim) = (mla.index_heads, mla.index_dim);
-                    let ix = format!("{a}.indexer");
-                    t(format!("{ix}.wq_b.weight"), vec![heads * dim, mla.q_lora], std(mla.q_lora));
-                    t(format!("{ix}.wk.weight"), vec![dim, h], std(h));
-                    t(format!("{ix}.k_norm.weight"), vec![dim], Fill::NearOne);
-                    t(format!("{ix}.k_norm.bias"), vec![dim], Fill::Zeros);
-                    t(format!("{ix}.weights_proj.weight"), vec![heads, h], std(h));
-                }
-            }
-            SynthArch::Qwen3Moe | SynthArch::Mixtral | SynthArch::GptOss | SynthArch::MinimaxM2 => {
-                t(
-                    format!("{a}.q_proj.weight"),
-                    vec![s.heads * head_dim, h],
-                    std(h),
-                );
-                t(
-                    format!("{a}.k_proj.weight"),
-                    vec![s.kv_heads * head_dim, h],
-                    std(h),
-                );
-                t(
-                    format!("{a}.v_proj.weight"),
-                    vec![s.kv_heads * head_dim, h],
-                    std(h),
-                );
-                t(
-                    format!("{a}.o_proj.weight"),
-                    vec![h, s.heads * head_dim],
-                    std(s.heads * head_dim),
-                );
-                if s.arch == SynthArch::Qwen3Moe {
-                    t(format!("{a}.q_norm.weight"), vec![head_dim], Fill::NearOne);
-                    t(format!("{a}.k_norm.weight"), vec![head_dim], Fill::NearOne);
-                }
-                if s.arch == SynthArch::MinimaxM2 {
-                    // Over all heads' lanes at once.
-                    let (q, kv) = (s.heads * head_dim, s.kv_heads * head_dim);
-                    t(format!("{a}.q_norm.weight"), vec![q], Fill::NearOne);
-                    t(format!("{a}.k_norm.weight"), vec![kv], Fill::NearOne);
-                }
-            }
-        }
-        if l < s.dense_prefix() {
-            let m = format!("{p}.mlp");
-            let i = s.dense_intermediate;
-            t(format!("{m}.gate_proj.weight"), vec![i, h], std(h));
-            t(format!("{m}.up_proj.weight"), vec![i, h], std(h));
-            t(format!("{m}.down_proj.weight"), vec![h, i], std(i));
-            continue;
-        }
-        let (block, names) = match s.arch {
-            SynthArch::Mixtral | SynthArch::KimiLinear | SynthArch::MinimaxM2 => {
-                ("block_sparse_moe", ["w1", "w3", "w2"])
-            }
-            _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
-        };
-        let m = format!("{p}.{block}");
-        let i = s.moe_intermediate;
-        t(
-            format!("{m}.gate.weight"),
-            vec![s.experts, h],
-            Fill::Router {
-                std: 1.0 / (h as f32).sqrt(),
-                popularity: popularity(s.experts, s.zipf),
-            },
-        );
-        if s.arch == SynthArch::MinimaxM2 {
-            t(
-                format!("{m}.e_score_correction_bias"),
-                vec![s.experts],
-                Fill::Zeros,
-            );
-        }
-        if matches!(
-            s.arch,
-            SynthArch::DeepseekV3 | SynthArch::KimiLinear | SynthArch::GlmMoeDsa
-        ) {
-            t(
-                format!("{m}.gate.e_score_correction_bias"),
-                vec![s.experts],
-                Fill::Zeros,
-            );
-            t(
-                format!("{m}.shared_experts.gate_proj.weight"),
-                vec![i, h],
-                std(h),
-            );
-            t(
-                format!("{m}.shared_experts.up_proj.weight"),
-                vec![i, h],
-                std(h),
-            );
-            t(
-                format!("{m}.shared_experts.down_proj.weight"),
-                vec![h, i],
-                std(i),
-            );
-        }
-        for e in 0..s.experts {
-            t(
-                format!("{m}.experts.{e}.{}.weight", names[0]),
-                vec![i, h],
-                std(h),
-            );
-            t(
-                format!("{m}.experts.{e}.{}.weight", names[1]),
-                vec![i, h],
-                std(h),
-            );
-            t(
-                format!("{m}.experts.{e}.{}.weight", names[2]),
-                vec![h, i],
-                std(i),
-            );
-        }
+        s.arch.layer(s, &p, l, &mut t);
     }
-    if s.arch == SynthArch::DeepseekV4 {
-        deepseek_v4::head(s, &mut t);
-    }
+    s.arch.head(s, &mut t);
     t("model.norm.weight".into(), vec![h], Fill::NearOne);
     t("lm_head.weight".into(), vec![s.vocab, h], std(h));
     out
 }
 
 /// MLA sizes derived from the hidden size, in DeepSeek-V3's proportions.
-pub(super) struct MlaDims {
-    q_lora: usize,
-    kv_lora: usize,
-    nope: usize,
-    rope: usize,
-    v: usize,
+pub struct MlaDims {
+    pub q_lora: usize,
+    pub kv_lora: usize,
+    pub nope: usize,
+    pub rope: usize,
+    pub v: usize,
     /// GLM-5's indexer: half the heads, twice the rotary width.
-    index_heads: usize,
-    index_dim: usize,
+    pub index_heads: usize,
+    pub index_dim: usize,
 }
 
 impl MlaDims {
-    fn of(s: &SynthSpec) -> Self {
+    pub fn of(s: &SynthSpec) -> Self {
         let head = (s.hidden / s.heads).max(8);
         Self {
             q_lora: (s.hidden / 4).max(8),
@@ -759,7 +591,7 @@ impl MlaDims {
 }
 
 /// Positions each query reads under GLM-5's sparse attention, as released.
-const SYNTH_INDEX_TOPK: usize = 2048;
+pub const SYNTH_INDEX_TOPK: usize = 2048;
 
 fn config_json(s: &SynthSpec) -> Value {
     let common = json!({
@@ -776,49 +608,7 @@ fn config_json(s: &SynthSpec) -> Value {
         "tie_word_embeddings": false,
         "torch_dtype": if s.dtype == SynthDtype::F32 { "float32" } else { "bfloat16" },
     });
-    let specific = match s.arch {
-        SynthArch::KimiLinear => kimi_linear::config(s),
-        SynthArch::DeepseekV3 => extended(
-            mla_config(s, "deepseek_v3", (8, 4)),
-            json!({ "rope_interleave": true }),
-        ),
-        SynthArch::DeepseekV4 => deepseek_v4::config(s),
-        SynthArch::GlmMoeDsa => {
-            let m = MlaDims::of(s);
-            let index = json!({
-                "index_topk": SYNTH_INDEX_TOPK, "index_head_dim": m.index_dim,
-                "index_n_heads": m.index_heads,
-            });
-            extended(mla_config(s, "glm_moe_dsa", (1, 1)), index)
-        }
-        SynthArch::Qwen3Moe => json!({
-            "model_type": "qwen3_moe",
-            "head_dim": s.hidden / s.heads,
-            "intermediate_size": s.dense_intermediate, "moe_intermediate_size": s.moe_intermediate,
-            "num_experts": s.experts, "norm_topk_prob": true, "decoder_sparse_step": 1,
-        }),
-        SynthArch::Mixtral => json!({
-            "model_type": "mixtral",
-            "intermediate_size": s.moe_intermediate, "num_local_experts": s.experts,
-        }),
-        SynthArch::MinimaxM2 => json!({
-            "model_type": "minimax_m2",
-            "head_dim": s.hidden / s.heads, "rotary_dim": s.hidden / s.heads / 2,
-            "intermediate_size": s.moe_intermediate, "num_local_experts": s.experts,
-            "rope_theta": 5_000_000.0,
-        }),
-        SynthArch::GptOss => json!({
-            "model_type": "gpt_oss",
-            "head_dim": s.hidden / s.heads,
-            "intermediate_size": s.moe_intermediate, "num_local_experts": s.experts,
-            "attention_bias": true, "sliding_window": 128,
-            "swiglu_alpha": 1.702, "swiglu_limit": 7.0,
-            "rope_parameters": {
-                "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
-                "beta_slow": 1.0, "truncate": false, "original_max_position_embeddings": 4096,
-            },
-        }),
-    };
+    let specific = s.arch.config(s);
     let mut merged = common;
     let quantization = match s.dtype {
         SynthDtype::Fp8 => Some(
@@ -847,7 +637,7 @@ fn config_json(s: &SynthSpec) -> Value {
 }
 
 /// `base` with `extra`'s fields added (replacing any of the same name).
-fn extended(mut base: Value, extra: Value) -> Value {
+pub fn extended(mut base: Value, extra: Value) -> Value {
     if let (Some(m), Value::Object(extra)) = (base.as_object_mut(), extra) {
         m.extend(extra);
     }
@@ -856,7 +646,11 @@ fn extended(mut base: Value, extra: Value) -> Value {
 
 /// The fields DeepSeek-V3 and GLM-5 share: MLA sizes, the MoE, and
 /// `(n_group, topk_group)` of its group-limited routing.
-fn mla_config(s: &SynthSpec, model_type: &str, (n_group, topk_group): (usize, usize)) -> Value {
+pub fn mla_config(
+    s: &SynthSpec,
+    model_type: &str,
+    (n_group, topk_group): (usize, usize),
+) -> Value {
     let m = MlaDims::of(s);
     json!({
         "model_type": model_type,
@@ -938,10 +732,10 @@ mod tests {
             "minimax_m2",
         ] {
             let tmp = tempfile::tempdir().unwrap();
-            let mut s = SynthSpec::new(SynthArch::parse(arch).unwrap());
+            let mut s = SynthSpec::named(arch).unwrap();
             (s.vocab, s.hidden, s.layers, s.heads, s.kv_heads) = (300, 64, 2, 4, 2);
             (s.experts, s.top_k, s.moe_intermediate, s.dense_intermediate) = (8, 2, 32, 64);
-            if s.arch == SynthArch::DeepseekV4 {
+            if arch == "deepseek_v4" {
                 // Sliding, sparse and heavily compressed layers.
                 s.layers = 4;
             }
@@ -956,7 +750,7 @@ mod tests {
 
     #[test]
     fn fit_size_picks_enough_layers() {
-        let mut s = SynthSpec::new(SynthArch::DeepseekV3);
+        let mut s = SynthSpec::named("deepseek_v3").unwrap();
         s.fit_size(1 << 30);
         let experts = s.expert_bytes() * s.experts as u64 * (s.layers - 1) as u64;
         assert!(experts >= 1 << 30 && experts < (1 << 30) + s.expert_bytes() * s.experts as u64);

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use longhaul_engine::tools::{SynthArch, SynthDtype, SynthSpec, write_synthetic};
+use longhaul_engine::tools::{SynthDtype, SynthSpec, write_synthetic};
 use serde_json::json;
 
 use super::size::parse_size;
@@ -66,7 +66,7 @@ pub struct SynthArgs {
 }
 
 pub fn run(args: SynthArgs) -> anyhow::Result<()> {
-    let mut spec = SynthSpec::new(SynthArch::parse(&args.arch)?);
+    let mut spec = SynthSpec::named(&args.arch)?;
     let set = |field: &mut usize, value: Option<usize>| {
         if let Some(v) = value {
             *field = v;
