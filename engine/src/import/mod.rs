@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use crate::weights::SafetensorsCheckpoint;
 use crate::weights::gguf::{GgufError, GgufFile, GgufValue};
 
-pub use names::SUPPORTED_TYPES;
+pub use names::supported_types;
 
 /// The file name suffix of GGUF files.
 const EXTENSION: &str = "gguf";
@@ -44,7 +44,7 @@ pub enum ImportError {
     },
     #[error(
         "{path}: tensor `{tensor}` is stored as {ty}, which Longhaul does not compute with; supported GGUF types: {}",
-        SUPPORTED_TYPES.join(", ")
+        supported_types().join(", ")
     )]
     UnsupportedType {
         path: PathBuf,

@@ -10,17 +10,16 @@ use super::ImportError;
 use crate::kernels::Format;
 use crate::weights::gguf::{GgmlType, GgufFile, GgufTensor};
 use crate::weights::{
-    BLOCK_FORMATS, Dtype, RowOrder, SafetensorsCheckpoint, SafetensorsFile, TensorInfo,
+    Dtype, RowOrder, SafetensorsCheckpoint, SafetensorsFile, TensorInfo,
 };
 
-/// GGUF tensor types Longhaul computes with.
-pub const SUPPORTED_TYPES: [&str; 23] = [
-    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-    "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS",
-    "IQ3_S",
-];
-/// GGML's number for MXFP4, named `MXFP4` in files.
-const GGML_MXFP4: u32 = 39;
+/// GGUF tensor types Longhaul computes with, by GGML's names.
+pub fn supported_types() -> Vec<&'static str> {
+    crate::kernels::format::FORMATS
+        .iter()
+        .filter_map(|r| r.ggml.map(|(_, name)| name))
+        .collect()
+}
 
 /// GGUF architectures Longhaul reads, by `general.architecture`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -224,19 +223,12 @@ fn map_stem(arch: Arch, name: &str) -> Option<(Mapped, &'static str)> {
 
 /// The dtype a GGUF tensor type is read as, if Longhaul computes with it.
 fn dtype(ty: GgmlType) -> Option<Dtype> {
-    match ty.0 {
-        0 => Some(Dtype::F32),
-        1 => Some(Dtype::F16),
-        30 => Some(Dtype::BF16),
-        GGML_MXFP4 => Some(Dtype::Blocks(Format::Mxfp4Ggml)),
-        _ => {
-            let name = ty.name();
-            BLOCK_FORMATS
-                .into_iter()
-                .find(|f: &Format| Dtype::Blocks(*f).name() == Some(name.as_str()))
-                .map(Dtype::Blocks)
-        }
-    }
+    Some(match Format::of_ggml(ty.0)? {
+        Format::F32 => Dtype::F32,
+        Format::F16 => Dtype::F16,
+        Format::BF16 => Dtype::BF16,
+        f => Dtype::Blocks(f),
+    })
 }
 
 /// All tensors of `files` under Hugging Face names, as one checkpoint.

@@ -85,97 +85,122 @@ const E2M1: [f32; 16] = [
 /// 2^112: moves an f16 exponent (bias 15) placed in an f32 (bias 127) home.
 const F16_EXPONENT_SHIFT: f32 = f32::from_bits((127 + 112) << 23);
 
+/// Everything about one format but its decoding, in one row.
+#[derive(Debug, Clone, Copy)]
+pub struct FormatRow {
+    pub format: Format,
+    /// Longhaul's name (pack manifests, `--experts`).
+    pub name: &'static str,
+    /// Elements decoded together; a row is a whole number of blocks.
+    pub block: usize,
+    /// Bytes of one block.
+    pub block_bytes: usize,
+    /// The dtype a safetensors file written by Longhaul stores a tensor of
+    /// this format as (a pack's resident file, a GGUF's tensors as read).
+    pub stored: Option<&'static str>,
+    /// GGML's type number and name, for formats GGUF files store.
+    pub ggml: Option<(u32, &'static str)>,
+}
+
+const fn row(
+    format: Format,
+    name: &'static str,
+    block: usize,
+    block_bytes: usize,
+    stored: Option<&'static str>,
+    ggml: Option<(u32, &'static str)>,
+) -> FormatRow {
+    FormatRow {
+        format,
+        name,
+        block,
+        block_bytes,
+        stored,
+        ggml,
+    }
+}
+
+/// A GGML block type, stored under its GGML name.
+const fn ggml_blocks(format: Format, name: &'static str, block: usize, bytes: usize, id: u32) -> FormatRow {
+    row(format, name, block, bytes, Some(name), Some((id, name)))
+}
+
+/// One row per [`Format`], in its order: the only list of formats' names,
+/// block sizes and GGML numbers. Decoding is [`decode_row`]'s match, so each
+/// format's loop inlines into the matmul tiles rather than being called
+/// through a pointer.
+pub const FORMATS: [FormatRow; 26] = [
+    row(Format::F32, "F32", 1, 4, None, Some((0, "F32"))),
+    row(Format::F16, "F16", 1, 2, None, Some((1, "F16"))),
+    row(Format::BF16, "BF16", 1, 2, None, Some((30, "BF16"))),
+    ggml_blocks(Format::Q8_0, "Q8_0", ggml::QK, ggml::Q8_0_BYTES, 8),
+    // Longhaul's `--experts q4k` names it without the underscore.
+    row(Format::Q4K, "Q4K", ggml::QK_K, ggml::Q4_K_BYTES, Some("Q4_K"), Some((12, "Q4_K"))),
+    ggml_blocks(Format::Q4_0, "Q4_0", ggml::QK, ggml::Q4_0_BYTES, 2),
+    ggml_blocks(Format::Q4_1, "Q4_1", ggml::QK, ggml::Q4_1_BYTES, 3),
+    ggml_blocks(Format::Q5_0, "Q5_0", ggml::QK, ggml::Q5_0_BYTES, 6),
+    ggml_blocks(Format::Q5_1, "Q5_1", ggml::QK, ggml::Q5_1_BYTES, 7),
+    ggml_blocks(Format::Q2K, "Q2_K", ggml::QK_K, ggml::Q2_K_BYTES, 10),
+    ggml_blocks(Format::Q3K, "Q3_K", ggml::QK_K, ggml::Q3_K_BYTES, 11),
+    ggml_blocks(Format::Q5K, "Q5_K", ggml::QK_K, ggml::Q5_K_BYTES, 13),
+    ggml_blocks(Format::Q6K, "Q6_K", ggml::QK_K, ggml::Q6_K_BYTES, 14),
+    ggml_blocks(Format::Iq4Nl, "IQ4_NL", ggml::QK, ggml::IQ4_NL_BYTES, 20),
+    ggml_blocks(Format::Iq4Xs, "IQ4_XS", ggml::QK_K, ggml::IQ4_XS_BYTES, 23),
+    ggml_blocks(Format::Iq2Xxs, "IQ2_XXS", ggml::QK_K, iq::IQ2_XXS_BYTES, 16),
+    ggml_blocks(Format::Iq2Xs, "IQ2_XS", ggml::QK_K, iq::IQ2_XS_BYTES, 17),
+    ggml_blocks(Format::Iq2S, "IQ2_S", ggml::QK_K, iq::IQ2_S_BYTES, 22),
+    ggml_blocks(Format::Iq3Xxs, "IQ3_XXS", ggml::QK_K, iq::IQ3_XXS_BYTES, 18),
+    ggml_blocks(Format::Iq3S, "IQ3_S", ggml::QK_K, iq::IQ3_S_BYTES, 21),
+    ggml_blocks(Format::Iq1S, "IQ1_S", ggml::QK_K, iq::IQ1_S_BYTES, 19),
+    ggml_blocks(Format::Iq1M, "IQ1_M", ggml::QK_K, iq::IQ1_M_BYTES, 29),
+    // Stored apart from gpt-oss's own MXFP4, whose nibbles are in another order.
+    row(
+        Format::Mxfp4Ggml,
+        "GGML_MXFP4",
+        ggml::QK,
+        ggml::MXFP4_BYTES,
+        Some("GGML_MXFP4"),
+        Some((39, "MXFP4")),
+    ),
+    row(Format::Fp8Block, "FP8_E4M3_B128", FP8_BLOCK, FP8_SCALE_BYTES + FP8_BLOCK, None, None),
+    row(Format::Int4G32, "INT4_G32", INT4_GROUP, INT4_BYTES, None, None),
+    row(Format::Mxfp4, "MXFP4", MXFP4_BLOCK, MXFP4_BYTES, None, None),
+];
+
 impl Format {
+    /// The format's row of [`FORMATS`].
+    pub fn row(self) -> &'static FormatRow {
+        &FORMATS[self as usize]
+    }
+
     pub fn name(self) -> &'static str {
-        match self {
-            Format::F32 => "F32",
-            Format::F16 => "F16",
-            Format::BF16 => "BF16",
-            Format::Q8_0 => "Q8_0",
-            Format::Q4K => "Q4K",
-            Format::Q4_0 => "Q4_0",
-            Format::Q4_1 => "Q4_1",
-            Format::Q5_0 => "Q5_0",
-            Format::Q5_1 => "Q5_1",
-            Format::Q2K => "Q2_K",
-            Format::Q3K => "Q3_K",
-            Format::Q5K => "Q5_K",
-            Format::Q6K => "Q6_K",
-            Format::Iq4Nl => "IQ4_NL",
-            Format::Iq4Xs => "IQ4_XS",
-            Format::Iq2Xxs => "IQ2_XXS",
-            Format::Iq2Xs => "IQ2_XS",
-            Format::Iq2S => "IQ2_S",
-            Format::Iq3Xxs => "IQ3_XXS",
-            Format::Iq3S => "IQ3_S",
-            Format::Iq1S => "IQ1_S",
-            Format::Iq1M => "IQ1_M",
-            Format::Mxfp4Ggml => "GGML_MXFP4",
-            Format::Fp8Block => "FP8_E4M3_B128",
-            Format::Int4G32 => "INT4_G32",
-            Format::Mxfp4 => "MXFP4",
-        }
+        self.row().name
     }
 
     /// Elements decoded together; a row is a whole number of blocks.
     pub fn block(self) -> usize {
-        match self {
-            Format::F32 | Format::F16 | Format::BF16 => 1,
-            Format::Q8_0
-            | Format::Q4_0
-            | Format::Q4_1
-            | Format::Q5_0
-            | Format::Q5_1
-            | Format::Iq4Nl
-            | Format::Mxfp4Ggml => ggml::QK,
-            Format::Q4K
-            | Format::Q2K
-            | Format::Q3K
-            | Format::Q5K
-            | Format::Q6K
-            | Format::Iq4Xs
-            | Format::Iq2Xxs
-            | Format::Iq2Xs
-            | Format::Iq2S
-            | Format::Iq3Xxs
-            | Format::Iq3S
-            | Format::Iq1S
-            | Format::Iq1M => ggml::QK_K,
-            Format::Fp8Block => FP8_BLOCK,
-            Format::Int4G32 => INT4_GROUP,
-            Format::Mxfp4 => MXFP4_BLOCK,
-        }
+        self.row().block
     }
 
     /// Bytes of one block.
     pub fn block_bytes(self) -> usize {
-        match self {
-            Format::F32 => 4,
-            Format::F16 | Format::BF16 => 2,
-            Format::Q8_0 => ggml::Q8_0_BYTES,
-            Format::Q4K => ggml::Q4_K_BYTES,
-            Format::Q4_0 => ggml::Q4_0_BYTES,
-            Format::Q4_1 => ggml::Q4_1_BYTES,
-            Format::Q5_0 => ggml::Q5_0_BYTES,
-            Format::Q5_1 => ggml::Q5_1_BYTES,
-            Format::Q2K => ggml::Q2_K_BYTES,
-            Format::Q3K => ggml::Q3_K_BYTES,
-            Format::Q5K => ggml::Q5_K_BYTES,
-            Format::Q6K => ggml::Q6_K_BYTES,
-            Format::Iq4Nl => ggml::IQ4_NL_BYTES,
-            Format::Iq4Xs => ggml::IQ4_XS_BYTES,
-            Format::Iq2Xxs => iq::IQ2_XXS_BYTES,
-            Format::Iq2Xs => iq::IQ2_XS_BYTES,
-            Format::Iq2S => iq::IQ2_S_BYTES,
-            Format::Iq3Xxs => iq::IQ3_XXS_BYTES,
-            Format::Iq3S => iq::IQ3_S_BYTES,
-            Format::Iq1S => iq::IQ1_S_BYTES,
-            Format::Iq1M => iq::IQ1_M_BYTES,
-            Format::Mxfp4Ggml => ggml::MXFP4_BYTES,
-            Format::Fp8Block => FP8_SCALE_BYTES + FP8_BLOCK,
-            Format::Int4G32 => INT4_BYTES,
-            Format::Mxfp4 => MXFP4_BYTES,
-        }
+        self.row().block_bytes
+    }
+
+    /// The GGML block formats a tensor may be stored in.
+    pub fn ggml_blocks() -> impl Iterator<Item = Format> {
+        FORMATS
+            .iter()
+            .filter(|r| r.ggml.is_some() && r.stored.is_some())
+            .map(|r| r.format)
+    }
+
+    /// The format GGML type number `id` is read as.
+    pub fn of_ggml(id: u32) -> Option<Format> {
+        FORMATS
+            .iter()
+            .find(|r| r.ggml.is_some_and(|(n, _)| n == id))
+            .map(|r| r.format)
     }
 
     /// Bytes of a row of `cols` elements, or `None` when `cols` is not a
@@ -428,6 +453,17 @@ pub fn f32_to_f16_bytes(values: &[f32]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_table_has_one_row_per_format_in_order() {
+        for (i, r) in FORMATS.iter().enumerate() {
+            assert_eq!(r.format as usize, i, "{}", r.name);
+            assert!(r.block > 0 && r.block_bytes > 0);
+        }
+        let ids: std::collections::BTreeSet<u32> =
+            FORMATS.iter().filter_map(|r| r.ggml).map(|g| g.0).collect();
+        assert_eq!(ids.len(), FORMATS.iter().filter(|r| r.ggml.is_some()).count());
+    }
     use candle_core::quantized::{GgmlDType, QTensor};
     use candle_core::{Device, Tensor};
 

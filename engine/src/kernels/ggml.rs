@@ -335,7 +335,7 @@ pub fn mxfp4(b: &[u8; MXFP4_BYTES], out: &mut [f32; QK]) {
 #[cfg(test)]
 mod tests {
     use super::super::format::{Format, decode_row};
-    use crate::weights::{BLOCK_FORMATS, Dtype};
+    use crate::weights::Dtype;
 
     /// Random blocks (any bit pattern, finite scales) decode to exactly the
     /// values of the `gguf` package's numpy dequantiser
@@ -344,7 +344,7 @@ mod tests {
     fn blocks_decode_as_the_gguf_reference_does() {
         let dir =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ggml_blocks");
-        for format in BLOCK_FORMATS {
+        for format in Format::ggml_blocks() {
             // Files are named as GGUF names the type.
             let name = match format {
                 Format::Mxfp4Ggml => "MXFP4",

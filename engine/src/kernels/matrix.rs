@@ -650,9 +650,7 @@ mod tests {
         // realistic range), one row at a time too: that is where fast paths run.
         // ...and the GGML types candle cannot quantise to.
         let quantised = quantised.map(|(_, f)| f);
-        let from_bytes = crate::weights::BLOCK_FORMATS
-            .into_iter()
-            .filter(|f| !quantised.contains(f));
+        let from_bytes = Format::ggml_blocks().filter(|f| !quantised.contains(f));
         for format in [Format::Mxfp4, Format::Int4G32, Format::Fp8Block]
             .into_iter()
             .chain(from_bytes)

@@ -87,39 +87,13 @@ impl GgufValue {
 pub struct GgmlType(pub u32);
 
 impl GgmlType {
-    /// Name, values per block and bytes per block of the types Longhaul
-    /// knows the layout of.
-    const KNOWN: [(u32, &'static str, u64, u64); 23] = [
-        (0, "F32", 1, 4),
-        (1, "F16", 1, 2),
-        (2, "Q4_0", 32, 18),
-        (3, "Q4_1", 32, 20),
-        (6, "Q5_0", 32, 22),
-        (7, "Q5_1", 32, 24),
-        (8, "Q8_0", 32, 34),
-        (10, "Q2_K", 256, 84),
-        (11, "Q3_K", 256, 110),
-        (12, "Q4_K", 256, 144),
-        (13, "Q5_K", 256, 176),
-        (14, "Q6_K", 256, 210),
-        (16, "IQ2_XXS", 256, 66),
-        (17, "IQ2_XS", 256, 74),
-        (18, "IQ3_XXS", 256, 98),
-        (19, "IQ1_S", 256, 50),
-        (20, "IQ4_NL", 32, 18),
-        (21, "IQ3_S", 256, 110),
-        (22, "IQ2_S", 256, 82),
-        (29, "IQ1_M", 256, 56),
-        (23, "IQ4_XS", 256, 136),
-        (30, "BF16", 1, 2),
-        (39, "MXFP4", 32, 17),
-    ];
-
+    /// Name, values per block and bytes per block, for the types Longhaul
+    /// knows the layout of (the formats' table).
     fn known(self) -> Option<(&'static str, u64, u64)> {
-        Self::KNOWN
-            .iter()
-            .find(|k| k.0 == self.0)
-            .map(|&(_, name, block, bytes)| (name, block, bytes))
+        let format = crate::kernels::Format::of_ggml(self.0)?;
+        let row = format.row();
+        let (_, name) = row.ggml?;
+        Some((name, row.block as u64, row.block_bytes as u64))
     }
 
     /// Names of the types GGML defines whose layout Longhaul does not read.

@@ -21,7 +21,7 @@ use candle_core::{Device, Tensor};
 pub use checkpoint::SafetensorsCheckpoint;
 
 use crate::kernels::{Format, Matrix};
-pub use safetensors::{BLOCK_FORMATS, Dtype, RowOrder, SafetensorsFile, TensorInfo};
+pub use safetensors::{Dtype, RowOrder, SafetensorsFile, TensorInfo};
 use safetensors::UnsupportedDtype;
 
 #[derive(Debug, thiserror::Error)]

@@ -68,9 +68,7 @@ impl Dtype {
             Dtype::F16 => Some("F16"),
             Dtype::BF16 => Some("BF16"),
             Dtype::F8E4M3 => Some("F8_E4M3"),
-            Dtype::Blocks(Format::Q4K) => Some("Q4_K"),
-            Dtype::Blocks(f) if !f.is_float() => Some(f.name()),
-            Dtype::Blocks(_) => None,
+            Dtype::Blocks(f) => f.row().stored,
             // Integer tables (DeepSeek-V4's token-to-expert routing) are
             // read by model code as they are stored, so packs carry them.
             Dtype::Unsupported(UnsupportedDtype::I64) => Some("I64"),
@@ -83,10 +81,7 @@ impl Dtype {
 
     pub fn parse(name: &str) -> Option<Self> {
         use UnsupportedDtype as U;
-        if let Some(f) = BLOCK_FORMATS
-            .into_iter()
-            .find(|f| Dtype::Blocks(*f).name() == Some(name))
-        {
+        if let Some(f) = Format::ggml_blocks().find(|f| f.row().stored == Some(name)) {
             return Some(Dtype::Blocks(f));
         }
         Some(match name {
@@ -143,30 +138,6 @@ impl Dtype {
         }
     }
 }
-
-/// The GGML block types a tensor may be stored in.
-pub const BLOCK_FORMATS: [Format; 20] = [
-    Format::Q4_0,
-    Format::Q4_1,
-    Format::Q5_0,
-    Format::Q5_1,
-    Format::Q8_0,
-    Format::Q2K,
-    Format::Q3K,
-    Format::Q4K,
-    Format::Q5K,
-    Format::Q6K,
-    Format::Iq4Nl,
-    Format::Iq4Xs,
-    Format::Mxfp4Ggml,
-    Format::Iq2Xxs,
-    Format::Iq2Xs,
-    Format::Iq2S,
-    Format::Iq3Xxs,
-    Format::Iq3S,
-    Format::Iq1S,
-    Format::Iq1M,
-];
 
 /// Where one tensor lives inside a safetensors file.
 #[derive(Debug, Clone, PartialEq, Eq)]
