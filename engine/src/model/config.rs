@@ -276,6 +276,16 @@ impl RawConfig {
     }
 
     /// Reads the rotary-embedding settings in either config generation.
+    /// Whether the config names `partial_rotary_factor`, at the top or in
+    /// its rope settings (families whose default is not 1 need to know).
+    pub fn gives_rotary_factor(&self) -> bool {
+        let named = |v: Option<&Value>| v.is_some_and(|v| !v.is_null());
+        named(self.get("partial_rotary_factor"))
+            || ["rope_parameters", "rope_scaling"]
+                .iter()
+                .any(|k| named(self.get(k).and_then(|p| p.get("partial_rotary_factor"))))
+    }
+
     pub fn rope(&self, default_theta: f64) -> Result<RopeParams, ConfigError> {
         let (field, params) = match self.lookup(&["rope_parameters", "rope_scaling"]) {
             None => ("rope_parameters", Map::new()),

@@ -136,6 +136,7 @@ pub fn build(
             kv_heads: c.kv_heads,
             head_dim: c.head_dim,
             bias: c.attention_bias,
+            o_bias: c.attention_bias,
             qk_norm_eps: None,
             qk_norm_full_width: false,
             window: c.sliding_window.filter(|_| c.sliding[i]),

@@ -66,7 +66,7 @@ impl Config {
         refuse_other_variants(raw)?;
         let mut rope = raw.rope(DEFAULT_ROPE_THETA)?;
         // The legacy field, read when no factor is given anywhere.
-        if let (false, Some(dim)) = (gives_rotary_factor(raw), raw.usize_any(&["rotary_dim"])?) {
+        if let (false, Some(dim)) = (raw.gives_rotary_factor(), raw.usize_any(&["rotary_dim"])?) {
             rope.partial_rotary_factor = dim as f64 / head_dim as f64;
         }
         let rotated = (head_dim as f64 * rope.partial_rotary_factor) as usize;
@@ -87,16 +87,6 @@ impl Config {
             common,
         })
     }
-}
-
-/// Whether the config names `partial_rotary_factor`, at the top or in its
-/// rope settings.
-fn gives_rotary_factor(raw: &RawConfig) -> bool {
-    let named = |v: Option<&Value>| v.is_some_and(|v| !v.is_null());
-    named(raw.get("partial_rotary_factor"))
-        || ["rope_parameters", "rope_scaling"]
-            .iter()
-            .any(|k| named(raw.get(k).and_then(|p| p.get("partial_rotary_factor"))))
 }
 
 /// Settings of the released config that transformers does not read: a value
@@ -146,6 +136,7 @@ pub fn build(
             kv_heads: c.kv_heads,
             head_dim: c.head_dim,
             bias: false,
+            o_bias: false,
             qk_norm_eps: Some(eps),
             qk_norm_full_width: true,
             window: None,

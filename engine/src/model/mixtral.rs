@@ -96,6 +96,7 @@ pub fn build(
             kv_heads: c.kv_heads,
             head_dim: c.head_dim,
             bias: false,
+            o_bias: false,
             qk_norm_eps: None,
             qk_norm_full_width: false,
             window: c.sliding_window,

@@ -121,6 +121,7 @@ pub fn build(
             kv_heads: c.kv_heads,
             head_dim: c.head_dim,
             bias: c.attention_bias,
+            o_bias: c.attention_bias,
             qk_norm_eps: Some(eps),
             qk_norm_full_width: false,
             window: c.sliding_window,

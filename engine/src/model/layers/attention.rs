@@ -36,7 +36,10 @@ pub struct GqaShape {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// Biases on the query, key and value projections.
     pub bias: bool,
+    /// A bias on the output projection (GLM-4.5 has q/k/v biases only).
+    pub o_bias: bool,
     /// Epsilon of the q/k norms, for architectures that have them.
     pub qk_norm_eps: Option<f64>,
     /// Whether the q/k norms span all heads' lanes at once (MiniMax-M2)
@@ -83,7 +86,7 @@ impl GroupedQueryAttention {
                 Linear::load(w, "k_proj", s.hidden, kv_out, s.bias)?,
                 Linear::load(w, "v_proj", s.hidden, kv_out, s.bias)?,
             ])?,
-            o_proj: Linear::load(w, "o_proj", q_out, s.hidden, s.bias)?,
+            o_proj: Linear::load(w, "o_proj", q_out, s.hidden, s.o_bias)?,
             qk_norm,
             heads: s.heads,
             kv_heads: s.kv_heads,
