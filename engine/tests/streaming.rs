@@ -21,7 +21,8 @@ fn expert_bytes(fixture: &str) -> u64 {
         "kimi_linear_released" => 3 * 64 * 24 * 4,
         "qwen3_next_released" | "qwen3_5_moe_wrapped" => 3 * 64 * 16 * 4,
         "minimax_m2_released" => 3 * 64 * 32 * 4,
-        "glm_moe_dsa_released" => 3 * 64 * 24 * 4,
+        "glm_moe_dsa_released" | "deepseek_v32_recent" => 3 * 64 * 24 * 4,
+        "glm4_moe_released" => 3 * 64 * 16 * 4,
         "deepseek_v4_recent" | "deepseek_v4_released" | "deepseek_v4_saved" => 3 * 64 * 32 * 4,
         // MXFP4 rows of 64 weights (two blocks of 32, each a scale byte and
         // 16 bytes): 128 gate/up rows and 64 down rows.
@@ -30,7 +31,9 @@ fn expert_bytes(fixture: &str) -> u64 {
         // bytes): 64 gate/up rows of 64 weights and 64 down rows of 32.
         "deepseek_v4_fp8_fp4" => 64 * 2 * (1 + 16) + 64 * (1 + 16),
         // FP8 rows of 64 (gate, up) and 24 (down) weights, each led by a scale.
-        "deepseek_v3_fp8" | "glm_moe_dsa_fp8" => 48 * (4 + 64) + 64 * (4 + 24),
+        "deepseek_v3_fp8" | "glm_moe_dsa_fp8" | "deepseek_v32_released" => {
+            48 * (4 + 64) + 64 * (4 + 24)
+        }
         // INT4 rows of 64 weights (two groups of 32, each a BF16 scale and
         // 16 bytes): 128 gate/up rows and 64 down rows.
         "kimi_k2_int4" => (128 + 64) * 2 * (2 + 16),
@@ -165,6 +168,9 @@ fn logits_are_bitwise_identical_to_the_in_memory_model() {
         "deepseek_v4_recent",
         "deepseek_v4_released",
         "deepseek_v4_saved",
+        // With the release's MTP layer after the decoder.
+        "glm4_moe_released",
+        "deepseek_v32_recent",
     ] {
         let dir = common::fixtures_dir().join(fixture);
         let exp = common::expected(&dir);
@@ -202,6 +208,8 @@ fn quantised_experts_stream_exactly_as_published() {
     for (fixture, dtype) in [
         ("deepseek_v3_fp8", "FP8_E4M3_B128"),
         ("glm_moe_dsa_fp8", "FP8_E4M3_B128"),
+        // Power-of-two scales, the indexer in FP8 too, the MTP layer after.
+        ("deepseek_v32_released", "FP8_E4M3_B128"),
         ("kimi_k2_int4", "INT4_G32"),
         ("gpt_oss_mxfp4", "MXFP4"),
         ("deepseek_v4_fp8_fp4", "MXFP4"),

@@ -670,6 +670,81 @@ FIXTURES += [
     ),
 ]
 
+# GLM-4.5 (glm4_moe) as released (per-expert, old-style rope with the rotary
+# factor at the top, q/k norms, q/k/v biases, queries wider than the
+# hidden size, the MTP layer after the decoder) and as transformers 5.24
+# writes it (fused experts, rope_parameters, the rotary factor left to its
+# default of a half, no q/k norms, two expert groups).
+GLM4_MOE_SPEC = {
+    "model_type": "glm4_moe",
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "intermediate_size": 96,
+    "moe_intermediate_size": 16,
+    "n_routed_experts": 8,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 3,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "first_k_dense_replace": 1,
+    "attention_bias": True,
+    "use_qk_norm": True,
+    "partial_rotary_factor": 0.5,
+    "num_nextn_predict_layers": 1,
+    "rope": {"rope_type": "default", "rope_theta": 1000000.0},
+    "tie_word_embeddings": False,
+}
+# DeepSeek-V3.2 as released (FP8 with power-of-two 128x128 block scales, the
+# indexer's projections in FP8 too, the release's routing fields, the MTP
+# layer) and as transformers 5.24 holds it (fused experts, dense and sparse
+# layers listed).
+DEEPSEEK_V32_SPEC = {
+    **{k: v for k, v in DEEPSEEK_V3_SPEC.items() if k != "rope_interleave"},
+    "model_type": "deepseek_v32",
+    "num_hidden_layers": 4,
+    "index_topk": 6,
+    "index_head_dim": 16,
+    "index_n_heads": 8,
+}
+DEEPSEEK_V32_RELEASED_FIELDS = {
+    "scoring_func": "sigmoid",
+    "topk_method": "noaux_tc",
+    "ep_size": 1,
+    "moe_layer_freq": 1,
+    "num_nextn_predict_layers": 1,
+}
+FIXTURES += [
+    ("glm4_moe_released", GLM4_MOE_SPEC,
+     {"style": "old", "layout": "per_expert", "dtype": "bfloat16", "shards": 2, "mtp": True, "seed": 301}),
+    (
+        "glm4_moe_recent",
+        {
+            **{k: v for k, v in GLM4_MOE_SPEC.items() if k not in ("partial_rotary_factor", "num_nextn_predict_layers")},
+            "use_qk_norm": False,
+            "n_group": 2,
+            "num_experts_per_tok": 2,
+            "first_k_dense_replace": 2,
+            "rope": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        {"style": "new", "layout": "fused", "dtype": "float32", "shards": 1, "seed": 302},
+    ),
+    (
+        "deepseek_v32_released",
+        dict(DEEPSEEK_V32_SPEC, intermediate_size=200, **DEEPSEEK_V32_RELEASED_FIELDS),
+        {"style": "old", "layout": "per_expert", "dtype": "bfloat16", "shards": 1, "fp8": True,
+         "fp8_extra": ("wq_b", "wk"), "ue8m0": True, "mtp": True, "seed": 303},
+    ),
+    (
+        "deepseek_v32_recent",
+        dict(DEEPSEEK_V32_SPEC, mlp_layer_types=["dense", "sparse", "dense", "sparse"]),
+        {"style": "new", "layout": "fused", "dtype": "float32", "shards": 1, "seed": 304},
+    ),
+]
+
 # transformers' tensor names → DeepSeek's released ones (the inverse of
 # transformers' `deepseek_v4` conversion mapping), within a layer.
 V4_TOP_NAMES = {
@@ -740,6 +815,8 @@ def v4_released_tensors(state: dict) -> dict:
 EXPERT_NAMES = {
     "deepseek_v4": ("mlp", "gate_proj", "up_proj", "down_proj"),
     "glm_moe_dsa": ("mlp", "gate_proj", "up_proj", "down_proj"),
+    "glm4_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
+    "deepseek_v32": ("mlp", "gate_proj", "up_proj", "down_proj"),
     "minimax_m2": ("block_sparse_moe", "w1", "w3", "w2"),
     "qwen3_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
     "mixtral": ("block_sparse_moe", "w1", "w3", "w2"),
@@ -848,9 +925,10 @@ FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynami
 FP8_LAYERS = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def fp8_quantize(w: torch.Tensor):
+def fp8_quantize(w: torch.Tensor, ue8m0: bool = False):
     """FP8 e4m3 with one scale per fixed 128x128 block (edge blocks partial):
-    returns (fp8, scale_inv, dequantised) with dequantised = fp8 * scale_inv[r//128, c//128]."""
+    returns (fp8, scale_inv, dequantised) with dequantised = fp8 * scale_inv[r//128, c//128].
+    With `ue8m0`, each scale is rounded up to a power of two (`scale_fmt: ue8m0`)."""
     rows, cols = w.shape
     br, bc = math.ceil(rows / FP8_BLOCK), math.ceil(cols / FP8_BLOCK)
     scale = torch.zeros(br, bc, dtype=torch.float32)
@@ -858,6 +936,8 @@ def fp8_quantize(w: torch.Tensor):
         for j in range(bc):
             block = w[i * FP8_BLOCK : (i + 1) * FP8_BLOCK, j * FP8_BLOCK : (j + 1) * FP8_BLOCK]
             scale[i, j] = max(block.abs().max().item(), 1e-12) / FP8_MAX
+            if ue8m0:
+                scale[i, j] = 2.0 ** math.ceil(math.log2(scale[i, j].item()))
     full = scale.repeat_interleave(FP8_BLOCK, 0)[:rows].repeat_interleave(FP8_BLOCK, 1)[:, :cols]
     q = (w / full).to(torch.float8_e4m3fn)
     return q, scale, q.to(torch.float32) * full
@@ -879,16 +959,18 @@ def put_back(params: dict, k: str, deq: torch.Tensor) -> None:
         (fused[:inter] if part == "gate_proj" else fused[inter:]).copy_(deq)
 
 
-def quantize_fp8(model, tensors: dict) -> dict:
-    """Stores FP8_LAYERS' weights as FP8 with block scales and puts the exact
-    dequantised values back into `model`, so the reference computes on them."""
+def quantize_fp8(model, tensors: dict, extra_layers=(), ue8m0: bool = False) -> dict:
+    """Stores FP8_LAYERS' (and `extra_layers`') weights as FP8 with block
+    scales and puts the exact dequantised values back into `model`, so the
+    reference computes on them."""
     params = dict(model.named_parameters())
+    layers = FP8_LAYERS + tuple(extra_layers)
     out = {}
     for k, v in tensors.items():
-        if not (k.endswith(".weight") and k.split(".")[-2] in FP8_LAYERS and v.dim() == 2):
+        if not (k.endswith(".weight") and k.split(".")[-2] in layers and v.dim() == 2):
             out[k] = v
             continue
-        q, scale, deq = fp8_quantize(v.to(torch.float32))
+        q, scale, deq = fp8_quantize(v.to(torch.float32), ue8m0)
         out[k], out[k + "_scale_inv"] = q, scale
         put_back(params, k, deq)
     return out
@@ -1057,6 +1139,31 @@ def quantize_v4(model, tensors: dict) -> dict:
     return out
 
 
+def with_mtp_layer(tensors: dict, cfg: dict) -> dict:
+    """The release's multi-token-prediction layer, at index num_hidden_layers
+    (DeepSeek-V3, V3.2, GLM): the last layer's tensors again (its scales
+    too), plus the block's own projections, norms, head and embedding. The
+    reference ignores it, and so must Longhaul."""
+    n = cfg["num_hidden_layers"]
+    last, mtp = f"model.layers.{n - 1}.", f"model.layers.{n}."
+    out = dict(tensors)
+    for k, v in tensors.items():
+        if k.startswith(last):
+            out[mtp + k[len(last):]] = v.clone()
+    gen = torch.Generator().manual_seed(n)
+    hidden, vocab = cfg["hidden_size"], cfg["vocab_size"]
+    for name, shape in [
+        ("eh_proj.weight", (hidden, 2 * hidden)),
+        ("enorm.weight", (hidden,)),
+        ("hnorm.weight", (hidden,)),
+        ("shared_head.norm.weight", (hidden,)),
+        ("shared_head.head.weight", (vocab, hidden)),
+        ("embed_tokens.weight", (vocab, hidden)),
+    ]:
+        out[mtp + name] = torch.randn(shape, generator=gen)
+    return out
+
+
 def save_checkpoint(tensors: dict, out: Path, dtype: torch.dtype, shards: int, prefix: str = "") -> None:
     def stored(k, v):
         # Quantised weights and their scales are written as published.
@@ -1162,8 +1269,9 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
     write_tokenizer_files(tok, out)
     tensors = checkpoint_tensors(model, cfg, opts["layout"])
     if opts.get("fp8"):
-        tensors = quantize_fp8(model, tensors)
-        cfg = dict(cfg, quantization_config=FP8_CONFIG)
+        tensors = quantize_fp8(model, tensors, opts.get("fp8_extra", ()), opts.get("ue8m0", False))
+        fp8_config = dict(FP8_CONFIG, scale_fmt="ue8m0") if opts.get("ue8m0") else FP8_CONFIG
+        cfg = dict(cfg, quantization_config=fp8_config)
     if opts.get("int4"):
         tensors = quantize_int4(model, tensors)
         cfg = dict(cfg, quantization_config=INT4_CONFIG)
@@ -1173,6 +1281,8 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
     if opts.get("v4_quant"):
         tensors = quantize_v4(model, tensors)
         cfg = dict(cfg, quantization_config=V4_FP8_CONFIG, expert_dtype="fp4")
+    if opts.get("mtp"):
+        tensors = with_mtp_layer(tensors, cfg)
     wrapped = opts.get("wrap")
     if wrapped == "qwen3_5_moe":
         tensors = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v for k, v in tensors.items()}
@@ -1185,7 +1295,7 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
         save_checkpoint(tensors, out, dtype, opts["shards"], "language_model." if wrapped == "kimi_k25" else "")
 
     ids = tok.encode(TEACHER_TEXT).ids
-    sparse = cfg["model_type"] in ("glm_moe_dsa", "deepseek_v4")
+    sparse = cfg["model_type"] in ("glm_moe_dsa", "deepseek_v4", "deepseek_v32")
     cut_check = IndexCutCheck() if sparse else contextlib.nullcontext()
     with cut_check:
         logits = model(torch.tensor([ids])).logits[0]

@@ -114,7 +114,9 @@ pub static FAMILIES: &[&dyn Family] = &[
     &super::kimi_linear::FAMILY,
     &super::qwen3_next::FAMILY,
     &super::minimax_m2::FAMILY,
+    &super::glm4_moe::FAMILY,
     &super::glm_moe_dsa::FAMILY,
+    &super::deepseek_v32::FAMILY,
     &super::deepseek_v4::FAMILY,
 ];
 

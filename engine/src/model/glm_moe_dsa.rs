@@ -15,6 +15,7 @@ use super::layers::decoder::Decoder;
 use super::layers::experts::ExpertProvider;
 use super::layers::indexer::{Indexer, IndexerShape};
 use super::layers::mla::SparseKeys;
+use super::layers::rope::Rope;
 use super::{CommonConfig, ModelError};
 use crate::weights::Weights;
 use super::family::{Family, FamilyConfig, Parsed};
@@ -22,16 +23,32 @@ use super::state::{SlotKind, SlotRole, StateLayout};
 use crate::synth::{self, ALL_DTYPES, SynthAttention, DEEPSEEK_MOE, Shape, SynthFamily};
 use serde_json::json;
 
-/// `GlmMoeDsaConfig`'s defaults where they differ from DeepSeek-V3's.
-const GLM_DEFAULTS: Defaults = Defaults {
-    rms_eps: 1e-5,
-    first_k_dense: 3,
-    n_group: 1,
-    topk_group: 1,
+/// A family built on DeepSeek sparse attention, as its transformers config
+/// class differs from the others.
+#[derive(Debug, Clone, Copy)]
+pub struct Variant {
+    pub defaults: Defaults,
+    pub index_heads: usize,
+    /// Whether layers may reuse an earlier indexer's choice (`indexer_types`).
+    pub shared_indexers: bool,
+    /// Whether the indexer rotates interleaved pairs, as the attention does.
+    pub index_rope_interleaved: bool,
+}
+
+/// `GlmMoeDsaConfig`'s.
+pub const GLM5: Variant = Variant {
+    defaults: Defaults {
+        rms_eps: 1e-5,
+        first_k_dense: 3,
+        n_group: 1,
+        topk_group: 1,
+    },
+    index_heads: 32,
+    shared_indexers: true,
+    index_rope_interleaved: true,
 };
 const DEFAULT_INDEX_TOPK: usize = 2048;
 const DEFAULT_INDEX_HEAD_DIM: usize = 128;
-const DEFAULT_INDEX_HEADS: usize = 32;
 /// `index_topk_freq` and `index_skip_topk_offset`'s defaults: every layer
 /// runs its indexer.
 const DEFAULT_INDEX_FREQ: usize = 1;
@@ -47,6 +64,7 @@ pub struct Config {
     pub index_heads: usize,
     pub index_head_dim: usize,
     pub index_topk: usize,
+    pub index_rope_interleaved: bool,
 }
 
 impl Config {
@@ -55,8 +73,12 @@ impl Config {
     }
 
     pub fn parse(raw: &RawConfig) -> Result<Self, ConfigError> {
-        let mut base = deepseek_v3::Config::parse_with(raw, &GLM_DEFAULTS)?;
-        // transformers' GLM-5 rotates interleaved pairs whatever the config says.
+        Self::parse_with(raw, &GLM5)
+    }
+
+    pub fn parse_with(raw: &RawConfig, variant: &Variant) -> Result<Self, ConfigError> {
+        let mut base = deepseek_v3::Config::parse_with(raw, &variant.defaults)?;
+        // transformers rotates interleaved pairs whatever the config says.
         base.rope_interleave = true;
         if base.q_lora_rank.is_none() {
             return Err(raw.missing("q_lora_rank"));
@@ -66,7 +88,11 @@ impl Config {
             Some(kinds) => per_layer(raw, "mlp_layer_types", &kinds, n, ("dense", "sparse"))?,
             None => (0..n).map(|i| i < base.first_k_dense_replace).collect(),
         };
-        let own_indexer = indexer_types(raw, n)?;
+        let own_indexer = if variant.shared_indexers {
+            indexer_types(raw, n)?
+        } else {
+            vec![true; n]
+        };
         let index_head_dim = raw
             .usize_any(&["index_head_dim"])?
             .unwrap_or(DEFAULT_INDEX_HEAD_DIM);
@@ -88,9 +114,10 @@ impl Config {
         Ok(Self {
             dense_layers,
             own_indexer,
-            index_heads: positive("index_n_heads", DEFAULT_INDEX_HEADS)?,
+            index_heads: positive("index_n_heads", variant.index_heads)?,
             index_head_dim,
             index_topk: positive("index_topk", DEFAULT_INDEX_TOPK)?,
+            index_rope_interleaved: variant.index_rope_interleaved,
             base,
         })
     }
@@ -188,17 +215,18 @@ pub fn build(
     };
     // Index keys are kept in slots of their own.
     let layout = c.state_layout();
+    let index_rope = Rope::new(&b.rope, b.qk_rope_head_dim, c.index_rope_interleaved);
     let mut decoder = deepseek_v3::build_with(
         b,
         w,
         experts,
         |i| c.dense_layers.get(i).copied().unwrap_or(false),
-        |i, aw, rope| {
+        |i, aw, _| {
             if !c.own_indexer.get(i).copied().unwrap_or(true) {
                 return Ok(Some(SparseKeys::Shared));
             }
             let slot = layout.slot(SlotRole::IndexKeys(i))?;
-            let indexer = Indexer::load(&aw.pp("indexer"), &shape, rope, slot)?;
+            let indexer = Indexer::load(&aw.pp("indexer"), &shape, &index_rope, slot)?;
             Ok(Some(SparseKeys::Own(Box::new(indexer))))
         },
     )?;

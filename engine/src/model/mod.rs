@@ -4,9 +4,11 @@
 
 pub mod config;
 pub mod deepseek_v3;
+pub mod deepseek_v32;
 pub mod deepseek_v4;
 pub mod extra;
 pub mod family;
+pub mod glm4_moe;
 pub mod glm_moe_dsa;
 pub mod gpt_oss;
 pub mod kimi_linear;

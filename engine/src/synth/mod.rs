@@ -730,6 +730,8 @@ mod tests {
             "gpt_oss",
             "kimi_linear",
             "minimax_m2",
+            "glm4_moe",
+            "deepseek_v32",
         ] {
             let tmp = tempfile::tempdir().unwrap();
             let mut s = SynthSpec::named(arch).unwrap();

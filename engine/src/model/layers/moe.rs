@@ -65,7 +65,7 @@ impl ExpertBiases {
 /// DeepSeek-V3's MoE, which Kimi K2 and Kimi-Linear keep: sigmoid scores
 /// routed within the best groups, a correction bias (`gate.e_score_correction_bias`)
 /// that steers the choice only, and shared experts beside the routed ones.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SigmoidGroupedMoe {
     pub experts: usize,
     pub top_k: usize,

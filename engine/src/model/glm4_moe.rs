@@ -1,0 +1,256 @@
+//! GLM-4.5, 4.5-Air, 4.6 and 4.7 (`glm4_moe`): grouped-query attention with
+//! q/k/v biases (none on the output), an optional per-head q/k RMSNorm
+//! (`use_qk_norm`, on for all but Air), partial rotary on the first half of
+//! each head's lanes in split halves (`partial_rotary_factor`, 0.5 when the
+//! config is silent, as transformers' `__post_init__` sets it), and
+//! DeepSeek-V3's sigmoid-routed MoE: the correction bias steers the choice
+//! only, group-limited top-k (GLM uses one group), renormalised and scaled,
+//! a shared expert beside the routed ones, dense first layers.
+
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::config::{ConfigError, RawConfig};
+use super::family::{Family, FamilyConfig, Parsed, grouped_layout};
+use super::layers::Mlp;
+use super::layers::attention::{GqaShape, GroupedQueryAttention};
+use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
+use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
+use super::layers::moe::SigmoidGroupedMoe;
+use super::layers::rope::{Rope, RopeParams};
+use super::qwen3_moe::check_heads;
+use super::state::StateLayout;
+use super::{CommonConfig, ModelError, assemble};
+use crate::synth::{ALL_DTYPES, DEEPSEEK_MOE, QkNorm, Shape, SynthAttention, SynthFamily};
+use crate::weights::Weights;
+
+/// `Glm4MoeConfig`'s defaults.
+const DEFAULT_RMS_EPS: f64 = 1e-5;
+const DEFAULT_ROPE_THETA: f64 = 10_000.0;
+const DEFAULT_ROTARY_FACTOR: f64 = 0.5;
+const DEFAULT_SHARED_EXPERTS: usize = 1;
+const DEFAULT_ROUTED_SCALING: f64 = 1.0;
+const DEFAULT_FIRST_DENSE: usize = 1;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub common: CommonConfig,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub attention_bias: bool,
+    pub qk_norm: bool,
+    pub intermediate_size: usize,
+    pub moe: SigmoidGroupedMoe,
+    pub first_k_dense_replace: usize,
+    pub rope: RopeParams,
+}
+
+impl Config {
+    pub fn parse(raw: &RawConfig) -> Result<Self, ConfigError> {
+        let common = CommonConfig::parse(raw, DEFAULT_RMS_EPS)?;
+        let heads = raw.positive("num_attention_heads")?;
+        let kv_heads = raw.usize_any(&["num_key_value_heads"])?.unwrap_or(heads);
+        check_heads(raw, heads, kv_heads)?;
+        // The released configs state it: GLM-4.5's 96 heads of 128 lanes
+        // are wider than its hidden size.
+        let head_dim = raw
+            .usize_any(&["head_dim"])?
+            .unwrap_or(common.hidden_size / heads);
+        let mut rope = raw.rope(DEFAULT_ROPE_THETA)?;
+        if !raw.gives_rotary_factor() {
+            rope.partial_rotary_factor = DEFAULT_ROTARY_FACTOR;
+        }
+        let rotated = (head_dim as f64 * rope.partial_rotary_factor) as usize;
+        if rotated == 0 || rotated > head_dim || !rotated.is_multiple_of(2) {
+            return Err(raw.invalid(
+                "partial_rotary_factor",
+                format!("rotates {rotated} of {head_dim} lanes: must be even, 2 to head_dim"),
+            ));
+        }
+        let experts = raw.positive_any(&["n_routed_experts", "num_local_experts"])?;
+        let top_k = raw.positive("num_experts_per_tok")?;
+        let n_group = raw.usize_any(&["n_group"])?.unwrap_or(1);
+        let topk_group = raw.usize_any(&["topk_group"])?.unwrap_or(1);
+        if n_group == 0 || !experts.is_multiple_of(n_group) {
+            return Err(raw.invalid(
+                "n_group",
+                format!("{n_group} does not divide n_routed_experts {experts}"),
+            ));
+        }
+        if topk_group == 0 || topk_group > n_group || top_k > experts / n_group * topk_group {
+            return Err(raw.invalid(
+                "topk_group",
+                format!(
+                    "{topk_group} of {n_group} groups cannot hold num_experts_per_tok {top_k}"
+                ),
+            ));
+        }
+        Ok(Self {
+            heads,
+            kv_heads,
+            head_dim,
+            attention_bias: raw.bool_or("attention_bias", false)?,
+            qk_norm: raw.bool_or("use_qk_norm", false)?,
+            intermediate_size: raw.positive("intermediate_size")?,
+            moe: SigmoidGroupedMoe {
+                experts,
+                top_k,
+                n_group,
+                topk_group,
+                renormalize: raw.bool_or("norm_topk_prob", true)?,
+                scaling: raw.f64_or("routed_scaling_factor", DEFAULT_ROUTED_SCALING)?,
+                intermediate: raw.positive("moe_intermediate_size")?,
+                shared: raw
+                    .usize_any(&["n_shared_experts"])?
+                    .unwrap_or(DEFAULT_SHARED_EXPERTS),
+            },
+            first_k_dense_replace: raw
+                .usize_any(&["first_k_dense_replace"])?
+                .unwrap_or(DEFAULT_FIRST_DENSE),
+            rope,
+            common,
+        })
+    }
+}
+
+pub fn build(
+    c: &Config,
+    w: &Weights,
+    experts: Option<Arc<dyn ExpertProvider>>,
+) -> Result<Decoder, ModelError> {
+    let h = c.common.hidden_size;
+    let eps = c.common.rms_norm_eps;
+    let rope = Rope::new(&c.rope, c.head_dim, false);
+    let mut experts = ExpertSetup::new(experts);
+    let mut layers = Vec::with_capacity(c.common.num_layers);
+    for i in 0..c.common.num_layers {
+        let lw = w.pp(format_args!("model.layers.{i}"));
+        let shape = GqaShape {
+            hidden: h,
+            heads: c.heads,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+            bias: c.attention_bias,
+            o_bias: false,
+            qk_norm_eps: c.qk_norm.then_some(eps),
+            qk_norm_full_width: false,
+            window: None,
+            sinks: false,
+            output_gate: false,
+            centred_norms: false,
+        };
+        let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape, &rope)?;
+        let mw = lw.pp("mlp");
+        let ffn = if i < c.first_k_dense_replace {
+            FeedForward::Dense(Mlp::load(&mw, h, c.intermediate_size)?)
+        } else {
+            let shape = ExpertShape {
+                count: c.moe.experts,
+                hidden: h,
+                intermediate: c.moe.intermediate,
+            };
+            experts.add_layer(&mw, PROJ_NAMES, i, shape)?;
+            FeedForward::Sparse(c.moe.load(&mw, i, h)?)
+        };
+        layers.push(DecoderLayer::load(
+            &lw,
+            h,
+            eps,
+            Attention::Grouped(attention),
+            ffn,
+        )?);
+    }
+    assemble(&c.common, w, layers, rope, experts)
+}
+
+/// GLM-4.5 to 4.7.
+pub struct Glm4MoeFamily;
+
+pub static FAMILY: Glm4MoeFamily = Glm4MoeFamily;
+
+impl Family for Glm4MoeFamily {
+    fn model_types(&self) -> &'static [&'static str] {
+        &["glm4_moe"]
+    }
+
+    fn parse(&self, raw: &RawConfig, _model_type: &str) -> Result<Parsed, ConfigError> {
+        Ok(Parsed::plain(Config::parse(raw)?))
+    }
+
+    fn synth(&self) -> Option<&'static dyn SynthFamily> {
+        Some(&SYNTH)
+    }
+}
+
+/// `synth --arch glm4_moe`: GLM-4.5's proportions (q/k norms, biases, a
+/// shared expert, one dense layer first).
+static SYNTH: Shape = Shape {
+    name: "glm4_moe",
+    attention: SynthAttention::Grouped {
+        qk_norm: QkNorm::PerHead,
+        bias: true,
+    },
+    moe: Some(DEEPSEEK_MOE),
+    dense_prefix: 1,
+    dtypes: ALL_DTYPES,
+    expert_groups: 1,
+    config: |s| {
+        json!({
+            "model_type": "glm4_moe",
+            "head_dim": s.hidden / s.heads, "partial_rotary_factor": 0.5,
+            "attention_bias": true, "use_qk_norm": true, "rope_theta": 1_000_000.0,
+            "intermediate_size": s.dense_intermediate, "moe_intermediate_size": s.moe_intermediate,
+            "n_routed_experts": s.experts, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
+            "first_k_dense_replace": 1, "norm_topk_prob": true, "routed_scaling_factor": 2.5,
+        })
+    },
+    head: None,
+};
+
+impl FamilyConfig for Config {
+    fn common(&self) -> &CommonConfig {
+        &self.common
+    }
+
+    fn state_layout(&self) -> StateLayout {
+        grouped_layout(self.common.num_layers, self.kv_heads, self.head_dim)
+    }
+
+    fn build(
+        &self,
+        w: &Weights,
+        experts: Option<Arc<dyn ExpertProvider>>,
+    ) -> Result<Decoder, ModelError> {
+        build(self, w, experts)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn the_rotary_factor_defaults_to_a_half() {
+        let raw = RawConfig::parse(
+            Path::new("config.json"),
+            r#"{"model_type": "glm4_moe", "vocab_size": 8, "hidden_size": 64,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "head_dim": 32, "intermediate_size": 64, "moe_intermediate_size": 16,
+                "n_routed_experts": 4, "num_experts_per_tok": 2}"#,
+        )
+        .unwrap();
+        let c = Config::parse(&raw).unwrap();
+        assert_eq!(c.rope.partial_rotary_factor, 0.5);
+        assert!(!c.attention_bias && !c.qk_norm);
+        assert_eq!((c.first_k_dense_replace, c.moe.shared), (1, 1));
+        assert_eq!(c.common.rms_norm_eps, 1e-5);
+        assert_eq!(c.moe.scaling, 1.0);
+    }
+}
