@@ -32,6 +32,7 @@ internal_modules!(
 );
 
 mod engine;
+mod locate;
 pub mod memory;
 pub mod tools;
 

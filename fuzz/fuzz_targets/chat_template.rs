@@ -23,10 +23,7 @@ fuzz_target!(|data: &[u8]| {
         .collect();
     let messages: Vec<ChatMessage> = parts
         .chunks(2)
-        .map(|c| ChatMessage {
-            role: c[0].clone(),
-            content: c.get(1).cloned().unwrap_or_default(),
-        })
+        .map(|c| ChatMessage::new(c[0].clone(), c.get(1).cloned().unwrap_or_default()))
         .collect();
     if let Ok(text) = tokenizer().render_chat(&messages, true) {
         let _ = tokenizer().encode(&text, false);

@@ -193,10 +193,7 @@ fn chat_templates() {
         let text = |v: &Value| v.as_str().map_or_else(|| v.to_string(), str::to_string);
         let messages: Vec<ChatMessage> = items
             .iter()
-            .map(|m| ChatMessage {
-                role: text(&m["role"]),
-                content: text(&m["content"]),
-            })
+            .map(|m| ChatMessage::new(text(&m["role"]), text(&m["content"])))
             .collect();
         tokenizer
             .render_chat(&messages, true)

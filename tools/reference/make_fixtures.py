@@ -1188,19 +1188,19 @@ def save_checkpoint(tensors: dict, out: Path, dtype: torch.dtype, shards: int, p
     )
 
 
-def write_tokenizer_files(tok: Tokenizer, out: Path) -> None:
+def write_tokenizer_files(tok: Tokenizer, out: Path, template: bool = True) -> None:
+    """The tokenizer files; releases that ship a prompt encoder instead of a
+    template (DeepSeek-V3.2, V4) get none."""
     tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "bos_token": None,
-                "eos_token": "<|im_end|>",
-                "chat_template": CHAT_TEMPLATE,
-                "tokenizer_class": "PreTrainedTokenizerFast",
-            },
-            indent=1,
-        )
-    )
+    config = {
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "chat_template": CHAT_TEMPLATE,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    if not template:
+        config.pop("chat_template")
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
     eos = [tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")]
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos, "do_sample": False}, indent=1))
 
@@ -1266,7 +1266,9 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
     stored = {n: p for n, p in stored.items() if p.is_floating_point()}
     for p in stored.values():
         p.copy_(p.to(dtype).to(torch.float32))
-    write_tokenizer_files(tok, out)
+    # DeepSeek's V3.2 and V4 releases build prompts with their encoders.
+    released_encoder = opts["style"] == "old" and cfg["model_type"] in ("deepseek_v32", "deepseek_v4")
+    write_tokenizer_files(tok, out, template=not released_encoder)
     tensors = checkpoint_tensors(model, cfg, opts["layout"])
     if opts.get("fp8"):
         tensors = quantize_fp8(model, tensors, opts.get("fp8_extra", ()), opts.get("ue8m0", False))

@@ -61,9 +61,22 @@ pub enum ImportError {
 
 /// Whether `path` names a GGUF file (by its extension).
 pub fn is_gguf(path: &Path) -> bool {
-    path.extension()
+    if !path.is_file() {
+        return false;
+    }
+    if path
+        .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case(EXTENSION))
-        && path.is_file()
+    {
+        return true;
+    }
+    // Ollama keeps GGUF files as extensionless blobs: known by their magic.
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok()
+        && magic == crate::weights::gguf::MAGIC
 }
 
 /// A GGUF model opened as a checkpoint.

@@ -28,16 +28,38 @@ const MAX_RENDERED_BYTES: usize = 64 * 1024 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
+    /// Absent or null (an assistant turn that only called tools) reads as
+    /// empty.
+    #[serde(default, deserialize_with = "nullable_string")]
     pub content: String,
+    /// The rest of the message as its sender wrote it (`tool_calls`,
+    /// `tool_call_id`, `name`, `reasoning_content`, …), as templates and
+    /// prompt encoders read it.
+    #[serde(flatten, default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 impl ChatMessage {
-    pub fn user(content: impl Into<String>) -> Self {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
         Self {
-            role: "user".to_string(),
+            role: role.into(),
             content: content.into(),
+            extra: serde_json::Map::new(),
         }
     }
+
+    pub fn user(content: impl Into<String>) -> Self {
+        Self::new("user", content)
+    }
+
+    /// A field beside role and content, if the message has it.
+    pub fn field(&self, key: &str) -> Option<&serde_json::Value> {
+        self.extra.get(key).filter(|v| !v.is_null())
+    }
+}
+
+fn nullable_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.unwrap_or_default())
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -2,6 +2,7 @@
 //! Kimi's `tiktoken.model`), its special tokens and its chat template.
 
 mod chat;
+pub mod encoders;
 pub mod python;
 pub mod tiktoken;
 
@@ -31,18 +32,29 @@ pub enum TokenizerError {
     )]
     NoTokenizer { dir: PathBuf },
     #[error(
-        "{dir}: this checkpoint has no chat template (tokenizer_config.json `chat_template` or chat_template.jinja); send a plain prompt instead"
+        "{dir}: this checkpoint has no chat template (chat_template.jinja, tokenizer_config.json `chat_template` or chat_template.json) and its model type has no prompt encoder; send a plain prompt instead"
     )]
     NoChatTemplate { dir: PathBuf },
     #[error(transparent)]
     Template(#[from] TemplateError),
+    #[error(transparent)]
+    Encoder(#[from] encoders::EncoderError),
+}
+
+/// How a conversation becomes prompt text.
+enum PromptBuilder {
+    /// The release's Jinja template.
+    Template(ChatTemplate),
+    /// The family's own encoder, for releases that ship code instead.
+    Encoder(encoders::PromptEncoder),
+    None,
 }
 
 /// A checkpoint's tokenizer with what `tokenizer_config.json` says about it.
 pub struct TextTokenizer {
     inner: Vocabulary,
     dir: PathBuf,
-    chat_template: Option<ChatTemplate>,
+    prompt: PromptBuilder,
     bos_token: Option<String>,
     eos_token: Option<String>,
 }
@@ -154,10 +166,17 @@ impl TextTokenizer {
                 })?
             }
         };
+        let prompt = match template_source {
+            Some(t) => PromptBuilder::Template(ChatTemplate::new(t)),
+            None => match model_type(origin).and_then(|t| encoders::PromptEncoder::for_model_type(&t)) {
+                Some(e) => PromptBuilder::Encoder(e),
+                None => PromptBuilder::None,
+            },
+        };
         Ok(Self {
             inner,
             dir: origin.to_path_buf(),
-            chat_template: template_source.map(ChatTemplate::new),
+            prompt,
             bos_token: special_token(config, "bos_token"),
             eos_token: special_token(config, "eos_token"),
         })
@@ -236,18 +255,28 @@ impl TextTokenizer {
         messages: &[ChatMessage],
         options: &ChatOptions,
     ) -> Result<String, TokenizerError> {
-        let template =
-            self.chat_template
-                .as_ref()
-                .ok_or_else(|| TokenizerError::NoChatTemplate {
-                    dir: self.dir.clone(),
-                })?;
-        Ok(template.render(
-            messages,
-            options,
-            self.bos_token.as_deref(),
-            self.eos_token.as_deref(),
-        )?)
+        match &self.prompt {
+            PromptBuilder::Template(template) => Ok(template.render(
+                messages,
+                options,
+                self.bos_token.as_deref(),
+                self.eos_token.as_deref(),
+            )?),
+            PromptBuilder::Encoder(encoder) => Ok(encoder.encode(messages, options)?),
+            PromptBuilder::None => Err(TokenizerError::NoChatTemplate {
+                dir: self.dir.clone(),
+            }),
+        }
+    }
+
+    /// Where prompts come from: `template`, the family's encoder (its
+    /// name) or `none`.
+    pub fn prompt_source(&self) -> &'static str {
+        match &self.prompt {
+            PromptBuilder::Template(_) => "template",
+            PromptBuilder::Encoder(e) => e.name(),
+            PromptBuilder::None => "none",
+        }
     }
 
     /// A streaming decoder that yields text as soon as it is complete UTF-8.
@@ -295,6 +324,13 @@ impl TextStream<'_> {
         self.emitted = text.len();
         Ok(rest)
     }
+}
+
+/// `model_type` of the folder's `config.json`, if it states one.
+fn model_type(dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
+    let value: Value = serde_json::from_str(&text).ok()?;
+    value.get("model_type")?.as_str().map(str::to_string)
 }
 
 /// The template of a `chat_template.json`, if the folder has one.

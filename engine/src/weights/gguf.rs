@@ -15,7 +15,7 @@ use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
 /// `GGUF` in the file's first four bytes.
-const MAGIC: [u8; 4] = *b"GGUF";
+pub const MAGIC: [u8; 4] = *b"GGUF";
 /// Versions read: 2 (64-bit counts) and 3 (adds big-endian files, which
 /// are refused by their magic).
 const VERSIONS: [u32; 2] = [2, 3];

@@ -29,7 +29,7 @@ const CHAT_TEMPLATE_TOKENS: usize = 64;
 #[derive(Args)]
 pub struct BenchArgs {
     /// The pack to run.
-    #[arg(long)]
+    #[arg(long, value_parser = super::model_path)]
     model: PathBuf,
     #[command(flatten)]
     memory: super::MemoryArgs,

@@ -10,7 +10,7 @@ use longhaul_engine::tools::compare_logits;
 #[derive(Args)]
 pub struct CompareArgs {
     /// The model to judge against (a checkpoint or a pack).
-    #[arg(long)]
+    #[arg(long, value_parser = super::model_path)]
     reference: PathBuf,
     #[command(flatten)]
     model: super::ModelArgs,

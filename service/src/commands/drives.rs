@@ -17,7 +17,7 @@ enum DrivesCommand {
     /// Raw read bandwidth of each drive of a pack, all drives at once.
     Probe {
         /// The pack whose drives to measure.
-        #[arg(long)]
+        #[arg(long, value_parser = super::model_path)]
         model: PathBuf,
         /// Bytes to read per drive.
         #[arg(long, value_parser = parse_size, default_value = "256M")]

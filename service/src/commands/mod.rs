@@ -127,11 +127,27 @@ impl MemoryArgs {
     }
 }
 
+/// A `--model` argument as a path: a folder, pack or GGUF file as given,
+/// or a model found by name where users keep them (`ORG/NAME` in the
+/// Hugging Face cache or LM Studio's folder, `NAME[:TAG]` in Ollama's). Says
+/// on stderr where a name was found.
+pub fn model_path(arg: &str) -> Result<PathBuf, String> {
+    let found =
+        longhaul_engine::tools::locate(arg, &longhaul_engine::tools::ModelPlaces::from_env())
+            .map_err(|e| e.to_string())?;
+    if let Some(place) = &found.found_in {
+        eprintln!("{arg}: {} ({place})", found.path.display());
+    }
+    Ok(found.path)
+}
+
 /// How to find and hold a model: shared by every command that takes one.
 #[derive(clap::Args)]
 pub struct ModelArgs {
-    /// The model: a Hugging Face checkpoint folder, a pack, or a GGUF file (the first part of a split one).
-    #[arg(long)]
+    /// The model: a Hugging Face checkpoint folder, a pack, or a GGUF file
+    /// (the first part of a split one); or a name: ORG/NAME in the Hugging
+    /// Face cache or LM Studio's models, NAME[:TAG] in Ollama's.
+    #[arg(long, value_parser = model_path)]
     pub model: PathBuf,
     #[command(flatten)]
     pub memory: MemoryArgs,

@@ -20,7 +20,9 @@ enum ModelsCommand {
     Add {
         /// The name jobs use for the model.
         name: String,
-        /// A checkpoint folder, pack folder or GGUF file.
+        /// A checkpoint folder, pack folder or GGUF file, or a name: ORG/NAME
+        /// in the Hugging Face cache or LM Studio's models, NAME[:TAG] in Ollama's.
+        #[arg(value_parser = super::model_path)]
         path: Option<PathBuf>,
         /// Base URL of a remote OpenAI-compatible server, e.g. http://gpu-box:8000.
         #[arg(long, conflicts_with = "path")]

@@ -19,7 +19,10 @@ use super::size::parse_size;
 
 #[derive(Args)]
 pub struct PackArgs {
-    /// Checkpoint folder or GGUF file (the first part of a split one) to pack (or, with --verify, the pack to check).
+    /// Checkpoint folder or GGUF file (the first part of a split one) to
+    /// pack, or a model name (ORG/NAME in the Hugging Face cache or LM
+    /// Studio's models, NAME[:TAG] in Ollama's); with --verify, the pack to check.
+    #[arg(value_parser = super::model_path)]
     source: PathBuf,
     /// Pack folder to create: manifest, config and tokenizer files.
     #[arg(long, required_unless_present = "verify")]

@@ -546,10 +546,7 @@ fn prompt_tokens(
             } else {
                 let mut chat: Vec<longhaul_engine::ChatMessage> = messages
                     .iter()
-                    .map(|m| longhaul_engine::ChatMessage {
-                        role: m.role.clone(),
-                        content: m.content.clone(),
-                    })
+                    .map(|m| longhaul_engine::ChatMessage::new(m.role.clone(), m.content.clone()))
                     .collect();
                 if let Some(first) = chat.iter_mut().find(|m| m.role == "user") {
                     first.content = format!("{attached}{}", first.content);

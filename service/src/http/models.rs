@@ -30,6 +30,12 @@ pub async fn add_model(
 ) -> ApiResult<(StatusCode, Json<ModelEntry>)> {
     let kind = match (body.path, body.url) {
         (Some(path), None) => {
+            // A name where users keep models (the Hugging Face cache,
+            // LM Studio, Ollama) becomes the folder or file it names.
+            let places = longhaul_engine::tools::ModelPlaces::from_env();
+            let path = longhaul_engine::tools::locate(&path.to_string_lossy(), &places)
+                .map_err(|e| ApiError::bad_param("path", e.to_string()))?
+                .path;
             if !path.join("config.json").is_file() && !longhaul_engine::tools::is_gguf(&path) {
                 return Err(ApiError::bad_param(
                     "path",

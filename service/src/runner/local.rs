@@ -84,10 +84,7 @@ impl LocalBackend {
             Input::Messages(messages) => {
                 let mut chat: Vec<ChatMessage> = messages
                     .iter()
-                    .map(|m| ChatMessage {
-                        role: m.role.clone(),
-                        content: m.content.clone(),
-                    })
+                    .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
                     .collect();
                 if let Some(first) = chat.iter_mut().find(|m| m.role == "user") {
                     first.content = format!("{}{}", request.attachments, first.content);

@@ -1,0 +1,121 @@
+//! Prompt encoders for releases that ship code instead of a chat template.
+//!
+//! DeepSeek-V3.2 publishes `encoding/encoding_dsv32.py` and DeepSeek-V4
+//! `encoding/encoding_dsv4.py`, and neither folder has a Jinja template: a
+//! conversation is turned into prompt text by those Python functions. They
+//! are ported here line for line, so a conversation gives the same bytes as
+//! the release's own encoder (fixtures of its output are in
+//! `tests/fixtures/encoders`, made by `tools/reference/make_encoder_fixtures.py`).
+//! Which encoder a folder uses follows from its `model_type`.
+
+mod deepseek;
+mod deepseek_v32;
+mod deepseek_v4;
+
+use super::ChatMessage;
+use super::chat::ChatOptions;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EncoderError {
+    #[error("{encoder}: message {index} ({role}): {reason}")]
+    Message {
+        encoder: &'static str,
+        index: usize,
+        role: String,
+        reason: String,
+    },
+    #[error("{encoder}: {reason}")]
+    Options {
+        encoder: &'static str,
+        reason: String,
+    },
+}
+
+/// A family's own prompt encoder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptEncoder {
+    /// `encoding_dsv32.py`.
+    DeepseekV32,
+    /// `encoding_dsv4.py`.
+    DeepseekV4,
+}
+
+/// `thinking` (or `thinking_mode: "thinking"`) among the template switches
+/// selects the encoders' thinking mode; the release's default is chat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThinkingMode {
+    Chat,
+    Thinking,
+}
+
+impl PromptEncoder {
+    /// The encoder a release of `model_type` ships in place of a template.
+    pub fn for_model_type(model_type: &str) -> Option<Self> {
+        match model_type {
+            "deepseek_v32" => Some(Self::DeepseekV32),
+            "deepseek_v4" => Some(Self::DeepseekV4),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::DeepseekV32 => "encoding_dsv32",
+            Self::DeepseekV4 => "encoding_dsv4",
+        }
+    }
+
+    /// The prompt text of `messages`, ready for the assistant's answer.
+    pub fn encode(
+        self,
+        messages: &[ChatMessage],
+        options: &ChatOptions,
+    ) -> Result<String, EncoderError> {
+        let mode = self.thinking_mode(options)?;
+        match self {
+            Self::DeepseekV32 => deepseek_v32::encode_messages(messages, mode),
+            Self::DeepseekV4 => {
+                let effort = match options.args.get("reasoning_effort") {
+                    None | Some(serde_json::Value::Null) => None,
+                    Some(serde_json::Value::String(e)) => Some(e.as_str()),
+                    Some(other) => {
+                        return Err(EncoderError::Options {
+                            encoder: self.name(),
+                            reason: format!("`reasoning_effort` must be a string, not {other}"),
+                        });
+                    }
+                };
+                deepseek_v4::encode_messages(messages, mode, effort)
+            }
+        }
+    }
+
+    fn thinking_mode(self, options: &ChatOptions) -> Result<ThinkingMode, EncoderError> {
+        let bad = |reason: String| EncoderError::Options {
+            encoder: self.name(),
+            reason,
+        };
+        match (
+            options.args.get("thinking_mode"),
+            options.args.get("thinking"),
+        ) {
+            (Some(serde_json::Value::String(m)), _) => match m.as_str() {
+                "thinking" => Ok(ThinkingMode::Thinking),
+                "chat" => Ok(ThinkingMode::Chat),
+                other => Err(bad(format!(
+                    "`thinking_mode` is `{other}`; expected `chat` or `thinking`"
+                ))),
+            },
+            (Some(other), _) => Err(bad(format!(
+                "`thinking_mode` must be `chat` or `thinking`, not {other}"
+            ))),
+            (None, Some(serde_json::Value::Bool(true))) => Ok(ThinkingMode::Thinking),
+            (None, Some(serde_json::Value::Bool(false) | serde_json::Value::Null) | None) => {
+                Ok(ThinkingMode::Chat)
+            }
+            (None, Some(other)) => Err(bad(format!(
+                "`thinking` must be true or false, not {other}"
+            ))),
+        }
+    }
+}
