@@ -743,6 +743,10 @@ FIXTURES += [
         dict(DEEPSEEK_V32_SPEC, mlp_layer_types=["dense", "sparse", "dense", "sparse"]),
         {"style": "new", "layout": "fused", "dtype": "float32", "shards": 1, "seed": 304},
     ),
+    # Kimi-Linear as transformers 5.24's save_pretrained writes it back: every
+    # MLP, the dense first layer's too, under `block_sparse_moe`.
+    ("kimi_linear_saved", KIMI_LINEAR_SPEC,
+     {"style": "old", "layout": "fused", "dtype": "float32", "shards": 1, "save_pretrained": True, "seed": 305}),
 ]
 
 # transformers' tensor names → DeepSeek's released ones (the inverse of

@@ -262,6 +262,17 @@ fn moe_names<'a>(lw: &Weights<'a>) -> (Weights<'a>, ExpertNames) {
     }
 }
 
+/// A dense layer's folder: `mlp`, or `block_sparse_moe` as transformers'
+/// `save_pretrained` writes every MLP of this family back (its conversion
+/// renames `.block_sparse_moe.` to `.mlp.` on load and back on save).
+fn dense_names<'a>(lw: &Weights<'a>) -> Weights<'a> {
+    if !lw.pp("mlp").has("gate_proj.weight") && lw.pp("block_sparse_moe").has("gate_proj.weight") {
+        lw.pp("block_sparse_moe")
+    } else {
+        lw.pp("mlp")
+    }
+}
+
 pub fn build(
     c: &Config,
     w: &Weights,
@@ -296,7 +307,7 @@ pub fn build(
             experts.add_layer(&mw, names, i, shape)?;
             FeedForward::Sparse(load_moe(c, &mw, i)?)
         } else {
-            FeedForward::Dense(Mlp::load(&lw.pp("mlp"), h, c.intermediate_size)?)
+            FeedForward::Dense(Mlp::load(&dense_names(&lw), h, c.intermediate_size)?)
         };
         layers.push(DecoderLayer::load(
             &lw,
