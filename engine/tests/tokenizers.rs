@@ -131,3 +131,51 @@ fn a_folder_without_a_tokenizer_says_what_it_looked_for() {
         .to_string();
     assert!(err.contains("QWenTokenizer"), "{err}");
 }
+
+/// Kimi K2 as Moonshot publishes it (`tiktoken.model`, `tokenizer_config.json`
+/// naming the special ids, `chat_template.jinja`, no `tokenizer.json`): a
+/// conversation with a tool call renders and tokenizes as transformers and
+/// tiktoken do, from the folder and from a pack of it, which keeps the
+/// vocabulary and template.
+#[test]
+fn a_kimi_folder_as_published_chats_from_the_folder_and_a_pack() {
+    use longhaul_engine::Engine;
+    use longhaul_engine::pack::{PackOptions, write_pack};
+    use longhaul_engine::tokenizer::ChatMessage;
+    let dir = common::fixtures_dir().join("kimi_k2_published");
+    assert!(!dir.join("tokenizer.json").exists());
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let messages: Vec<ChatMessage> =
+        serde_json::from_value(expected["chat_messages"].clone()).unwrap();
+    let want: Vec<u32> = serde_json::from_value(expected["chat_ids"].clone()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let drives: Vec<std::path::PathBuf> =
+        (0..2).map(|i| tmp.path().join(format!("d{i}"))).collect();
+    for d in &drives {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let pack = tmp.path().join("pack");
+    write_pack(
+        &PackOptions::new(dir.clone(), pack.clone(), drives),
+        &|_| {},
+    )
+    .unwrap();
+    assert!(pack.join("tiktoken.model").is_file() && pack.join("chat_template.jinja").is_file());
+    for path in [&dir, &pack] {
+        let engine = Engine::open(path).unwrap();
+        let tok = engine.tokenizer().unwrap();
+        assert_eq!(
+            tok.render_chat(&messages, true).unwrap(),
+            expected["chat_text"].as_str().unwrap(),
+            "{}",
+            path.display()
+        );
+        assert_eq!(
+            engine.chat_ids(&messages).unwrap(),
+            want,
+            "{}",
+            path.display()
+        );
+    }
+}

@@ -257,6 +257,67 @@ def corpus(base: int) -> list:
     return [{"text": t} for t in lit] + gen
 
 
+# A chat template written in the shape of Kimi K2's (its macros, compact
+# tool JSON, default system turn, role tokens and tool-call section).
+CHAT_TEMPLATE = """{%- macro render_content(msg) -%}
+    {%- set c = msg.get('content') -%}
+    {%- if c is string -%}{{ c }}{%- elif c is not none -%}{% for part in c -%}{{ part['text'] }}{%- endfor -%}{%- endif -%}
+{%- endmacro -%}
+{%- if tools -%}<|im_system|>tool_declare<|im_middle|>{{ tools | tojson(separators=(',', ':')) }}<|im_end|>{%- endif -%}
+{%- if messages|length == 0 or messages[0]['role'] != 'system' -%}<|im_system|>system<|im_middle|>You are a careful assistant.<|im_end|>{%- endif -%}
+{%- for message in messages -%}
+  {%- set role_name = message.get('name') or message['role'] -%}
+  {%- if message['role'] == 'user' -%}<|im_user|>{{ role_name }}<|im_middle|>
+  {%- elif message['role'] == 'assistant' -%}<|im_assistant|>{{ role_name }}<|im_middle|>
+  {%- else -%}<|im_system|>{{ role_name }}<|im_middle|>{%- endif -%}
+  {%- if message['role'] == 'tool' -%}## Return of {{ message.tool_call_id }}
+{{ render_content(message) }}
+  {%- else -%}{{ render_content(message) }}{%- endif -%}
+  {%- if message.get('tool_calls') -%}<|tool_calls_section_begin|>
+    {%- for tc in message['tool_calls'] -%}<|tool_call_begin|>{{ tc['id'] }}<|tool_call_argument_begin|>{% if tc['function']['arguments'] is string %}{{ tc['function']['arguments'] }}{% else %}{{ tc['function']['arguments'] | tojson }}{% endif %}<|tool_call_end|>
+    {%- endfor -%}<|tool_calls_section_end|>
+  {%- endif -%}
+  <|im_end|>
+{%- endfor -%}
+{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>{%- endif -%}"""
+
+
+class KimiTokenizer:
+    """What make_fixtures asks of a tokenizer, over a Kimi-style tiktoken
+    vocabulary, and the files a Kimi release ships for it."""
+
+    def __init__(self):
+        self.ranks = build_ranks()
+        self.base = len(self.ranks)
+        self.enc = encoding(self.ranks)
+        self.names = {self.base + k: (name, special) for k, (name, special) in K2_SPECIALS.items()}
+
+    def encode(self, text: str):
+        class Encoded:
+            pass
+
+        e = Encoded()
+        e.ids = kimi_encode(self.enc, text)
+        return e
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        if skip_special_tokens:
+            # Special ids marked special (and the unnamed reserved ones) are left out.
+            ids = [i for i in ids if i < self.base or not self.names.get(i, ("", True))[1]]
+        return self.enc.decode(ids)
+
+    def token_to_id(self, token: str):
+        return self.enc._special_tokens.get(token)
+
+    def get_vocab_size(self) -> int:
+        return self.base + RESERVED
+
+    def write(self, out: Path) -> None:
+        write_vocab(out, self.ranks)
+        (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(self.base), indent=2))
+        (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+
+
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "engine/tests/fixtures/kimi_tiktoken")
     out.mkdir(parents=True, exist_ok=True)

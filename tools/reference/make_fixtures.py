@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+import kimi_vocab
 import transformers
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -743,6 +745,10 @@ FIXTURES += [
         dict(DEEPSEEK_V32_SPEC, mlp_layer_types=["dense", "sparse", "dense", "sparse"]),
         {"style": "new", "layout": "fused", "dtype": "float32", "shards": 1, "seed": 304},
     ),
+    # Kimi K2 as Moonshot publishes it: tiktoken.model with its special ids
+    # named by added_tokens_decoder, a chat_template.jinja, no tokenizer.json.
+    ("kimi_k2_published", dict(DEEPSEEK_V3_SPEC, model_type="kimi_k2"),
+     {"style": "old", "layout": "per_expert", "dtype": "bfloat16", "shards": 1, "tokenizer": "kimi", "seed": 306}),
     # Kimi-Linear as transformers 5.24's save_pretrained writes it back: every
     # MLP, the dense first layer's too, under `block_sparse_moe`.
     ("kimi_linear_saved", KIMI_LINEAR_SPEC,
@@ -834,17 +840,18 @@ EXPERT_NAMES = {
 ZERO_CENTRED_NORMS = ("Qwen3NextRMSNorm", "Qwen3_5MoeRMSNorm")
 
 
-def config_json(spec: dict, tok: Tokenizer, style: str) -> dict:
+def config_json(spec: dict, tok, style: str) -> dict:
     spec = {k: v for k, v in copy.deepcopy(spec).items() if v is not None or k != "linear_attn_config"}
     rope = spec.pop("rope", None)
+    kimi = isinstance(tok, kimi_vocab.KimiTokenizer)
     cfg = {
-        "vocab_size": VOCAB,
+        "vocab_size": tok.get_vocab_size() if kimi else VOCAB,
         "hidden_size": HIDDEN,
         "rms_norm_eps": 1e-6,
         "hidden_act": "silu",
         "max_position_embeddings": spec.pop("max_position_embeddings", 256),
         "bos_token_id": None,
-        "eos_token_id": tok.token_to_id("<|endoftext|>"),
+        "eos_token_id": tok.token_to_id("[EOS]" if kimi else "<|endoftext|>"),
         **spec,
     }
     if rope is None:
@@ -1272,7 +1279,14 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
         p.copy_(p.to(dtype).to(torch.float32))
     # DeepSeek's V3.2 and V4 releases build prompts with their encoders.
     released_encoder = opts["style"] == "old" and cfg["model_type"] in ("deepseek_v32", "deepseek_v4")
-    write_tokenizer_files(tok, out, template=not released_encoder)
+    if isinstance(tok, kimi_vocab.KimiTokenizer):
+        # As Moonshot publishes it: tiktoken.model, no tokenizer.json; the
+        # turn ends on <|im_end|>.
+        tok.write(out)
+        (out / "generation_config.json").write_text(
+            json.dumps({"eos_token_id": [tok.token_to_id("<|im_end|>")], "do_sample": False}, indent=1))
+    else:
+        write_tokenizer_files(tok, out, template=not released_encoder)
     tensors = checkpoint_tensors(model, cfg, opts["layout"])
     if opts.get("fp8"):
         tensors = quantize_fp8(model, tensors, opts.get("fp8_extra", ()), opts.get("ue8m0", False))
@@ -1336,7 +1350,15 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
     final_cfg = {"model_type": wrapped, "text_config": text_cfg} if wrapped else cfg
     cfg_path.write_text(json.dumps(final_cfg, indent=1))
 
+    chat = {}
+    if isinstance(tok, kimi_vocab.KimiTokenizer):
+        from transformers.utils.chat_template_utils import render_jinja_template
+        rendered = render_jinja_template(
+            conversations=[CHAT_MESSAGES], chat_template=kimi_vocab.CHAT_TEMPLATE, add_generation_prompt=True,
+            bos_token="[BOS]", eos_token="[EOS]")[0][0]
+        chat = {"chat_messages": CHAT_MESSAGES, "chat_text": rendered, "chat_ids": tok.encode(rendered).ids}
     expected = {
+        **chat,
         "transformers_version": transformers.__version__,
         "torch_version": torch.__version__,
         "ids": ids,
@@ -1351,6 +1373,17 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
           f"{logits.min():.2f}..{logits.max():.2f}")
 
 
+# A conversation rendered by a Kimi fixture's template and tokenized by its
+# tiktoken vocabulary.
+CHAT_MESSAGES = [
+    {"role": "user", "content": "Audit the storage engine. 漢字 <|im_end|> stays text?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "functions.read_file:0", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\": \"store.rs\"}"}}]},
+    {"role": "tool", "tool_call_id": "functions.read_file:0", "content": "fn read() {}"},
+    {"role": "user", "content": "Go on."},
+]
+
+
 def main() -> None:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "engine/tests/fixtures")
     only = set(sys.argv[2:])  # fixture names to (re)build; all when none
@@ -1359,7 +1392,8 @@ def main() -> None:
     tok = build_tokenizer()
     for seed, (name, spec, opts) in enumerate(FIXTURES):
         if not only or name in only:
-            make_fixture(root, name, spec, opts, tok, opts.get("seed", seed + 1))
+            fixture_tok = kimi_vocab.KimiTokenizer() if opts.get("tokenizer") == "kimi" else tok
+            make_fixture(root, name, spec, opts, fixture_tok, opts.get("seed", seed + 1))
 
 
 if __name__ == "__main__":
