@@ -19,8 +19,16 @@ use crate::metrics::EngineStats;
 use crate::model::{Decoder, LogitsFor, ModelError, ModelSpec, parse_token_ids};
 use crate::model::{ExpertError, ExpertProvider};
 use crate::pack::{self, Manifest, PackError};
-use crate::tokenizer::{ChatMessage, TextTokenizer, TokenizerError};
+use crate::tokenizer::{ChatMessage, ChatOptions, TextTokenizer, TokenizerError};
 use crate::weights::{RawTensor, SafetensorsCheckpoint, TensorSource, WeightsError};
+
+/// A conversation as the model reads it.
+#[derive(Debug, Clone)]
+pub struct ChatPrompt {
+    pub ids: Vec<u32>,
+    /// How the answer is laid out: give it to the generation settings.
+    pub output: crate::generate::channels::OutputFormat,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -380,6 +388,22 @@ impl Engine {
             tokenizer.encode(&text, false)?
         } else {
             tokenizer.encode(prompt, true)?
+        })
+    }
+
+    /// A conversation rendered with the template's switches and instant
+    /// (`options`), as ids ready for the assistant's answer, with how that
+    /// answer is laid out (reasoning apart from it).
+    pub fn chat_prompt(
+        &self,
+        messages: &[ChatMessage],
+        options: &ChatOptions,
+    ) -> Result<ChatPrompt, EngineError> {
+        let tokenizer = self.tokenizer()?;
+        let text = tokenizer.render_chat_with(messages, options)?;
+        Ok(ChatPrompt {
+            ids: tokenizer.encode(&text, false)?,
+            output: crate::generate::channels::OutputFormat::for_chat(tokenizer, &text),
         })
     }
 

@@ -37,8 +37,9 @@ pub mod memory;
 pub mod tools;
 
 pub use cache::{DEFAULT_PINNED_FRACTION, EvictionPolicy, StreamingOptions};
-pub use engine::{Engine, EngineError, EngineOptions, LoadProgress, ModelInfo};
+pub use engine::{ChatPrompt, Engine, EngineError, EngineOptions, LoadProgress, ModelInfo};
 pub use generate::bridge::TextBridge;
+pub use generate::channels::OutputFormat;
 pub use generate::speculate::{DraftModel, Drafter, PromptLookup};
 pub use generate::{
     FinishReason, Flow, Generation, GenerationSettings, GenerationStats, PROMPT_CHUNK, Phase,
@@ -46,4 +47,4 @@ pub use generate::{
 };
 pub use memory::{MemoryPlan, MemorySettings};
 pub use metrics::{DriveMetrics, EngineStats, MetricsSampler, MetricsSnapshot};
-pub use tokenizer::{ChatMessage, TextTokenizer};
+pub use tokenizer::{ChatMessage, ChatOptions, TextTokenizer};

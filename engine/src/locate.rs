@@ -30,6 +30,8 @@ const GGUF_SEARCH_DEPTH: usize = 2;
 pub enum LocateError {
     #[error("no model `{name}`: looked for {}", looked.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))]
     NotFound { name: String, looked: Vec<PathBuf> },
+    #[error("{}: no such file or folder", path.display())]
+    Missing { path: PathBuf },
     #[error("{}: holds more than one model; name one of: {}", dir.display(), choices.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))]
     Ambiguous { dir: PathBuf, choices: Vec<PathBuf> },
     #[error("{}: {reason}", path.display())]
@@ -106,6 +108,11 @@ pub fn locate(name: &str, places: &ModelPlaces) -> Result<Located, LocateError> 
     if path.exists() {
         return locate_path(path);
     }
+    if looks_like_path(name) {
+        return Err(LocateError::Missing {
+            path: path.to_path_buf(),
+        });
+    }
     let mut looked = vec![path.to_path_buf()];
     let (repo, revision) = match name.split_once('@') {
         Some((r, rev)) => (r, Some(rev)),
@@ -142,6 +149,16 @@ pub fn locate(name: &str, places: &ModelPlaces) -> Result<Located, LocateError> 
         name: name.to_string(),
         looked,
     })
+}
+
+/// Whether `name` can only be meant as a path: absolute, relative to `.`,
+/// `..` or `~`, or deeper than a repository name's one slash.
+fn looks_like_path(name: &str) -> bool {
+    Path::new(name).is_absolute()
+        || name.starts_with('.')
+        || name.starts_with('~')
+        || name.split('@').next().unwrap_or(name).matches('/').count() > 1
+        || name.contains(std::path::MAIN_SEPARATOR) && std::path::MAIN_SEPARATOR != '/'
 }
 
 /// A path given as it is: a model folder, a GGUF file, a Hugging Face cache
@@ -462,5 +479,16 @@ mod tests {
         assert!(err.contains("Q8_0") && err.contains("Q4_K_M"), "{err}");
         let err = locate("qwen3:7b", &places).unwrap_err().to_string();
         assert!(err.contains("library/qwen3/7b"), "{err}");
+        // A path is only a path: no store is searched for it.
+        let gone = tmp.path().join("gone/model");
+        let err = locate(gone.to_str().unwrap(), &places).unwrap_err();
+        assert!(
+            matches!(err, LocateError::Missing { ref path } if *path == gone),
+            "{err}"
+        );
+        assert!(matches!(
+            locate("./gone", &places),
+            Err(LocateError::Missing { .. })
+        ));
     }
 }

@@ -57,6 +57,7 @@ fn greedy(engine: &Engine, prompt: &[u32], max_tokens: usize) -> Generation {
         stop_strings: Vec::new(),
         eos_token_ids: engine.eos_token_ids().to_vec(),
         speculation: longhaul_engine::generate::Speculation::Off,
+        output: Default::default(),
     };
     engine
         .generate(prompt, &settings, |_| Flow::Continue)
@@ -151,6 +152,7 @@ fn a_long_prompt_reports_its_reading_and_can_be_stopped_between_passes() {
         stop_strings: Vec::new(),
         eos_token_ids: Vec::new(),
         speculation: longhaul_engine::generate::Speculation::Off,
+        output: Default::default(),
     };
     let mut seen = Vec::new();
     let whole = engine

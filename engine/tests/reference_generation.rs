@@ -26,6 +26,7 @@ fn greedy_tokens_match_transformers() {
             stop_strings: Vec::new(),
             eos_token_ids: engine.eos_token_ids().to_vec(),
             speculation: longhaul_engine::generate::Speculation::Off,
+            output: Default::default(),
         };
         let mut streamed = String::new();
         let out = engine
@@ -77,6 +78,7 @@ fn stop_strings_end_generation_before_the_string() {
         stop_strings: vec![stop],
         eos_token_ids: engine.eos_token_ids().to_vec(),
         speculation: longhaul_engine::generate::Speculation::Off,
+        output: Default::default(),
     };
     let out = engine
         .generate(&prompt, &settings, |_| Flow::Continue)
@@ -102,6 +104,7 @@ fn seeded_sampling_is_reproducible_and_differs_across_seeds() {
             stop_strings: Vec::new(),
             eos_token_ids: Vec::new(),
             speculation: longhaul_engine::generate::Speculation::Off,
+            output: Default::default(),
         };
         engine
             .generate(&prompt, &settings, |_| Flow::Continue)
@@ -205,6 +208,7 @@ fn resumes_exactly(engine: &Engine) {
             stop_strings: Vec::new(),
             eos_token_ids: Vec::new(),
             speculation: longhaul_engine::generate::Speculation::Off,
+            output: Default::default(),
         };
         let whole = engine
             .generate(&prompt, &settings, |_| Flow::Continue)
@@ -244,6 +248,7 @@ fn saved_attention_state_replaces_recomputing_the_answer() {
         stop_strings: Vec::new(),
         eos_token_ids: Vec::new(),
         speculation: longhaul_engine::generate::Speculation::Off,
+        output: Default::default(),
     };
     let mut rows = Vec::new();
     let first = engine
@@ -300,4 +305,72 @@ fn saved_attention_state_replaces_recomputing_the_answer() {
     );
     assert_eq!(recomputed.stats.restored_positions, 0);
     assert_eq!(resumed.stats.restored_positions, 7);
+}
+
+/// gpt-oss as published (harmony's tokens, the release's template and
+/// generation config): a scripted checkpoint answers in harmony's analysis
+/// and final channels, as transformers' greedy generation does; the analysis
+/// is the reasoning, the final message the answer, and `<|return|>` ends it,
+/// from the folder and from its pack.
+#[test]
+fn gpt_oss_answers_in_harmony_channels_from_the_folder_and_a_pack() {
+    use longhaul_engine::pack::{PackOptions, write_pack};
+    use longhaul_engine::{ChatMessage, ChatOptions};
+    let dir = common::fixtures_dir().join("gpt_oss_harmony");
+    let exp: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let messages: Vec<ChatMessage> = serde_json::from_value(exp["chat_messages"].clone()).unwrap();
+    let want_ids: Vec<u32> = serde_json::from_value(exp["chat_ids"].clone()).unwrap();
+    let mut want_tokens: Vec<u32> = serde_json::from_value(exp["chat_tokens"].clone()).unwrap();
+    // transformers keeps the token that ended the turn; Longhaul stops before it.
+    let ended = want_tokens.pop().unwrap();
+    let options = ChatOptions {
+        now: exp["chat_now"].as_i64(),
+        ..ChatOptions::generation()
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let drives: Vec<std::path::PathBuf> =
+        (0..2).map(|i| tmp.path().join(format!("d{i}"))).collect();
+    for d in &drives {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let pack = tmp.path().join("pack");
+    write_pack(
+        &PackOptions::new(dir.clone(), pack.clone(), drives),
+        &|_| {},
+    )
+    .unwrap();
+    for path in [&dir, &pack] {
+        let engine = Engine::open(path).unwrap();
+        let tok = engine.tokenizer().unwrap();
+        assert_eq!(
+            tok.render_chat_with(&messages, &options).unwrap(),
+            exp["chat_text"].as_str().unwrap(),
+            "{}: the published template renders as transformers renders it",
+            path.display()
+        );
+        let chat = engine.chat_prompt(&messages, &options).unwrap();
+        assert_eq!(chat.ids, want_ids, "{}", path.display());
+        assert!(engine.eos_token_ids().contains(&ended));
+        let settings = GenerationSettings {
+            max_tokens: GREEDY_TOKENS,
+            sampling: SamplingParams::default(),
+            stop_strings: Vec::new(),
+            eos_token_ids: engine.eos_token_ids().to_vec(),
+            speculation: longhaul_engine::generate::Speculation::Off,
+            output: chat.output,
+        };
+        let mut streamed = String::new();
+        let out = engine
+            .generate(&chat.ids, &settings, |t| {
+                streamed.push_str(t);
+                Flow::Continue
+            })
+            .unwrap();
+        assert_eq!(out.tokens, want_tokens, "{}", path.display());
+        assert_eq!(out.finish_reason, FinishReason::Eos);
+        assert_eq!(out.reasoning, exp["chat_reasoning"].as_str().unwrap());
+        assert_eq!(out.text, exp["chat_answer"].as_str().unwrap());
+        assert_eq!(streamed, out.text, "only the answer streams as text");
+    }
 }

@@ -84,6 +84,7 @@ fn settings(sampling: &SamplingParams, spec: Speculation) -> GenerationSettings 
         stop_strings: Vec::new(),
         eos_token_ids: Vec::new(),
         speculation: spec,
+        output: Default::default(),
     }
 }
 
@@ -106,6 +107,7 @@ fn generate(
         stop_strings: Vec::new(),
         eos_token_ids: Vec::new(),
         speculation: spec,
+        output: Default::default(),
     };
     engine
         .generate(prompt, &settings, |_| Flow::Continue)

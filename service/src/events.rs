@@ -42,6 +42,14 @@ pub struct JobProgress {
     pub offset: Option<usize>,
     /// Text made final since the previous event of this job.
     pub delta: String,
+    /// Byte offset in the job's reasoning where `reasoning_delta` begins
+    /// (absent where `offset` is).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_offset: Option<usize>,
+    /// Reasoning made final since the previous event (the model's thinking
+    /// before its answer), kept apart from `delta`.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub reasoning_delta: String,
     /// Over the last few seconds of decoding.
     pub tokens_per_second: Option<f64>,
     /// To reach `max_tokens` at the current rate (an upper bound: the model may stop sooner).

@@ -211,7 +211,7 @@ fn bad_requests_say_what_is_wrong() {
         err["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("config.json")
+            .contains("/no/such/model: no such file or folder")
     );
 }
 

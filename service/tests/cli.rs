@@ -187,9 +187,9 @@ fn bad_arguments_are_explained() {
     assert!(stderr(&out).contains("temperature"), "{}", stderr(&out));
 
     let out = longhaul(&["run", "--model", "/nonexistent/model", "--prompt", "x"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2), "a --model that names nothing");
     assert!(
-        stderr(&out).contains("/nonexistent/model: not a model folder"),
+        stderr(&out).contains("/nonexistent/model: no such file or folder"),
         "{}",
         stderr(&out)
     );

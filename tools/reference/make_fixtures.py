@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import harmony
 import kimi_vocab
 import transformers
 from safetensors.torch import save_file
@@ -421,6 +422,15 @@ FIXTURES = [
         "gpt_oss_mxfp4",
         GPT_OSS_SPEC,
         {"style": "old", "layout": "fused", "dtype": "bfloat16", "shards": 1, "mxfp4": True},
+    ),
+    # gpt-oss as OpenAI publishes it: harmony's special tokens, the release's
+    # chat template and generation config, MXFP4 experts; scripted weights
+    # answer in harmony's analysis and final channels.
+    (
+        "gpt_oss_harmony",
+        dict(GPT_OSS_SPEC, num_hidden_layers=2),
+        {"style": "old", "layout": "fused", "dtype": "bfloat16", "shards": 1, "mxfp4": True,
+         "tokenizer": "harmony", "script": "harmony"},
     ),
     # Kimi-K2.5 as transformers 5.24 saves it: its wrapper ties the head to
     # the embedding and writes no `lm_head`, while the text config says untied.
@@ -1260,6 +1270,9 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     cfg = config_json(spec, tok, opts["style"])
+    if opts.get("tokenizer") == "harmony":
+        # As gpt-oss's config says: a turn ends on <|return|>.
+        cfg.update(eos_token_id=tok.token_to_id("<|return|>"), pad_token_id=tok.token_to_id("<|endoftext|>"))
     cfg_path = out / "config.json"
     reference_cfg = dict(cfg, model_type=REFERENCE_TYPE.get(cfg["model_type"], cfg["model_type"]))
     cfg_path.write_text(json.dumps(reference_cfg, indent=1))
@@ -1269,6 +1282,8 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(seed)
     randomize(model, gen)
+    if opts.get("script") == "harmony":
+        harmony.script(model, tok, gen)
     dtype = getattr(torch, opts["dtype"])
     # Round to the stored precision so the reference computes on the stored values.
     # Only what is saved: rope's inv_freq is a computed buffer and stays f32.
@@ -1285,6 +1300,8 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
         tok.write(out)
         (out / "generation_config.json").write_text(
             json.dumps({"eos_token_id": [tok.token_to_id("<|im_end|>")], "do_sample": False}, indent=1))
+    elif opts.get("tokenizer") == "harmony":
+        harmony.write(tok, out, HARMONY_TEMPLATE.read_text())
     else:
         write_tokenizer_files(tok, out, template=not released_encoder)
     tensors = checkpoint_tensors(model, cfg, opts["layout"])
@@ -1357,6 +1374,8 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
             conversations=[CHAT_MESSAGES], chat_template=kimi_vocab.CHAT_TEMPLATE, add_generation_prompt=True,
             bos_token="[BOS]", eos_token="[EOS]")[0][0]
         chat = {"chat_messages": CHAT_MESSAGES, "chat_text": rendered, "chat_ids": tok.encode(rendered).ids}
+    if opts.get("tokenizer") == "harmony":
+        chat = harmony_chat(model, tok, eos)
     expected = {
         **chat,
         "transformers_version": transformers.__version__,
@@ -1384,6 +1403,46 @@ CHAT_MESSAGES = [
 ]
 
 
+# The published gpt-oss template, and the instant its strftime_now reads.
+HARMONY_TEMPLATE = Path(__file__).parent / "templates" / "gpt_oss.jinja"
+HARMONY_MESSAGES = [{"role": "user", "content": "Audit the storage engine."}]
+HARMONY_NOW = 1_780_000_000
+
+
+@torch.no_grad()
+def harmony_chat(model, tok, eos: list) -> dict:
+    """A harmony conversation: transformers' render of the published
+    template (its clock stopped at HARMONY_NOW), the ids, and greedy
+    generation from them, split as harmony's channels split it."""
+    import datetime as dt
+    from unittest import mock
+
+    from transformers.utils import chat_template_utils
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    class Stopped(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return dt.datetime.fromtimestamp(HARMONY_NOW, tz or dt.timezone.utc).replace(tzinfo=None)
+
+    with mock.patch.object(chat_template_utils, "datetime", Stopped):
+        rendered = render_jinja_template(
+            conversations=[HARMONY_MESSAGES], chat_template=HARMONY_TEMPLATE.read_text(), add_generation_prompt=True,
+        )[0][0]
+    ids = tok.encode(rendered).ids
+    assert tok.decode(ids, skip_special_tokens=False) == rendered
+    out = model.generate(
+        torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long), max_new_tokens=GREEDY_TOKENS,
+        do_sample=False, eos_token_id=eos, pad_token_id=eos[0],
+    )[0, len(ids):].tolist()
+    chain, reasoning, answer = harmony.answer_ids(tok)
+    assert out == chain, f"the scripted model answered {out}, not {chain}"
+    return {
+        "chat_messages": HARMONY_MESSAGES, "chat_now": HARMONY_NOW, "chat_text": rendered, "chat_ids": ids,
+        "chat_tokens": out, "chat_reasoning": tok.decode(reasoning), "chat_answer": tok.decode(answer),
+    }
+
+
 def main() -> None:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "engine/tests/fixtures")
     only = set(sys.argv[2:])  # fixture names to (re)build; all when none
@@ -1392,7 +1451,10 @@ def main() -> None:
     tok = build_tokenizer()
     for seed, (name, spec, opts) in enumerate(FIXTURES):
         if not only or name in only:
-            fixture_tok = kimi_vocab.KimiTokenizer() if opts.get("tokenizer") == "kimi" else tok
+            fixture_tok = {
+                "kimi": kimi_vocab.KimiTokenizer,
+                "harmony": lambda: harmony.build_tokenizer(CORPUS, HARMONY_TEMPLATE.read_text()),
+            }.get(opts.get("tokenizer"), lambda: tok)()
             make_fixture(root, name, spec, opts, fixture_tok, opts.get("seed", seed + 1))
 
 

@@ -126,8 +126,12 @@ export interface Job {
     input: { prompt?: string; messages?: { role: string; content: string }[] };
     attachments?: string;
     settings: Settings;
+    /** Switches for the model's chat template (`chat_template_kwargs`). */
+    chat_args?: Record<string, unknown>;
   };
   output?: string;
+  /** The model's reasoning, apart from the answer (absent where it did not think aloud). */
+  reasoning?: string;
   tokens: number;
   stats: JobStats | null;
   error: string | null;
@@ -215,6 +219,10 @@ export interface JobProgress {
   max_tokens: number;
   offset: number | null;
   delta: string;
+  /** Byte offset in the job's reasoning where `reasoning_delta` begins. */
+  reasoning_offset?: number | null;
+  /** Reasoning made final since the previous event (absent when none). */
+  reasoning_delta?: string;
   tokens_per_second: number | null;
   eta_seconds: number | null;
   queue_position: number | null;

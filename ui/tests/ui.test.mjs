@@ -102,7 +102,7 @@ test("models: an empty list, then a pack added through the form", async () => {
   await page.fill('#add-model input[name="path"]', join(root, "nowhere"));
   await page.click("#add-model button[type=submit]");
   const err = await page.waitForSelector('#add-model [data-field="path"] .field-error');
-  assert.match(await err.textContent(), /not a model folder/);
+  assert.match(await err.textContent(), /nowhere: no such file or folder/);
   await page.fill('#add-model input[name="path"]', packPath);
   await page.click("#add-model button[type=submit]");
   await page.waitForSelector("#models li b:text('demo')");

@@ -2,6 +2,7 @@
 //! selection, and stop conditions (EOS ids, stop strings, a token budget).
 
 pub mod bridge;
+pub mod channels;
 pub mod sampling;
 pub mod speculate;
 pub mod stop;
@@ -145,6 +146,9 @@ pub struct GenerationSettings {
     pub eos_token_ids: Vec<u32>,
     /// Guessing ahead; it never changes a token (see [`speculate`]).
     pub speculation: Speculation,
+    /// How the answer is laid out: reasoning is told apart from it and kept
+    /// out of the text (and of stop strings).
+    pub output: channels::OutputFormat,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -200,7 +204,10 @@ fn rate(n: usize, seconds: f64) -> f64 {
 #[derive(Debug, Clone, Serialize)]
 pub struct Generation {
     pub tokens: Vec<u32>,
+    /// The answer.
     pub text: String,
+    /// The reasoning before (or around) it, where the model thinks aloud.
+    pub reasoning: String,
     pub finish_reason: FinishReason,
     pub stats: GenerationStats,
 }
@@ -262,7 +269,10 @@ pub enum Phase {
 pub struct Piece<'a> {
     pub phase: Phase,
     pub token: Option<u32>,
+    /// Text of the answer the token made final.
     pub text: &'a str,
+    /// Text of the reasoning it made final.
+    pub reasoning: &'a str,
     /// Tokens of the answer so far, this one included.
     pub tokens_so_far: usize,
     /// The session: the prompt's positions, then the answer's tokens fed
@@ -365,7 +375,7 @@ pub fn generate_drafted(
     }
     let sampler = Sampler::new(settings.sampling.clone())?;
     let mut session = Session::new(model);
-    let mut stream = tokenizer.stream();
+    let mut splitter = channels::Splitter::new(tokenizer, settings.output);
     let mut stops = StopScanner::new(settings.stop_strings.clone());
     let mut stats = GenerationStats {
         prompt_tokens: prompt.len() + resumed.len(),
@@ -373,10 +383,13 @@ pub fn generate_drafted(
     };
     let mut tokens = Vec::with_capacity(resumed.len());
     let mut text = String::new();
+    let mut reasoning = String::new();
     let mut stopped_in_replay = false;
     for &id in resumed {
         tokens.push(id);
-        match stops.push(&stream.push(id)?) {
+        let parts = splitter.push(id)?;
+        reasoning.push_str(&parts.reasoning);
+        match stops.push(&parts.answer) {
             Scan::Continue(shown) => text.push_str(&shown),
             Scan::Stop(shown) => {
                 text.push_str(&shown);
@@ -393,6 +406,7 @@ pub fn generate_drafted(
             phase: Phase::Prompt { done, total },
             token: None,
             text: "",
+            reasoning: "",
             tokens_so_far: tokens.len(),
             session,
             settled: false,
@@ -469,7 +483,7 @@ pub fn generate_drafted(
             break FinishReason::MaxTokens;
         }
         let id = sampler.sample(&logits, tokens.len());
-        if settings.eos_token_ids.contains(&id) {
+        if settings.eos_token_ids.contains(&id) || splitter.ends(id) {
             break FinishReason::Eos;
         }
         tokens.push(id);
@@ -479,15 +493,18 @@ pub fn generate_drafted(
         if let Some((kind, guess)) = shadow.take() {
             gate.record_shadow(kind, guess == id);
         }
-        let (shown, stopped) = match stops.push(&stream.push(id)?) {
+        let parts = splitter.push(id)?;
+        let (shown, stopped) = match stops.push(&parts.answer) {
             Scan::Continue(s) => (s, false),
             Scan::Stop(s) => (s, true),
         };
         text.push_str(&shown);
+        reasoning.push_str(&parts.reasoning);
         let flow = on_piece(Piece {
             phase: Phase::Answer,
             token: Some(id),
             text: &shown,
+            reasoning: &parts.reasoning,
             tokens_so_far: tokens.len(),
             session: &session,
             settled: ahead.is_empty(),
@@ -561,16 +578,19 @@ pub fn generate_drafted(
         finish_reason,
         FinishReason::StopString | FinishReason::Cancelled
     ) {
-        let rest = match stops.push(&stream.finish()?) {
+        let parts = splitter.finish()?;
+        let rest = match stops.push(&parts.answer) {
             Scan::Continue(s) => s + &stops.finish(),
             Scan::Stop(s) => s,
         };
-        if !rest.is_empty() {
+        if !rest.is_empty() || !parts.reasoning.is_empty() {
             text.push_str(&rest);
+            reasoning.push_str(&parts.reasoning);
             on_piece(Piece {
                 phase: Phase::Answer,
                 token: None,
                 text: &rest,
+                reasoning: &parts.reasoning,
                 tokens_so_far: tokens.len(),
                 session: &session,
                 settled: ahead.is_empty(),
@@ -584,6 +604,7 @@ pub fn generate_drafted(
     Ok(Generation {
         tokens,
         text,
+        reasoning,
         finish_reason,
         stats,
     })

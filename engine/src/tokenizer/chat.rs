@@ -106,6 +106,11 @@ impl ChatTemplate {
         Self { source }
     }
 
+    /// The template's text.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
     pub fn render(
         &self,
         messages: &[ChatMessage],

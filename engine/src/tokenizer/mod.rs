@@ -269,6 +269,17 @@ impl TextTokenizer {
         }
     }
 
+    /// Whether the prompts this tokenizer builds write `text` (a template
+    /// that writes `</think>` is a reasoning model's, even where the tag is
+    /// no token of its own).
+    pub fn prompts_mention(&self, text: &str) -> bool {
+        match &self.prompt {
+            PromptBuilder::Template(t) => t.source().contains(text),
+            PromptBuilder::Encoder(e) => e.mentions(text),
+            PromptBuilder::None => false,
+        }
+    }
+
     /// Where prompts come from: `template`, the family's encoder (its
     /// name) or `none`.
     pub fn prompt_source(&self) -> &'static str {

@@ -61,6 +61,7 @@ impl Run<'_> {
             stop_strings: Vec::new(),
             eos_token_ids: Vec::new(),
             speculation: arg.speculation(),
+            output: Default::default(),
         };
         let mut after_prompt = None;
         let generation = speculate::generate(&engine, self.prompt, &settings, arg, |piece| {

@@ -21,7 +21,7 @@ pub struct JobsArgs {
 #[derive(Subcommand)]
 enum JobsCommand {
     /// Queue a task. The prompt is PROMPT, or the contents of --prompt-file.
-    Submit(SubmitArgs),
+    Submit(Box<SubmitArgs>),
     /// List jobs, newest first.
     List {
         /// Print the jobs as one JSON object.
@@ -35,6 +35,9 @@ enum JobsCommand {
         /// Print the job as one JSON object.
         #[arg(long)]
         json: bool,
+        /// Print the model's reasoning before its answer.
+        #[arg(long)]
+        show_thinking: bool,
     },
     /// Follow a job: its text as it is written, and a progress bar with tokens/s and ETA.
     Watch {
@@ -87,6 +90,10 @@ struct SubmitArgs {
     /// Send the prompt as a user message through the model's chat template.
     #[arg(long)]
     chat: bool,
+    /// A switch for the chat template or prompt encoder (repeatable):
+    /// `enable_thinking=false`, `thinking=true`, `reasoning_effort=high`.
+    #[arg(long = "chat-arg", value_name = "KEY=VALUE", value_parser = super::run::parse_chat_arg, requires = "chat")]
+    chat_args: Vec<(String, Value)>,
     /// Files or folders whose text goes before the prompt (repeatable).
     #[arg(long = "attach")]
     attach: Vec<PathBuf>,
@@ -131,9 +138,13 @@ struct SubmitArgs {
 pub fn run(args: JobsArgs) -> anyhow::Result<()> {
     let client = args.data.client()?;
     match args.command {
-        JobsCommand::Submit(s) => submit(&client, s),
+        JobsCommand::Submit(s) => submit(&client, *s),
         JobsCommand::List { json } => list(&client, json),
-        JobsCommand::Show { id, json } => {
+        JobsCommand::Show {
+            id,
+            json,
+            show_thinking,
+        } => {
             let job: Value = client.get(&format!("/api/jobs/{id}"))?;
             if json {
                 println!("{job}");
@@ -152,6 +163,9 @@ pub fn run(args: JobsArgs) -> anyhow::Result<()> {
                     println!("paused: {r}");
                 }
                 println!();
+                if let Some(r) = job["reasoning"].as_str().filter(|_| show_thinking) {
+                    println!("thinking:\n{r}\n(end of thinking)\n");
+                }
                 println!("{}", job["output"].as_str().unwrap_or(""));
             }
             Ok(())
@@ -219,12 +233,15 @@ fn submit(client: &Client, s: SubmitArgs) -> anyhow::Result<()> {
     });
     if s.chat {
         body["messages"] = json!([{ "role": "user", "content": prompt }]);
+        if !s.chat_args.is_empty() {
+            body["chat_template_kwargs"] = Value::Object(s.chat_args.into_iter().collect());
+        }
     } else {
         body["prompt"] = json!(prompt);
     }
     // Say what is being sent before sending it.
     let mut preview = json!({ "model": body["model"], "attachments": body["attachments"] });
-    for key in ["prompt", "messages"] {
+    for key in ["prompt", "messages", "chat_template_kwargs"] {
         if !body[key].is_null() {
             preview[key] = body[key].clone();
         }

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use longhaul_engine::tools::trace;
-use longhaul_engine::{Flow, GenerationSettings, SamplingParams};
+use longhaul_engine::{
+    ChatMessage, ChatOptions, Flow, GenerationSettings, OutputFormat, SamplingParams,
+};
 
 use super::speculate::{self, SpeculateArg, parse_speculate};
 
@@ -20,6 +22,15 @@ pub struct RunArgs {
     /// Wrap the prompt as a user message in the model's chat template.
     #[arg(long)]
     chat: bool,
+    /// A switch for the chat template or prompt encoder (repeatable):
+    /// `enable_thinking=false`, `thinking=true`, `reasoning_effort=high`.
+    /// VALUE is read as JSON where it is (true, 3, "text"), else as text.
+    #[arg(long = "chat-arg", value_name = "KEY=VALUE", value_parser = parse_chat_arg, requires = "chat")]
+    chat_args: Vec<(String, serde_json::Value)>,
+    /// Print the model's reasoning (its thinking before the answer) to
+    /// stderr as it comes; without it, only the answer is printed.
+    #[arg(long)]
+    show_thinking: bool,
     /// Most tokens to generate.
     #[arg(long, default_value_t = 256)]
     max_tokens: usize,
@@ -51,6 +62,17 @@ pub struct RunArgs {
     speculate: SpeculateArg,
 }
 
+/// `KEY=VALUE`, VALUE as JSON where it parses, else as text.
+pub fn parse_chat_arg(text: &str) -> Result<(String, serde_json::Value), String> {
+    let (key, value) = text
+        .split_once('=')
+        .filter(|(k, _)| !k.trim().is_empty())
+        .ok_or_else(|| format!("`{text}`: expected KEY=VALUE, e.g. enable_thinking=false"))?;
+    let value = serde_json::from_str(value)
+        .unwrap_or_else(|_| serde_json::Value::String(value.to_string()));
+    Ok((key.trim().to_string(), value))
+}
+
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let sampling = SamplingParams {
         temperature: args.temperature,
@@ -62,15 +84,26 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let engine = args
         .model
         .open_with(|o| o.streaming.record_trace = args.trace.is_some())?;
-    let prompt = engine
-        .prompt_ids(&args.prompt, args.chat)
-        .context("cannot prepare the prompt")?;
+    let (prompt, output) = if args.chat {
+        let mut options = ChatOptions::generation();
+        options.args.extend(args.chat_args.iter().cloned());
+        let chat = engine
+            .chat_prompt(&[ChatMessage::user(args.prompt.as_str())], &options)
+            .context("cannot prepare the prompt")?;
+        (chat.ids, chat.output)
+    } else {
+        let ids = engine
+            .prompt_ids(&args.prompt, false)
+            .context("cannot prepare the prompt")?;
+        (ids, OutputFormat::Plain)
+    };
     let settings = GenerationSettings {
         max_tokens: args.max_tokens,
         sampling,
         stop_strings: args.stop,
         eos_token_ids: engine.eos_token_ids().to_vec(),
         speculation: args.speculate.speculation(),
+        output,
     };
     let mut stdout = std::io::stdout().lock();
     let mut write_error = None;
@@ -84,7 +117,19 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             Flow::Stop
         }
     };
+    let mut thought = false;
     let generation = speculate::generate(&engine, &prompt, &settings, &args.speculate, |p| {
+        if args.show_thinking && !p.reasoning.is_empty() {
+            if !thought {
+                eprintln!("thinking:");
+                thought = true;
+            }
+            eprint!("{}", p.reasoning);
+        }
+        if thought && !p.text.is_empty() {
+            eprintln!("\n(end of thinking)");
+            thought = false;
+        }
         write(p.text)
     })?;
     if let Some(e) = write_error {

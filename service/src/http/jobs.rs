@@ -15,7 +15,8 @@ use super::{ApiJson, ApiPath, AppState};
 use crate::attach;
 use crate::events::JobProgress;
 use crate::queue::{
-    Input, JobState, JobView, Message, ModelEntry, ModelKind, NewJob, Request, Settings, Speculate,
+    Input, JobState, JobView, Message, ModelEntry, ModelKind, NewJob, PromptInput, Request,
+    Settings, Speculate,
 };
 use longhaul_engine::tools::SamplingDefaults;
 
@@ -114,6 +115,9 @@ pub struct SubmitBody {
     /// Guessing ahead: `auto` (the default), `lookup` or `off`; the answer
     /// is the same either way.
     speculate: Option<Speculate>,
+    /// Switches for the model's chat template or prompt encoder
+    /// (`enable_thinking`, `thinking`, `reasoning_effort`, …).
+    chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// How a registered local model asks to be sampled, read off the async threads.
@@ -222,11 +226,8 @@ pub async fn submit(
     ApiJson(body): ApiJson<SubmitBody>,
 ) -> ApiResult<(StatusCode, Json<JobView>)> {
     let settings = body.settings(model_sampling(&app, &body.model).await)?;
-    let (prompt, messages) = (
-        body.prompt.clone().unwrap_or_default(),
-        body.messages.clone().unwrap_or_default(),
-    );
     let (input, default_title) = check_input(body.prompt, body.messages)?;
+    let chat_args = body.chat_template_kwargs.unwrap_or_default();
     let attachments = match body.attachments.filter(|a| !a.is_empty()) {
         None => String::new(),
         Some(paths) => {
@@ -239,13 +240,19 @@ pub async fn submit(
     };
     // A model that is not registered is reported by the queue, as before.
     let model_name = body.model.clone();
-    let mut settings = settings;
+    let mut request = Request {
+        input,
+        attachments,
+        settings,
+        chat_args,
+        rendered_at: Some(crate::queue::now_seconds()),
+    };
     if let Ok(model) = app.blocking(move |q| q.model(&model_name)).await {
-        let attached = attachments.clone();
-        let (asked, explicit) = (settings.max_tokens, body.max_tokens.is_some());
-        settings.max_tokens = tokio::task::spawn_blocking(move || {
+        let (asked, explicit) = (request.settings.max_tokens, body.max_tokens.is_some());
+        let checked = request.clone();
+        request.settings.max_tokens = tokio::task::spawn_blocking(move || {
             // Only an exact count can refuse a job.
-            match prompt_tokens(&model, &attached, &prompt, &messages)? {
+            match prompt_tokens(&model, &checked)? {
                 (tokens, false) => fit_answer(tokens, asked, explicit, context_of(&model)),
                 (_, true) => Ok(asked),
             }
@@ -259,11 +266,7 @@ pub async fn submit(
             .filter(|t| !t.trim().is_empty())
             .unwrap_or(default_title),
         model: body.model,
-        request: Request {
-            input,
-            attachments,
-            settings,
-        },
+        request,
         priority: body.priority.unwrap_or(0),
         origin: "api".into(),
     };
@@ -527,47 +530,32 @@ const CHARS_PER_TOKEN_ESTIMATE: usize = 4;
 /// The prompt's length in tokens as the model will see it (attachments
 /// first), and whether it is an estimate: exact with a local model's
 /// tokenizer, about four characters a token otherwise.
-fn prompt_tokens(
-    model: &ModelEntry,
-    attached: &str,
-    prompt: &str,
-    messages: &[Message],
-) -> Result<(usize, bool), ApiError> {
+fn prompt_tokens(model: &ModelEntry, request: &Request) -> Result<(usize, bool), ApiError> {
     let local = match &model.kind {
         // A GGUF file's tokenizer is rebuilt when the model loads; until
         // then its prompts are estimated like a remote model's.
         ModelKind::Local { path } => longhaul_engine::tools::TextTokenizer::from_dir(path).ok(),
         ModelKind::Remote { .. } => None,
     };
-    match local {
-        Some(tokenizer) => {
-            let ids = if messages.is_empty() {
-                tokenizer.encode(&format!("{attached}{prompt}"), true)
-            } else {
-                let mut chat: Vec<longhaul_engine::ChatMessage> = messages
-                    .iter()
-                    .map(|m| longhaul_engine::ChatMessage::new(m.role.clone(), m.content.clone()))
-                    .collect();
-                if let Some(first) = chat.iter_mut().find(|m| m.role == "user") {
-                    first.content = format!("{attached}{}", first.content);
-                }
-                tokenizer
-                    .render_chat(&chat, true)
-                    .and_then(|t| tokenizer.encode(&t, false))
-            }
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
-            Ok((ids.len(), false))
+    let input = request.prompt_input();
+    match (local, input) {
+        (Some(tokenizer), PromptInput::Plain(text)) => tokenizer.encode(&text, true),
+        (Some(tokenizer), PromptInput::Chat(messages, options)) => tokenizer
+            .render_chat_with(&messages, &options)
+            .and_then(|t| tokenizer.encode(&t, false)),
+        (None, PromptInput::Plain(text)) => {
+            return Ok((
+                text.chars().count().div_ceil(CHARS_PER_TOKEN_ESTIMATE),
+                true,
+            ));
         }
-        None => {
-            let chars = attached.chars().count()
-                + prompt.chars().count()
-                + messages
-                    .iter()
-                    .map(|m| m.content.chars().count())
-                    .sum::<usize>();
-            Ok((chars.div_ceil(CHARS_PER_TOKEN_ESTIMATE), true))
+        (None, PromptInput::Chat(messages, _)) => {
+            let chars: usize = messages.iter().map(|m| m.content.chars().count()).sum();
+            return Ok((chars.div_ceil(CHARS_PER_TOKEN_ESTIMATE), true));
         }
     }
+    .map(|ids| (ids.len(), false))
+    .map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
 /// The context length a local model states; none for a remote one.
@@ -628,8 +616,11 @@ pub async fn preview(
     let settings = body.settings(model_sampling(&app, &body.model).await)?;
     let model_name = body.model.clone();
     let model = app.blocking(move |q| q.model(&model_name)).await?;
-    let prompt = body.prompt.unwrap_or_default();
-    let messages = body.messages.unwrap_or_default();
+    let input = match body.messages.filter(|m| !m.is_empty()) {
+        Some(m) => Input::Messages(m),
+        None => Input::Prompt(body.prompt.unwrap_or_default()),
+    };
+    let chat_args = body.chat_template_kwargs.unwrap_or_default();
     let paths = body.attachments.unwrap_or_default();
     let result = tokio::task::spawn_blocking(move || -> Result<Value, ApiError> {
         let attached = attach::collect(&paths)
@@ -639,7 +630,14 @@ pub async fn preview(
             .iter()
             .map(|(p, why)| json!({ "path": p, "reason": why }))
             .collect();
-        let (tokens, estimate) = prompt_tokens(&model, &attached.text, &prompt, &messages)?;
+        let request = Request {
+            input,
+            attachments: attached.text.clone(),
+            settings: settings.clone(),
+            chat_args,
+            rendered_at: Some(crate::queue::now_seconds()),
+        };
+        let (tokens, estimate) = prompt_tokens(&model, &request)?;
         let context = context_of(&model);
         Ok(json!({
             "prompt_tokens": tokens,

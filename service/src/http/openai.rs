@@ -52,6 +52,9 @@ pub struct ChatBody {
     /// Longhaul's own: how the answer guesses ahead (`auto`, `lookup`,
     /// `off`); the answer is the same either way.
     speculate: Option<Speculate>,
+    /// Switches for the model's chat template or prompt encoder, as vLLM
+    /// and llama.cpp's server take them (`enable_thinking`, `thinking`, …).
+    chat_template_kwargs: Option<Map<String, Value>>,
     #[serde(default)]
     stream: bool,
     stream_options: Option<StreamOptions>,
@@ -292,12 +295,18 @@ pub async fn chat_completions(
     }
     .into_settings(model_sampling(&app, &body.model).await)?;
     let include_usage = body.stream_options.is_some_and(|o| o.include_usage);
+    let request = Request {
+        input,
+        attachments: String::new(),
+        settings,
+        chat_args: body.chat_template_kwargs.unwrap_or_default(),
+        rendered_at: Some(crate::queue::now_seconds()),
+    };
     answer(
         app,
         Kind::Chat,
         body.model,
-        input,
-        settings,
+        request,
         body.stream,
         include_usage,
     )
@@ -333,12 +342,18 @@ pub async fn completions(
     }
     .into_settings(model_sampling(&app, &body.model).await)?;
     let include_usage = body.stream_options.is_some_and(|o| o.include_usage);
+    let request = Request {
+        input,
+        attachments: String::new(),
+        settings,
+        chat_args: Map::new(),
+        rendered_at: Some(crate::queue::now_seconds()),
+    };
     answer(
         app,
         Kind::Text,
         body.model,
-        input,
-        settings,
+        request,
         body.stream,
         include_usage,
     )
@@ -375,14 +390,17 @@ impl Kind {
         }
     }
 
-    /// The one choice of a whole answer.
-    fn choice(self, text: String, finish: &str) -> Value {
+    /// The one choice of a whole answer; a chat answer's reasoning in
+    /// `reasoning_content`, where the model thought aloud.
+    fn choice(self, text: String, reasoning: Option<String>, finish: &str) -> Value {
         match self {
-            Kind::Chat => json!({
-                "index": 0,
-                "message": { "role": "assistant", "content": text },
-                "finish_reason": finish,
-            }),
+            Kind::Chat => {
+                let mut message = json!({ "role": "assistant", "content": text });
+                if let Some(r) = reasoning {
+                    message["reasoning_content"] = Value::String(r);
+                }
+                json!({ "index": 0, "message": message, "finish_reason": finish })
+            }
             Kind::Text => json!({
                 "index": 0,
                 "text": text,
@@ -398,19 +416,14 @@ async fn answer(
     app: AppState,
     kind: Kind,
     model: String,
-    input: crate::queue::Input,
-    settings: crate::queue::Settings,
+    request: Request,
     streamed: bool,
     include_usage: bool,
 ) -> ApiResult<Response> {
     let job = NewJob {
         title: kind.title().into(),
         model,
-        request: Request {
-            input,
-            attachments: String::new(),
-            settings,
-        },
+        request,
         priority: OPENAI_PRIORITY,
         origin: "openai".into(),
     };
@@ -435,19 +448,30 @@ async fn answer(
         "object": object,
         "created": created,
         "model": model,
-        "choices": [kind.choice(job.output.clone().unwrap_or_default(), finish_reason(&job))],
+        "choices": [kind.choice(
+            job.output.clone().unwrap_or_default(),
+            job.reasoning.clone(),
+            finish_reason(&job),
+        )],
         "usage": usage(&job),
     }))
     .into_response())
 }
 
-/// One streamed chunk carrying `text` (or the end, with `finish`).
+/// Which part of the answer a streamed chunk carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Answer,
+    Reasoning,
+}
+
+/// One streamed chunk carrying `text` of `part` (or the end, with `finish`).
 fn chunk(
     object: &str,
     id: &str,
     created: i64,
     model: &str,
-    text: &str,
+    (part, text): (Part, &str),
     finish: Option<&str>,
 ) -> Value {
     if object == "text_completion" {
@@ -456,15 +480,34 @@ fn chunk(
             "choices": [{ "index": 0, "text": text, "logprobs": null, "finish_reason": finish }],
         })
     } else {
-        let delta = if finish.is_some() {
-            json!({})
-        } else {
-            json!({ "role": "assistant", "content": text })
+        let delta = match (finish, part) {
+            (Some(_), _) => json!({}),
+            (None, Part::Answer) => json!({ "role": "assistant", "content": text }),
+            (None, Part::Reasoning) => json!({ "role": "assistant", "reasoning_content": text }),
         };
         json!({
             "id": id, "object": object, "created": created, "model": model,
             "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }],
         })
+    }
+}
+
+/// What an event's text adds to what was sent of one part.
+enum CatchUp {
+    Fresh(String),
+    Nothing,
+    /// The event begins past what was sent: some text was missed.
+    Gap,
+}
+
+fn catch_up(sent: &str, offset: usize, delta: &str) -> CatchUp {
+    let end = offset + delta.len();
+    if offset <= sent.len() && end > sent.len() && delta.is_char_boundary(sent.len() - offset) {
+        CatchUp::Fresh(delta[sent.len() - offset..].to_string())
+    } else if offset > sent.len() {
+        CatchUp::Gap
+    } else {
+        CatchUp::Nothing
     }
 }
 
@@ -488,9 +531,9 @@ fn stream(
             created,
             rx: mut events,
         } = sub;
-        let mut sent = String::new();
-        let send = |text: String| {
-            let data = chunk(object, &id_text, created, &model, &text, None).to_string();
+        let (mut sent, mut sent_reasoning) = (String::new(), String::new());
+        let send = |part: Part, text: String| {
+            let data = chunk(object, &id_text, created, &model, (part, &text), None).to_string();
             Ok(SseEvent::default().data(data))
         };
         loop {
@@ -500,19 +543,28 @@ fn stream(
                 && p.id == id
                 && let Some(offset) = p.offset
             {
-                let end = offset + p.delta.len();
-                if offset <= sent.len()
-                    && end > sent.len()
-                    && p.delta.is_char_boundary(sent.len() - offset)
-                {
-                    let fresh = p.delta[sent.len() - offset..].to_string();
-                    sent.push_str(&fresh);
-                    if tx.send(send(fresh)).await.is_err() {
-                        return;
+                let reasoning_offset = p.reasoning_offset.unwrap_or(sent_reasoning.len());
+                for (part, sent, offset, delta) in [
+                    (
+                        Part::Reasoning,
+                        &mut sent_reasoning,
+                        reasoning_offset,
+                        &p.reasoning_delta,
+                    ),
+                    (Part::Answer, &mut sent, offset, &p.delta),
+                ] {
+                    match catch_up(sent, offset, delta) {
+                        CatchUp::Fresh(fresh) => {
+                            sent.push_str(&fresh);
+                            if tx.send(send(part, fresh)).await.is_err() {
+                                return;
+                            }
+                        }
+                        CatchUp::Gap => reread = true,
+                        CatchUp::Nothing => {}
                     }
-                } else if offset > sent.len() || p.state.is_final() {
-                    reread = true;
                 }
+                reread |= p.state.is_final();
             }
             if !reread {
                 continue;
@@ -520,12 +572,18 @@ fn stream(
             let Ok(job) = app.blocking(move |q| q.job(id)).await else {
                 return;
             };
+            let reasoning = job.reasoning.clone().unwrap_or_default();
             let output = job.output.clone().unwrap_or_default();
-            if output.len() > sent.len() && output.starts_with(&sent) {
-                let fresh = output[sent.len()..].to_string();
-                sent.push_str(&fresh);
-                if tx.send(send(fresh)).await.is_err() {
-                    return;
+            for (part, sent, whole) in [
+                (Part::Reasoning, &mut sent_reasoning, reasoning),
+                (Part::Answer, &mut sent, output),
+            ] {
+                if whole.len() > sent.len() && whole.starts_with(sent.as_str()) {
+                    let fresh = whole[sent.len()..].to_string();
+                    sent.push_str(&fresh);
+                    if tx.send(send(part, fresh)).await.is_err() {
+                        return;
+                    }
                 }
             }
             if job.state.is_final() {
@@ -540,7 +598,7 @@ fn stream(
                         &id_text,
                         created,
                         &model,
-                        "",
+                        (Part::Answer, ""),
                         Some(finish_reason(&job)),
                     );
                     if include_usage {

@@ -16,6 +16,7 @@ use super::QueueError;
 const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0001_init.sql"),
     include_str!("migrations/0002_crashes.sql"),
+    include_str!("migrations/0003_reasoning.sql"),
 ];
 
 /// How long a statement waits for another connection's lock.

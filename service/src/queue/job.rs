@@ -179,6 +179,57 @@ pub struct Request {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub attachments: String,
     pub settings: Settings,
+    /// Switches for the chat template or prompt encoder
+    /// (`chat_template_kwargs`: `enable_thinking`, `thinking`, …).
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub chat_args: serde_json::Map<String, serde_json::Value>,
+    /// When the job was submitted (seconds since the epoch): the instant a
+    /// template's `strftime_now` formats, so a resumed job reads the prompt
+    /// it started with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rendered_at: Option<i64>,
+}
+
+/// What the model reads, assembled from a request.
+pub enum PromptInput {
+    /// Plain text, attachments first.
+    Plain(String),
+    /// A conversation for the chat template, with its switches and instant.
+    Chat(
+        Vec<longhaul_engine::ChatMessage>,
+        longhaul_engine::ChatOptions,
+    ),
+}
+
+impl Request {
+    /// The prompt as the model reads it: attachments before a plain prompt
+    /// or the first user message, and the template's switches and instant.
+    pub fn prompt_input(&self) -> PromptInput {
+        let messages = match &self.input {
+            Input::Prompt(p) => return PromptInput::Plain(format!("{}{p}", self.attachments)),
+            Input::Messages(m) => m,
+        };
+        let mut chat: Vec<longhaul_engine::ChatMessage> = messages
+            .iter()
+            .map(|m| longhaul_engine::ChatMessage::new(m.role.clone(), m.content.clone()))
+            .collect();
+        if let Some(first) = chat.iter_mut().find(|m| m.role == "user") {
+            first.content = format!("{}{}", self.attachments, first.content);
+        }
+        let options = longhaul_engine::ChatOptions {
+            add_generation_prompt: true,
+            args: self.chat_args.clone(),
+            now: self.rendered_at,
+        };
+        PromptInput::Chat(chat, options)
+    }
+}
+
+/// Seconds since the epoch, now.
+pub fn now_seconds() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
 /// A job to add to the queue.
@@ -190,6 +241,32 @@ pub struct NewJob {
     pub priority: i64,
     /// Who asked: `api`, `openai`, `cli`.
     pub origin: String,
+}
+
+/// Output to append to a job: token ids when the model runs here (kept for
+/// resuming) or only their count, the answer's text and the reasoning's.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Output<'a> {
+    pub tokens: &'a [u32],
+    pub count: usize,
+    pub text: &'a str,
+    pub reasoning: &'a str,
+}
+
+impl<'a> Output<'a> {
+    /// Text only, as a count of tokens.
+    pub fn text(tokens: &'a [u32], count: usize, text: &'a str) -> Self {
+        Self {
+            tokens,
+            count,
+            text,
+            reasoning: "",
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0 && self.text.is_empty() && self.reasoning.is_empty()
+    }
 }
 
 /// Per-job figures, recorded when the job stops.
@@ -257,6 +334,10 @@ pub struct JobView {
     /// Output so far (omitted from lists).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output: Option<String>,
+    /// The model's reasoning so far, apart from the answer (omitted from
+    /// lists and where the model did not think aloud).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
     pub tokens: usize,
     pub stats: Option<JobStats>,
     pub error: Option<String>,

@@ -24,8 +24,8 @@ use crate::runner::crash::Crash;
 pub const MAX_CRASHES: u32 = 3;
 
 pub use job::{
-    DriveBytes, Input, JobState, JobStats, JobView, Message, NewJob, Request, Settings, Speculate,
-    SpeculationTally, Transition,
+    DriveBytes, Input, JobState, JobStats, JobView, Message, NewJob, Output, PromptInput, Request,
+    Settings, Speculate, SpeculationTally, Transition, now_seconds,
 };
 pub use models::{ModelEntry, ModelKind};
 
@@ -98,6 +98,14 @@ fn sql(context: impl Into<String>) -> impl FnOnce(rusqlite::Error) -> QueueError
     move |source| QueueError::Sql { context, source }
 }
 
+/// Output committed so far: ids, the answer and the reasoning apart.
+#[derive(Debug, Clone, Default)]
+pub struct Committed {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub reasoning: String,
+}
+
 /// A job the runner can take: what to run and the output committed so far.
 #[derive(Debug, Clone)]
 pub struct Runnable {
@@ -106,6 +114,8 @@ pub struct Runnable {
     pub request: Request,
     pub committed_tokens: Vec<u32>,
     pub committed_text: String,
+    /// Bytes of reasoning committed, apart from the text.
+    pub committed_reasoning_len: usize,
     /// Tokens committed (equal to `committed_tokens.len()` for local models;
     /// remote servers report counts, not ids).
     pub committed_count: usize,
@@ -218,15 +228,16 @@ impl Queue {
 
     fn runnable(&self, id: i64) -> Result<Runnable, QueueError> {
         let view = self.job(id)?;
-        let (committed_tokens, committed_text) = self.committed(id)?;
+        let committed = self.committed_parts(id)?;
         Ok(Runnable {
             id,
             model: view.model,
             request: view.request,
             resumed: view.started_ms.is_some(),
             committed_count: view.tokens,
-            committed_tokens,
-            committed_text,
+            committed_tokens: committed.tokens,
+            committed_text: committed.text,
+            committed_reasoning_len: committed.reasoning.len(),
             stats: view.stats,
         })
     }
@@ -263,14 +274,8 @@ impl Queue {
     /// running, which tells the runner to stop.
     /// `count` is the number of tokens the output holds: `tokens.len()` when
     /// the ids are known, or what a remote server reported.
-    pub fn commit(
-        &self,
-        id: i64,
-        tokens: &[u32],
-        count: usize,
-        text: &str,
-    ) -> Result<(), QueueError> {
-        self.commit_with_stats(id, tokens, count, text, None)
+    pub fn commit(&self, id: i64, output: &Output<'_>) -> Result<(), QueueError> {
+        self.commit_with_stats(id, output, None)
     }
 
     /// [`Queue::commit`], recording the run's statistics so far in the same
@@ -278,9 +283,7 @@ impl Queue {
     pub fn commit_with_stats(
         &self,
         id: i64,
-        tokens: &[u32],
-        count: usize,
-        text: &str,
+        output: &Output<'_>,
         stats: Option<&JobStats>,
     ) -> Result<(), QueueError> {
         self.write("commit output", |tx| {
@@ -295,7 +298,7 @@ impl Queue {
                     transition: "take more output",
                 });
             }
-            append_chunk(tx, id, tokens, count, text)
+            append_chunk(tx, id, output)
         })
     }
 
@@ -303,15 +306,13 @@ impl Queue {
     pub fn finish(
         &self,
         id: i64,
-        tokens: &[u32],
-        count: usize,
-        text: &str,
+        output: &Output<'_>,
         reason: &str,
         stats: &JobStats,
     ) -> Result<(), QueueError> {
         self.write("finish a job", |tx| {
-            if count > 0 || !text.is_empty() {
-                append_chunk(tx, id, tokens, count, text)?;
+            if !output.is_empty() {
+                append_chunk(tx, id, output)?;
             }
             Self::transition(tx, id, Transition::Finish)?;
             set_end(tx, id, Some(reason), None, stats)
@@ -528,18 +529,30 @@ impl Queue {
 
     /// Token ids and text committed so far.
     pub fn committed(&self, id: i64) -> Result<(Vec<u32>, String), QueueError> {
+        self.committed_parts(id).map(|c| (c.tokens, c.text))
+    }
+
+    /// Token ids, answer and reasoning committed so far.
+    pub fn committed_parts(&self, id: i64) -> Result<Committed, QueueError> {
         let conn = self.lock()?;
         let mut stmt = conn
-            .prepare_cached("SELECT tokens, text FROM chunks WHERE job_id = ?1 ORDER BY seq")
+            .prepare_cached(
+                "SELECT tokens, text, reasoning FROM chunks WHERE job_id = ?1 ORDER BY seq",
+            )
             .map_err(sql("reading output"))?;
         let rows = stmt
             .query_map([id], |r| {
-                Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, String>(1)?))
+                Ok((
+                    r.get::<_, Vec<u8>>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                ))
             })
             .map_err(sql("reading output"))?;
-        let (mut tokens, mut text) = (Vec::new(), String::new());
+        let (mut tokens, mut text, mut reasoning) = (Vec::new(), String::new(), String::new());
         for row in rows {
-            let (bytes, t) = row.map_err(sql("reading output"))?;
+            let (bytes, t, r) = row.map_err(sql("reading output"))?;
+            reasoning.push_str(&r);
             if !bytes.len().is_multiple_of(4) {
                 return Err(QueueError::Corrupt {
                     id,
@@ -554,7 +567,11 @@ impl Queue {
             );
             text.push_str(&t);
         }
-        Ok((tokens, text))
+        Ok(Committed {
+            tokens,
+            text,
+            reasoning,
+        })
     }
 
     /// One job with its output.
@@ -573,7 +590,9 @@ impl Queue {
             view.queue_position = queue_position(&conn, &view)?;
             view
         };
-        view.output = Some(self.committed(id)?.1);
+        let committed = self.committed_parts(id)?;
+        view.output = Some(committed.text);
+        view.reasoning = Some(committed.reasoning).filter(|r| !r.is_empty());
         Ok(view)
     }
 
@@ -634,23 +653,17 @@ fn state_of(conn: &Connection, id: i64) -> Result<JobState, QueueError> {
     })
 }
 
-fn append_chunk(
-    tx: &Transaction<'_>,
-    id: i64,
-    tokens: &[u32],
-    count: usize,
-    text: &str,
-) -> Result<(), QueueError> {
-    let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+fn append_chunk(tx: &Transaction<'_>, id: i64, output: &Output<'_>) -> Result<(), QueueError> {
+    let bytes: Vec<u8> = output.tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
     tx.execute(
-        "INSERT INTO chunks (job_id, seq, tokens, text)
-         VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM chunks WHERE job_id = ?1), ?2, ?3)",
-        params![id, bytes, text],
+        "INSERT INTO chunks (job_id, seq, tokens, text, reasoning)
+         VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM chunks WHERE job_id = ?1), ?2, ?3, ?4)",
+        params![id, bytes, output.text, output.reasoning],
     )
     .map_err(sql("appending output"))?;
     tx.execute(
         "UPDATE jobs SET token_count = token_count + ?2, updated_ms = ?3 WHERE id = ?1",
-        params![id, count as i64, now_ms()],
+        params![id, output.count as i64, now_ms()],
     )
     .map_err(sql("counting output"))?;
     Ok(())
@@ -790,6 +803,7 @@ impl RawJob {
             origin: self.origin,
             request: serde_json::from_str(&self.request).map_err(corrupt("request"))?,
             output: None,
+            reasoning: None,
             tokens: self.token_count.max(0) as usize,
             stats: self
                 .stats

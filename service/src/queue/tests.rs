@@ -29,6 +29,8 @@ fn new_job(title: &str, priority: i64) -> NewJob {
             input: Input::Prompt("hello".into()),
             attachments: String::new(),
             settings: Settings::default(),
+            chat_args: Default::default(),
+            rendered_at: None,
         },
         priority,
         origin: "test".into(),
@@ -38,7 +40,7 @@ fn new_job(title: &str, priority: i64) -> NewJob {
 fn apply(q: &Queue, id: i64, t: Transition) -> Result<(), QueueError> {
     match t {
         Transition::Start => q.start(id),
-        Transition::Finish => q.finish(id, &[], 0, "", "eos", &JobStats::default()),
+        Transition::Finish => q.finish(id, &Output::default(), "eos", &JobStats::default()),
         Transition::Fail => q.fail(id, "boom", &JobStats::default()),
         Transition::Cancel => q.cancel(id).map(|_| ()),
         Transition::Pause => q.pause(id, "asked").map(|_| ()),
@@ -73,7 +75,7 @@ proptest! {
                 }
             }
             if write {
-                let committed = q.commit(ids[j], &[7, 8], 2, "ab");
+                let committed = q.commit(ids[j], &Output::text(&[7, 8], 2, "ab"));
                 prop_assert_eq!(committed.is_ok(), model[j] == JobState::Running);
                 if committed.is_ok() { tokens[j] += 2; }
             }
@@ -96,7 +98,7 @@ fn interrupted_jobs_run_first_then_priority_then_order() {
     let c = q.submit(&new_job("c", 0)).unwrap().id;
     assert_eq!(q.next_runnable().unwrap().unwrap().id, b, "higher priority");
     q.start(c).unwrap();
-    q.commit(c, &[1, 2, 3], 3, "xyz").unwrap();
+    q.commit(c, &Output::text(&[1, 2, 3], 3, "xyz")).unwrap();
     assert_eq!(q.recover(None).unwrap(), vec![c]);
     let next = q.next_runnable().unwrap().unwrap();
     assert_eq!(next.id, c, "an interrupted job goes first");
@@ -229,7 +231,7 @@ fn resumes_and_wall_time_survive_a_crash() {
         generated_tokens: 2,
         ..JobStats::default()
     };
-    q.commit_with_stats(a, &[1, 2], 2, "ab", Some(&so_far))
+    q.commit_with_stats(a, &Output::text(&[1, 2], 2, "ab"), Some(&so_far))
         .unwrap();
     for run in 1..=5u32 {
         // Killed: nothing is saved at the end of the run.
@@ -250,12 +252,12 @@ fn only_ended_jobs_can_be_deleted_and_they_take_their_output() {
         "a waiting job stays"
     );
     q.start(id).unwrap();
-    q.commit(id, &[1, 2], 2, "ab").unwrap();
+    q.commit(id, &Output::text(&[1, 2], 2, "ab")).unwrap();
     assert!(
         matches!(q.delete(id), Err(QueueError::Illegal { .. })),
         "a running job stays"
     );
-    q.finish(id, &[], 0, "", "eos", &JobStats::default())
+    q.finish(id, &Output::default(), "eos", &JobStats::default())
         .unwrap();
     q.delete(id).unwrap();
     assert!(matches!(q.job(id), Err(QueueError::NoSuchJob(_))));

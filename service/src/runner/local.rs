@@ -4,14 +4,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use longhaul_engine::ChatMessage;
 use longhaul_engine::StreamingOptions;
 use longhaul_engine::memory::MemorySettings;
-use longhaul_engine::{Engine, EngineError, EngineOptions};
+use longhaul_engine::{Engine, EngineError, EngineOptions, OutputFormat};
 use longhaul_engine::{FinishReason, GenerationSettings, Phase, SamplingParams, Speculation};
 
 use super::{Outcome, Produced, RunError, Sink, Usage};
-use crate::queue::{DriveBytes, Input, Runnable, Speculate};
+use crate::queue::{DriveBytes, PromptInput, Runnable, Speculate};
 
 /// The loaded model, shared with the metrics sampler.
 #[derive(Default)]
@@ -79,18 +78,13 @@ impl LocalBackend {
     ) -> Result<Outcome, RunError> {
         let engine = self.engine(path)?;
         let request = &job.request;
-        let prompt = match &request.input {
-            Input::Prompt(p) => engine.prompt_ids(&format!("{}{p}", request.attachments), false),
-            Input::Messages(messages) => {
-                let mut chat: Vec<ChatMessage> = messages
-                    .iter()
-                    .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
-                    .collect();
-                if let Some(first) = chat.iter_mut().find(|m| m.role == "user") {
-                    first.content = format!("{}{}", request.attachments, first.content);
-                }
-                engine.chat_ids(&chat)
-            }
+        let (prompt, output) = match request.prompt_input() {
+            PromptInput::Plain(text) => engine
+                .prompt_ids(&text, false)
+                .map(|ids| (ids, OutputFormat::Plain)),
+            PromptInput::Chat(messages, options) => engine
+                .chat_prompt(&messages, &options)
+                .map(|c| (c.ids, c.output)),
         }
         .map_err(engine_error)?;
         let s = &request.settings;
@@ -104,6 +98,7 @@ impl LocalBackend {
             },
             stop_strings: s.stop.clone(),
             eos_token_ids: engine.eos_token_ids().to_vec(),
+            output,
             speculation: match s.speculate {
                 Speculate::Auto | Speculate::Lookup => Speculation::Lookup,
                 Speculate::Off => Speculation::Off,
@@ -119,6 +114,7 @@ impl LocalBackend {
                     tokens: &tokens,
                     count: tokens.len(),
                     text: piece.text,
+                    reasoning: piece.reasoning,
                     // Snapshots only of a session that holds just what was
                     // reported (verified guesses may be fed ahead of it).
                     state: (piece.settled || piece.phase != Phase::Answer)

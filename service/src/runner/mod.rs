@@ -25,7 +25,7 @@ use longhaul_engine::memory::MemorySettings;
 use longhaul_engine::{Flow, Phase};
 
 use crate::events::{Event, Events, JobProgress, QueueOrder};
-use crate::queue::{DriveBytes, JobState, ModelKind, Queue, QueueError, Runnable};
+use crate::queue::{DriveBytes, JobState, ModelKind, Output, Queue, QueueError, Runnable};
 use local::{LoadedModel, LocalBackend};
 use tally::Tally;
 
@@ -71,6 +71,8 @@ pub struct Produced<'a> {
     pub tokens: &'a [u32],
     pub count: usize,
     pub text: &'a str,
+    /// Reasoning the model wrote (its thinking before the answer).
+    pub reasoning: &'a str,
     /// The model's session and the prompt's length in it, when the model
     /// runs here.
     pub state: Option<(&'a longhaul_engine::Session<'a>, usize)>,
@@ -78,6 +80,27 @@ pub struct Produced<'a> {
     pub usage: Option<&'a dyn Fn() -> Usage>,
     /// What guessing ahead has done so far in the run, when the model runs here.
     pub speculation: Option<longhaul_engine::SpeculationStats>,
+}
+
+/// Text a progress event carries, with the byte offsets where it begins in
+/// the job's answer and reasoning.
+struct Delta {
+    offset: usize,
+    text: String,
+    reasoning_offset: usize,
+    reasoning: String,
+}
+
+impl Delta {
+    /// No text, at these offsets.
+    fn at(offset: usize, reasoning_offset: usize) -> Self {
+        Self {
+            offset,
+            text: String::new(),
+            reasoning_offset,
+            reasoning: String::new(),
+        }
+    }
 }
 
 /// Expert reads and cache lookups of one run.
@@ -317,14 +340,7 @@ impl Runner {
 
     /// Publishes where job `job` is; the running job's latest progress is
     /// also kept for views fetched between events.
-    fn publish_progress(
-        &self,
-        job: &Runnable,
-        state: JobState,
-        tally: &Tally,
-        offset: usize,
-        delta: String,
-    ) {
+    fn publish_progress(&self, job: &Runnable, state: JobState, tally: &Tally, delta: Delta) {
         let rate = tally.rate();
         let max = job.request.settings.max_tokens;
         let prompt = tally.prompt();
@@ -334,8 +350,10 @@ impl Runner {
             state,
             tokens: tally.total,
             max_tokens: max,
-            offset: Some(offset),
-            delta,
+            offset: Some(delta.offset),
+            delta: delta.text,
+            reasoning_offset: Some(delta.reasoning_offset),
+            reasoning_delta: delta.reasoning,
             tokens_per_second: rate.filter(|_| prompt.is_none()),
             eta_seconds: rate
                 .filter(|r| *r > 0.0 && prompt.is_none())
@@ -347,6 +365,7 @@ impl Runner {
         if let Ok(mut live) = self.live.lock() {
             *live = running.then(|| JobProgress {
                 delta: String::new(),
+                reasoning_delta: String::new(),
                 ..progress.clone()
             });
         }
@@ -408,12 +427,20 @@ impl Runner {
         self.announce_queue();
         let mut tally = Tally::new(&job);
         let mut shown = job.committed_text.len();
-        self.publish_progress(&job, JobState::Running, &tally, shown, String::new());
+        let mut shown_reasoning = job.committed_reasoning_len;
+        self.publish_progress(
+            &job,
+            JobState::Running,
+            &tally,
+            Delta::at(shown, shown_reasoning),
+        );
 
         let mut pending_tokens: Vec<u32> = Vec::new();
         let mut pending_text = String::new();
+        let mut pending_reasoning = String::new();
         let mut pending_count = 0usize;
         let mut unsent = String::new();
+        let mut unsent_reasoning = String::new();
         let mut last_commit = Instant::now();
         let mut last_event = Instant::now();
         let mut lost_job = false;
@@ -458,7 +485,8 @@ impl Runner {
                 crate::faults::on_prompt_progress();
                 tally.prompt_read(done, total, now);
                 if event_due || done == total {
-                    self.publish_progress(&job, JobState::Running, &tally, shown, String::new());
+                    let at = Delta::at(shown, shown_reasoning);
+                    self.publish_progress(&job, JobState::Running, &tally, at);
                     last_event = now;
                 }
                 return if self.control.should_stop() {
@@ -478,6 +506,9 @@ impl Runner {
             pending_text.push_str(p.text);
             unsent.push_str(p.text);
             shown += p.text.len();
+            pending_reasoning.push_str(p.reasoning);
+            unsent_reasoning.push_str(p.reasoning);
+            shown_reasoning += p.reasoning.len();
             if pending_count >= self.config.commit_tokens
                 || now.duration_since(last_commit) >= self.config.commit_interval
             {
@@ -499,13 +530,13 @@ impl Runner {
                 }
                 // The run so far, so a crash forgets no resume or wall time.
                 let so_far = tally.stats(&job);
-                if let Err(e) = self.queue.commit_with_stats(
-                    id,
-                    &pending_tokens,
-                    pending_count,
-                    &pending_text,
-                    Some(&so_far),
-                ) {
+                let output = Output {
+                    tokens: &pending_tokens,
+                    count: pending_count,
+                    text: &pending_text,
+                    reasoning: &pending_reasoning,
+                };
+                if let Err(e) = self.queue.commit_with_stats(id, &output, Some(&so_far)) {
                     // Paused or cancelled meanwhile: what was not committed
                     // is produced again on resume.
                     if !matches!(e, QueueError::Illegal { .. }) {
@@ -519,13 +550,18 @@ impl Runner {
                 }
                 pending_tokens.clear();
                 pending_text.clear();
+                pending_reasoning.clear();
                 pending_count = 0;
                 last_commit = now;
             }
             if event_due || first {
-                let offset = shown - unsent.len();
-                let delta = std::mem::take(&mut unsent);
-                self.publish_progress(&job, JobState::Running, &tally, offset, delta);
+                let delta = Delta {
+                    offset: shown - unsent.len(),
+                    text: std::mem::take(&mut unsent),
+                    reasoning_offset: shown_reasoning - unsent_reasoning.len(),
+                    reasoning: std::mem::take(&mut unsent_reasoning),
+                };
+                self.publish_progress(&job, JobState::Running, &tally, delta);
                 last_event = now;
             }
             if self.control.should_stop() {
@@ -565,6 +601,12 @@ impl Runner {
             }
         }
         let mut stats = tally.stats(&job);
+        let pending_output = Output {
+            tokens: &pending_tokens,
+            count: pending_count,
+            text: &pending_text,
+            reasoning: &pending_reasoning,
+        };
 
         let end_state = match (result, storage_fault) {
             (_, Some(fault)) => {
@@ -578,14 +620,14 @@ impl Runner {
                     pending_count = reported.saturating_sub(committed);
                     stats.generated_tokens = job.committed_count + committed + pending_count;
                 }
-                match self.queue.finish(
-                    id,
-                    &pending_tokens,
-                    pending_count,
-                    &pending_text,
-                    outcome.finish_reason,
-                    &stats,
-                ) {
+                let output = Output {
+                    count: pending_count,
+                    ..pending_output
+                };
+                match self
+                    .queue
+                    .finish(id, &output, outcome.finish_reason, &stats)
+                {
                     Ok(()) => JobState::Done,
                     Err(e) if e.is_storage_fault() => {
                         self.pause_after_storage_fault(id, &e);
@@ -600,9 +642,7 @@ impl Runner {
             (Ok(_), None) => {
                 // Asked to stop: paused, cancelled, or the service is stopping.
                 if self.state_of(id) == JobState::Running {
-                    let _ = self
-                        .queue
-                        .commit(id, &pending_tokens, pending_count, &pending_text);
+                    let _ = self.queue.commit(id, &pending_output);
                 }
                 let _ = self.queue.save_stats(id, &stats);
                 self.state_of(id)
@@ -612,9 +652,7 @@ impl Runner {
                 if let Ok(mut slot) = self.loaded.slot.lock() {
                     *slot = None;
                 }
-                let _ = self
-                    .queue
-                    .commit(id, &pending_tokens, pending_count, &pending_text);
+                let _ = self.queue.commit(id, &pending_output);
                 let _ = self.queue.save_stats(id, &stats);
                 let _ = self.queue.log(id, &format!("paused: {reason}"));
                 match self.queue.pause(id, &format!("storage fault: {reason}")) {
@@ -625,9 +663,7 @@ impl Runner {
                 self.state_of(id)
             }
             (Err(RunError::Failed(reason)), None) => {
-                let _ = self
-                    .queue
-                    .commit(id, &pending_tokens, pending_count, &pending_text);
+                let _ = self.queue.commit(id, &pending_output);
                 match self.queue.fail(id, &reason, &stats) {
                     // Paused instead: a resume runs it again and records the failure.
                     Err(e) if e.is_storage_fault() => self.pause_after_storage_fault(id, &e),
@@ -653,7 +689,16 @@ impl Runner {
             (v.tokens, v.output.map_or(0, |t| t.len()))
         });
         tally.total = committed_tokens;
-        self.publish_progress(&job, end_state, &tally, committed_len, String::new());
+        let reasoning_len = self
+            .queue
+            .committed_parts(id)
+            .map_or(0, |c| c.reasoning.len());
+        self.publish_progress(
+            &job,
+            end_state,
+            &tally,
+            Delta::at(committed_len, reasoning_len),
+        );
         self.announce_queue();
     }
 

@@ -85,6 +85,9 @@ impl RemoteBackend<'_> {
                     first["content"] = json!(format!("{}{content}", r.attachments));
                 }
                 body["messages"] = json!(m);
+                if !r.chat_args.is_empty() {
+                    body["chat_template_kwargs"] = Value::Object(r.chat_args.clone());
+                }
                 "/v1/chat/completions"
             }
         };
@@ -150,6 +153,7 @@ impl RemoteBackend<'_> {
                 tokens: &[],
                 count: 1,
                 text,
+                reasoning: "",
                 state: None,
                 usage: None,
                 speculation: None,

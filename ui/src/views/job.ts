@@ -130,6 +130,14 @@ export async function render(root: HTMLElement, id: number): Promise<() => void>
   // Event offsets count UTF-8 bytes.
   const utf8 = new TextEncoder();
   let outputBytes = utf8.encode(output).length;
+  // The model's thinking, shown apart and folded unless the reader opens it.
+  let reasoning = job.reasoning ?? "";
+  let reasoningBytes = utf8.encode(reasoning).length;
+  let thinkingOpen = false;
+  const thinking = () =>
+    reasoning
+      ? `<details class="card thinking" id="thinking" ${thinkingOpen ? "open" : ""}><summary>Thinking <span class="hint">${reasoning.length.toLocaleString()} characters</span></summary><div class="thinking-text">${esc(reasoning)}</div></details>`
+      : "";
 
   // One click must not end an overnight job: Cancel asks once more.
   let confirming = false;
@@ -161,6 +169,7 @@ export async function render(root: HTMLElement, id: number): Promise<() => void>
       </div>
       ${task(job)}
       <section class="card job-chart" ${samplesOf(id).length < 2 ? "hidden" : ""}><div id="c-job" class="chart"></div></section>
+      ${thinking()}
       <article class="card output" id="output">${output ? markdown(output) : `<p class="empty">${emptyNote(job)}</p>`}</article>
       <button id="jump" class="jump" hidden>Jump to latest ↓</button>`;
     decorate();
@@ -252,6 +261,8 @@ export async function render(root: HTMLElement, id: number): Promise<() => void>
       job = await post<Job>(`/api/jobs/${id}/${act === "cancel-confirm" ? "cancel" : act}`);
       output = job.output ?? output;
       outputBytes = utf8.encode(output).length;
+      reasoning = job.reasoning ?? reasoning;
+      reasoningBytes = utf8.encode(reasoning).length;
       draw();
     } catch (e) {
       toast((e as Error).message, "error");
@@ -262,14 +273,27 @@ export async function render(root: HTMLElement, id: number): Promise<() => void>
     job = await get<Job>(`/api/jobs/${id}`);
     output = job.output ?? "";
     outputBytes = utf8.encode(output).length;
+    reasoning = job.reasoning ?? "";
+    reasoningBytes = utf8.encode(reasoning).length;
     draw();
   };
+  root.addEventListener("toggle", (ev) => {
+    if ((ev.target as HTMLElement).id === "thinking") thinkingOpen = (ev.target as HTMLDetailsElement).open;
+  }, true);
   let scheduled = false;
   const off = store.onJob((p) => {
     if (p.id !== id || p.offset === null) return;
-    if (p.offset === outputBytes) {
+    const reasoningAt = p.reasoning_offset ?? reasoningBytes;
+    if (p.offset === outputBytes && reasoningAt === reasoningBytes) {
       output += p.delta;
       outputBytes += utf8.encode(p.delta).length;
+      const thought = p.reasoning_delta ?? "";
+      const firstThought = thought !== "" && reasoning === "";
+      reasoning += thought;
+      reasoningBytes += utf8.encode(thought).length;
+      if (firstThought) {
+        draw();
+      }
       job.tokens = p.tokens;
       job.state = p.state;
       job.live = p;
@@ -289,6 +313,8 @@ export async function render(root: HTMLElement, id: number): Promise<() => void>
         scheduled = false;
         const out = root.querySelector("#output");
         if (out) out.innerHTML = output ? markdown(output) : `<p class="empty">${emptyNote(job)}</p>`;
+        const thoughts = root.querySelector("#thinking");
+        if (thoughts) thoughts.outerHTML = thinking();
         decorate();
         if (following) window.scrollTo({ top: document.body.scrollHeight });
         onScroll();

@@ -24,6 +24,7 @@ function form(models: Model[]): string {
       <label class="inline"><input type="radio" name="mode" value="prompt" /> Plain prompt</label>
     </div>
     <label data-field="messages" class="system-prompt">System prompt (chat only; optional) <textarea name="system" rows="2" placeholder="You are a careful reviewer of storage code."></textarea></label>
+    <label data-field="chat_template_kwargs" class="system-prompt" title="Passed to the model's chat template, as chat_template_kwargs: enable_thinking=false, thinking=true, reasoning_effort=high">Template switches (chat only; one KEY=VALUE per line) <textarea name="chat_args" rows="1" placeholder="enable_thinking=false"></textarea></label>
     <label data-field="prompt">Task <textarea name="prompt" rows="7" placeholder="What should the model work on tonight?"></textarea></label>
     <label data-field="attachments">Attach files or folders on this machine (one path per line; in the desktop app, drop them on the window)
       <textarea name="attachments" rows="2" placeholder="/home/me/project/src"></textarea></label>
@@ -53,6 +54,24 @@ function form(models: Model[]): string {
   </form>`;
 }
 
+/** `KEY=VALUE` lines as template switches: VALUE as JSON where it reads as JSON (true, 3, "x"), else as text. */
+export function chatArgs(text: string): Record<string, unknown> | undefined {
+  const out: Record<string, unknown> = {};
+  for (const line of text.split("\n").map((l) => l.trim()).filter(Boolean)) {
+    const at = line.indexOf("=");
+    if (at <= 0) throw new ApiError(`Template switch “${line}” is not KEY=VALUE (enable_thinking=false)`, 400, "chat_template_kwargs");
+    const raw = line.slice(at + 1).trim();
+    let value: unknown = raw;
+    try {
+      value = JSON.parse(raw);
+    } catch {
+      value = raw;
+    }
+    out[line.slice(0, at).trim()] = value;
+  }
+  return Object.keys(out).length ? out : undefined;
+}
+
 function body(f: HTMLFormElement): Record<string, unknown> {
   const v = (n: string) => (f.elements.namedItem(n) as HTMLInputElement | null)?.value ?? "";
   const text = v("prompt");
@@ -70,7 +89,10 @@ function body(f: HTMLFormElement): Record<string, unknown> {
     model: v("model"),
     title: v("title").trim() || undefined,
     ...(mode === "chat"
-      ? { messages: [...(v("system").trim() ? [{ role: "system", content: v("system") }] : []), { role: "user", content: text }] }
+      ? {
+          messages: [...(v("system").trim() ? [{ role: "system", content: v("system") }] : []), { role: "user", content: text }],
+          chat_template_kwargs: chatArgs(v("chat_args")),
+        }
       : { prompt: text }),
     attachments: attachments.length ? attachments : undefined,
     max_tokens: num("max_tokens"),
@@ -124,7 +146,7 @@ function jobRow(j: Job): string {
 }
 
 /** Form fields a preset keeps: the settings, not the task itself. */
-const PRESET_FIELDS = ["model", "system", "max_tokens", "priority", "seed", "temperature", "top_p", "top_k", "stop", "speculate"];
+const PRESET_FIELDS = ["model", "system", "chat_args", "max_tokens", "priority", "seed", "temperature", "top_p", "top_k", "stop", "speculate"];
 const PRESETS_KEY = "longhaul.presets";
 
 function presets(): Record<string, Record<string, string>> {
@@ -303,10 +325,11 @@ export async function render(root: HTMLElement): Promise<() => void> {
       list.value = [...have].join("\n");
       (root.querySelector("#count") as HTMLButtonElement | null)?.click();
     };
-    // The system prompt is for chats only.
-    const systemRow = f.querySelector(".system-prompt") as HTMLElement;
+    // The system prompt and template switches are for chats only.
+    const chatRows = [...f.querySelectorAll(".system-prompt")] as HTMLElement[];
     const showSystem = () => {
-      systemRow.hidden = (f.querySelector('input[name="mode"]:checked') as HTMLInputElement | null)?.value !== "chat";
+      const chat = (f.querySelector('input[name="mode"]:checked') as HTMLInputElement | null)?.value === "chat";
+      chatRows.forEach((row) => (row.hidden = !chat));
     };
     f.querySelectorAll('input[name="mode"]').forEach((r) => r.addEventListener("change", showSystem));
     showSystem();
@@ -314,8 +337,8 @@ export async function render(root: HTMLElement): Promise<() => void> {
     const counted = root.querySelector("#token-count") as HTMLElement;
     count.addEventListener("click", async () => {
       clearFormErrors(f);
-      const b = body(f);
       try {
+        const b = body(f);
         const p = await post<{
           prompt_tokens: number;
           estimate: boolean;
@@ -324,7 +347,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
           skipped: { path: string; reason: string }[];
         }>(
           "/api/jobs/preview",
-          { model: b.model, prompt: b.prompt, messages: b.messages, attachments: b.attachments },
+          { model: b.model, prompt: b.prompt, messages: b.messages, attachments: b.attachments, chat_template_kwargs: b.chat_template_kwargs },
         );
         const skipped = p.skipped.length ? ` · skipped ${p.skipped.map((s) => `${s.path} (${s.reason})`).join(", ")}` : "";
         const context = p.context_tokens ? ` of the model's ${p.context_tokens}-token context` : "";
@@ -345,7 +368,13 @@ export async function render(root: HTMLElement): Promise<() => void> {
     f.addEventListener("submit", async (ev) => {
       ev.preventDefault();
       clearFormErrors(f);
-      const b = body(f);
+      let b: Record<string, unknown>;
+      try {
+        b = body(f);
+      } catch (e) {
+        showFormError(f, e);
+        return;
+      }
       const text = (b.prompt as string | undefined) ?? (b.messages as { role: string; content: string }[] | undefined)?.find((m) => m.role === "user")?.content ?? "";
       if (!text.trim()) {
         showFormError(f, new ApiError("Describe the task first.", 400, "prompt"));

@@ -58,6 +58,12 @@ impl PromptEncoder {
         }
     }
 
+    /// Whether the prompts it builds write `text`: both DeepSeek encoders
+    /// open and close thinking with `<think>` and `</think>`.
+    pub fn mentions(self, text: &str) -> bool {
+        matches!(text, "<think>" | "</think>")
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Self::DeepseekV32 => "encoding_dsv32",
