@@ -34,6 +34,9 @@ fn expert_bytes(fixture: &str) -> u64 {
         "deepseek_v3_fp8" | "glm_moe_dsa_fp8" | "deepseek_v32_released" => {
             48 * (4 + 64) + 64 * (4 + 24)
         }
+        // compressed-tensors FP8 per channel: rows of 64 (gate, up) and 16
+        // (down) weights, each led by its row's scale.
+        "glm4_moe_fp8" => 32 * (4 + 64) + 64 * (4 + 16),
         // INT4 rows of 64 weights (two groups of 32, each a BF16 scale and
         // 16 bytes): 128 gate/up rows and 64 down rows.
         "kimi_k2_int4" => (128 + 64) * 2 * (2 + 16),
@@ -203,7 +206,7 @@ fn logits_are_bitwise_identical_to_the_in_memory_model() {
     }
 }
 
-/// FP8, INT4 and MXFP4 experts are packed as published, with their scales,
+/// FP8 (block, channel and tensor scales), INT4 and MXFP4 experts are packed as published, with their scales,
 /// and stream to bitwise the logits of the checkpoint held in RAM.
 #[test]
 fn quantised_experts_stream_exactly_as_published() {
@@ -212,6 +215,8 @@ fn quantised_experts_stream_exactly_as_published() {
         ("glm_moe_dsa_fp8", "FP8_E4M3_B128"),
         // Power-of-two scales, the indexer in FP8 too, the MTP layer after.
         ("deepseek_v32_released", "FP8_E4M3_B128"),
+        // compressed-tensors' scales per channel and per tensor (GLM-4.5-FP8).
+        ("glm4_moe_fp8", "FP8_E4M3_B128"),
         ("kimi_k2_int4", "INT4_G32"),
         ("gpt_oss_mxfp4", "MXFP4"),
         ("deepseek_v4_fp8_fp4", "MXFP4"),

@@ -732,6 +732,10 @@ DEEPSEEK_V32_RELEASED_FIELDS = {
 FIXTURES += [
     ("glm4_moe_released", GLM4_MOE_SPEC,
      {"style": "old", "layout": "per_expert", "dtype": "bfloat16", "shards": 2, "mtp": True, "seed": 301}),
+    # GLM-4.5-FP8's kind: compressed-tensors FP8 per channel and per tensor.
+    ("glm4_moe_fp8", GLM4_MOE_SPEC,
+     {"style": "old", "layout": "per_expert", "dtype": "bfloat16", "shards": 2, "mtp": True, "ct_fp8": True,
+      "seed": 303}),
     (
         "glm4_moe_recent",
         {
@@ -994,6 +998,57 @@ def quantize_fp8(model, tensors: dict, extra_layers=(), ue8m0: bool = False) -> 
         q, scale, deq = fp8_quantize(v.to(torch.float32), ue8m0)
         out[k], out[k + "_scale_inv"] = q, scale
         put_back(params, k, deq)
+    return out
+
+
+# compressed-tensors float-quantized FP8 as llm-compressor writes it (the
+# scheme of GLM-4.5's FP8 releases, whose files hold `weight_scale` and
+# `input_scale`): scales per output channel for the MLPs and experts, one
+# per tensor for attention with static activation scales, dynamic ones
+# elsewhere (activations stay f32, as the dequantised reference computes
+# them), router and head in BF16.
+CT_FP8_WEIGHTS = {"type": "float", "num_bits": 8, "symmetric": True, "dynamic": False, "group_size": None,
+                  "observer": "minmax", "observer_kwargs": {}, "block_structure": None, "actorder": None}
+CT_FP8_INPUTS = {"type": "float", "num_bits": 8, "symmetric": True, "strategy": "token", "dynamic": True,
+                 "group_size": None, "observer": None, "observer_kwargs": {}, "block_structure": None, "actorder": None}
+CT_FP8_CONFIG = {
+    "quant_method": "compressed-tensors",
+    "format": "float-quantized",
+    "quantization_status": "compressed",
+    "kv_cache_scheme": None,
+    "ignore": ["lm_head", "re:.*mlp\\.gate$"],
+    "config_groups": {
+        "group_0": {"targets": ["re:.*mlp.*proj$"], "weights": dict(CT_FP8_WEIGHTS, strategy="channel"),
+                    "input_activations": CT_FP8_INPUTS, "output_activations": None, "format": "float-quantized"},
+        "group_1": {"targets": ["re:.*self_attn.*proj$"], "weights": dict(CT_FP8_WEIGHTS, strategy="tensor"),
+                    "input_activations": dict(CT_FP8_INPUTS, strategy="tensor", dynamic=False),
+                    "output_activations": None, "format": "float-quantized"},
+    },
+}
+CT_FP8_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def quantize_ct_fp8(model, tensors: dict) -> dict:
+    """Stores projections as compressed-tensors FP8 (`weight` e4m3 beside an
+    F32 `weight_scale`: `[rows, 1]` in MLPs, `[1]` in attention) and puts
+    the dequantised values, fp8 x scale in f32, back into `model`."""
+    params = dict(model.named_parameters())
+    out = {}
+    for k, v in tensors.items():
+        if not (k.endswith(".weight") and k.split(".")[-2] in CT_FP8_LAYERS and v.dim() == 2):
+            out[k] = v
+            continue
+        w = v.to(torch.float32)
+        if ".self_attn." in k:
+            scale = (w.abs().max().clamp(min=1e-12) / FP8_MAX).reshape(1)
+        else:
+            scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / FP8_MAX
+        q = (w / scale).to(torch.float8_e4m3fn)
+        out[k], out[k + "_scale"] = q, scale.to(torch.float32)
+        if ".self_attn." in k:
+            # A calibrated activation scale, read by FP8 kernels only.
+            out[k[: -len("weight")] + "input_scale"] = torch.tensor([0.05], dtype=torch.float32)
+        put_back(params, k, q.to(torch.float32) * scale)
     return out
 
 
@@ -1309,6 +1364,9 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
         tensors = quantize_fp8(model, tensors, opts.get("fp8_extra", ()), opts.get("ue8m0", False))
         fp8_config = dict(FP8_CONFIG, scale_fmt="ue8m0") if opts.get("ue8m0") else FP8_CONFIG
         cfg = dict(cfg, quantization_config=fp8_config)
+    if opts.get("ct_fp8"):
+        tensors = quantize_ct_fp8(model, tensors)
+        cfg = dict(cfg, quantization_config=CT_FP8_CONFIG)
     if opts.get("int4"):
         tensors = quantize_int4(model, tensors)
         cfg = dict(cfg, quantization_config=INT4_CONFIG)
@@ -1353,7 +1411,7 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
     # INT4 would need compressed-tensors installed to reload; the model above
     # already computes on its dequantised values.
     # MXFP4's loader wants GPU kernels; its dequantisation was run directly above.
-    if not wrapped and not any(opts.get(q) for q in ("fp8", "int4", "mxfp4", "v4_quant")):
+    if not wrapped and not any(opts.get(q) for q in ("fp8", "ct_fp8", "int4", "mxfp4", "v4_quant")):
         # The checkpoint as written must load back in transformers to the same logits.
         reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
         again = reloaded(torch.tensor([ids])).logits[0]

@@ -3,7 +3,10 @@
 //! The frontier checkpoints Longhaul exists for are not published in BF16:
 //! DeepSeek-V3/R1 and Kimi K2 ship FP8 (e4m3) with 128×128 block scales;
 //! Kimi K2-Thinking and K2.5 ship INT4 experts through compressed-tensors
-//! (`pack-quantized`, symmetric, groups of 32); gpt-oss ships MXFP4 experts.
+//! (`pack-quantized`, symmetric, groups of 32); gpt-oss ships MXFP4 experts;
+//! GLM-4.5's FP8 releases and llm-compressor's FP8 checkpoints ship
+//! compressed-tensors `float-quantized` e4m3 weights with a `weight_scale`
+//! per output channel, per tensor or per 128×128 block.
 //! A method or layout Longhaul does not read is refused here, before a
 //! byte is loaded, naming what was found and what is supported — never
 //! loaded as if its packed integers were floats.
@@ -23,8 +26,11 @@ const FP8_FORMATS: [&str; 2] = ["e4m3", "float8_e4m3fn"];
 /// DeepSeek-V4's, E2M1 with E8M0 scales per 32).
 const EXPERT_DTYPES: [&str; 2] = ["fp8", "fp4"];
 const SUPPORTED: &str = "fp8 (fmt e4m3, weight_block_size [128, 128], scale_fmt ue8m0, expert_dtype fp8 or fp4), or compressed-tensors \
-     (format pack-quantized, weights int 4-bit symmetric in groups of 32, no activation quantisation), \
-     or mxfp4 (gpt-oss's `_blocks`/`_scales` experts)";
+     (format pack-quantized: weights int 4-bit symmetric in groups of 32, no activation quantisation; \
+     or format float-quantized: weights float 8-bit symmetric per channel, tensor or 128x128 block, \
+     activations unquantised or float 8-bit, computed in f32), or mxfp4 (gpt-oss's `_blocks`/`_scales` experts)";
+/// compressed-tensors FP8 weight strategies and the scale each stores.
+const FP8_STRATEGIES: [&str; 3] = ["channel", "tensor", "block"];
 
 /// A checkpoint's weight quantisation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +44,11 @@ pub enum Quantization {
     /// gpt-oss's MXFP4 experts (`*_blocks`, `*_scales`); the modules it
     /// does not convert stay plain floats.
     Mxfp4,
+    /// compressed-tensors `float-quantized` `F8_E4M3` weights, each with a
+    /// `weight_scale` per output channel (`[rows, 1]`), per tensor, or per
+    /// 128×128 block; `w = fp8 × weight_scale`. Activations stay f32 where
+    /// a GPU kernel would quantise them (the `input_scale`s go unread).
+    Fp8Scaled,
 }
 
 /// Reads `quantization_config` (absent: plain float weights).
@@ -98,8 +109,10 @@ pub fn parse(raw: &RawConfig) -> Result<Option<Quantization>, ConfigError> {
     Ok(Some(Quantization::Fp8Blocks))
 }
 
-/// A compressed-tensors config: every group must be `pack-quantized` INT4
-/// weights, symmetric, in groups of 32, with activations left in float.
+/// A compressed-tensors config: every group is `pack-quantized` INT4
+/// weights (symmetric, groups of 32, activations left in float) or
+/// `float-quantized` FP8 weights (symmetric, per channel, tensor or 128×128
+/// block; activations unquantised or FP8, which Longhaul leaves in f32).
 fn parse_compressed_tensors(
     q: &Value,
     unsupported: &dyn Fn(&str, String) -> ConfigError,
@@ -114,47 +127,121 @@ fn parse_compressed_tensors(
             ));
         }
     };
+    let mut found = Quantization::Fp8Scaled;
     for (name, group) in groups {
         let at = |what: &str| format!("config_groups.{name}.{what}");
         let format = group.get("format").and_then(Value::as_str).or(top_format);
-        if format != Some("pack-quantized") {
-            return Err(unsupported(
-                &at("format"),
-                format.unwrap_or("(absent)").to_string(),
-            ));
-        }
-        for side in ["input_activations", "output_activations"] {
-            if let Some(v) = group.get(side).filter(|v| !v.is_null()) {
-                return Err(unsupported(&at(side), v.to_string()));
+        match format {
+            Some("pack-quantized") => {
+                int4_group(group, &at, unsupported)?;
+                found = Quantization::Int4Groups;
             }
-        }
-        let w = group.get("weights").unwrap_or(&Value::Null);
-        let expect: [(&str, Value); 5] = [
-            ("type", "int".into()),
-            ("num_bits", 4.into()),
-            ("symmetric", true.into()),
-            ("strategy", "group".into()),
-            ("group_size", INT4_GROUP_SIZE.into()),
-        ];
-        for (field, want) in expect {
-            let found = w.get(field).unwrap_or(&Value::Null);
-            if *found != want {
+            Some("float-quantized") => fp8_group(group, &at, unsupported)?,
+            other => {
                 return Err(unsupported(
-                    &at(&format!("weights.{field}")),
-                    found.to_string(),
+                    &at("format"),
+                    other.unwrap_or("(absent)").to_string(),
                 ));
             }
         }
-        for field in ["actorder", "dynamic"] {
-            if let Some(v) = w
-                .get(field)
-                .filter(|v| !v.is_null() && **v != Value::Bool(false))
-            {
-                return Err(unsupported(&at(&format!("weights.{field}")), v.to_string()));
-            }
+    }
+    Ok(Some(found))
+}
+
+/// Checks that `w` (a group's `weights`) has each of `expect`.
+fn expect_fields(
+    w: &Value,
+    expect: &[(&str, Value)],
+    at: &dyn Fn(&str) -> String,
+    unsupported: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<(), ConfigError> {
+    for (field, want) in expect {
+        let found = w.get(*field).unwrap_or(&Value::Null);
+        if found != want {
+            return Err(unsupported(
+                &at(&format!("weights.{field}")),
+                found.to_string(),
+            ));
         }
     }
-    Ok(Some(Quantization::Int4Groups))
+    for field in ["actorder", "dynamic"] {
+        if let Some(v) = w
+            .get(field)
+            .filter(|v| !v.is_null() && **v != Value::Bool(false))
+        {
+            return Err(unsupported(&at(&format!("weights.{field}")), v.to_string()));
+        }
+    }
+    Ok(())
+}
+
+fn int4_group(
+    group: &Value,
+    at: &dyn Fn(&str) -> String,
+    unsupported: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<(), ConfigError> {
+    for side in ["input_activations", "output_activations"] {
+        if let Some(v) = group.get(side).filter(|v| !v.is_null()) {
+            return Err(unsupported(&at(side), v.to_string()));
+        }
+    }
+    let expect = [
+        ("type", "int".into()),
+        ("num_bits", 4.into()),
+        ("symmetric", true.into()),
+        ("strategy", "group".into()),
+        ("group_size", INT4_GROUP_SIZE.into()),
+    ];
+    expect_fields(
+        group.get("weights").unwrap_or(&Value::Null),
+        &expect,
+        at,
+        unsupported,
+    )
+}
+
+fn fp8_group(
+    group: &Value,
+    at: &dyn Fn(&str) -> String,
+    unsupported: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<(), ConfigError> {
+    if let Some(v) = group.get("output_activations").filter(|v| !v.is_null()) {
+        return Err(unsupported(&at("output_activations"), v.to_string()));
+    }
+    // Activations stay f32: a GPU kernel's FP8 activations, dynamic or by a
+    // static `input_scale`, are its own rounding, not the weights' values
+    // (transformers' dequantised model reads no `input_scale` either).
+    if let Some(a) = group.get("input_activations").filter(|v| !v.is_null())
+        && (a.get("type").and_then(Value::as_str) != Some("float")
+            || a.get("num_bits").and_then(Value::as_u64) != Some(8))
+    {
+        return Err(unsupported(&at("input_activations"), a.to_string()));
+    }
+    let w = group.get("weights").unwrap_or(&Value::Null);
+    let expect = [
+        ("type", "float".into()),
+        ("num_bits", 8.into()),
+        ("symmetric", true.into()),
+    ];
+    expect_fields(w, &expect, at, unsupported)?;
+    let strategy = w.get("strategy").and_then(Value::as_str);
+    match strategy {
+        Some("block") => {
+            let b = w.get("block_structure").unwrap_or(&Value::Null);
+            if !matches!(b, Value::Array(b) if b.iter().map(Value::as_u64).eq(FP8_WEIGHT_BLOCK.map(Some)))
+            {
+                return Err(unsupported(&at("weights.block_structure"), b.to_string()));
+            }
+        }
+        Some(s) if FP8_STRATEGIES.contains(&s) => {}
+        other => {
+            return Err(unsupported(
+                &at("weights.strategy"),
+                other.unwrap_or("(absent)").to_string(),
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -284,6 +371,59 @@ mod tests {
                 .to_string();
             assert!(
                 err.contains(names) && err.contains("pack-quantized"),
+                "{pointer}: {err}"
+            );
+        }
+    }
+
+    /// An FP8 config as llm-compressor writes it (GLM-4.5's FP8 releases):
+    /// per-channel weights, dynamic per-token activations.
+    fn fp8_channel() -> Value {
+        json!({
+            "quant_method": "compressed-tensors",
+            "format": "float-quantized",
+            "quantization_status": "compressed",
+            "ignore": ["lm_head", "re:.*mlp.gate$"],
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": { "type": "float", "num_bits": 8, "symmetric": true, "strategy": "channel",
+                                 "dynamic": false, "group_size": null, "observer": "minmax" },
+                    "input_activations": { "type": "float", "num_bits": 8, "symmetric": true,
+                                           "strategy": "token", "dynamic": true },
+                    "output_activations": null
+                },
+                "group_1": {
+                    "format": "float-quantized",
+                    "targets": ["re:.*self_attn.*"],
+                    "weights": { "type": "float", "num_bits": 8, "symmetric": true, "strategy": "block",
+                                 "block_structure": [128, 128] }
+                }
+            }
+        })
+    }
+
+    #[test]
+    fn compressed_tensors_fp8_is_read_and_other_float_schemes_are_refused_by_name() {
+        assert_eq!(
+            parse_json(json!({ "quantization_config": fp8_channel() })).unwrap(),
+            Some(Quantization::Fp8Scaled)
+        );
+        let edits: [(&str, Value, &str); 5] = [
+            ("/config_groups/group_0/weights/strategy", "group".into(), "strategy"),
+            ("/config_groups/group_0/weights/num_bits", 4.into(), "num_bits"),
+            ("/config_groups/group_0/input_activations/type", "int".into(), "input_activations"),
+            ("/config_groups/group_1/weights/block_structure", json!([64, 64]), "block_structure"),
+            ("/config_groups/group_0/output_activations", json!({ "num_bits": 8 }), "output_activations"),
+        ];
+        for (pointer, value, names) in edits {
+            let mut q = fp8_channel();
+            *q.pointer_mut(pointer).unwrap() = value;
+            let err = parse_json(json!({ "quantization_config": q }))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(names) && err.contains("float-quantized"),
                 "{pointer}: {err}"
             );
         }

@@ -304,16 +304,15 @@ pub fn stored_rows(
         return Ok((format, raw.bytes));
     }
     if raw.dtype == Dtype::F8E4M3 {
-        let scales = fp8::load_scales(source, name, shape)?;
-        let expected = fp8::scale_shape(shape);
+        let (scales, grid) = fp8::load_scales(source, name, shape)?;
         let [rows, cols] = [shape[shape.len() - 2], shape[shape.len() - 1]];
-        let per_matrix = expected[expected.len() - 2] * expected[expected.len() - 1];
+        let per_matrix = grid.per_matrix(rows, cols);
         let rows = raw
             .bytes
             .chunks((rows * cols).max(1))
             .zip(scales.chunks(per_matrix.max(1)))
             .take(count)
-            .flat_map(|(m, s)| fp8::block_rows(m, s, rows, cols))
+            .flat_map(|(m, s)| fp8::block_rows(m, s, rows, cols, grid))
             .collect();
         return Ok((Format::Fp8Block, rows));
     }
