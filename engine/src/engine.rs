@@ -12,6 +12,7 @@ use candle_core::Tensor;
 use serde::Serialize;
 
 use crate::cache::{Lookup, StreamingExperts, StreamingOptions};
+use crate::generate::channels::OutputFormat;
 use crate::generate::{self, Flow, GenerateError, Generation, GenerationSettings, Session};
 use crate::import::ModelSource;
 use crate::memory::{MemoryError, MemoryPlan, MemorySettings};
@@ -27,7 +28,7 @@ use crate::weights::{RawTensor, SafetensorsCheckpoint, TensorSource, WeightsErro
 pub struct ChatPrompt {
     pub ids: Vec<u32>,
     /// How the answer is laid out: give it to the generation settings.
-    pub output: crate::generate::channels::OutputFormat,
+    pub output: OutputFormat,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +106,9 @@ pub struct Engine {
 
 const CONFIG_FILE: &str = "config.json";
 const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+/// Tokens at a prompt's end that say how its answer is laid out: enough
+/// for `<think>` and the whitespace a template puts after it.
+const PROMPT_TAIL_TOKENS: usize = 8;
 
 /// How to open a model.
 #[derive(Debug, Clone, Default)]
@@ -403,8 +407,19 @@ impl Engine {
         let text = tokenizer.render_chat_with(messages, options)?;
         Ok(ChatPrompt {
             ids: tokenizer.encode(&text, false)?,
-            output: crate::generate::channels::OutputFormat::for_chat(tokenizer, &text),
+            output: OutputFormat::for_chat(tokenizer, &text),
         })
+    }
+
+    /// The layout of a chat answer after `prompt_ids`, a conversation
+    /// rendered and tokenized earlier by this model's tokenizer: what
+    /// [`Engine::chat_prompt`] returned with them. Only the prompt's end
+    /// decides it (whether it opened a thinking block).
+    pub fn chat_output(&self, prompt_ids: &[u32]) -> Result<OutputFormat, EngineError> {
+        let tokenizer = self.tokenizer()?;
+        let tail = &prompt_ids[prompt_ids.len().saturating_sub(PROMPT_TAIL_TOKENS)..];
+        let text = tokenizer.decode_with_special(tail)?;
+        Ok(OutputFormat::for_chat(tokenizer, &text))
     }
 
     /// Token ids of a conversation rendered by the model's chat template,

@@ -752,6 +752,34 @@ fn jobs_that_cannot_fit_the_context_are_refused_with_the_numbers() {
         Some(64 - prompt),
         "{job}"
     );
+    // The OpenAI endpoints are admitted the same way: refused with the
+    // numbers, and nothing queued.
+    let before = s.get("/api/jobs")["jobs"].as_array().unwrap().len();
+    for (path, body) in [
+        (
+            "/v1/completions",
+            json!({ "model": "tiny", "prompt": long, "max_tokens": 4 }),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({ "model": "tiny", "messages": [{ "role": "user", "content": long }] }),
+        ),
+        (
+            "/v1/completions",
+            json!({ "model": "tiny", "prompt": "Draft", "max_tokens": 70 }),
+        ),
+    ] {
+        let (status, err) = s.call("POST", path, Some(&body));
+        assert_eq!(status, 400, "{path}: {err}");
+        assert_eq!(err["error"]["param"], "max_tokens", "{path}: {err}");
+        let message = err["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("tokens) plus max_tokens (")
+                && message.contains("context of 64 tokens"),
+            "{path}: {message}"
+        );
+    }
+    assert_eq!(s.get("/api/jobs")["jobs"].as_array().unwrap().len(), before);
 }
 
 #[test]

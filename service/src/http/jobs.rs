@@ -10,14 +10,11 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::admission::{Ask, Counted, admit, context_of, count_prompt, read_attachments};
 use super::error::{ApiError, ApiResult};
 use super::{ApiJson, ApiPath, AppState};
-use crate::attach;
 use crate::events::JobProgress;
-use crate::queue::{
-    Input, JobState, JobView, Message, ModelEntry, ModelKind, NewJob, PromptInput, Request,
-    Settings, Speculate,
-};
+use crate::queue::{Input, JobState, JobView, Message, ModelKind, Request, Settings, Speculate};
 use longhaul_engine::tools::SamplingDefaults;
 
 /// Longest answer a job may ask for.
@@ -227,51 +224,21 @@ pub async fn submit(
 ) -> ApiResult<(StatusCode, Json<JobView>)> {
     let settings = body.settings(model_sampling(&app, &body.model).await)?;
     let (input, default_title) = check_input(body.prompt, body.messages)?;
-    let chat_args = body.chat_template_kwargs.unwrap_or_default();
-    let attachments = match body.attachments.filter(|a| !a.is_empty()) {
-        None => String::new(),
-        Some(paths) => {
-            tokio::task::spawn_blocking(move || attach::collect(&paths))
-                .await
-                .map_err(|e| ApiError::internal(e.to_string()))?
-                .map_err(|e| ApiError::bad_param("attachments", e.to_string()))?
-                .text
-        }
-    };
-    // A model that is not registered is reported by the queue, as before.
-    let model_name = body.model.clone();
-    let mut request = Request {
+    let ask = Ask {
+        model: body.model,
         input,
-        attachments,
+        attachments: body.attachments.unwrap_or_default(),
         settings,
-        chat_args,
-        rendered_at: Some(crate::queue::now_seconds()),
-    };
-    if let Ok(model) = app.blocking(move |q| q.model(&model_name)).await {
-        let (asked, explicit) = (request.settings.max_tokens, body.max_tokens.is_some());
-        let checked = request.clone();
-        request.settings.max_tokens = tokio::task::spawn_blocking(move || {
-            // Only an exact count can refuse a job.
-            match prompt_tokens(&model, &checked)? {
-                (tokens, false) => fit_answer(tokens, asked, explicit, context_of(&model)),
-                (_, true) => Ok(asked),
-            }
-        })
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
-    }
-    let job = NewJob {
+        explicit_max_tokens: body.max_tokens.is_some(),
+        chat_args: body.chat_template_kwargs.unwrap_or_default(),
         title: body
             .title
             .filter(|t| !t.trim().is_empty())
             .unwrap_or(default_title),
-        model: body.model,
-        request,
         priority: body.priority.unwrap_or(0),
         origin: "api".into(),
     };
-    let view = app.enqueue(job).await?;
-    Ok((StatusCode::CREATED, Json(view)))
+    Ok((StatusCode::CREATED, Json(admit(&app, ask).await?)))
 }
 
 /// A job as the API shows it: as saved, and while it runs with its live
@@ -524,88 +491,6 @@ pub async fn queue_status(State(app): State<AppState>) -> ApiResult<Json<Value>>
     })))
 }
 
-/// Characters per token when a remote model's tokenizer is not at hand.
-const CHARS_PER_TOKEN_ESTIMATE: usize = 4;
-
-/// The prompt's length in tokens as the model will see it (attachments
-/// first), and whether it is an estimate: exact with a local model's
-/// tokenizer, about four characters a token otherwise.
-fn prompt_tokens(model: &ModelEntry, request: &Request) -> Result<(usize, bool), ApiError> {
-    let local = match &model.kind {
-        // A GGUF file's tokenizer is rebuilt when the model loads; until
-        // then its prompts are estimated like a remote model's.
-        ModelKind::Local { path } => longhaul_engine::tools::TextTokenizer::from_dir(path).ok(),
-        ModelKind::Remote { .. } => None,
-    };
-    let input = request.prompt_input();
-    match (local, input) {
-        (Some(tokenizer), PromptInput::Plain(text)) => tokenizer.encode(&text, true),
-        (Some(tokenizer), PromptInput::Chat(messages, options)) => tokenizer
-            .render_chat_with(&messages, &options)
-            .and_then(|t| tokenizer.encode(&t, false)),
-        (None, PromptInput::Plain(text)) => {
-            return Ok((
-                text.chars().count().div_ceil(CHARS_PER_TOKEN_ESTIMATE),
-                true,
-            ));
-        }
-        (None, PromptInput::Chat(messages, _)) => {
-            let chars: usize = messages.iter().map(|m| m.content.chars().count()).sum();
-            return Ok((chars.div_ceil(CHARS_PER_TOKEN_ESTIMATE), true));
-        }
-    }
-    .map(|ids| (ids.len(), false))
-    .map_err(|e| ApiError::bad_request(e.to_string()))
-}
-
-/// The context length a local model states; none for a remote one.
-fn context_of(model: &ModelEntry) -> Option<usize> {
-    match &model.kind {
-        ModelKind::Local { path } => longhaul_engine::tools::context_length(path),
-        ModelKind::Remote { .. } => None,
-    }
-}
-
-/// The answer's token budget for a prompt of `prompt` tokens: `asked`
-/// when it fits the model's context; without an explicit ask, the default
-/// cut to what the context leaves. A prompt that leaves no room, or an
-/// explicit ask that does not fit, is refused with the numbers and what to
-/// change.
-fn fit_answer(
-    prompt: usize,
-    asked: usize,
-    explicit: bool,
-    context: Option<usize>,
-) -> Result<usize, ApiError> {
-    let Some(context) = context else {
-        return Ok(asked);
-    };
-    if prompt + asked <= context {
-        return Ok(asked);
-    }
-    if !explicit && prompt < context {
-        return Ok(context - prompt);
-    }
-    let max_tokens = asked;
-    let advice = if prompt >= context {
-        format!(
-            "shorten the prompt or its attachments by at least {} tokens",
-            prompt + 1 - context
-        )
-    } else {
-        format!(
-            "lower max_tokens to at most {} or shorten the prompt or its attachments",
-            context - prompt
-        )
-    };
-    Err(ApiError::bad_param(
-        "max_tokens",
-        format!(
-            "the prompt ({prompt} tokens) plus max_tokens ({max_tokens}) is more than the model's context of {context} tokens: {advice}"
-        ),
-    ))
-}
-
 /// `POST /api/jobs/preview`: what a submission would send, before sending
 /// it — the prompt's token count and which attached files are read or skipped.
 pub async fn preview(
@@ -621,10 +506,8 @@ pub async fn preview(
         None => Input::Prompt(body.prompt.unwrap_or_default()),
     };
     let chat_args = body.chat_template_kwargs.unwrap_or_default();
-    let paths = body.attachments.unwrap_or_default();
+    let attached = read_attachments(body.attachments.unwrap_or_default()).await?;
     let result = tokio::task::spawn_blocking(move || -> Result<Value, ApiError> {
-        let attached = attach::collect(&paths)
-            .map_err(|e| ApiError::bad_param("attachments", e.to_string()))?;
         let skipped: Vec<Value> = attached
             .skipped
             .iter()
@@ -637,12 +520,11 @@ pub async fn preview(
             chat_args,
             rendered_at: Some(crate::queue::now_seconds()),
         };
-        let (tokens, estimate) = prompt_tokens(&model, &request)?;
-        let context = context_of(&model);
+        let counted = count_prompt(&model, &request)?;
         Ok(json!({
-            "prompt_tokens": tokens,
-            "estimate": estimate,
-            "context_tokens": context,
+            "prompt_tokens": counted.tokens(),
+            "estimate": matches!(counted, Counted::Estimate(_)),
+            "context_tokens": context_of(&model),
             "attachment_files": attached.files,
             "attachment_bytes": attached.text.len(),
             "skipped": skipped,

@@ -7,6 +7,7 @@
 //! service by rebinding its own name to 127.0.0.1), cross-origin requests
 //! are allowed only from the desktop shell, and bodies are bounded.
 
+pub mod admission;
 pub mod conn;
 pub mod error;
 pub mod jobs;

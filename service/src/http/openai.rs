@@ -15,11 +15,12 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 
+use super::admission::{Ask, admit};
 use super::error::{ApiError, ApiResult};
 use super::jobs::{SettingsBody, check_input, model_sampling};
 use super::{ApiJson, AppState};
 use crate::events::Event;
-use crate::queue::{JobState, JobView, Message, NewJob, Request, Speculate};
+use crate::queue::{Input, JobState, JobView, Message, Settings, Speculate};
 
 /// Priority of OpenAI requests: ahead of queued long-form tasks.
 pub const OPENAI_PRIORITY: i64 = 100;
@@ -243,14 +244,14 @@ struct Submitted {
     rx: broadcast::Receiver<Event>,
 }
 
-async fn submit(app: &AppState, job: NewJob) -> ApiResult<Submitted> {
-    // Subscribe first so no event of the new job is missed.
+/// Admits the request as a high-priority job, subscribed to its events
+/// first so none is missed.
+async fn submit(app: &AppState, ask: Ask) -> ApiResult<Submitted> {
     let rx = app.events.subscribe();
-    let model = job.model.clone();
-    let view = app.enqueue(job).await?;
+    let view = admit(app, ask).await?;
     Ok(Submitted {
         id: view.id,
-        model,
+        model: view.model,
         created: unix_seconds(view.created_ms),
         rx,
     })
@@ -284,8 +285,9 @@ pub async fn chat_completions(
         .map(|(i, m)| m.into_message(i))
         .collect::<ApiResult<Vec<_>>>()?;
     let (input, _) = check_input(None, Some(messages))?;
+    let max_tokens = body.max_completion_tokens.or(body.max_tokens);
     let settings = SettingsBody {
-        max_tokens: body.max_completion_tokens.or(body.max_tokens),
+        max_tokens,
         temperature: body.temperature,
         top_p: body.top_p,
         top_k: body.top_k,
@@ -295,22 +297,14 @@ pub async fn chat_completions(
     }
     .into_settings(model_sampling(&app, &body.model).await)?;
     let include_usage = body.stream_options.is_some_and(|o| o.include_usage);
-    let request = Request {
-        input,
-        attachments: String::new(),
-        settings,
-        chat_args: body.chat_template_kwargs.unwrap_or_default(),
-        rendered_at: Some(crate::queue::now_seconds()),
-    };
-    answer(
-        app,
-        Kind::Chat,
+    let ask = Kind::Chat.ask(
         body.model,
-        request,
-        body.stream,
-        include_usage,
-    )
-    .await
+        input,
+        settings,
+        max_tokens.is_some(),
+        body.chat_template_kwargs.unwrap_or_default(),
+    );
+    answer(app, Kind::Chat, ask, body.stream, include_usage).await
 }
 
 pub async fn completions(
@@ -342,22 +336,9 @@ pub async fn completions(
     }
     .into_settings(model_sampling(&app, &body.model).await)?;
     let include_usage = body.stream_options.is_some_and(|o| o.include_usage);
-    let request = Request {
-        input,
-        attachments: String::new(),
-        settings,
-        chat_args: Map::new(),
-        rendered_at: Some(crate::queue::now_seconds()),
-    };
-    answer(
-        app,
-        Kind::Text,
-        body.model,
-        request,
-        body.stream,
-        include_usage,
-    )
-    .await
+    let explicit = body.max_tokens.is_some();
+    let ask = Kind::Text.ask(body.model, input, settings, explicit, Map::new());
+    answer(app, Kind::Text, ask, body.stream, include_usage).await
 }
 
 /// Which OpenAI endpoint a request came through.
@@ -372,6 +353,28 @@ impl Kind {
         match self {
             Kind::Chat => "OpenAI chat completion",
             Kind::Text => "OpenAI completion",
+        }
+    }
+
+    /// The request as a job to admit, ahead of queued long-form tasks.
+    fn ask(
+        self,
+        model: String,
+        input: Input,
+        settings: Settings,
+        explicit_max_tokens: bool,
+        chat_args: Map<String, Value>,
+    ) -> Ask {
+        Ask {
+            model,
+            input,
+            attachments: Vec::new(),
+            settings,
+            explicit_max_tokens,
+            chat_args,
+            title: self.title().into(),
+            priority: OPENAI_PRIORITY,
+            origin: "openai".into(),
         }
     }
 
@@ -415,19 +418,11 @@ impl Kind {
 async fn answer(
     app: AppState,
     kind: Kind,
-    model: String,
-    request: Request,
+    ask: Ask,
     streamed: bool,
     include_usage: bool,
 ) -> ApiResult<Response> {
-    let job = NewJob {
-        title: kind.title().into(),
-        model,
-        request,
-        priority: OPENAI_PRIORITY,
-        origin: "openai".into(),
-    };
-    let sub = submit(&app, job).await?;
+    let sub = submit(&app, ask).await?;
     let id_text = kind.id(sub.id);
     let (object, chunk_object) = kind.objects();
     if streamed {

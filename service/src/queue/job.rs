@@ -238,6 +238,9 @@ pub struct NewJob {
     pub title: String,
     pub model: String,
     pub request: Request,
+    /// The prompt's token ids as admitted, when the model's tokenizer was
+    /// at hand; the runner renders the request itself otherwise.
+    pub prompt_ids: Option<Vec<u32>>,
     pub priority: i64,
     /// Who asked: `api`, `openai`, `cli`.
     pub origin: String,

@@ -112,6 +112,8 @@ pub struct Runnable {
     pub id: i64,
     pub model: String,
     pub request: Request,
+    /// The prompt's token ids as admitted (see [`NewJob::prompt_ids`]).
+    pub prompt_ids: Option<Vec<u32>>,
     pub committed_tokens: Vec<u32>,
     pub committed_text: String,
     /// Bytes of reasoning committed, apart from the text.
@@ -170,6 +172,7 @@ impl Queue {
         }
         let request = serde_json::to_string(&job.request)
             .map_err(|e| QueueError::Invalid(format!("request cannot be stored: {e}")))?;
+        let prompt_ids = job.prompt_ids.as_deref().map(id_bytes);
         let id = self.write("submit a job", |tx| {
             models::get(tx, &job.model)?;
             let position: f64 = tx
@@ -179,9 +182,9 @@ impl Queue {
                 .map_err(sql("placing the job"))?;
             let now = now_ms();
             tx.execute(
-                "INSERT INTO jobs (title, model, request, priority, position, state, origin, created_ms, updated_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'queued', ?6, ?7, ?7)",
-                params![job.title, job.model, request, job.priority, position, job.origin, now],
+                "INSERT INTO jobs (title, model, request, priority, position, state, origin, created_ms, updated_ms, prompt_ids)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'queued', ?6, ?7, ?7, ?8)",
+                params![job.title, job.model, request, job.priority, position, job.origin, now, prompt_ids],
             )
             .map_err(sql("inserting the job"))?;
             Ok(tx.last_insert_rowid())
@@ -229,10 +232,12 @@ impl Queue {
     fn runnable(&self, id: i64) -> Result<Runnable, QueueError> {
         let view = self.job(id)?;
         let committed = self.committed_parts(id)?;
+        let prompt_ids = self.prompt_ids(id)?;
         Ok(Runnable {
             id,
             model: view.model,
             request: view.request,
+            prompt_ids,
             resumed: view.started_ms.is_some(),
             committed_count: view.tokens,
             committed_tokens: committed.tokens,
@@ -532,6 +537,19 @@ impl Queue {
         self.committed_parts(id).map(|c| (c.tokens, c.text))
     }
 
+    /// The prompt's token ids as admitted, when they were.
+    pub fn prompt_ids(&self, id: i64) -> Result<Option<Vec<u32>>, QueueError> {
+        let bytes: Option<Vec<u8>> = self
+            .lock()?
+            .query_row("SELECT prompt_ids FROM jobs WHERE id = ?1", [id], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(sql("reading the admitted prompt"))?
+            .ok_or(QueueError::NoSuchJob(id))?;
+        bytes.map(|b| ids_of(id, "admitted prompt", &b)).transpose()
+    }
+
     /// Token ids, answer and reasoning committed so far.
     pub fn committed_parts(&self, id: i64) -> Result<Committed, QueueError> {
         let conn = self.lock()?;
@@ -553,18 +571,7 @@ impl Queue {
         for row in rows {
             let (bytes, t, r) = row.map_err(sql("reading output"))?;
             reasoning.push_str(&r);
-            if !bytes.len().is_multiple_of(4) {
-                return Err(QueueError::Corrupt {
-                    id,
-                    what: "token ids",
-                    reason: format!("a chunk holds {} bytes", bytes.len()),
-                });
-            }
-            tokens.extend(
-                bytes
-                    .chunks_exact(4)
-                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-            );
+            tokens.extend(ids_of(id, "token ids", &bytes)?);
             text.push_str(&t);
         }
         Ok(Committed {
@@ -653,8 +660,29 @@ fn state_of(conn: &Connection, id: i64) -> Result<JobState, QueueError> {
     })
 }
 
+/// Token ids as the database keeps them: u32, little-endian.
+fn id_bytes(ids: &[u32]) -> Vec<u8> {
+    ids.iter().flat_map(|t| t.to_le_bytes()).collect()
+}
+
+/// Token ids back from [`id_bytes`]; a length that is not whole ids is
+/// reported as job `id`'s `what` being corrupt.
+fn ids_of(id: i64, what: &'static str, bytes: &[u8]) -> Result<Vec<u32>, QueueError> {
+    if !bytes.len().is_multiple_of(4) {
+        return Err(QueueError::Corrupt {
+            id,
+            what,
+            reason: format!("{} bytes are not whole token ids", bytes.len()),
+        });
+    }
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
 fn append_chunk(tx: &Transaction<'_>, id: i64, output: &Output<'_>) -> Result<(), QueueError> {
-    let bytes: Vec<u8> = output.tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+    let bytes = id_bytes(output.tokens);
     tx.execute(
         "INSERT INTO chunks (job_id, seq, tokens, text, reasoning)
          VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM chunks WHERE job_id = ?1), ?2, ?3, ?4)",

@@ -23,6 +23,7 @@ fn queue() -> (tempfile::TempDir, Queue) {
 
 fn new_job(title: &str, priority: i64) -> NewJob {
     NewJob {
+        prompt_ids: None,
         title: title.into(),
         model: "m".into(),
         request: Request {
@@ -263,4 +264,21 @@ fn only_ended_jobs_can_be_deleted_and_they_take_their_output() {
     assert!(matches!(q.job(id), Err(QueueError::NoSuchJob(_))));
     assert!(q.list().unwrap().is_empty());
     assert!(matches!(q.delete(id), Err(QueueError::NoSuchJob(_))));
+}
+
+#[test]
+fn the_admitted_prompt_reaches_the_runner_as_it_was_admitted() {
+    let (_dir, q) = queue();
+    let ids = vec![0, 7, u32::MAX, 151_643];
+    let admitted = q
+        .submit(&NewJob {
+            prompt_ids: Some(ids.clone()),
+            ..new_job("admitted", 0)
+        })
+        .unwrap();
+    let rendered_later = q.submit(&new_job("rendered later", -1)).unwrap();
+    let next = q.next_runnable().unwrap().unwrap();
+    assert_eq!((next.id, next.prompt_ids), (admitted.id, Some(ids)));
+    assert_eq!(q.prompt_ids(rendered_later.id).unwrap(), None);
+    assert!(matches!(q.prompt_ids(999), Err(QueueError::NoSuchJob(999))));
 }

@@ -10,7 +10,7 @@ use longhaul_engine::{Engine, EngineError, EngineOptions, OutputFormat};
 use longhaul_engine::{FinishReason, GenerationSettings, Phase, SamplingParams, Speculation};
 
 use super::{Outcome, Produced, RunError, Sink, Usage};
-use crate::queue::{DriveBytes, PromptInput, Runnable, Speculate};
+use crate::queue::{DriveBytes, Input, PromptInput, Runnable, Speculate};
 
 /// The loaded model, shared with the metrics sampler.
 #[derive(Default)]
@@ -78,13 +78,18 @@ impl LocalBackend {
     ) -> Result<Outcome, RunError> {
         let engine = self.engine(path)?;
         let request = &job.request;
-        let (prompt, output) = match request.prompt_input() {
-            PromptInput::Plain(text) => engine
-                .prompt_ids(&text, false)
-                .map(|ids| (ids, OutputFormat::Plain)),
-            PromptInput::Chat(messages, options) => engine
-                .chat_prompt(&messages, &options)
-                .map(|c| (c.ids, c.output)),
+        // The prompt as admitted when it was; rendered here otherwise.
+        let (prompt, output) = match (&job.prompt_ids, &request.input) {
+            (Some(ids), Input::Prompt(_)) => Ok((ids.clone(), OutputFormat::Plain)),
+            (Some(ids), Input::Messages(_)) => engine.chat_output(ids).map(|o| (ids.clone(), o)),
+            (None, _) => match request.prompt_input() {
+                PromptInput::Plain(text) => engine
+                    .prompt_ids(&text, false)
+                    .map(|ids| (ids, OutputFormat::Plain)),
+                PromptInput::Chat(messages, options) => engine
+                    .chat_prompt(&messages, &options)
+                    .map(|c| (c.ids, c.output)),
+            },
         }
         .map_err(engine_error)?;
         let s = &request.settings;

@@ -1,0 +1,214 @@
+//! One way in. Every entry point that asks a model something — `/api/jobs`,
+//! the OpenAI endpoints and the ones to come — hands an [`Ask`] to
+//! [`admit`], which reads the attachments once, renders and tokenizes the
+//! prompt with the model's own tokenizer, checks it against the model's
+//! context with the numbers, and queues it with the token ids it admitted.
+//! The runner then reads those ids rather than rendering again, so what was
+//! checked is what runs, and a resumed job reads the prompt it started with
+//! even if the template or the attached files have changed since.
+
+use std::path::PathBuf;
+
+use serde_json::{Map, Value};
+
+use super::AppState;
+use super::error::{ApiError, ApiResult};
+use crate::attach::{self, Attachments};
+use crate::queue::{Input, JobView, ModelEntry, ModelKind, NewJob, PromptInput, Request, Settings};
+use longhaul_engine::TextTokenizer;
+
+/// Characters per token when a model's tokenizer is not at hand (a remote
+/// model, or a GGUF file whose tokenizer is rebuilt when it loads).
+const CHARS_PER_TOKEN_ESTIMATE: usize = 4;
+
+/// What a request asks, checked for its shape but not yet for the model.
+#[derive(Debug, Clone)]
+pub struct Ask {
+    pub model: String,
+    pub input: Input,
+    /// Files or folders on this machine, read into the prompt now.
+    pub attachments: Vec<PathBuf>,
+    pub settings: Settings,
+    /// Whether `settings.max_tokens` was asked for: a default is cut to what
+    /// the context leaves, an explicit ask that does not fit is refused.
+    pub explicit_max_tokens: bool,
+    /// Switches for the chat template or prompt encoder.
+    pub chat_args: Map<String, Value>,
+    pub title: String,
+    pub priority: i64,
+    /// Who asked: `api`, `openai`, `cli`.
+    pub origin: String,
+}
+
+/// The prompt as the model will read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Counted {
+    /// Tokenized by the model's own tokenizer: these ids, exactly.
+    Exact(Vec<u32>),
+    /// About this many tokens, from the text's length.
+    Estimate(usize),
+}
+
+impl Counted {
+    pub fn tokens(&self) -> usize {
+        match self {
+            Counted::Exact(ids) => ids.len(),
+            Counted::Estimate(n) => *n,
+        }
+    }
+}
+
+/// Reads attached files and folders off the async threads.
+pub async fn read_attachments(paths: Vec<PathBuf>) -> ApiResult<Attachments> {
+    if paths.is_empty() {
+        return Ok(Attachments::default());
+    }
+    tokio::task::spawn_blocking(move || attach::collect(&paths))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(|e| ApiError::bad_param("attachments", e.to_string()))
+}
+
+/// Admits `ask`: the prompt assembled, counted and fitted to the model's
+/// context, then queued. A prompt that cannot fit is refused with its
+/// numbers and nothing is queued.
+pub async fn admit(app: &AppState, ask: Ask) -> ApiResult<JobView> {
+    let attached = read_attachments(ask.attachments).await?;
+    let mut request = Request {
+        input: ask.input,
+        attachments: attached.text,
+        settings: ask.settings,
+        chat_args: ask.chat_args,
+        rendered_at: Some(crate::queue::now_seconds()),
+    };
+    let name = ask.model.clone();
+    // A model that is not registered is reported by the queue when it refuses the job.
+    let mut prompt_ids = None;
+    if let Ok(model) = app.blocking(move |q| q.model(&name)).await {
+        let checked = request.clone();
+        let (counted, context) = tokio::task::spawn_blocking(move || {
+            count_prompt(&model, &checked).map(|c| (c, context_of(&model)))
+        })
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
+        if let Counted::Exact(ids) = counted {
+            request.settings.max_tokens = fit_answer(
+                ids.len(),
+                request.settings.max_tokens,
+                ask.explicit_max_tokens,
+                context,
+            )?;
+            prompt_ids = Some(ids);
+        }
+    }
+    app.enqueue(NewJob {
+        title: ask.title,
+        model: ask.model,
+        request,
+        prompt_ids,
+        priority: ask.priority,
+        origin: ask.origin,
+    })
+    .await
+}
+
+/// The prompt as the model will read it (attachments first): its ids with a
+/// local model's tokenizer, an estimate of their number otherwise.
+pub fn count_prompt(model: &ModelEntry, request: &Request) -> ApiResult<Counted> {
+    let tokenizer = match &model.kind {
+        ModelKind::Local { path } => TextTokenizer::from_dir(path).ok(),
+        ModelKind::Remote { .. } => None,
+    };
+    let input = request.prompt_input();
+    let Some(tokenizer) = tokenizer else {
+        let chars = match &input {
+            PromptInput::Plain(text) => text.chars().count(),
+            PromptInput::Chat(messages, _) => {
+                messages.iter().map(|m| m.content.chars().count()).sum()
+            }
+        };
+        return Ok(Counted::Estimate(chars.div_ceil(CHARS_PER_TOKEN_ESTIMATE)));
+    };
+    match input {
+        PromptInput::Plain(text) => tokenizer.encode(&text, true),
+        PromptInput::Chat(messages, options) => tokenizer
+            .render_chat_with(&messages, &options)
+            .and_then(|t| tokenizer.encode(&t, false)),
+    }
+    .map(Counted::Exact)
+    .map_err(|e| ApiError::bad_request(e.to_string()))
+}
+
+/// The context length a local model states; none for a remote one.
+pub fn context_of(model: &ModelEntry) -> Option<usize> {
+    match &model.kind {
+        ModelKind::Local { path } => longhaul_engine::tools::context_length(path),
+        ModelKind::Remote { .. } => None,
+    }
+}
+
+/// The answer's token budget for a prompt of `prompt` tokens: `asked`
+/// when it fits the model's context; without an explicit ask, the default
+/// cut to what the context leaves. A prompt that leaves no room, or an
+/// explicit ask that does not fit, is refused with the numbers and what to
+/// change.
+pub fn fit_answer(
+    prompt: usize,
+    asked: usize,
+    explicit: bool,
+    context: Option<usize>,
+) -> ApiResult<usize> {
+    let Some(context) = context else {
+        return Ok(asked);
+    };
+    if prompt + asked <= context {
+        return Ok(asked);
+    }
+    if !explicit && prompt < context {
+        return Ok(context - prompt);
+    }
+    let advice = if prompt >= context {
+        format!(
+            "shorten the prompt or its attachments by at least {} tokens",
+            prompt + 1 - context
+        )
+    } else {
+        format!(
+            "lower max_tokens to at most {} or shorten the prompt or its attachments",
+            context - prompt
+        )
+    };
+    Err(ApiError::bad_param(
+        "max_tokens",
+        format!(
+            "the prompt ({prompt} tokens) plus max_tokens ({asked}) is more than the model's context of {context} tokens: {advice}"
+        ),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_default_budget_is_cut_to_the_context_and_an_explicit_one_refused() {
+        assert_eq!(fit_answer(10, 100, false, None).ok(), Some(100));
+        assert_eq!(fit_answer(10, 100, false, Some(200)).ok(), Some(100));
+        assert_eq!(fit_answer(150, 100, false, Some(200)).ok(), Some(50));
+        let explicit = fit_answer(150, 100, true, Some(200))
+            .err()
+            .map(|e| e.message);
+        assert_eq!(
+            explicit.as_deref(),
+            Some(
+                "the prompt (150 tokens) plus max_tokens (100) is more than the model's context of 200 tokens: lower max_tokens to at most 50 or shorten the prompt or its attachments"
+            )
+        );
+        let full = fit_answer(200, 100, false, Some(200))
+            .err()
+            .map(|e| e.message);
+        assert!(full.is_some_and(|m| {
+            m.ends_with("shorten the prompt or its attachments by at least 1 tokens")
+        }));
+    }
+}
