@@ -34,6 +34,7 @@ internal_modules!(
 mod engine;
 mod locate;
 pub mod memory;
+mod toolcall;
 pub mod tools;
 
 pub use cache::{DEFAULT_PINNED_FRACTION, EvictionPolicy, StreamingOptions};
@@ -48,3 +49,4 @@ pub use generate::{
 pub use memory::{MemoryPlan, MemorySettings};
 pub use metrics::{DriveMetrics, EngineStats, MetricsSampler, MetricsSnapshot};
 pub use tokenizer::{ChatMessage, ChatOptions, TextTokenizer};
+pub use toolcall::{MalformedCall, ToolAnswer, ToolCall, ToolFormat};

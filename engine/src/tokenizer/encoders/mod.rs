@@ -59,9 +59,10 @@ impl PromptEncoder {
     }
 
     /// Whether the prompts it builds write `text`: both DeepSeek encoders
-    /// open and close thinking with `<think>` and `</think>`.
+    /// open and close thinking with `<think>` and `</think>`, and write tool
+    /// calls in DSML (`<｜DSML｜invoke …>`).
     pub fn mentions(self, text: &str) -> bool {
-        matches!(text, "<think>" | "</think>")
+        matches!(text, "<think>" | "</think>" | "｜DSML｜")
     }
 
     pub fn name(self) -> &'static str {

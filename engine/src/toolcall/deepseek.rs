@@ -1,0 +1,94 @@
+//! DeepSeek's two formats. V3.1 chains tool tokens:
+//! `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{…}<｜tool▁call▁end｜>…<｜tool▁calls▁end｜>`,
+//! where V3 and R1 wrote `function<｜tool▁sep｜>NAME\n```json\n{…}\n```` (vLLM's
+//! `deepseek_v31` and `deepseek_v3`). V3.2 and V4 write DSML, as their
+//! encoders' `parse_tool_calls` reads it:
+//!
+//! ```text
+//! <｜DSML｜function_calls>            (V4: tool_calls)
+//! <｜DSML｜invoke name="NAME">
+//! <｜DSML｜parameter name="KEY" string="true">text</｜DSML｜parameter>
+//! <｜DSML｜parameter name="KEY" string="false">JSON</｜DSML｜parameter>
+//! </｜DSML｜invoke>
+//! </｜DSML｜function_calls>
+//! ```
+//!
+//! `string="false"` values are JSON as the release's decoder reads them.
+
+use serde_json::{Map, Value};
+
+use super::{Schemas, ToolCall, call, call_id, json_arguments};
+
+const CALL_BEGIN: &str = "<｜tool▁call▁begin｜>";
+const SEP: &str = "<｜tool▁sep｜>";
+const CALL_END: &str = "<｜tool▁call▁end｜>";
+
+pub(super) fn parse_tokens(block: &str) -> Result<Vec<ToolCall>, String> {
+    let mut calls = Vec::new();
+    for part in block.split(CALL_BEGIN).skip(1) {
+        let i = calls.len();
+        let (call_text, _) = part
+            .split_once(CALL_END)
+            .ok_or_else(|| format!("call {i} has no {CALL_END}"))?;
+        let (head, body) = call_text
+            .split_once(SEP)
+            .ok_or_else(|| format!("call {i} has no {SEP}"))?;
+        // V3: `function<sep>NAME\n```json\n{…}\n```` ; V3.1: `NAME<sep>{…}`.
+        let (name, arguments) = match body.split_once("\n```json\n") {
+            Some((name, fenced)) if head.trim() == "function" => {
+                (name, fenced.trim_end().trim_end_matches("```"))
+            }
+            _ => (head, body),
+        };
+        calls.push(ToolCall {
+            id: call_id(i),
+            name: name.trim().to_string(),
+            arguments: json_arguments(arguments)?,
+        });
+    }
+    Ok(calls)
+}
+
+const INVOKE: &str = "<｜DSML｜invoke name=\"";
+const INVOKE_END: &str = "</｜DSML｜invoke>";
+const PARAMETER: &str = "<｜DSML｜parameter name=\"";
+const PARAMETER_END: &str = "</｜DSML｜parameter>";
+
+pub(super) fn parse_dsml(block: &str, schemas: &Schemas<'_>) -> Result<Vec<ToolCall>, String> {
+    let mut calls = Vec::new();
+    for invoke in block.split(INVOKE).skip(1) {
+        let i = calls.len();
+        let (invoke, _) = invoke
+            .split_once(INVOKE_END)
+            .ok_or_else(|| format!("call {i} has no {INVOKE_END}"))?;
+        let (name, mut rest) = invoke
+            .split_once("\">")
+            .ok_or_else(|| format!("call {i}: the invoke's name is not closed"))?;
+        let mut args = Map::new();
+        while let Some((_, after)) = rest.split_once(PARAMETER) {
+            let (key, after) = after
+                .split_once("\" string=\"")
+                .ok_or_else(|| format!("call {i}: a parameter has no string=\"true|false\""))?;
+            let (kind, after) = after
+                .split_once("\">")
+                .ok_or_else(|| format!("call {i}: parameter `{key}` is not closed"))?;
+            let (value, after) = after
+                .split_once(PARAMETER_END)
+                .ok_or_else(|| format!("call {i}: parameter `{key}` has no {PARAMETER_END}"))?;
+            let value = match kind {
+                "true" => Value::String(value.to_string()),
+                "false" => serde_json::from_str(value.trim())
+                    .unwrap_or_else(|_| schemas.value(name, key, value)),
+                other => {
+                    return Err(format!(
+                        "call {i}: parameter `{key}` has string=\"{other}\""
+                    ));
+                }
+            };
+            args.insert(key.to_string(), value);
+            rest = after;
+        }
+        calls.push(call(i, name, args));
+    }
+    Ok(calls)
+}

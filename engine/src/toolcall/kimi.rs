@@ -1,0 +1,35 @@
+//! Kimi K2's sections: `<|tool_calls_section_begin|>`, then per call
+//! `<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{…}<|tool_call_end|>`.
+//! The id is the `functions.NAME:IDX` the model wrote (Kimi's template
+//! echoes it back as `## Return of {id}`), the name its part between the
+//! last `.` and the `:` (vLLM's `kimi_k2` parser).
+
+use super::{ToolCall, json_arguments};
+
+const CALL_BEGIN: &str = "<|tool_call_begin|>";
+const ARGUMENT_BEGIN: &str = "<|tool_call_argument_begin|>";
+const CALL_END: &str = "<|tool_call_end|>";
+
+pub(super) fn parse(block: &str) -> Result<Vec<ToolCall>, String> {
+    let mut calls = Vec::new();
+    for part in block.split(CALL_BEGIN).skip(1) {
+        let Some((id, rest)) = part.split_once(ARGUMENT_BEGIN) else {
+            return Err(format!("no {ARGUMENT_BEGIN} after {CALL_BEGIN}{part}"));
+        };
+        let Some((arguments, _)) = rest.split_once(CALL_END) else {
+            return Err(format!("call `{}` has no {CALL_END}", id.trim()));
+        };
+        let id = id.trim();
+        let name = id
+            .rsplit_once(':')
+            .filter(|(_, idx)| idx.parse::<u32>().is_ok())
+            .map(|(head, _)| head.rsplit('.').next().unwrap_or(head))
+            .ok_or_else(|| format!("call id `{id}` is not functions.NAME:IDX"))?;
+        calls.push(ToolCall {
+            id: id.to_string(),
+            name: name.to_string(),
+            arguments: json_arguments(arguments)?,
+        });
+    }
+    Ok(calls)
+}

@@ -1,0 +1,228 @@
+//! Tool calls as each family writes them. A model asked with tools answers
+//! with calls in its own format — Kimi's sections, DeepSeek's tool tokens
+//! or DSML, Qwen's `<tool_call>` JSON or XML, GLM's `<arg_key>` pairs,
+//! MiniMax's `<invoke>` — and this module reads them back into names and
+//! JSON arguments, as vLLM's parser for that family does. Which format a
+//! model speaks follows from its vocabulary and template, the way the
+//! family's own server picks its parser.
+//!
+//! Values in the XML-style formats are typed by the tool's schema: a
+//! parameter the schema calls a `string` stays the text written; any other
+//! is read as JSON when it is JSON, and kept as text when it is not
+//! (vLLM's rule for GLM and llama.cpp's for all XML formats).
+
+mod deepseek;
+mod glm;
+mod kimi;
+mod minimax;
+mod qwen;
+
+use serde_json::{Map, Value};
+
+use crate::tokenizer::TextTokenizer;
+
+/// One call the model made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    /// The id the model wrote (Kimi's `functions.NAME:IDX`), or one made
+    /// from the call's place in the answer.
+    pub id: String,
+    pub name: String,
+    /// The arguments as a JSON object's text.
+    pub arguments: String,
+}
+
+/// An answer read for tool calls: the text outside them and the calls.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ToolAnswer {
+    pub content: String,
+    pub calls: Vec<ToolCall>,
+}
+
+/// A call block that opened and could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{format} tool call: {reason}")]
+pub struct MalformedCall {
+    pub format: &'static str,
+    pub reason: String,
+}
+
+/// A family's tool-call format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolFormat {
+    /// Kimi K2: `<|tool_calls_section_begin|>…<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{…}<|tool_call_end|>`.
+    Kimi,
+    /// DeepSeek V3.1: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{…}<｜tool▁call▁end｜>`
+    /// (and V3's `function<｜tool▁sep｜>NAME` with a fenced JSON body).
+    DeepseekTokens,
+    /// DeepSeek V3.2 and V4: DSML `<｜DSML｜invoke name="…">` blocks.
+    Dsml,
+    /// Qwen3 and Hermes: `<tool_call>{"name": …, "arguments": …}</tool_call>`.
+    Hermes,
+    /// Qwen3-Coder and Qwen3.5: `<tool_call><function=NAME><parameter=P>…`.
+    QwenXml,
+    /// GLM-4.5 to 4.7: `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>`.
+    Glm,
+    /// MiniMax-M2: `<minimax:tool_call><invoke name="…"><parameter name="…">`.
+    Minimax,
+}
+
+/// DeepSeek's fullwidth-bar markers, spelled once.
+pub(crate) const DS_CALLS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
+pub(crate) const DSML: &str = "｜DSML｜";
+
+impl ToolFormat {
+    /// The format a model answers tools in, from its vocabulary and the
+    /// template (or prompt encoder) its prompts are built by; none when the
+    /// model shows no sign of tool calls.
+    pub fn detect(tokenizer: &TextTokenizer) -> Option<Self> {
+        let has = |t: &str| tokenizer.token_id(t).is_some() || tokenizer.prompts_mention(t);
+        if has("<|tool_calls_section_begin|>") {
+            Some(Self::Kimi)
+        } else if has(DSML) {
+            Some(Self::Dsml)
+        } else if has(DS_CALLS_BEGIN) {
+            Some(Self::DeepseekTokens)
+        } else if has("<minimax:tool_call>") {
+            Some(Self::Minimax)
+        } else if has("<arg_key>") {
+            Some(Self::Glm)
+        } else if has("<tool_call>") && tokenizer.prompts_mention("<function=") {
+            Some(Self::QwenXml)
+        } else if has("<tool_call>") {
+            Some(Self::Hermes)
+        } else {
+            None
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Kimi => "kimi_k2",
+            Self::DeepseekTokens => "deepseek_v31",
+            Self::Dsml => "dsml",
+            Self::Hermes => "hermes",
+            Self::QwenXml => "qwen3_xml",
+            Self::Glm => "glm4_moe",
+            Self::Minimax => "minimax_m2",
+        }
+    }
+
+    /// Where the first call block begins in `text`, if one has.
+    pub fn call_start(self, text: &str) -> Option<usize> {
+        text.find(self.opener())
+    }
+
+    /// How many bytes at the end of `text` could be the start of a call
+    /// block still being written: a stream holds them back until it knows.
+    pub fn held_back(self, text: &str) -> usize {
+        let opener = self.opener();
+        (1..opener.len().min(text.len() + 1))
+            .rev()
+            .find(|&n| opener.is_char_boundary(n) && text.ends_with(&opener[..n]))
+            .unwrap_or(0)
+    }
+
+    fn opener(self) -> &'static str {
+        match self {
+            Self::Kimi => "<|tool_calls_section_begin|>",
+            Self::DeepseekTokens => DS_CALLS_BEGIN,
+            Self::Dsml => "<｜DSML｜",
+            Self::Hermes | Self::QwenXml | Self::Glm => "<tool_call>",
+            Self::Minimax => "<minimax:tool_call>",
+        }
+    }
+
+    /// Reads the calls out of a whole answer. `tools` are the tools offered
+    /// (OpenAI's `[{type: function, function: {name, parameters}}]` or the
+    /// flat `[{name, parameters}]`), whose schemas type XML values. Text
+    /// without a call block is all content.
+    pub fn parse(self, text: &str, tools: &[Value]) -> Result<ToolAnswer, MalformedCall> {
+        let Some(start) = self.call_start(text) else {
+            return Ok(ToolAnswer {
+                content: text.to_string(),
+                calls: Vec::new(),
+            });
+        };
+        let schemas = Schemas(tools);
+        let block = &text[start..];
+        let calls = match self {
+            Self::Kimi => kimi::parse(block),
+            Self::DeepseekTokens => deepseek::parse_tokens(block),
+            Self::Dsml => deepseek::parse_dsml(block, &schemas),
+            Self::Hermes => qwen::parse_hermes(block),
+            Self::QwenXml => qwen::parse_xml(block, &schemas),
+            Self::Glm => glm::parse(block, &schemas),
+            Self::Minimax => minimax::parse(block, &schemas),
+        }
+        .map_err(|reason| MalformedCall {
+            format: self.name(),
+            reason,
+        })?;
+        if calls.is_empty() {
+            return Err(MalformedCall {
+                format: self.name(),
+                reason: "a call block holds no complete call".into(),
+            });
+        }
+        Ok(ToolAnswer {
+            content: text[..start].trim_end().to_string(),
+            calls,
+        })
+    }
+}
+
+/// A call's id from its place in the answer, for formats that write none.
+pub(crate) fn call_id(index: usize) -> String {
+    format!("call_{index}")
+}
+
+/// A call read from `name` and its arguments object.
+pub(crate) fn call(index: usize, name: &str, args: Map<String, Value>) -> ToolCall {
+    ToolCall {
+        id: call_id(index),
+        name: name.trim().to_string(),
+        arguments: Value::Object(args).to_string(),
+    }
+}
+
+/// JSON text of arguments the model wrote as JSON: checked to be an object.
+pub(crate) fn json_arguments(text: &str) -> Result<String, String> {
+    match serde_json::from_str::<Value>(text.trim()) {
+        Ok(Value::Object(o)) => Ok(Value::Object(o).to_string()),
+        Ok(other) => Err(format!("arguments are not an object: {other}")),
+        Err(e) => Err(format!("arguments are not JSON ({e}): {}", text.trim())),
+    }
+}
+
+/// The tools offered, by name, for their parameters' schemas.
+pub(crate) struct Schemas<'a>(&'a [Value]);
+
+impl Schemas<'_> {
+    fn parameters(&self, tool: &str) -> Option<&Map<String, Value>> {
+        self.0.iter().find_map(|t| {
+            let f = t.get("function").unwrap_or(t);
+            (f.get("name")?.as_str()? == tool)
+                .then(|| f.get("parameters")?.get("properties")?.as_object())
+                .flatten()
+        })
+    }
+
+    /// Whether `tool`'s schema says parameter `key` is a string.
+    fn is_string(&self, tool: &str, key: &str) -> bool {
+        self.parameters(tool)
+            .and_then(|p| p.get(key)?.get("type")?.as_str())
+            == Some("string")
+    }
+
+    /// A value written as text, typed by the schema (see the module's doc).
+    pub(crate) fn value(&self, tool: &str, key: &str, raw: &str) -> Value {
+        if self.is_string(tool, key) {
+            return Value::String(raw.to_string());
+        }
+        serde_json::from_str(raw.trim()).unwrap_or_else(|_| Value::String(raw.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests;
