@@ -58,6 +58,7 @@ fn greedy(engine: &Engine, prompt: &[u32], max_tokens: usize) -> Generation {
         eos_token_ids: engine.eos_token_ids().to_vec(),
         speculation: longhaul_engine::generate::Speculation::Off,
         output: Default::default(),
+        keep_special_tokens: false,
     };
     engine
         .generate(prompt, &settings, |_| Flow::Continue)
@@ -153,6 +154,7 @@ fn a_long_prompt_reports_its_reading_and_can_be_stopped_between_passes() {
         eos_token_ids: Vec::new(),
         speculation: longhaul_engine::generate::Speculation::Off,
         output: Default::default(),
+        keep_special_tokens: false,
     };
     let mut seen = Vec::new();
     let whole = engine

@@ -27,6 +27,7 @@ fn greedy_tokens_match_transformers() {
             eos_token_ids: engine.eos_token_ids().to_vec(),
             speculation: longhaul_engine::generate::Speculation::Off,
             output: Default::default(),
+            keep_special_tokens: false,
         };
         let mut streamed = String::new();
         let out = engine
@@ -79,6 +80,7 @@ fn stop_strings_end_generation_before_the_string() {
         eos_token_ids: engine.eos_token_ids().to_vec(),
         speculation: longhaul_engine::generate::Speculation::Off,
         output: Default::default(),
+        keep_special_tokens: false,
     };
     let out = engine
         .generate(&prompt, &settings, |_| Flow::Continue)
@@ -105,6 +107,7 @@ fn seeded_sampling_is_reproducible_and_differs_across_seeds() {
             eos_token_ids: Vec::new(),
             speculation: longhaul_engine::generate::Speculation::Off,
             output: Default::default(),
+            keep_special_tokens: false,
         };
         engine
             .generate(&prompt, &settings, |_| Flow::Continue)
@@ -209,6 +212,7 @@ fn resumes_exactly(engine: &Engine) {
             eos_token_ids: Vec::new(),
             speculation: longhaul_engine::generate::Speculation::Off,
             output: Default::default(),
+            keep_special_tokens: false,
         };
         let whole = engine
             .generate(&prompt, &settings, |_| Flow::Continue)
@@ -249,6 +253,7 @@ fn saved_attention_state_replaces_recomputing_the_answer() {
         eos_token_ids: Vec::new(),
         speculation: longhaul_engine::generate::Speculation::Off,
         output: Default::default(),
+        keep_special_tokens: false,
     };
     let mut rows = Vec::new();
     let first = engine
@@ -359,6 +364,7 @@ fn gpt_oss_answers_in_harmony_channels_from_the_folder_and_a_pack() {
             eos_token_ids: engine.eos_token_ids().to_vec(),
             speculation: longhaul_engine::generate::Speculation::Off,
             output: chat.output,
+            keep_special_tokens: false,
         };
         let mut streamed = String::new();
         let out = engine

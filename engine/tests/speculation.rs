@@ -85,6 +85,7 @@ fn settings(sampling: &SamplingParams, spec: Speculation) -> GenerationSettings 
         eos_token_ids: Vec::new(),
         speculation: spec,
         output: Default::default(),
+        keep_special_tokens: false,
     }
 }
 
@@ -108,6 +109,7 @@ fn generate(
         eos_token_ids: Vec::new(),
         speculation: spec,
         output: Default::default(),
+        keep_special_tokens: false,
     };
     engine
         .generate(prompt, &settings, |_| Flow::Continue)

@@ -362,7 +362,13 @@ fn openai_clients_get_openai_answers_through_the_queue() {
     // What cannot be honoured is refused, OpenAI-style, never ignored.
     for (field, value) in [
         ("logit_bias", json!({"1": 5})),
-        ("tools", json!([])),
+        // This model's template and vocabulary show no tool-call format.
+        (
+            "tools",
+            json!([{ "type": "function", "function": { "name": "f" } }]),
+        ),
+        ("tool_choice", json!("required")),
+        ("response_format", json!({ "type": "json_object" })),
         ("n", json!(2)),
         ("frequency_penalty", json!(0.5)),
     ] {

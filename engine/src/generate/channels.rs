@@ -127,7 +127,7 @@ pub struct Splitter<'t> {
 }
 
 impl<'t> Splitter<'t> {
-    pub fn new(tokenizer: &'t TextTokenizer, format: OutputFormat) -> Self {
+    pub fn new(tokenizer: &'t TextTokenizer, format: OutputFormat, keep_special: bool) -> Self {
         let mode = match format {
             OutputFormat::Plain => Mode::Answer,
             OutputFormat::Think { open: true, .. } => Mode::Reasoning,
@@ -137,7 +137,11 @@ impl<'t> Splitter<'t> {
         };
         Self {
             format,
-            stream: tokenizer.stream(),
+            stream: if keep_special {
+                tokenizer.stream_keeping_special()
+            } else {
+                tokenizer.stream()
+            },
             mode,
             pending: String::new(),
         }
@@ -323,7 +327,7 @@ mod tests {
 
     fn split(tok: &TextTokenizer, format: OutputFormat, text: &str) -> Parts {
         let ids = tok.encode(text, false).unwrap();
-        let mut s = Splitter::new(tok, format);
+        let mut s = Splitter::new(tok, format, false);
         let mut all = Parts::default();
         for id in ids {
             let p = s.push(id).unwrap();
@@ -380,7 +384,7 @@ mod tests {
         );
         let f = OutputFormat::for_chat(&tok, "<|start|>assistant");
         let id = |t: &str| tok.token_id(t).unwrap();
-        let mut s = Splitter::new(&tok, f);
+        let mut s = Splitter::new(&tok, f, false);
         let ends = |s: &mut Splitter, text: &str| -> Vec<bool> {
             tok.encode(text, false)
                 .unwrap()

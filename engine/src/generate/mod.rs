@@ -149,6 +149,10 @@ pub struct GenerationSettings {
     /// How the answer is laid out: reasoning is told apart from it and kept
     /// out of the text (and of stop strings).
     pub output: channels::OutputFormat,
+    /// Whether special tokens are written out in the text (`<tool_call>`,
+    /// Kimi's `<|tool_call_begin|>`): when tools were offered, so the
+    /// family's call markers reach whoever reads the calls.
+    pub keep_special_tokens: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -375,7 +379,7 @@ pub fn generate_drafted(
     }
     let sampler = Sampler::new(settings.sampling.clone())?;
     let mut session = Session::new(model);
-    let mut splitter = channels::Splitter::new(tokenizer, settings.output);
+    let mut splitter = channels::Splitter::new(tokenizer, settings.output, settings.keep_special_tokens);
     let mut stops = StopScanner::new(settings.stop_strings.clone());
     let mut stats = GenerationStats {
         prompt_tokens: prompt.len() + resumed.len(),

@@ -296,6 +296,16 @@ impl TextTokenizer {
             tokenizer: self,
             ids: Vec::new(),
             emitted: 0,
+            skip_special: true,
+        }
+    }
+
+    /// A streaming decoder that writes special tokens out, as
+    /// [`TextTokenizer::decode_with_special`] does.
+    pub fn stream_keeping_special(&self) -> TextStream<'_> {
+        TextStream {
+            skip_special: false,
+            ..self.stream()
         }
     }
 }
@@ -307,13 +317,14 @@ pub struct TextStream<'a> {
     tokenizer: &'a TextTokenizer,
     ids: Vec<u32>,
     emitted: usize,
+    skip_special: bool,
 }
 
 impl TextStream<'_> {
     /// Adds one token and returns the new text it completes (possibly empty).
     pub fn push(&mut self, id: u32) -> Result<String, TokenizerError> {
         self.ids.push(id);
-        let text = self.tokenizer.decode(&self.ids)?;
+        let text = self.tokenizer.decode_skipping(&self.ids, self.skip_special)?;
         // A trailing replacement character means a multi-byte character is
         // still incomplete: wait for the next token.
         if text.ends_with('\u{FFFD}')
@@ -330,7 +341,7 @@ impl TextStream<'_> {
     /// Whatever text is still held back (an incomplete character at the end
     /// decodes to U+FFFD, as a full decode would print it).
     pub fn finish(&mut self) -> Result<String, TokenizerError> {
-        let text = self.tokenizer.decode(&self.ids)?;
+        let text = self.tokenizer.decode_skipping(&self.ids, self.skip_special)?;
         let rest = text.get(self.emitted..).unwrap_or_default().to_string();
         self.emitted = text.len();
         Ok(rest)

@@ -62,6 +62,7 @@ impl Run<'_> {
             eos_token_ids: Vec::new(),
             speculation: arg.speculation(),
             output: Default::default(),
+            keep_special_tokens: false,
         };
         let mut after_prompt = None;
         let generation = speculate::generate(&engine, self.prompt, &settings, arg, |piece| {

@@ -104,6 +104,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         eos_token_ids: engine.eos_token_ids().to_vec(),
         speculation: args.speculate.speculation(),
         output,
+        keep_special_tokens: false,
     };
     let mut stdout = std::io::stdout().lock();
     let mut write_error = None;

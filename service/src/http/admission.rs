@@ -15,7 +15,7 @@ use super::AppState;
 use super::error::{ApiError, ApiResult};
 use crate::attach::{self, Attachments};
 use crate::queue::{Input, JobView, ModelEntry, ModelKind, NewJob, PromptInput, Request, Settings};
-use longhaul_engine::TextTokenizer;
+use longhaul_engine::{TextTokenizer, ToolFormat};
 
 /// Characters per token when a model's tokenizer is not at hand (a remote
 /// model, or a GGUF file whose tokenizer is rebuilt when it loads).
@@ -34,6 +34,9 @@ pub struct Ask {
     pub explicit_max_tokens: bool,
     /// Switches for the chat template or prompt encoder.
     pub chat_args: Map<String, Value>,
+    /// Tools offered to the model; a model that shows no tool-call format
+    /// is refused them.
+    pub tools: Vec<Value>,
     pub title: String,
     pub priority: i64,
     /// Who asked: `api`, `openai`, `cli`.
@@ -72,7 +75,7 @@ pub async fn read_attachments(paths: Vec<PathBuf>) -> ApiResult<Attachments> {
 /// Admits `ask`: the prompt assembled, counted and fitted to the model's
 /// context, then queued. A prompt that cannot fit is refused with its
 /// numbers and nothing is queued.
-pub async fn admit(app: &AppState, ask: Ask) -> ApiResult<JobView> {
+pub async fn admit(app: &AppState, ask: Ask) -> ApiResult<Admitted> {
     let attached = read_attachments(ask.attachments).await?;
     let mut request = Request {
         input: ask.input,
@@ -80,17 +83,20 @@ pub async fn admit(app: &AppState, ask: Ask) -> ApiResult<JobView> {
         settings: ask.settings,
         chat_args: ask.chat_args,
         rendered_at: Some(crate::queue::now_seconds()),
+        tools: ask.tools,
     };
     let name = ask.model.clone();
     // A model that is not registered is reported by the queue when it refuses the job.
-    let mut prompt_ids = None;
+    let (mut prompt_ids, mut tool_format, mut found) = (None, None, false);
     if let Ok(model) = app.blocking(move |q| q.model(&name)).await {
         let checked = request.clone();
-        let (counted, context) = tokio::task::spawn_blocking(move || {
-            count_prompt(&model, &checked).map(|c| (c, context_of(&model)))
+        let (counted, context, format) = tokio::task::spawn_blocking(move || {
+            let format = tool_format_of(&model);
+            count_prompt(&model, &checked).map(|c| (c, context_of(&model), format))
         })
         .await
         .map_err(|e| ApiError::internal(e.to_string()))??;
+        (tool_format, found) = (format, true);
         if let Counted::Exact(ids) = counted {
             request.settings.max_tokens = fit_answer(
                 ids.len(),
@@ -101,15 +107,42 @@ pub async fn admit(app: &AppState, ask: Ask) -> ApiResult<JobView> {
             prompt_ids = Some(ids);
         }
     }
-    app.enqueue(NewJob {
-        title: ask.title,
-        model: ask.model,
-        request,
-        prompt_ids,
-        priority: ask.priority,
-        origin: ask.origin,
-    })
-    .await
+    if found && !request.tools.is_empty() && tool_format.is_none() {
+        return Err(ApiError::bad_param(
+            "tools",
+            format!(
+                "model `{}` shows no tool-call format (none of the families' call markers is in its vocabulary or template), so its answer cannot be read for calls; ask without tools",
+                ask.model
+            ),
+        ));
+    }
+    let job = app
+        .enqueue(NewJob {
+            title: ask.title,
+            model: ask.model,
+            request,
+            prompt_ids,
+            priority: ask.priority,
+            origin: ask.origin,
+        })
+        .await?;
+    Ok(Admitted { job, tool_format })
+}
+
+/// A queued job, and the format its model writes tool calls in.
+pub struct Admitted {
+    pub job: JobView,
+    pub tool_format: Option<ToolFormat>,
+}
+
+/// The tool-call format of a local model's tokenizer and template.
+pub fn tool_format_of(model: &ModelEntry) -> Option<ToolFormat> {
+    match &model.kind {
+        ModelKind::Local { path } => TextTokenizer::from_dir(path)
+            .ok()
+            .and_then(|t| ToolFormat::detect(&t)),
+        ModelKind::Remote { .. } => None,
+    }
 }
 
 /// The prompt as the model will read it (attachments first): its ids with a

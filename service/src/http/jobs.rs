@@ -21,7 +21,7 @@ use longhaul_engine::tools::SamplingDefaults;
 pub const MAX_TOKENS_LIMIT: usize = 1_000_000;
 /// Characters of the prompt used as a title when none is given.
 const TITLE_CHARS: usize = 60;
-const ROLES: &[&str] = &["system", "user", "assistant"];
+const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
 
 /// Generation settings as a request gives them; absent ones take defaults.
 #[derive(Debug, Default, Deserialize)]
@@ -203,7 +203,7 @@ pub fn check_input(
                 return Err(ApiError::bad_param(
                     "messages",
                     format!(
-                        "messages[{i}].role is `{}`; use system, user or assistant",
+                        "messages[{i}].role is `{}`; use system, developer, user, assistant or tool",
                         bad.role
                     ),
                 ));
@@ -231,6 +231,7 @@ pub async fn submit(
         settings,
         explicit_max_tokens: body.max_tokens.is_some(),
         chat_args: body.chat_template_kwargs.unwrap_or_default(),
+        tools: Vec::new(),
         title: body
             .title
             .filter(|t| !t.trim().is_empty())
@@ -238,7 +239,7 @@ pub async fn submit(
         priority: body.priority.unwrap_or(0),
         origin: "api".into(),
     };
-    Ok((StatusCode::CREATED, Json(admit(&app, ask).await?)))
+    Ok((StatusCode::CREATED, Json(admit(&app, ask).await?.job)))
 }
 
 /// A job as the API shows it: as saved, and while it runs with its live
@@ -519,6 +520,7 @@ pub async fn preview(
             settings: settings.clone(),
             chat_args,
             rendered_at: Some(crate::queue::now_seconds()),
+            tools: Vec::new(),
         };
         let counted = count_prompt(&model, &request)?;
         Ok(json!({

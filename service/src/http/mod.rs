@@ -14,6 +14,7 @@ pub mod jobs;
 pub mod models;
 pub mod openai;
 pub mod system;
+pub mod tool_calls;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

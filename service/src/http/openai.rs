@@ -18,10 +18,14 @@ use tokio::sync::broadcast;
 use super::admission::{Ask, admit};
 use super::error::{ApiError, ApiResult};
 use super::jobs::{SettingsBody, check_input, model_sampling};
+use super::tool_calls::{Offered, openai_calls};
 use super::{ApiJson, AppState};
 use crate::events::Event;
 use crate::queue::{Input, JobState, JobView, Message, Settings, Speculate};
+use longhaul_engine::{ToolAnswer, ToolCall};
 
+/// `finish_reason` of an answer that ends in tool calls.
+const TOOL_CALLS_FINISH: &str = "tool_calls";
 /// Priority of OpenAI requests: ahead of queued long-form tasks.
 pub const OPENAI_PRIORITY: i64 = 100;
 /// OpenAI's default `max_tokens` for `/v1/completions`.
@@ -56,6 +60,9 @@ pub struct ChatBody {
     /// Switches for the model's chat template or prompt encoder, as vLLM
     /// and llama.cpp's server take them (`enable_thinking`, `thinking`, …).
     chat_template_kwargs: Option<Map<String, Value>>,
+    /// Function tools the model may call, and whether it may.
+    tools: Option<Vec<Value>>,
+    tool_choice: Option<Value>,
     #[serde(default)]
     stream: bool,
     stream_options: Option<StreamOptions>,
@@ -64,12 +71,35 @@ pub struct ChatBody {
     other: Map<String, Value>,
 }
 
-/// A chat message as OpenAI clients send it: `content` a string, or a list
-/// of parts of which Longhaul reads text (`{"type": "text", "text": ...}`).
+/// The tools a chat request offers, as `tool_choice` leaves them: `auto`
+/// (the default) offers them, `none` withholds them; a choice that forces a
+/// call needs decoding constrained to the family's call format, which
+/// Longhaul does not do, and is refused by name.
+fn offered_tools(tools: Option<Vec<Value>>, choice: Option<Value>) -> ApiResult<Vec<Value>> {
+    let tools = tools.unwrap_or_default();
+    match choice.as_ref().map(|c| (c, c.as_str())) {
+        None | Some((Value::Null, _)) | Some((_, Some("auto"))) => Ok(tools),
+        Some((_, Some("none"))) => Ok(Vec::new()),
+        Some((c, _)) => Err(ApiError::bad_param(
+            "tool_choice",
+            format!(
+                "tool_choice {c} would force a call, which needs decoding constrained to the model's call format; Longhaul offers tools with `auto` (the model decides) or withholds them with `none`"
+            ),
+        )),
+    }
+}
+
+/// A chat message as OpenAI clients send it: `content` a string, a list of
+/// parts of which Longhaul reads text (`{"type": "text", "text": ...}`), or
+/// null (an assistant turn that only called tools); the other fields
+/// (`tool_calls`, `tool_call_id`, `name`) pass to the template.
 #[derive(Debug, Deserialize)]
 pub struct ChatMessage {
     role: String,
-    content: Content,
+    #[serde(default)]
+    content: Option<Content>,
+    #[serde(flatten)]
+    other: Map<String, Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -82,8 +112,9 @@ enum Content {
 impl ChatMessage {
     fn into_message(self, index: usize) -> ApiResult<Message> {
         let content = match self.content {
-            Content::Text(t) => t,
-            Content::Parts(parts) => {
+            None => String::new(),
+            Some(Content::Text(t)) => t,
+            Some(Content::Parts(parts)) => {
                 let mut text = String::new();
                 for part in parts {
                     match (part.get("type").and_then(Value::as_str), part.get("text")) {
@@ -102,11 +133,42 @@ impl ChatMessage {
                 text
             }
         };
+        let mut extra = self.other;
+        if let Some(calls) = extra.get_mut("tool_calls") {
+            objects_for_arguments(calls, index)?;
+        }
         Ok(Message {
             role: self.role,
             content,
+            extra,
         })
     }
+}
+
+/// OpenAI sends a call's `arguments` as JSON text; templates iterate them
+/// as a mapping (`arguments|items`), so they are read into one, as vLLM
+/// does before rendering.
+fn objects_for_arguments(calls: &mut Value, index: usize) -> ApiResult<()> {
+    let bad = |why: String| ApiError::bad_param("messages", format!("message {index}: {why}"));
+    let Value::Array(calls) = calls else {
+        return Err(bad("tool_calls is not a list".into()));
+    };
+    for (i, call) in calls.iter_mut().enumerate() {
+        let Some(arguments) = call.pointer_mut("/function/arguments") else {
+            return Err(bad(format!("tool_calls[{i}] has no function.arguments")));
+        };
+        if let Value::String(text) = arguments {
+            *arguments = match text.trim() {
+                "" => Value::Object(Map::new()),
+                t => serde_json::from_str(t).map_err(|e| {
+                    bad(format!(
+                        "tool_calls[{i}].function.arguments is not JSON: {e}"
+                    ))
+                })?,
+            };
+        }
+    }
+    Ok(())
 }
 
 /// OpenAI's `seed`: a negative one (clients send -1) means none.
@@ -159,8 +221,15 @@ fn refuse_unsupported(other: &Map<String, Value>, n: Option<u32>) -> Result<(), 
                 "logprobs" | "echo" => value.as_bool() == Some(false),
                 "best_of" => value.as_u64() == Some(1),
                 "parallel_tool_calls" => true,
+                "response_format" => value.get("type").and_then(Value::as_str) == Some("text"),
                 _ => false,
             };
+        if !harmless && key == "response_format" {
+            return Err(ApiError::bad_param(
+                key,
+                "response_format other than text needs sampling constrained to a grammar, which Longhaul does not do; ask for JSON in the prompt, or offer a tool whose parameters are the schema",
+            ));
+        }
         if !harmless {
             return Err(ApiError::bad_param(
                 key,
@@ -242,18 +311,23 @@ struct Submitted {
     model: String,
     created: i64,
     rx: broadcast::Receiver<Event>,
+    /// The tools offered, when the answer is to be read for calls.
+    offered: Option<Offered>,
 }
 
 /// Admits the request as a high-priority job, subscribed to its events
 /// first so none is missed.
 async fn submit(app: &AppState, ask: Ask) -> ApiResult<Submitted> {
     let rx = app.events.subscribe();
-    let view = admit(app, ask).await?;
+    let tools = ask.tools.clone();
+    let admitted = admit(app, ask).await?;
+    let view = admitted.job;
     Ok(Submitted {
         id: view.id,
         model: view.model,
         created: unix_seconds(view.created_ms),
         rx,
+        offered: Offered::new(admitted.tool_format, &tools),
     })
 }
 
@@ -278,6 +352,7 @@ pub async fn chat_completions(
     ApiJson(body): ApiJson<ChatBody>,
 ) -> ApiResult<Response> {
     refuse_unsupported(&body.other, body.n)?;
+    let tools = offered_tools(body.tools, body.tool_choice)?;
     let messages = body
         .messages
         .into_iter()
@@ -297,13 +372,16 @@ pub async fn chat_completions(
     }
     .into_settings(model_sampling(&app, &body.model).await)?;
     let include_usage = body.stream_options.is_some_and(|o| o.include_usage);
-    let ask = Kind::Chat.ask(
-        body.model,
-        input,
-        settings,
-        max_tokens.is_some(),
-        body.chat_template_kwargs.unwrap_or_default(),
-    );
+    let ask = Ask {
+        tools,
+        ..Kind::Chat.ask(
+            body.model,
+            input,
+            settings,
+            max_tokens.is_some(),
+            body.chat_template_kwargs.unwrap_or_default(),
+        )
+    };
     answer(app, Kind::Chat, ask, body.stream, include_usage).await
 }
 
@@ -372,6 +450,7 @@ impl Kind {
             settings,
             explicit_max_tokens,
             chat_args,
+            tools: Vec::new(),
             title: self.title().into(),
             priority: OPENAI_PRIORITY,
             origin: "openai".into(),
@@ -394,13 +473,23 @@ impl Kind {
     }
 
     /// The one choice of a whole answer; a chat answer's reasoning in
-    /// `reasoning_content`, where the model thought aloud.
-    fn choice(self, text: String, reasoning: Option<String>, finish: &str) -> Value {
+    /// `reasoning_content`, where the model thought aloud, and its calls in
+    /// `tool_calls` (the text around them, if any, in `content`).
+    fn choice(self, answer: ToolAnswer, reasoning: Option<String>, finish: &str) -> Value {
+        let text = answer.content;
         match self {
             Kind::Chat => {
                 let mut message = json!({ "role": "assistant", "content": text });
                 if let Some(r) = reasoning {
                     message["reasoning_content"] = Value::String(r);
+                }
+                let mut finish = finish;
+                if !answer.calls.is_empty() {
+                    if text.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                    message["tool_calls"] = openai_calls(&answer.calls, false);
+                    finish = TOOL_CALLS_FINISH;
                 }
                 json!({ "index": 0, "message": message, "finish_reason": finish })
             }
@@ -433,21 +522,26 @@ async fn answer(
         model,
         created,
         mut rx,
+        offered,
     } = sub;
     let job = wait_done(&app, id, &mut rx).await?;
     if let Some(e) = ended_badly(&job) {
         return Err(e);
     }
+    let output = job.output.clone().unwrap_or_default();
+    let answer = match &offered {
+        Some(o) => o.read(&output),
+        None => ToolAnswer {
+            content: output,
+            calls: Vec::new(),
+        },
+    };
     Ok(Json(json!({
         "id": id_text,
         "object": object,
         "created": created,
         "model": model,
-        "choices": [kind.choice(
-            job.output.clone().unwrap_or_default(),
-            job.reasoning.clone(),
-            finish_reason(&job),
-        )],
+        "choices": [kind.choice(answer, job.reasoning.clone(), finish_reason(&job))],
         "usage": usage(&job),
     }))
     .into_response())
@@ -506,6 +600,63 @@ fn catch_up(sent: &str, offset: usize, delta: &str) -> CatchUp {
     }
 }
 
+/// What a stream has received of each part and shown of the answer: with
+/// tools offered, the answer's text goes out only up to where a call could
+/// open, and the calls go out whole at the end.
+#[derive(Default)]
+struct Streamed {
+    answer: String,
+    reasoning: String,
+    shown: usize,
+    offered: Option<Offered>,
+}
+
+impl Streamed {
+    fn received(&self, part: Part) -> &str {
+        match part {
+            Part::Answer => &self.answer,
+            Part::Reasoning => &self.reasoning,
+        }
+    }
+
+    /// Takes in `fresh` text of `part`; returns what can be sent now.
+    fn take(&mut self, part: Part, fresh: &str) -> Option<String> {
+        if part == Part::Reasoning {
+            self.reasoning.push_str(fresh);
+            return Some(fresh.to_string());
+        }
+        self.answer.push_str(fresh);
+        let limit = self
+            .offered
+            .as_ref()
+            .map_or(self.answer.len(), |o| o.shown_len(&self.answer));
+        let out = self
+            .answer
+            .get(self.shown..limit)
+            .filter(|t| !t.is_empty())?;
+        let out = out.to_string();
+        self.shown = limit;
+        Some(out)
+    }
+
+    /// At the end: the answer's text not yet sent, and its calls.
+    fn finish(&mut self) -> (String, Vec<ToolCall>) {
+        let read = match &self.offered {
+            Some(o) => o.read(&self.answer),
+            None => ToolAnswer {
+                content: self.answer.clone(),
+                calls: Vec::new(),
+            },
+        };
+        let rest = read
+            .content
+            .get(self.shown..)
+            .unwrap_or_default()
+            .to_string();
+        (rest, read.calls)
+    }
+}
+
 /// Streams a job's text as OpenAI chunks. Progress events carry text as it
 /// is produced; when one does not line up with what was sent (a missed
 /// event, or text regenerated after a pause) the committed output is read
@@ -525,11 +676,22 @@ fn stream(
             model,
             created,
             rx: mut events,
+            offered,
         } = sub;
-        let (mut sent, mut sent_reasoning) = (String::new(), String::new());
+        let mut text = Streamed {
+            offered,
+            ..Streamed::default()
+        };
+        let event_of = |data: Value| Ok(SseEvent::default().data(data.to_string()));
         let send = |part: Part, text: String| {
-            let data = chunk(object, &id_text, created, &model, (part, &text), None).to_string();
-            Ok(SseEvent::default().data(data))
+            event_of(chunk(
+                object,
+                &id_text,
+                created,
+                &model,
+                (part, &text),
+                None,
+            ))
         };
         loop {
             let event = tokio::time::timeout(POLL, events.recv()).await;
@@ -538,20 +700,16 @@ fn stream(
                 && p.id == id
                 && let Some(offset) = p.offset
             {
-                let reasoning_offset = p.reasoning_offset.unwrap_or(sent_reasoning.len());
-                for (part, sent, offset, delta) in [
-                    (
-                        Part::Reasoning,
-                        &mut sent_reasoning,
-                        reasoning_offset,
-                        &p.reasoning_delta,
-                    ),
-                    (Part::Answer, &mut sent, offset, &p.delta),
+                let reasoning_offset = p.reasoning_offset.unwrap_or(text.reasoning.len());
+                for (part, offset, delta) in [
+                    (Part::Reasoning, reasoning_offset, &p.reasoning_delta),
+                    (Part::Answer, offset, &p.delta),
                 ] {
-                    match catch_up(sent, offset, delta) {
+                    match catch_up(text.received(part), offset, delta) {
                         CatchUp::Fresh(fresh) => {
-                            sent.push_str(&fresh);
-                            if tx.send(send(part, fresh)).await.is_err() {
+                            if let Some(out) = text.take(part, &fresh)
+                                && tx.send(send(part, out)).await.is_err()
+                            {
                                 return;
                             }
                         }
@@ -569,43 +727,55 @@ fn stream(
             };
             let reasoning = job.reasoning.clone().unwrap_or_default();
             let output = job.output.clone().unwrap_or_default();
-            for (part, sent, whole) in [
-                (Part::Reasoning, &mut sent_reasoning, reasoning),
-                (Part::Answer, &mut sent, output),
-            ] {
-                if whole.len() > sent.len() && whole.starts_with(sent.as_str()) {
+            for (part, whole) in [(Part::Reasoning, reasoning), (Part::Answer, output)] {
+                let sent = text.received(part);
+                if whole.len() > sent.len() && whole.starts_with(sent) {
                     let fresh = whole[sent.len()..].to_string();
-                    sent.push_str(&fresh);
-                    if tx.send(send(part, fresh)).await.is_err() {
+                    if let Some(out) = text.take(part, &fresh)
+                        && tx.send(send(part, out)).await.is_err()
+                    {
                         return;
                     }
                 }
             }
-            if job.state.is_final() {
-                if let Some(e) = ended_badly(&job) {
-                    let data = json!({ "error": { "message": e.message, "type": e.kind } });
-                    let _ = tx
-                        .send(Ok(SseEvent::default().data(data.to_string())))
-                        .await;
-                } else {
-                    let mut last = chunk(
-                        object,
-                        &id_text,
-                        created,
-                        &model,
-                        (Part::Answer, ""),
-                        Some(finish_reason(&job)),
-                    );
-                    if include_usage {
-                        last["usage"] = usage(&job);
-                    }
-                    let _ = tx
-                        .send(Ok(SseEvent::default().data(last.to_string())))
-                        .await;
-                }
-                let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
-                return;
+            if !job.state.is_final() {
+                continue;
             }
+            if let Some(e) = ended_badly(&job) {
+                let _ = tx
+                    .send(event_of(
+                        json!({ "error": { "message": e.message, "type": e.kind } }),
+                    ))
+                    .await;
+            } else {
+                let (rest, calls) = text.finish();
+                if !rest.is_empty() {
+                    let _ = tx.send(send(Part::Answer, rest)).await;
+                }
+                let mut finish = finish_reason(&job);
+                if !calls.is_empty() {
+                    let mut delta =
+                        chunk(object, &id_text, created, &model, (Part::Answer, ""), None);
+                    delta["choices"][0]["delta"] =
+                        json!({ "tool_calls": openai_calls(&calls, true) });
+                    let _ = tx.send(event_of(delta)).await;
+                    finish = TOOL_CALLS_FINISH;
+                }
+                let mut last = chunk(
+                    object,
+                    &id_text,
+                    created,
+                    &model,
+                    (Part::Answer, ""),
+                    Some(finish),
+                );
+                if include_usage {
+                    last["usage"] = usage(&job);
+                }
+                let _ = tx.send(event_of(last)).await;
+            }
+            let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
+            return;
         }
     });
     let rx = tokio_stream::wrappers::ReceiverStream::new(rx);

@@ -106,12 +106,10 @@ impl Transition {
     }
 }
 
-/// One message of a conversation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Message {
-    pub role: String,
-    pub content: String,
-}
+/// One message of a conversation: its role, its text (a null reads as
+/// empty) and the other fields its sender wrote (`tool_calls`,
+/// `tool_call_id`, `name`, `reasoning_content`), as templates read them.
+pub type Message = longhaul_engine::ChatMessage;
 
 /// How to generate.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -188,6 +186,10 @@ pub struct Request {
     /// it started with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rendered_at: Option<i64>,
+    /// Tools offered to the model (OpenAI's function tools), rendered by
+    /// its template as `tools`; its answer is read for calls to them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<serde_json::Value>,
 }
 
 /// What the model reads, assembled from a request.
@@ -209,16 +211,17 @@ impl Request {
             Input::Prompt(p) => return PromptInput::Plain(format!("{}{p}", self.attachments)),
             Input::Messages(m) => m,
         };
-        let mut chat: Vec<longhaul_engine::ChatMessage> = messages
-            .iter()
-            .map(|m| longhaul_engine::ChatMessage::new(m.role.clone(), m.content.clone()))
-            .collect();
+        let mut chat: Vec<longhaul_engine::ChatMessage> = messages.clone();
         if let Some(first) = chat.iter_mut().find(|m| m.role == "user") {
             first.content = format!("{}{}", self.attachments, first.content);
         }
+        let mut args = self.chat_args.clone();
+        if !self.tools.is_empty() {
+            args.insert("tools".into(), serde_json::Value::from(self.tools.clone()));
+        }
         let options = longhaul_engine::ChatOptions {
             add_generation_prompt: true,
-            args: self.chat_args.clone(),
+            args,
             now: self.rendered_at,
         };
         PromptInput::Chat(chat, options)

@@ -32,6 +32,7 @@ fn new_job(title: &str, priority: i64) -> NewJob {
             settings: Settings::default(),
             chat_args: Default::default(),
             rendered_at: None,
+            tools: Vec::new(),
         },
         priority,
         origin: "test".into(),

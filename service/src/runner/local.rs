@@ -104,6 +104,8 @@ impl LocalBackend {
             stop_strings: s.stop.clone(),
             eos_token_ids: engine.eos_token_ids().to_vec(),
             output,
+            // Tools offered: the family's call markers stay in the text.
+            keep_special_tokens: !request.tools.is_empty(),
             speculation: match s.speculate {
                 Speculate::Auto | Speculate::Lookup => Speculation::Lookup,
                 Speculate::Off => Speculation::Off,

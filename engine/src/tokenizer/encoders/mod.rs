@@ -79,6 +79,8 @@ impl PromptEncoder {
         options: &ChatOptions,
     ) -> Result<String, EncoderError> {
         let mode = self.thinking_mode(options)?;
+        let with_tools = offer_tools(messages, options);
+        let messages = with_tools.as_deref().unwrap_or(messages);
         match self {
             Self::DeepseekV32 => deepseek_v32::encode_messages(messages, mode),
             Self::DeepseekV4 => {
@@ -123,6 +125,55 @@ impl PromptEncoder {
             (None, Some(other)) => Err(bad(format!(
                 "`thinking` must be true or false, not {other}"
             ))),
+        }
+    }
+}
+
+/// The conversation with the `tools` switch (as an OpenAI request offers
+/// tools) where the encoders read tools: on the first system or developer
+/// message, or on a system message put first. None when there are no such
+/// tools or a message already carries its own.
+fn offer_tools(messages: &[ChatMessage], options: &ChatOptions) -> Option<Vec<ChatMessage>> {
+    let tools = options.args.get("tools").filter(|t| deepseek::truthy(t))?;
+    if messages.iter().any(|m| m.extra.contains_key("tools")) {
+        return None;
+    }
+    let mut messages = messages.to_vec();
+    let first = messages
+        .iter()
+        .position(|m| m.role == "system" || m.role == "developer");
+    let at = match first {
+        Some(i) => i,
+        None => {
+            messages.insert(0, ChatMessage::new("system", ""));
+            0
+        }
+    };
+    messages[at].extra.insert("tools".into(), tools.clone());
+    Some(messages)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn tools_given_as_a_switch_are_encoded_as_on_a_system_message() {
+        let tools = json!([{ "type": "function", "function": { "name": "read_file",
+            "description": "Reads a file", "parameters": { "type": "object",
+            "properties": { "path": { "type": "string" } } } } }]);
+        let mut options = ChatOptions::generation();
+        options.args.insert("tools".into(), tools.clone());
+        for encoder in [PromptEncoder::DeepseekV32, PromptEncoder::DeepseekV4] {
+            let user = ChatMessage::user("Read README.md");
+            let mut system = ChatMessage::new("system", "");
+            system.extra.insert("tools".into(), tools.clone());
+            let expected = encoder
+                .encode(&[system, user.clone()], &ChatOptions::generation())
+                .unwrap();
+            assert!(expected.contains("read_file"), "{expected}");
+            assert_eq!(encoder.encode(&[user], &options).unwrap(), expected);
         }
     }
 }
