@@ -40,6 +40,17 @@ longhaul_build_ui() {
     (cd ui && npm ci --no-audit --no-fund --loglevel=error && npm run build --silent)
 }
 
+# The API's client libraries as users install them (openai and anthropic from
+# PyPI, pinned in tests/sdk/requirements.txt), in a venv outside the clone, for
+# the SDK tests; sets LONGHAUL_SDK_PYTHON.
+longhaul_sdk_venv() {
+    longhaul_apt python3-venv
+    local venv="$HOME/.cache/longhaul/sdk-venv"
+    [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check -r tests/sdk/requirements.txt
+    LONGHAUL_SDK_PYTHON="$venv/bin/python"
+}
+
 longhaul_setup() {
     longhaul_apt "${LONGHAUL_APT_PACKAGES[@]}"
     if ! command -v cargo >/dev/null; then

@@ -27,7 +27,13 @@ cargo test --workspace --locked --all-targets --no-fail-fast 2>&1 | tee "$log" |
 echo "== browser tests"
 # Against the debug binary the Rust tests just built.
 LONGHAUL_BIN="$CARGO_TARGET_DIR/debug/longhaul" node --test ui/tests/ 2>&1 | tee -a "$log" || status=1
-# One closing line for the whole run: the sum over every test binary and the browser tests.
+echo "== SDK clients"
+# OpenAI's and Anthropic's own Python libraries against the same binary, on loopback.
+longhaul_sdk_venv
+for t in tests/sdk/*_tools.py; do
+    "$LONGHAUL_SDK_PYTHON" "$t" "$CARGO_TARGET_DIR/debug/longhaul" 2>&1 | tee -a "$log" || status=1
+done
+# One closing line for the whole run: the sum over every test binary, the browser and the SDK tests.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p += $(i-1); if ($i ~ /^failed/) f += $(i-1) } }
      /^# pass / { p += $3 } /^# fail / { f += $3 }
      END { printf "%d passed, %d failed\n", p, f }' "$log"

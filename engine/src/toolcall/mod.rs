@@ -96,6 +96,12 @@ impl ToolFormat {
         }
     }
 
+    /// Whether the model writes its calls' ids (Kimi's `functions.NAME:IDX`);
+    /// the others' ids are made from each call's place in the answer.
+    pub fn writes_ids(self) -> bool {
+        self == Self::Kimi
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Self::Kimi => "kimi_k2",

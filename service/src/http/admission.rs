@@ -11,15 +11,22 @@ use std::path::PathBuf;
 
 use serde_json::{Map, Value};
 
+use tokio::sync::broadcast;
+
 use super::AppState;
 use super::error::{ApiError, ApiResult};
+use super::tool_calls::Offered;
 use crate::attach::{self, Attachments};
+use crate::events::Event;
 use crate::queue::{Input, JobView, ModelEntry, ModelKind, NewJob, PromptInput, Request, Settings};
 use longhaul_engine::{TextTokenizer, ToolFormat};
 
 /// Characters per token when a model's tokenizer is not at hand (a remote
 /// model, or a GGUF file whose tokenizer is rebuilt when it loads).
 const CHARS_PER_TOKEN_ESTIMATE: usize = 4;
+
+/// Priority of API requests (OpenAI, Anthropic): ahead of queued long-form tasks.
+pub const API_PRIORITY: i64 = 100;
 
 /// What a request asks, checked for its shape but not yet for the model.
 #[derive(Debug, Clone)]
@@ -41,6 +48,45 @@ pub struct Ask {
     pub priority: i64,
     /// Who asked: `api`, `openai`, `cli`.
     pub origin: String,
+}
+
+impl Ask {
+    /// An API request's conversation or prompt, at the API priority, with
+    /// no attachments, switches or tools (set them with struct update).
+    pub fn api(model: String, input: Input, settings: Settings, title: &str, origin: &str) -> Self {
+        Self {
+            model,
+            input,
+            attachments: Vec::new(),
+            settings,
+            explicit_max_tokens: false,
+            chat_args: Map::new(),
+            tools: Vec::new(),
+            title: title.into(),
+            priority: API_PRIORITY,
+            origin: origin.into(),
+        }
+    }
+}
+
+/// An API request queued as a job: the job, its events (subscribed before
+/// it was queued, so none is missed) and the tools its answer is read for.
+pub struct Submitted {
+    pub job: JobView,
+    pub events: broadcast::Receiver<Event>,
+    pub offered: Option<Offered>,
+}
+
+/// Admits an API request and subscribes to its job's events.
+pub async fn submit(app: &AppState, ask: Ask) -> ApiResult<Submitted> {
+    let events = app.events.subscribe();
+    let tools = ask.tools.clone();
+    let admitted = admit(app, ask).await?;
+    Ok(Submitted {
+        offered: Offered::new(admitted.tool_format, &tools, admitted.job.id),
+        job: admitted.job,
+        events,
+    })
 }
 
 /// The prompt as the model will read it.

@@ -8,11 +8,15 @@
 //! are allowed only from the desktop shell, and bodies are bounded.
 
 pub mod admission;
+pub mod anthropic;
 pub mod conn;
+pub mod content;
 pub mod error;
+pub mod follow;
 pub mod jobs;
 pub mod models;
 pub mod openai;
+pub mod responses;
 pub mod system;
 pub mod tool_calls;
 
@@ -280,12 +284,21 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The header Anthropic's clients carry their key in.
+const ANTHROPIC_KEY_HEADER: &str = "x-api-key";
+
 async fn require_token(State(app): State<AppState>, req: Request, next: Next) -> Response {
     let bearer = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_string);
+    // Anthropic's clients send the key as `x-api-key`.
+    let api_key = req
+        .headers()
+        .get(ANTHROPIC_KEY_HEADER)
+        .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     // Browsers' EventSource and download links cannot set headers; only
     // there is the token taken from the query.
@@ -296,7 +309,7 @@ async fn require_token(State(app): State<AppState>, req: Request, next: Next) ->
             .find_map(|kv| kv.strip_prefix("token="))
             .map(str::to_string)
     });
-    let ok = [bearer, query]
+    let ok = [bearer, api_key, query]
         .into_iter()
         .flatten()
         .any(|t| same(t.as_bytes(), app.token.as_bytes()));
@@ -395,6 +408,10 @@ pub fn router(app: AppState) -> Router {
         .route("/v1/models", get(openai::models))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::retrieve))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route_layer(middleware::from_fn_with_state(app.clone(), require_token));
     let origins: Vec<HeaderValue> = DESKTOP_ORIGINS
         .iter()
@@ -403,7 +420,11 @@ pub fn router(app: AppState) -> Router {
     let cors = CorsLayer::new()
         .allow_origin(origins)
         .allow_methods([Method::GET, Method::POST, Method::DELETE])
-        .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE]);
+        .allow_headers([
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            header::HeaderName::from_static(ANTHROPIC_KEY_HEADER),
+        ]);
     let ui = match app
         .ui_dir
         .clone()

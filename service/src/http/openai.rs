@@ -5,7 +5,6 @@
 //! an OpenAI-shaped 400 naming them, never ignored.
 
 use std::convert::Infallible;
-use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
@@ -13,25 +12,21 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
-use tokio::sync::broadcast;
 
-use super::admission::{Ask, admit};
+use super::admission::{Ask, Submitted, submit};
+use super::content::text_of;
 use super::error::{ApiError, ApiResult};
+use super::follow::{KEEP_ALIVE, Update, ended_badly, follow, wait_done};
 use super::jobs::{SettingsBody, check_input, model_sampling};
-use super::tool_calls::{Offered, openai_calls};
+use super::tool_calls::{by_choice, openai_calls};
 use super::{ApiJson, AppState};
-use crate::events::Event;
-use crate::queue::{Input, JobState, JobView, Message, Settings, Speculate};
-use longhaul_engine::{ToolAnswer, ToolCall};
+use crate::queue::{Input, JobView, Message, Settings, Speculate};
+use longhaul_engine::ToolAnswer;
 
 /// `finish_reason` of an answer that ends in tool calls.
 const TOOL_CALLS_FINISH: &str = "tool_calls";
-/// Priority of OpenAI requests: ahead of queued long-form tasks.
-pub const OPENAI_PRIORITY: i64 = 100;
 /// OpenAI's default `max_tokens` for `/v1/completions`.
 const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;
-/// How often a waiting handler re-reads its job when no event arrives.
-const POLL: Duration = Duration::from_millis(500);
 
 /// Fields that are accepted and mean nothing to generation.
 const INERT_FIELDS: &[&str] = &["user"];
@@ -71,24 +66,6 @@ pub struct ChatBody {
     other: Map<String, Value>,
 }
 
-/// The tools a chat request offers, as `tool_choice` leaves them: `auto`
-/// (the default) offers them, `none` withholds them; a choice that forces a
-/// call needs decoding constrained to the family's call format, which
-/// Longhaul does not do, and is refused by name.
-fn offered_tools(tools: Option<Vec<Value>>, choice: Option<Value>) -> ApiResult<Vec<Value>> {
-    let tools = tools.unwrap_or_default();
-    match choice.as_ref().map(|c| (c, c.as_str())) {
-        None | Some((Value::Null, _)) | Some((_, Some("auto"))) => Ok(tools),
-        Some((_, Some("none"))) => Ok(Vec::new()),
-        Some((c, _)) => Err(ApiError::bad_param(
-            "tool_choice",
-            format!(
-                "tool_choice {c} would force a call, which needs decoding constrained to the model's call format; Longhaul offers tools with `auto` (the model decides) or withholds them with `none`"
-            ),
-        )),
-    }
-}
-
 /// A chat message as OpenAI clients send it: `content` a string, a list of
 /// parts of which Longhaul reads text (`{"type": "text", "text": ...}`), or
 /// null (an assistant turn that only called tools); the other fields
@@ -97,42 +74,19 @@ fn offered_tools(tools: Option<Vec<Value>>, choice: Option<Value>) -> ApiResult<
 pub struct ChatMessage {
     role: String,
     #[serde(default)]
-    content: Option<Content>,
+    content: Option<Value>,
     #[serde(flatten)]
     other: Map<String, Value>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum Content {
-    Text(String),
-    Parts(Vec<Map<String, Value>>),
-}
-
 impl ChatMessage {
     fn into_message(self, index: usize) -> ApiResult<Message> {
-        let content = match self.content {
-            None => String::new(),
-            Some(Content::Text(t)) => t,
-            Some(Content::Parts(parts)) => {
-                let mut text = String::new();
-                for part in parts {
-                    match (part.get("type").and_then(Value::as_str), part.get("text")) {
-                        (Some("text"), Some(Value::String(t))) => text.push_str(t),
-                        (kind, _) => {
-                            return Err(ApiError::bad_param(
-                                "messages",
-                                format!(
-                                    "message {index}: content part of type `{}` is not supported; Longhaul reads text parts",
-                                    kind.unwrap_or("(none)")
-                                ),
-                            ));
-                        }
-                    }
-                }
-                text
-            }
-        };
+        let content = text_of(
+            self.content.as_ref(),
+            &["text"],
+            "messages",
+            &format!("message {index}"),
+        )?;
         let mut extra = self.other;
         if let Some(calls) = extra.get_mut("tool_calls") {
             objects_for_arguments(calls, index)?;
@@ -269,68 +223,6 @@ fn unix_seconds(ms: i64) -> i64 {
     ms / 1000
 }
 
-/// Waits for job `id` to end, reading it again on every event about it.
-async fn wait_done(
-    app: &AppState,
-    id: i64,
-    rx: &mut broadcast::Receiver<Event>,
-) -> ApiResult<JobView> {
-    loop {
-        let job = app.blocking(move |q| q.job(id)).await?;
-        if job.state.is_final() {
-            return Ok(job);
-        }
-        let _ = tokio::time::timeout(POLL, async {
-            loop {
-                match rx.recv().await {
-                    Ok(Event::Job(p)) if p.id == id => return,
-                    Err(broadcast::error::RecvError::Closed) => return,
-                    _ => {}
-                }
-            }
-        })
-        .await;
-    }
-}
-
-/// The job's end as an error, when it did not finish.
-fn ended_badly(job: &JobView) -> Option<ApiError> {
-    match job.state {
-        JobState::Failed => Some(ApiError::internal(format!(
-            "job {} failed: {}",
-            job.id,
-            job.error.as_deref().unwrap_or("unknown error")
-        ))),
-        JobState::Cancelled => Some(ApiError::conflict(format!("job {} was cancelled", job.id))),
-        _ => None,
-    }
-}
-
-struct Submitted {
-    id: i64,
-    model: String,
-    created: i64,
-    rx: broadcast::Receiver<Event>,
-    /// The tools offered, when the answer is to be read for calls.
-    offered: Option<Offered>,
-}
-
-/// Admits the request as a high-priority job, subscribed to its events
-/// first so none is missed.
-async fn submit(app: &AppState, ask: Ask) -> ApiResult<Submitted> {
-    let rx = app.events.subscribe();
-    let tools = ask.tools.clone();
-    let admitted = admit(app, ask).await?;
-    let view = admitted.job;
-    Ok(Submitted {
-        id: view.id,
-        model: view.model,
-        created: unix_seconds(view.created_ms),
-        rx,
-        offered: Offered::new(admitted.tool_format, &tools),
-    })
-}
-
 pub async fn models(State(app): State<AppState>) -> ApiResult<Json<Value>> {
     let models = app.blocking(|q| q.models()).await?;
     let data: Vec<Value> = models
@@ -352,7 +244,7 @@ pub async fn chat_completions(
     ApiJson(body): ApiJson<ChatBody>,
 ) -> ApiResult<Response> {
     refuse_unsupported(&body.other, body.n)?;
-    let tools = offered_tools(body.tools, body.tool_choice)?;
+    let tools = by_choice(body.tools.unwrap_or_default(), body.tool_choice.as_ref())?;
     let messages = body
         .messages
         .into_iter()
@@ -444,16 +336,9 @@ impl Kind {
         chat_args: Map<String, Value>,
     ) -> Ask {
         Ask {
-            model,
-            input,
-            attachments: Vec::new(),
-            settings,
             explicit_max_tokens,
             chat_args,
-            tools: Vec::new(),
-            title: self.title().into(),
-            priority: OPENAI_PRIORITY,
-            origin: "openai".into(),
+            ..Ask::api(model, input, settings, self.title(), "openai")
         }
     }
 
@@ -512,19 +397,18 @@ async fn answer(
     include_usage: bool,
 ) -> ApiResult<Response> {
     let sub = submit(&app, ask).await?;
-    let id_text = kind.id(sub.id);
+    let id_text = kind.id(sub.job.id);
     let (object, chunk_object) = kind.objects();
     if streamed {
         return Ok(stream(app, sub, id_text, chunk_object, include_usage).into_response());
     }
     let Submitted {
-        id,
-        model,
-        created,
-        mut rx,
+        job,
+        mut events,
         offered,
     } = sub;
-    let job = wait_done(&app, id, &mut rx).await?;
+    let (model, created) = (job.model, unix_seconds(job.created_ms));
+    let job = wait_done(&app, job.id, &mut events).await?;
     if let Some(e) = ended_badly(&job) {
         return Err(e);
     }
@@ -581,86 +465,8 @@ fn chunk(
     }
 }
 
-/// What an event's text adds to what was sent of one part.
-enum CatchUp {
-    Fresh(String),
-    Nothing,
-    /// The event begins past what was sent: some text was missed.
-    Gap,
-}
-
-fn catch_up(sent: &str, offset: usize, delta: &str) -> CatchUp {
-    let end = offset + delta.len();
-    if offset <= sent.len() && end > sent.len() && delta.is_char_boundary(sent.len() - offset) {
-        CatchUp::Fresh(delta[sent.len() - offset..].to_string())
-    } else if offset > sent.len() {
-        CatchUp::Gap
-    } else {
-        CatchUp::Nothing
-    }
-}
-
-/// What a stream has received of each part and shown of the answer: with
-/// tools offered, the answer's text goes out only up to where a call could
-/// open, and the calls go out whole at the end.
-#[derive(Default)]
-struct Streamed {
-    answer: String,
-    reasoning: String,
-    shown: usize,
-    offered: Option<Offered>,
-}
-
-impl Streamed {
-    fn received(&self, part: Part) -> &str {
-        match part {
-            Part::Answer => &self.answer,
-            Part::Reasoning => &self.reasoning,
-        }
-    }
-
-    /// Takes in `fresh` text of `part`; returns what can be sent now.
-    fn take(&mut self, part: Part, fresh: &str) -> Option<String> {
-        if part == Part::Reasoning {
-            self.reasoning.push_str(fresh);
-            return Some(fresh.to_string());
-        }
-        self.answer.push_str(fresh);
-        let limit = self
-            .offered
-            .as_ref()
-            .map_or(self.answer.len(), |o| o.shown_len(&self.answer));
-        let out = self
-            .answer
-            .get(self.shown..limit)
-            .filter(|t| !t.is_empty())?;
-        let out = out.to_string();
-        self.shown = limit;
-        Some(out)
-    }
-
-    /// At the end: the answer's text not yet sent, and its calls.
-    fn finish(&mut self) -> (String, Vec<ToolCall>) {
-        let read = match &self.offered {
-            Some(o) => o.read(&self.answer),
-            None => ToolAnswer {
-                content: self.answer.clone(),
-                calls: Vec::new(),
-            },
-        };
-        let rest = read
-            .content
-            .get(self.shown..)
-            .unwrap_or_default()
-            .to_string();
-        (rest, read.calls)
-    }
-}
-
-/// Streams a job's text as OpenAI chunks. Progress events carry text as it
-/// is produced; when one does not line up with what was sent (a missed
-/// event, or text regenerated after a pause) the committed output is read
-/// and only what was not yet sent goes out.
+/// Streams a job's text as OpenAI chunks, then its calls, the finish and
+/// `[DONE]`.
 fn stream(
     app: AppState,
     sub: Submitted,
@@ -670,114 +476,54 @@ fn stream(
 ) -> Sse<impl tokio_stream::Stream<Item = Result<SseEvent, Infallible>>> {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(64);
     let stopping = app.clone();
+    let Submitted {
+        job,
+        events,
+        offered,
+    } = sub;
+    let (model, created) = (job.model, unix_seconds(job.created_ms));
+    let mut updates = follow(app, job.id, events, offered);
     tokio::spawn(async move {
-        let Submitted {
-            id,
-            model,
-            created,
-            rx: mut events,
-            offered,
-        } = sub;
-        let mut text = Streamed {
-            offered,
-            ..Streamed::default()
-        };
         let event_of = |data: Value| Ok(SseEvent::default().data(data.to_string()));
-        let send = |part: Part, text: String| {
-            event_of(chunk(
-                object,
-                &id_text,
-                created,
-                &model,
-                (part, &text),
-                None,
-            ))
+        let chunk_of = |part: Part, text: &str, finish: Option<&str>| {
+            chunk(object, &id_text, created, &model, (part, text), finish)
         };
-        loop {
-            let event = tokio::time::timeout(POLL, events.recv()).await;
-            let mut reread = matches!(event, Err(_) | Ok(Err(_)));
-            if let Ok(Ok(Event::Job(p))) = &event
-                && p.id == id
-                && let Some(offset) = p.offset
-            {
-                let reasoning_offset = p.reasoning_offset.unwrap_or(text.reasoning.len());
-                for (part, offset, delta) in [
-                    (Part::Reasoning, reasoning_offset, &p.reasoning_delta),
-                    (Part::Answer, offset, &p.delta),
-                ] {
-                    match catch_up(text.received(part), offset, delta) {
-                        CatchUp::Fresh(fresh) => {
-                            if let Some(out) = text.take(part, &fresh)
-                                && tx.send(send(part, out)).await.is_err()
-                            {
-                                return;
-                            }
-                        }
-                        CatchUp::Gap => reread = true,
-                        CatchUp::Nothing => {}
-                    }
+        while let Some(update) = updates.recv().await {
+            let events: Vec<Value> = match update {
+                Update::Reasoning(t) => vec![chunk_of(Part::Reasoning, &t, None)],
+                Update::Text(t) => vec![chunk_of(Part::Answer, &t, None)],
+                Update::Failed(e) => {
+                    vec![json!({ "error": { "message": e.message, "type": e.kind } })]
                 }
-                reread |= p.state.is_final();
-            }
-            if !reread {
-                continue;
-            }
-            let Ok(job) = app.blocking(move |q| q.job(id)).await else {
-                return;
+                Update::Done { job, rest, calls } => {
+                    let mut out = Vec::new();
+                    if !rest.is_empty() {
+                        out.push(chunk_of(Part::Answer, &rest, None));
+                    }
+                    let mut finish = finish_reason(&job);
+                    if !calls.is_empty() {
+                        let mut delta = chunk_of(Part::Answer, "", None);
+                        delta["choices"][0]["delta"] =
+                            json!({ "tool_calls": openai_calls(&calls, true) });
+                        out.push(delta);
+                        finish = TOOL_CALLS_FINISH;
+                    }
+                    let mut last = chunk_of(Part::Answer, "", Some(finish));
+                    if include_usage {
+                        last["usage"] = usage(&job);
+                    }
+                    out.push(last);
+                    out
+                }
             };
-            let reasoning = job.reasoning.clone().unwrap_or_default();
-            let output = job.output.clone().unwrap_or_default();
-            for (part, whole) in [(Part::Reasoning, reasoning), (Part::Answer, output)] {
-                let sent = text.received(part);
-                if whole.len() > sent.len() && whole.starts_with(sent) {
-                    let fresh = whole[sent.len()..].to_string();
-                    if let Some(out) = text.take(part, &fresh)
-                        && tx.send(send(part, out)).await.is_err()
-                    {
-                        return;
-                    }
+            for e in events {
+                if tx.send(event_of(e)).await.is_err() {
+                    return;
                 }
             }
-            if !job.state.is_final() {
-                continue;
-            }
-            if let Some(e) = ended_badly(&job) {
-                let _ = tx
-                    .send(event_of(
-                        json!({ "error": { "message": e.message, "type": e.kind } }),
-                    ))
-                    .await;
-            } else {
-                let (rest, calls) = text.finish();
-                if !rest.is_empty() {
-                    let _ = tx.send(send(Part::Answer, rest)).await;
-                }
-                let mut finish = finish_reason(&job);
-                if !calls.is_empty() {
-                    let mut delta =
-                        chunk(object, &id_text, created, &model, (Part::Answer, ""), None);
-                    delta["choices"][0]["delta"] =
-                        json!({ "tool_calls": openai_calls(&calls, true) });
-                    let _ = tx.send(event_of(delta)).await;
-                    finish = TOOL_CALLS_FINISH;
-                }
-                let mut last = chunk(
-                    object,
-                    &id_text,
-                    created,
-                    &model,
-                    (Part::Answer, ""),
-                    Some(finish),
-                );
-                if include_usage {
-                    last["usage"] = usage(&job);
-                }
-                let _ = tx.send(event_of(last)).await;
-            }
-            let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
-            return;
         }
+        let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
     });
     let rx = tokio_stream::wrappers::ReceiverStream::new(rx);
-    Sse::new(stopping.until_stopping(rx)).keep_alive(KeepAlive::default())
+    Sse::new(stopping.until_stopping(rx)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
 }

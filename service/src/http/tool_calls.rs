@@ -5,22 +5,28 @@
 //! sees what the model wrote.
 
 use longhaul_engine::{ToolAnswer, ToolCall, ToolFormat};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
-/// The tools a request offered and the format its model writes calls in.
+use super::error::{ApiError, ApiResult};
+
+/// The tools a request offered, the format its model writes calls in, and
+/// the job that answers (calls without an id of the model's get one made
+/// from the job and their place, unique over an agent's whole session).
 #[derive(Debug, Clone)]
 pub struct Offered {
     pub format: ToolFormat,
     pub tools: Vec<Value>,
+    pub job: i64,
 }
 
 impl Offered {
     /// When tools were offered to a model with a known format.
-    pub fn new(format: Option<ToolFormat>, tools: &[Value]) -> Option<Self> {
+    pub fn new(format: Option<ToolFormat>, tools: &[Value], job: i64) -> Option<Self> {
         (!tools.is_empty()).then_some(())?;
         Some(Self {
             format: format?,
             tools: tools.to_vec(),
+            job,
         })
     }
 
@@ -28,7 +34,14 @@ impl Offered {
     /// call block cannot be read).
     pub fn read(&self, answer: &str) -> ToolAnswer {
         match self.format.parse(answer, &self.tools) {
-            Ok(read) => read,
+            Ok(mut read) => {
+                if !self.format.writes_ids() {
+                    for (i, call) in read.calls.iter_mut().enumerate() {
+                        call.id = format!("call_{}_{i}", self.job);
+                    }
+                }
+                read
+            }
             Err(e) => {
                 tracing::warn!("the answer is returned as text: {e}");
                 ToolAnswer {
@@ -45,6 +58,40 @@ impl Offered {
         self.format
             .call_start(answer)
             .unwrap_or_else(|| answer.len() - self.format.held_back(answer))
+    }
+}
+
+/// The tools a request offers, as its tool choice leaves them: `auto` (or
+/// none given) offers them, `none` withholds them. A choice that forces a
+/// call (`required`, `any`, a named tool) needs decoding constrained to the
+/// family's call format, which Longhaul does not do, and is refused by name.
+/// `choice` is the choice as sent: a string, or an object with a `type`.
+pub fn by_choice(tools: Vec<Value>, choice: Option<&Value>) -> ApiResult<Vec<Value>> {
+    let kind = choice.and_then(|c| c.as_str().or_else(|| c.get("type")?.as_str()));
+    match (choice, kind) {
+        (None | Some(Value::Null), _) | (_, Some("auto")) => Ok(tools),
+        (_, Some("none")) => Ok(Vec::new()),
+        (Some(c), _) => Err(ApiError::bad_param(
+            "tool_choice",
+            format!(
+                "tool_choice {c} would force a call, which needs decoding constrained to the model's call format; Longhaul offers tools with `auto` (the model decides) or withholds them with `none`"
+            ),
+        )),
+    }
+}
+
+/// Refuses a request's fields that Longhaul would otherwise ignore: any
+/// but nulls and the `inert` ones, which mean nothing to generation.
+pub fn refuse_other(other: &Map<String, Value>, inert: &[&str]) -> ApiResult<()> {
+    match other
+        .iter()
+        .find(|(k, v)| !v.is_null() && !inert.contains(&k.as_str()))
+    {
+        Some((key, _)) => Err(ApiError::bad_param(
+            key,
+            format!("`{key}` is not supported by Longhaul; remove it or leave it at its default"),
+        )),
+        None => Ok(()),
     }
 }
 
@@ -75,6 +122,7 @@ mod tests {
         Offered {
             format: ToolFormat::Hermes,
             tools: vec![json!({ "type": "function", "function": { "name": "f" } })],
+            job: 7,
         }
     }
 
@@ -95,14 +143,14 @@ mod tests {
         let calls = openai_calls(&read.calls, true);
         assert_eq!(
             calls,
-            json!([{ "id": "call_0", "type": "function", "index": 0,
+            json!([{ "id": "call_7_0", "type": "function", "index": 0,
                      "function": { "name": "f", "arguments": "{}" } }])
         );
     }
 
     #[test]
     fn tools_offered_to_a_model_without_a_format_are_not_read() {
-        assert!(Offered::new(None, &[json!({})]).is_none());
-        assert!(Offered::new(Some(ToolFormat::Hermes), &[]).is_none());
+        assert!(Offered::new(None, &[json!({})], 1).is_none());
+        assert!(Offered::new(Some(ToolFormat::Hermes), &[], 1).is_none());
     }
 }
