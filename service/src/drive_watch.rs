@@ -10,15 +10,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::queue::{JobState, ModelKind};
+use crate::queue::{JobState, ModelKind, PauseCause};
 use crate::runner::Runner;
 
 /// How often the drive folders are checked.
 pub const CHECK_INTERVAL: Duration = Duration::from_secs(2);
-/// Start of the pause reason this watcher writes, to recognise its own pauses.
+/// Start of the pause reason this watcher writes.
 const MISSING: &str = "drive missing: ";
-/// Start of the reason the runner gives when a read or load failed.
-const FAULT: &str = "storage fault: ";
 
 /// Drive folders of the local pack registered as `model`, if it is one.
 fn drives_of(runner: &Runner, model: &str) -> Vec<PathBuf> {
@@ -47,7 +45,11 @@ pub fn check(runner: &Runner) {
             "{MISSING}{} is not there (unplugged or unmounted?); resume when it is back",
             gone.display()
         );
-        if runner.queue.pause(id, &reason).is_ok() {
+        if runner
+            .queue
+            .pause(id, PauseCause::DriveMissing, &reason)
+            .is_ok()
+        {
             runner.control.stop_job(id);
             let _ = runner.queue.log(id, &format!("paused: {reason}"));
             runner.announce_queue();
@@ -58,9 +60,16 @@ pub fn check(runner: &Runner) {
     };
     for job in jobs.iter().filter(|j| {
         j.state == JobState::Paused
-            && j.pause_reason.as_deref().is_some_and(|r| {
-                r.starts_with(MISSING) || (r.starts_with(FAULT) && r.contains("missing"))
-            })
+            && match j.pause_cause {
+                Some(PauseCause::DriveMissing) => true,
+                // The engine reports a read fault as text: one that names a
+                // missing folder is a drive that went away mid-read.
+                Some(PauseCause::ReadFault) => j
+                    .pause_reason
+                    .as_deref()
+                    .is_some_and(|r| r.contains("missing")),
+                _ => false,
+            }
     }) {
         if drives_of(runner, &job.model).iter().all(|d| d.is_dir()) {
             let reason = "its drives are back: resume to continue";

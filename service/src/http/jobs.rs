@@ -14,7 +14,9 @@ use super::admission::{Ask, Counted, admit, context_of, count_prompt, read_attac
 use super::error::{ApiError, ApiResult};
 use super::{ApiJson, ApiPath, AppState};
 use crate::events::JobProgress;
-use crate::queue::{Input, JobState, JobView, Message, ModelKind, Request, Settings, Speculate};
+use crate::queue::{
+    Input, JobState, JobView, Message, ModelKind, PauseCause, Request, Settings, Speculate,
+};
 use longhaul_engine::tools::SamplingDefaults;
 
 /// Longest answer a job may ask for.
@@ -296,7 +298,8 @@ pub async fn act(
             app.runner.forget_state(id);
         }
         "pause" => {
-            app.blocking(move |q| q.pause(id, PAUSED_BY_USER)).await?;
+            app.blocking(move |q| q.pause(id, PauseCause::User, PAUSED_BY_USER))
+                .await?;
             app.runner.control.stop_job(id);
         }
         "resume" => {
@@ -448,7 +451,9 @@ pub async fn queue_act(
     };
     if paused && let Some(id) = app.runner.control.running() {
         // The running job pauses too, so it keeps its place and output.
-        let _ = app.blocking(move |q| q.pause(id, PAUSED_WITH_QUEUE)).await;
+        let _ = app
+            .blocking(move |q| q.pause(id, PauseCause::Queue, PAUSED_WITH_QUEUE))
+            .await;
         app.runner.control.stop_job(id);
     }
     app.runner.control.set_queue_paused(paused);
@@ -460,12 +465,8 @@ pub async fn queue_act(
 const PAUSED_BY_USER: &str = "paused by the user";
 const PAUSED_WITH_QUEUE: &str = "the queue was paused";
 
-/// Whether a pause reason is a fault's (a drive missing or failing, a full
-/// data dir), not the user's.
-fn held_by_fault(reason: &str) -> bool {
-    reason != PAUSED_BY_USER && reason != PAUSED_WITH_QUEUE
-}
-
+/// `GET /api/queue`: whether it is held, what runs and waits, and the jobs
+/// a fault holds (a drive missing or failing, a full data dir).
 pub async fn queue_status(State(app): State<AppState>) -> ApiResult<Json<Value>> {
     let jobs = app.blocking(|q| q.list()).await?;
     let waiting = jobs.iter().filter(|j| j.queue_position.is_some()).count();
@@ -477,10 +478,8 @@ pub async fn queue_status(State(app): State<AppState>) -> ApiResult<Json<Value>>
     let held: Vec<Value> = jobs
         .iter()
         .filter(|j| j.state == JobState::Paused)
-        .filter_map(|j| {
-            let reason = j.pause_reason.as_deref()?;
-            held_by_fault(reason).then(|| json!({ "id": j.id, "title": j.title, "reason": reason }))
-        })
+        .filter(|j| j.pause_cause.is_some_and(PauseCause::is_fault))
+        .map(|j| json!({ "id": j.id, "title": j.title, "reason": j.pause_reason, "cause": j.pause_cause }))
         .collect();
     Ok(Json(json!({
         "paused": app.runner.control.queue_paused(),

@@ -18,6 +18,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0002_crashes.sql"),
     include_str!("migrations/0003_reasoning.sql"),
     include_str!("migrations/0004_admitted.sql"),
+    include_str!("migrations/0005_pause_cause.sql"),
 ];
 
 /// How long a statement waits for another connection's lock.

@@ -106,6 +106,52 @@ impl Transition {
     }
 }
 
+/// Why a job is paused: who or what holds it. The reason beside it says
+/// the same to people; code decides on the cause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseCause {
+    /// Someone asked (the API, the UI, the CLI).
+    User,
+    /// The queue was held while the job ran.
+    Queue,
+    /// A drive folder of its model is not there.
+    DriveMissing,
+    /// Reading its model (a drive, a remote server) failed.
+    ReadFault,
+    /// The data dir could not be written.
+    Storage,
+}
+
+impl PauseCause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::User => "user",
+            Self::Queue => "queue",
+            Self::DriveMissing => "drive_missing",
+            Self::ReadFault => "read_fault",
+            Self::Storage => "storage",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            Self::User,
+            Self::Queue,
+            Self::DriveMissing,
+            Self::ReadFault,
+            Self::Storage,
+        ]
+        .into_iter()
+        .find(|c| c.as_str() == s)
+    }
+
+    /// Whether a fault holds the job rather than a person's choice.
+    pub fn is_fault(self) -> bool {
+        !matches!(self, Self::User | Self::Queue)
+    }
+}
+
 /// One message of a conversation: its role, its text (a null reads as
 /// empty) and the other fields its sender wrote (`tool_calls`,
 /// `tool_call_id`, `name`, `reasoning_content`), as templates read them.
@@ -348,6 +394,8 @@ pub struct JobView {
     pub stats: Option<JobStats>,
     pub error: Option<String>,
     pub pause_reason: Option<String>,
+    /// What holds a paused job (see [`PauseCause`]).
+    pub pause_cause: Option<PauseCause>,
     pub finish_reason: Option<String>,
     pub log: String,
     pub created_ms: i64,

@@ -24,8 +24,8 @@ use crate::runner::crash::Crash;
 pub const MAX_CRASHES: u32 = 3;
 
 pub use job::{
-    DriveBytes, Input, JobState, JobStats, JobView, Message, NewJob, Output, PromptInput, Request,
-    Settings, Speculate, SpeculationTally, Transition, now_seconds,
+    DriveBytes, Input, JobState, JobStats, JobView, Message, NewJob, Output, PauseCause,
+    PromptInput, Request, Settings, Speculate, SpeculationTally, Transition, now_seconds,
 };
 pub use models::{ModelEntry, ModelKind};
 
@@ -131,7 +131,8 @@ pub struct Queue {
 }
 
 const JOB_COLUMNS: &str = "id, title, model, request, priority, state, origin, token_count, \
-     error, pause_reason, finish_reason, stats, log, created_ms, started_ms, finished_ms, updated_ms";
+     error, pause_reason, finish_reason, stats, log, created_ms, started_ms, finished_ms, updated_ms, \
+     pause_cause";
 
 impl Queue {
     /// Opens the queue database at `path` (created if missing).
@@ -350,12 +351,12 @@ impl Queue {
     }
 
     /// Pauses a job (waiting or running) with a reason shown to the user.
-    pub fn pause(&self, id: i64, reason: &str) -> Result<JobState, QueueError> {
+    pub fn pause(&self, id: i64, cause: PauseCause, reason: &str) -> Result<JobState, QueueError> {
         self.write("pause a job", |tx| {
             let (from, _) = Self::transition(tx, id, Transition::Pause)?;
             tx.execute(
-                "UPDATE jobs SET pause_reason = ?2 WHERE id = ?1",
-                params![id, reason],
+                "UPDATE jobs SET pause_reason = ?2, pause_cause = ?3 WHERE id = ?1",
+                params![id, reason, cause.as_str()],
             )
             .map_err(sql("recording the pause reason"))?;
             Ok(from)
@@ -386,7 +387,7 @@ impl Queue {
         self.write("resume a job", |tx| {
             Self::transition(tx, id, Transition::Resume)?;
             tx.execute(
-                "UPDATE jobs SET pause_reason = NULL WHERE id = ?1",
+                "UPDATE jobs SET pause_reason = NULL, pause_cause = NULL WHERE id = ?1",
                 params![id],
             )
             .map_err(sql("clearing the pause reason"))?;
@@ -783,6 +784,7 @@ struct RawJob {
     started_ms: Option<i64>,
     finished_ms: Option<i64>,
     updated_ms: i64,
+    pause_cause: Option<String>,
 }
 
 impl RawJob {
@@ -805,6 +807,7 @@ impl RawJob {
             started_ms: r.get(14)?,
             finished_ms: r.get(15)?,
             updated_ms: r.get(16)?,
+            pause_cause: r.get(17)?,
         })
     }
 
@@ -841,6 +844,16 @@ impl RawJob {
                 .map_err(corrupt("statistics"))?,
             error: self.error,
             pause_reason: self.pause_reason,
+            pause_cause: self
+                .pause_cause
+                .map(|c| {
+                    PauseCause::parse(&c).ok_or(QueueError::Corrupt {
+                        id,
+                        what: "pause cause",
+                        reason: c,
+                    })
+                })
+                .transpose()?,
             finish_reason: self.finish_reason,
             log: self.log,
             created_ms: self.created_ms,

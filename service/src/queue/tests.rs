@@ -45,7 +45,7 @@ fn apply(q: &Queue, id: i64, t: Transition) -> Result<(), QueueError> {
         Transition::Finish => q.finish(id, &Output::default(), "eos", &JobStats::default()),
         Transition::Fail => q.fail(id, "boom", &JobStats::default()),
         Transition::Cancel => q.cancel(id).map(|_| ()),
-        Transition::Pause => q.pause(id, "asked").map(|_| ()),
+        Transition::Pause => q.pause(id, PauseCause::User, "asked").map(|_| ()),
         Transition::Resume => q.resume(id),
         Transition::Interrupt => q.recover(None).map(|_| ()),
     }
@@ -282,4 +282,28 @@ fn the_admitted_prompt_reaches_the_runner_as_it_was_admitted() {
     assert_eq!((next.id, next.prompt_ids), (admitted.id, Some(ids)));
     assert_eq!(q.prompt_ids(rendered_later.id).unwrap(), None);
     assert!(matches!(q.prompt_ids(999), Err(QueueError::NoSuchJob(999))));
+}
+
+#[test]
+fn a_paused_job_keeps_its_cause_until_it_resumes() {
+    let (_dir, q) = queue();
+    let id = q.submit(&new_job("held", 0)).unwrap().id;
+    q.start(id).unwrap();
+    q.pause(id, PauseCause::DriveMissing, "drive missing: /d0")
+        .unwrap();
+    q.set_pause_reason(id, "its drives are back: resume to continue")
+        .unwrap();
+    let held = q.job(id).unwrap();
+    assert_eq!(held.pause_cause, Some(PauseCause::DriveMissing));
+    assert!(held.pause_cause.is_some_and(PauseCause::is_fault));
+    q.resume(id).unwrap();
+    assert_eq!(q.job(id).unwrap().pause_cause, None);
+    for c in [
+        PauseCause::User,
+        PauseCause::Queue,
+        PauseCause::ReadFault,
+        PauseCause::Storage,
+    ] {
+        assert_eq!(PauseCause::parse(c.as_str()), Some(c));
+    }
 }

@@ -25,7 +25,9 @@ use longhaul_engine::memory::MemorySettings;
 use longhaul_engine::{Flow, Phase};
 
 use crate::events::{Event, Events, JobProgress, QueueOrder};
-use crate::queue::{DriveBytes, JobState, ModelKind, Output, Queue, QueueError, Runnable};
+use crate::queue::{
+    DriveBytes, JobState, ModelKind, Output, PauseCause, Queue, QueueError, Runnable,
+};
 use local::{LoadedModel, LocalBackend};
 use tally::Tally;
 
@@ -655,7 +657,11 @@ impl Runner {
                 let _ = self.queue.commit(id, &pending_output);
                 let _ = self.queue.save_stats(id, &stats);
                 let _ = self.queue.log(id, &format!("paused: {reason}"));
-                match self.queue.pause(id, &format!("storage fault: {reason}")) {
+                match self.queue.pause(
+                    id,
+                    PauseCause::ReadFault,
+                    &format!("storage fault: {reason}"),
+                ) {
                     Err(e) if e.is_storage_fault() => self.pause_after_storage_fault(id, &e),
                     Err(e) => tracing::warn!("job {id}: cannot pause: {e}"),
                     Ok(_) => {}

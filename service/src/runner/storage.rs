@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use super::Runner;
-use crate::queue::QueueError;
+use crate::queue::{PauseCause, QueueError};
 
 /// How often a blocked write is tried again.
 const STORAGE_RETRY: Duration = Duration::from_secs(1);
@@ -25,7 +25,7 @@ impl Runner {
         self.control.set_storage_fault(Some(reason.clone()));
         self.announce_queue();
         loop {
-            match self.queue.pause(id, &reason) {
+            match self.queue.pause(id, PauseCause::Storage, &reason) {
                 Ok(_) => break,
                 Err(e) if e.is_storage_fault() => {
                     if !self.control.sleep(STORAGE_RETRY) {
