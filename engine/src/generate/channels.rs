@@ -211,6 +211,12 @@ impl<'t> Splitter<'t> {
                 if id == t.message && self.mode == Mode::Header {
                     let header = std::mem::take(&mut self.pending);
                     self.mode = Mode::Body(harmony_channel(&header));
+                    // A message to a tool is a call: its recipient and body go
+                    // into the answer as harmony writes them, for the
+                    // tool-call reader (`toolcall::harmony`).
+                    if let Some(to) = harmony_recipient(&header) {
+                        out.answer += &format!("{HARMONY_CALL}{to}{HARMONY_ARGS}");
+                    }
                     return true;
                 }
                 if [t.start, t.end, t.channel].contains(&id) || Some(id) == t.constrain {
@@ -267,6 +273,20 @@ impl<'t> Splitter<'t> {
             }
         }
     }
+}
+
+/// What stands before a harmony call's recipient and after it, in the text
+/// of an answer: `<|channel|>commentary to=functions.NAME<|message|>ARGS`.
+pub const HARMONY_CALL: &str = "<|channel|>commentary to=";
+pub const HARMONY_ARGS: &str = "<|message|>";
+
+/// The recipient a harmony header names (`to=functions.get_weather`), when
+/// it is a tool's: a message to a tool is a call.
+fn harmony_recipient(header: &str) -> Option<&str> {
+    header
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("to="))
+        .filter(|to| !to.is_empty() && *to != "assistant" && *to != "user")
 }
 
 /// The channel a harmony header names (`analysis`, `final`, `commentary`);
@@ -401,5 +421,22 @@ mod tests {
         assert!(s.ends(id("<|return|>")) && s.ends(id("<|call|>")));
         ends(&mut s, "<|end|><|start|>assistant<|channel|>final<|message|>y");
         assert!(s.ends(id("<|end|>")), "the final message's end ends the answer");
+    }
+
+    #[test]
+    fn a_harmony_message_to_a_tool_is_written_out_as_a_call() {
+        let tok = tokenizer(
+            &["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|call|>"],
+            "",
+        );
+        let f = OutputFormat::for_chat(&tok, "<|start|>assistant");
+        let mut s = Splitter::new(&tok, f, false);
+        let mut answer = String::new();
+        let text = "<|channel|>analysis<|message|>need weather<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}";
+        for t in tok.encode(text, false).unwrap() {
+            answer += &s.push(t).unwrap().answer;
+        }
+        answer += &s.finish().unwrap().answer;
+        assert_eq!(answer, "<|channel|>commentary to=functions.get_weather<|message|>{\"city\":\"Paris\"}");
     }
 }

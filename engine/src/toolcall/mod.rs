@@ -13,6 +13,7 @@
 
 mod deepseek;
 mod glm;
+mod harmony;
 mod kimi;
 mod minimax;
 mod qwen;
@@ -65,6 +66,9 @@ pub enum ToolFormat {
     Glm,
     /// MiniMax-M2: `<minimax:tool_call><invoke name="…"><parameter name="…">`.
     Minimax,
+    /// gpt-oss's harmony: a commentary message `to=functions.NAME` whose
+    /// body is the arguments.
+    Harmony,
 }
 
 /// DeepSeek's fullwidth-bar markers, spelled once.
@@ -77,7 +81,10 @@ impl ToolFormat {
     /// model shows no sign of tool calls.
     pub fn detect(tokenizer: &TextTokenizer) -> Option<Self> {
         let has = |t: &str| tokenizer.token_id(t).is_some() || tokenizer.prompts_mention(t);
-        if has("<|tool_calls_section_begin|>") {
+        let token = |t: &str| tokenizer.token_id(t).is_some();
+        if token("<|call|>") && token("<|channel|>") {
+            Some(Self::Harmony)
+        } else if has("<|tool_calls_section_begin|>") {
             Some(Self::Kimi)
         } else if has(DSML) {
             Some(Self::Dsml)
@@ -111,6 +118,7 @@ impl ToolFormat {
             Self::QwenXml => "qwen3_xml",
             Self::Glm => "glm4_moe",
             Self::Minimax => "minimax_m2",
+            Self::Harmony => "harmony",
         }
     }
 
@@ -136,6 +144,7 @@ impl ToolFormat {
             Self::Dsml => "<｜DSML｜",
             Self::Hermes | Self::QwenXml | Self::Glm => "<tool_call>",
             Self::Minimax => "<minimax:tool_call>",
+            Self::Harmony => crate::generate::channels::HARMONY_CALL,
         }
     }
 
@@ -160,6 +169,7 @@ impl ToolFormat {
             Self::QwenXml => qwen::parse_xml(block, &schemas),
             Self::Glm => glm::parse(block, &schemas),
             Self::Minimax => minimax::parse(block, &schemas),
+            Self::Harmony => harmony::parse(block),
         }
         .map_err(|reason| MalformedCall {
             format: self.name(),

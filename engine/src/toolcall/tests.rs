@@ -106,6 +106,18 @@ fn minimax_invokes_in_either_quote() {
 }
 
 #[test]
+fn harmony_calls_as_the_splitter_writes_them() {
+    let text =
+        "Checking.<|channel|>commentary to=functions.get_weather<|message|>{\"city\": \"Paris\"}";
+    let a = read(ToolFormat::Harmony, text);
+    assert_eq!(
+        (a.content.as_str(), a.calls[0].name.as_str()),
+        ("Checking.", "get_weather")
+    );
+    assert_eq!(args(&a.calls[0]), json!({ "city": "Paris" }));
+}
+
+#[test]
 fn text_without_a_call_is_all_content_and_a_broken_call_is_named() {
     for format in [
         ToolFormat::Kimi,
@@ -186,4 +198,12 @@ fn the_format_follows_the_template_and_vocabulary() {
             "{template}"
         );
     }
+}
+
+#[test]
+fn gpt_oss_speaks_harmony_calls() {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt_oss_harmony");
+    let tok = TextTokenizer::from_dir(&dir).unwrap();
+    assert_eq!(ToolFormat::detect(&tok), Some(ToolFormat::Harmony));
 }

@@ -1,0 +1,26 @@
+//! gpt-oss's harmony calls: a commentary message to a tool,
+//! `<|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{…}<|call|>`
+//! (the recipient may also stand before the channel). The answer splitter
+//! writes each as `<|channel|>commentary to=functions.NAME<|message|>{…}`
+//! (harmony's framing tokens are not text); this reads them back, the name
+//! being the recipient after `functions.`, as vLLM's `openai` parser has it.
+
+use super::{ToolCall, call_id, json_arguments};
+use crate::generate::channels::{HARMONY_ARGS, HARMONY_CALL};
+
+pub(super) fn parse(block: &str) -> Result<Vec<ToolCall>, String> {
+    let mut calls = Vec::new();
+    for part in block.split(HARMONY_CALL).skip(1) {
+        let i = calls.len();
+        let (to, arguments) = part
+            .split_once(HARMONY_ARGS)
+            .ok_or_else(|| format!("call {i} to `{part}` has no message"))?;
+        let name = to.strip_prefix("functions.").unwrap_or(to);
+        calls.push(ToolCall {
+            id: call_id(i),
+            name: name.trim().to_string(),
+            arguments: json_arguments(arguments)?,
+        });
+    }
+    Ok(calls)
+}
