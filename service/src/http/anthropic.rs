@@ -19,7 +19,7 @@ use longhaul_engine::ToolCall;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::admission::{Ask, Counted, Submitted, count_prompt, submit};
+use super::admission::{Ask, Submitted, count_prompt, submit};
 use super::content::text_of;
 use super::error::{ApiError, ApiResult};
 use super::follow::{KEEP_ALIVE, Update, ended_badly, follow, wait_done};
@@ -329,11 +329,7 @@ pub async fn count_tokens(
     let counted = tokio::task::spawn_blocking(move || count_prompt(&model, &request))
         .await
         .map_err(|e| ApiError::internal(e.to_string()))??;
-    let tokens = match counted {
-        Counted::Exact(ids) => ids.len(),
-        Counted::Estimate(n) => n,
-    };
-    Ok(Json(json!({ "input_tokens": tokens })))
+    Ok(Json(json!({ "input_tokens": counted.tokens() })))
 }
 
 fn message_id(job: &JobView) -> String {
