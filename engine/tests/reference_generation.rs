@@ -8,6 +8,20 @@ use longhaul_engine::generate::{FinishReason, Flow, GenerationSettings, Phase, S
 
 const GREEDY_TOKENS: usize = 32;
 
+/// Greedy decoding of `GREEDY_TOKENS` at most, without guessing ahead, the
+/// answer laid out as `output`.
+fn greedy(engine: &Engine, output: longhaul_engine::OutputFormat) -> GenerationSettings {
+    GenerationSettings {
+        max_tokens: GREEDY_TOKENS,
+        sampling: SamplingParams::default(),
+        stop_strings: Vec::new(),
+        eos_token_ids: engine.eos_token_ids().to_vec(),
+        speculation: longhaul_engine::generate::Speculation::Off,
+        output,
+        keep_special_tokens: false,
+    }
+}
+
 #[test]
 fn greedy_tokens_match_transformers() {
     for dir in fixtures() {
@@ -20,15 +34,7 @@ fn greedy_tokens_match_transformers() {
             "{}: prompt tokenization",
             name(&dir)
         );
-        let settings = GenerationSettings {
-            max_tokens: GREEDY_TOKENS,
-            sampling: SamplingParams::default(),
-            stop_strings: Vec::new(),
-            eos_token_ids: engine.eos_token_ids().to_vec(),
-            speculation: longhaul_engine::generate::Speculation::Off,
-            output: Default::default(),
-            keep_special_tokens: false,
-        };
+        let settings = greedy(&engine, Default::default());
         let mut streamed = String::new();
         let out = engine
             .generate(&prompt, &settings, |t| {
@@ -319,7 +325,6 @@ fn saved_attention_state_replaces_recomputing_the_answer() {
 /// from the folder and from its pack.
 #[test]
 fn gpt_oss_answers_in_harmony_channels_from_the_folder_and_a_pack() {
-    use longhaul_engine::pack::{PackOptions, write_pack};
     use longhaul_engine::{ChatMessage, ChatOptions};
     let dir = common::fixtures_dir().join("gpt_oss_harmony");
     let exp: serde_json::Value =
@@ -334,17 +339,7 @@ fn gpt_oss_answers_in_harmony_channels_from_the_folder_and_a_pack() {
         ..ChatOptions::generation()
     };
     let tmp = tempfile::tempdir().unwrap();
-    let drives: Vec<std::path::PathBuf> =
-        (0..2).map(|i| tmp.path().join(format!("d{i}"))).collect();
-    for d in &drives {
-        std::fs::create_dir_all(d).unwrap();
-    }
-    let pack = tmp.path().join("pack");
-    write_pack(
-        &PackOptions::new(dir.clone(), pack.clone(), drives),
-        &|_| {},
-    )
-    .unwrap();
+    let pack = common::pack_on_two_drives(&dir, tmp.path());
     for path in [&dir, &pack] {
         let engine = Engine::open(path).unwrap();
         let tok = engine.tokenizer().unwrap();
@@ -357,15 +352,7 @@ fn gpt_oss_answers_in_harmony_channels_from_the_folder_and_a_pack() {
         let chat = engine.chat_prompt(&messages, &options).unwrap();
         assert_eq!(chat.ids, want_ids, "{}", path.display());
         assert!(engine.eos_token_ids().contains(&ended));
-        let settings = GenerationSettings {
-            max_tokens: GREEDY_TOKENS,
-            sampling: SamplingParams::default(),
-            stop_strings: Vec::new(),
-            eos_token_ids: engine.eos_token_ids().to_vec(),
-            speculation: longhaul_engine::generate::Speculation::Off,
-            output: chat.output,
-            keep_special_tokens: false,
-        };
+        let settings = greedy(&engine, chat.output);
         let mut streamed = String::new();
         let out = engine
             .generate(&chat.ids, &settings, |t| {

@@ -140,7 +140,6 @@ fn a_folder_without_a_tokenizer_says_what_it_looked_for() {
 #[test]
 fn a_kimi_folder_as_published_chats_from_the_folder_and_a_pack() {
     use longhaul_engine::Engine;
-    use longhaul_engine::pack::{PackOptions, write_pack};
     use longhaul_engine::tokenizer::ChatMessage;
     let dir = common::fixtures_dir().join("kimi_k2_published");
     assert!(!dir.join("tokenizer.json").exists());
@@ -150,17 +149,7 @@ fn a_kimi_folder_as_published_chats_from_the_folder_and_a_pack() {
         serde_json::from_value(expected["chat_messages"].clone()).unwrap();
     let want: Vec<u32> = serde_json::from_value(expected["chat_ids"].clone()).unwrap();
     let tmp = tempfile::tempdir().unwrap();
-    let drives: Vec<std::path::PathBuf> =
-        (0..2).map(|i| tmp.path().join(format!("d{i}"))).collect();
-    for d in &drives {
-        std::fs::create_dir_all(d).unwrap();
-    }
-    let pack = tmp.path().join("pack");
-    write_pack(
-        &PackOptions::new(dir.clone(), pack.clone(), drives),
-        &|_| {},
-    )
-    .unwrap();
+    let pack = common::pack_on_two_drives(&dir, tmp.path());
     assert!(pack.join("tiktoken.model").is_file() && pack.join("chat_template.jinja").is_file());
     for path in [&dir, &pack] {
         let engine = Engine::open(path).unwrap();

@@ -36,6 +36,13 @@ fn ok(out: &Output, what: &str) -> String {
 
 /// `run --chat` from the folder as published and from a pack of it: each
 /// run's output.
+/// `longhaul run --chat` of `model` on `prompt`, with `extra` arguments.
+fn run_chat(model: &str, prompt: &str, extra: &[&str]) -> Output {
+    let mut args = vec!["run", "--model", model, "--chat", "--prompt", prompt];
+    args.extend_from_slice(extra);
+    longhaul(&args, &[])
+}
+
 fn chats_from_folder_and_pack(name: &str, extra: &[&str]) -> Vec<Output> {
     let tmp = tempfile::tempdir().unwrap();
     let source = fixture(name);
@@ -45,16 +52,7 @@ fn chats_from_folder_and_pack(name: &str, extra: &[&str]) -> Vec<Output> {
     let mut outs = Vec::new();
     for model in [source.as_path(), pack.as_path()] {
         let model = model.to_str().unwrap();
-        let mut args = vec![
-            "run",
-            "--model",
-            model,
-            "--chat",
-            "--prompt",
-            "Audit the storage engine",
-        ];
-        args.extend_from_slice(extra);
-        let out = longhaul(&args, &[]);
+        let out = run_chat(model, "Audit the storage engine", extra);
         ok(&out, &format!("{name}: run --chat from {model}"));
         outs.push(out);
     }
@@ -241,20 +239,7 @@ fn reasoning_comes_apart_from_the_answer_and_template_switches_reach_the_templat
 
     // The CLI: the thinking on stderr with --show-thinking, the answer alone on stdout.
     let m = model.to_str().unwrap();
-    let out = longhaul(
-        &[
-            "run",
-            "--model",
-            m,
-            "--chat",
-            "--prompt",
-            "Audit",
-            "--max-tokens",
-            "8",
-            "--show-thinking",
-        ],
-        &[],
-    );
+    let out = run_chat(m, "Audit", &["--max-tokens", "8", "--show-thinking"]);
     let stdout = ok(&out, "run --show-thinking");
     assert!(String::from_utf8_lossy(&out.stderr).contains("thinking:"));
     assert_eq!(
@@ -262,20 +247,10 @@ fn reasoning_comes_apart_from_the_answer_and_template_switches_reach_the_templat
         "",
         "every token is thinking while </think> does not come"
     );
-    let out = longhaul(
-        &[
-            "run",
-            "--model",
-            m,
-            "--chat",
-            "--prompt",
-            "Audit",
-            "--max-tokens",
-            "8",
-            "--chat-arg",
-            "enable_thinking=false",
-        ],
-        &[],
+    let out = run_chat(
+        m,
+        "Audit",
+        &["--max-tokens", "8", "--chat-arg", "enable_thinking=false"],
     );
     assert!(!ok(&out, "run --chat-arg").trim().is_empty());
 

@@ -58,3 +58,20 @@ pub fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
         })
         .fold(0.0, f32::max)
 }
+
+/// Packs checkpoint `dir` over two drive folders made under `tmp`; returns
+/// the pack's folder.
+pub fn pack_on_two_drives(dir: &Path, tmp: &Path) -> PathBuf {
+    use longhaul_engine::pack::{PackOptions, write_pack};
+    let drives: Vec<PathBuf> = (0..2).map(|i| tmp.join(format!("d{i}"))).collect();
+    for d in &drives {
+        std::fs::create_dir_all(d).expect("drive folder");
+    }
+    let pack = tmp.join("pack");
+    write_pack(
+        &PackOptions::new(dir.to_path_buf(), pack.clone(), drives),
+        &|_| {},
+    )
+    .expect("pack the fixture");
+    pack
+}

@@ -137,8 +137,10 @@ pub async fn admit(app: &AppState, ask: Ask) -> ApiResult<Admitted> {
     if let Ok(model) = app.blocking(move |q| q.model(&name)).await {
         let checked = request.clone();
         let (counted, context, format) = tokio::task::spawn_blocking(move || {
-            let format = tool_format_of(&model);
-            count_prompt(&model, &checked).map(|c| (c, context_of(&model), format))
+            // One read of the tokenizer for the count and the call format.
+            let tokenizer = local_tokenizer(&model);
+            let format = tokenizer.as_ref().and_then(ToolFormat::detect);
+            count_with(tokenizer.as_ref(), &checked).map(|c| (c, context_of(&model), format))
         })
         .await
         .map_err(|e| ApiError::internal(e.to_string()))??;
@@ -183,10 +185,14 @@ pub struct Admitted {
 
 /// The tool-call format of a local model's tokenizer and template.
 pub fn tool_format_of(model: &ModelEntry) -> Option<ToolFormat> {
+    local_tokenizer(model).and_then(|t| ToolFormat::detect(&t))
+}
+
+/// A local model's tokenizer, read from its folder; none for a remote one
+/// (or a GGUF file, whose tokenizer is rebuilt when it loads).
+fn local_tokenizer(model: &ModelEntry) -> Option<TextTokenizer> {
     match &model.kind {
-        ModelKind::Local { path } => TextTokenizer::from_dir(path)
-            .ok()
-            .and_then(|t| ToolFormat::detect(&t)),
+        ModelKind::Local { path } => TextTokenizer::from_dir(path).ok(),
         ModelKind::Remote { .. } => None,
     }
 }
@@ -194,10 +200,10 @@ pub fn tool_format_of(model: &ModelEntry) -> Option<ToolFormat> {
 /// The prompt as the model will read it (attachments first): its ids with a
 /// local model's tokenizer, an estimate of their number otherwise.
 pub fn count_prompt(model: &ModelEntry, request: &Request) -> ApiResult<Counted> {
-    let tokenizer = match &model.kind {
-        ModelKind::Local { path } => TextTokenizer::from_dir(path).ok(),
-        ModelKind::Remote { .. } => None,
-    };
+    count_with(local_tokenizer(model).as_ref(), request)
+}
+
+fn count_with(tokenizer: Option<&TextTokenizer>, request: &Request) -> ApiResult<Counted> {
     let input = request.prompt_input();
     let Some(tokenizer) = tokenizer else {
         let chars = match &input {
