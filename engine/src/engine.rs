@@ -20,6 +20,7 @@ use crate::metrics::EngineStats;
 use crate::model::{Decoder, LogitsFor, ModelError, ModelSpec, parse_token_ids};
 use crate::model::{ExpertError, ExpertProvider};
 use crate::pack::{self, Manifest, PackError};
+use crate::prefix::{ModelKey, PrefixCache, PrefixStats, PrefixUse};
 use crate::tokenizer::{ChatMessage, ChatOptions, TextTokenizer, TokenizerError};
 use crate::weights::{RawTensor, SafetensorsCheckpoint, TensorSource, WeightsError};
 
@@ -102,6 +103,9 @@ pub struct Engine {
     path: PathBuf,
     /// How the memory limit was spent, when one was given for a pack.
     memory_plan: Option<MemoryPlan>,
+    prefix: Option<Arc<PrefixCache>>,
+    /// What this model's cached prefixes are addressed by.
+    model_key: ModelKey,
 }
 
 const CONFIG_FILE: &str = "config.json";
@@ -118,6 +122,9 @@ pub struct EngineOptions {
     /// A total memory limit: for a pack, the expert budget is derived from
     /// it (or checked against it), before anything is loaded.
     pub memory: Option<MemorySettings>,
+    /// Where prompts' state is kept for the next prompt that begins the
+    /// same way (shared by every engine given it).
+    pub prefix: Option<Arc<PrefixCache>>,
 }
 
 /// How far loading has come, in bytes of stored weights.
@@ -213,8 +220,9 @@ impl Engine {
             _ => None,
         };
         let mut memory_plan = None;
-        let (checkpoint, streaming, checked) = if pack::is_pack(path) {
+        let (checkpoint, streaming, checked, model_key) = if pack::is_pack(path) {
             let manifest = Manifest::read(path)?;
+            let model_key = pack_key(path, &manifest);
             let mut streaming_options = options.streaming.clone();
             if let Some(m) = &options.memory {
                 let plan = plan_memory(path, &spec, &manifest, &streaming_options, m)?;
@@ -241,12 +249,19 @@ impl Engine {
             })?;
             let experts = StreamingExperts::open(path, &manifest, &streaming_options)
                 .map_err(ModelError::from)?;
-            (resident, Some(Arc::new(experts)), manifest.resident.size)
+            (
+                resident,
+                Some(Arc::new(experts)),
+                manifest.resident.size,
+                model_key,
+            )
         } else {
-            let checkpoint = match source {
-                Some(s) => s.checkpoint,
-                None => ModelSource::open(path)?.checkpoint,
+            let source = match source {
+                Some(s) => s,
+                None => ModelSource::open(path)?,
             };
+            let model_key = files_key(&source.identity_files());
+            let checkpoint = source.checkpoint;
             let limit = options
                 .memory
                 .map(|m| m.limit_bytes)
@@ -257,7 +272,7 @@ impl Engine {
                     source,
                 }
             })?;
-            (checkpoint, None, 0)
+            (checkpoint, None, 0, model_key)
         };
         let source = ProgressSource {
             total: checked + checkpoint.total_bytes(),
@@ -292,6 +307,20 @@ impl Engine {
             eos_token_ids,
             path: path.to_path_buf(),
             memory_plan,
+            prefix: options.prefix.clone(),
+            model_key,
+        })
+    }
+
+    /// The prefix cache's counters, when the engine has one.
+    pub fn prefix_stats(&self) -> Option<PrefixStats> {
+        self.prefix.as_ref().map(|p| p.stats())
+    }
+
+    fn prefix_use(&self) -> Option<PrefixUse<'_>> {
+        self.prefix.as_deref().map(|cache| PrefixUse {
+            cache,
+            model: &self.model_key,
         })
     }
 
@@ -440,13 +469,20 @@ impl Engine {
         settings: &GenerationSettings,
         on_piece: impl FnMut(generate::Piece<'_>) -> Flow,
     ) -> Result<Generation, EngineError> {
-        Ok(generate::generate_resumed(
+        let mut lookup = generate::speculate::PromptLookup;
+        let drafter: Option<&mut dyn generate::speculate::Drafter> = match settings.speculation {
+            generate::Speculation::Off => None,
+            generate::Speculation::Lookup => Some(&mut lookup),
+        };
+        Ok(generate::generate_drafted(
             &self.decoder,
             self.tokenizer()?,
             prompt_ids,
             resumed,
             saved,
             settings,
+            drafter,
+            self.prefix_use(),
             on_piece,
         )?)
     }
@@ -468,6 +504,7 @@ impl Engine {
             &[],
             settings,
             Some(drafter),
+            self.prefix_use(),
             on_piece,
         )?)
     }
@@ -669,3 +706,47 @@ mod tests {
         ));
     }
 }
+
+/// A pack's identity: its source's files (sizes and hashes, as packed), its
+/// resident file and expert records, and its copied config; where its
+/// drives are does not matter.
+fn pack_key(path: &Path, manifest: &Manifest) -> ModelKey {
+    let mut identity = Vec::new();
+    for f in &manifest.source.files {
+        identity.extend_from_slice(f.name.as_bytes());
+        identity.extend_from_slice(&f.size.to_le_bytes());
+        identity.extend_from_slice(f.xxh3_128.as_bytes());
+    }
+    identity.extend_from_slice(manifest.resident.xxh3_128.as_bytes());
+    // How the experts are stored (a quantised pack computes other values)
+    // and each record's checksum.
+    identity.extend(serde_json::to_vec(&manifest.experts).unwrap_or_default());
+    identity.extend(std::fs::read(path.join(CONFIG_FILE)).unwrap_or_default());
+    ModelKey::new(&identity)
+}
+
+/// A folder's or GGUF file's identity without reading its weights (a
+/// frontier checkpoint is hundreds of gigabytes): each file's name, size and
+/// modification time, and the small files' contents.
+fn files_key(files: &[PathBuf]) -> ModelKey {
+    let mut identity = Vec::new();
+    for path in files {
+        let meta = std::fs::metadata(path).ok();
+        let size = meta.as_ref().map_or(0, |m| m.len());
+        let modified = meta
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
+        identity.extend_from_slice(path.to_string_lossy().as_bytes());
+        identity.extend_from_slice(&size.to_le_bytes());
+        identity.extend_from_slice(&modified.to_le_bytes());
+        if size <= SMALL_IDENTITY_FILE {
+            identity.extend(std::fs::read(path).unwrap_or_default());
+        }
+    }
+    ModelKey::new(&identity)
+}
+
+/// Files up to this size (configs, tokenizers, templates) identify a model
+/// by their contents too.
+const SMALL_IDENTITY_FILE: u64 = 16 << 20;

@@ -27,7 +27,7 @@ macro_rules! internal_modules {
 }
 
 internal_modules!(
-    aligned, cache, generate, import, kernels, metrics, model, pack, pilot, store, synth,
+    aligned, cache, generate, import, kernels, metrics, model, pack, pilot, prefix, store, synth,
     tokenizer, weights,
 );
 
@@ -48,5 +48,9 @@ pub use generate::{
 };
 pub use memory::{MemoryPlan, MemorySettings};
 pub use metrics::{DriveMetrics, EngineStats, MetricsSampler, MetricsSnapshot};
+pub use prefix::{
+    DEFAULT_DISK_BYTES as DEFAULT_PREFIX_DISK_BYTES, DEFAULT_RAM_BYTES as DEFAULT_PREFIX_RAM_BYTES,
+    PrefixCache, PrefixError, PrefixSettings, PrefixStats,
+};
 pub use tokenizer::{ChatMessage, ChatOptions, TextTokenizer};
 pub use toolcall::{MalformedCall, ToolAnswer, ToolCall, ToolFormat};

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::model::{Decoder, LogitsFor, ModelError, SequenceState};
+use crate::prefix::PrefixUse;
 use crate::tokenizer::{TextTokenizer, TokenizerError};
 pub use sampling::{Sampler, SamplingError, SamplingParams};
 pub use speculate::{Speculation, SpeculationStats};
@@ -182,6 +183,12 @@ pub struct GenerationStats {
     pub restored_positions: usize,
     /// Why saved state was refused (it was recomputed instead), if it was.
     pub restore_refused: Option<String>,
+    /// Prompt positions taken from the prefix cache, not computed.
+    pub prefix_positions: usize,
+    /// Bytes of state those positions were restored from.
+    pub prefix_bytes: u64,
+    /// Why a cached prefix block was not used, when one was not.
+    pub prefix_refused: Option<String>,
     pub speculation: SpeculationStats,
 }
 
@@ -357,12 +364,13 @@ pub fn generate_resumed(
         Speculation::Lookup => Some(&mut lookup),
     };
     generate_drafted(
-        model, tokenizer, prompt, resumed, saved, settings, drafter, on_piece,
+        model, tokenizer, prompt, resumed, saved, settings, drafter, None, on_piece,
     )
 }
 
 /// [`generate_resumed`] with guesses from `drafter` (none: plain decoding),
-/// whatever `settings.speculation` says.
+/// whatever `settings.speculation` says, and the prompt's first blocks
+/// taken from `prefix` where it holds them (and kept there as computed).
 #[allow(clippy::too_many_arguments)]
 pub fn generate_drafted(
     model: &Decoder,
@@ -372,6 +380,7 @@ pub fn generate_drafted(
     saved: &[Vec<u8>],
     settings: &GenerationSettings,
     mut drafter: Option<&mut dyn speculate::Drafter>,
+    prefix: Option<PrefixUse<'_>>,
     mut on_piece: impl FnMut(Piece<'_>) -> Flow,
 ) -> Result<Generation, GenerateError> {
     if prompt.is_empty() {
@@ -419,12 +428,24 @@ pub fn generate_drafted(
         })
     };
     let mut logits = Vec::new();
-    let mut cancelled = report(&session, 0) == Flow::Stop;
-    for chunk in prompt.chunks(PROMPT_CHUNK) {
+    if let Some(p) = &prefix {
+        let restored = p.cache.restore(&p.model, &mut session, prompt);
+        stats.prefix_positions = restored.positions;
+        stats.prefix_bytes = restored.bytes;
+        stats.prefix_refused = restored.refused;
+    }
+    let mut cancelled = report(&session, session.len()) == Flow::Stop;
+    // Restored blocks end on a chunk's end: the rest is fed in the passes
+    // it would have had.
+    let from = session.len();
+    for chunk in prompt[from..].chunks(PROMPT_CHUNK) {
         if cancelled {
             break;
         }
         logits = session.feed(chunk)?;
+        if let Some(p) = &prefix {
+            p.cache.keep(&p.model, &session)?;
+        }
         cancelled = report(&session, session.len()) == Flow::Stop;
     }
     // Saved state covers at most all but the last resumed token: its logits,
