@@ -225,7 +225,8 @@ impl Engine {
             let model_key = pack_key(path, &manifest);
             let mut streaming_options = options.streaming.clone();
             if let Some(m) = &options.memory {
-                let plan = plan_memory(path, &spec, &manifest, &streaming_options, m)?;
+                let prefix_ram = options.prefix.as_ref().map_or(0, |p| p.ram_limit());
+                let plan = plan_memory(path, &spec, &manifest, &streaming_options, m, prefix_ram)?;
                 streaming_options.budget_bytes = plan.budget_bytes.min(if m.budget_given {
                     streaming_options.budget_bytes
                 } else {
@@ -534,6 +535,7 @@ fn plan_memory(
     manifest: &Manifest,
     streaming: &StreamingOptions,
     m: &MemorySettings,
+    prefix_ram: u64,
 ) -> Result<MemoryPlan, EngineError> {
     let err = |source| EngineError::Memory {
         path: path.to_path_buf(),
@@ -560,7 +562,7 @@ fn plan_memory(
         manifest.resident.size,
         m.context_tokens,
         spec.state_bytes(),
-        windows * streaming.window_bytes,
+        (windows * streaming.window_bytes, prefix_ram),
         smallest_expert,
     )
     .map_err(err)?;

@@ -52,6 +52,9 @@ pub struct MemoryPlan {
     pub window_bytes: u64,
     pub runtime_bytes: u64,
     pub headroom_bytes: u64,
+    /// RAM for prompt state kept for later prompts (the prefix cache's RAM
+    /// tier), which the process shares by every model it loads.
+    pub prefix_bytes: u64,
     /// The largest expert budget that fits.
     pub budget_bytes: u64,
 }
@@ -59,15 +62,15 @@ pub struct MemoryPlan {
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum MemoryError {
     #[error(
-        "a memory limit of {} leaves no room for experts: resident weights take {}, the sequence state for {} tokens {}, read buffers {}, the runtime {} and headroom {}; raise the limit to at least {}",
+        "a memory limit of {} leaves no room for experts: resident weights take {}, the sequence state for {} tokens {}, read buffers {}, the prefix cache {}, the runtime {} and headroom {}; raise the limit to at least {}",
         mib(plan.limit_bytes), mib(plan.resident_bytes), plan.context_tokens, mib(plan.kv_bytes),
-        mib(plan.window_bytes), mib(plan.runtime_bytes), mib(plan.headroom_bytes), mib(*needed)
+        mib(plan.window_bytes), mib(plan.prefix_bytes), mib(plan.runtime_bytes), mib(plan.headroom_bytes), mib(*needed)
     )]
     TooSmall { plan: MemoryPlan, needed: u64 },
     #[error(
-        "an expert budget of {} does not fit in a memory limit of {}: at most {} is left after resident weights ({}), the sequence state ({}), read buffers ({}), the runtime ({}) and headroom ({})",
+        "an expert budget of {} does not fit in a memory limit of {}: at most {} is left after resident weights ({}), the sequence state ({}), read buffers ({}), the prefix cache ({}), the runtime ({}) and headroom ({})",
         mib(*budget), mib(plan.limit_bytes), mib(plan.budget_bytes), mib(plan.resident_bytes),
-        mib(plan.kv_bytes), mib(plan.window_bytes), mib(plan.runtime_bytes), mib(plan.headroom_bytes)
+        mib(plan.kv_bytes), mib(plan.window_bytes), mib(plan.prefix_bytes), mib(plan.runtime_bytes), mib(plan.headroom_bytes)
     )]
     BudgetTooLarge { budget: u64, plan: MemoryPlan },
     #[error(
@@ -111,14 +114,15 @@ fn mib(bytes: u64) -> String {
 impl MemoryPlan {
     /// Spends `limit_bytes` on a model whose non-expert weights take
     /// `resident_bytes`, for `context_tokens` positions of sequence state
-    /// sized by `state`, with `window_bytes` of one-use read buffers. The
-    /// smallest useful budget is one expert of `min_expert_bytes`.
+    /// sized by `state`, with `window_bytes` of one-use read buffers and
+    /// `prefix_bytes` of cached prompt state. The smallest useful budget is
+    /// one expert of `min_expert_bytes`.
     pub fn new(
         limit_bytes: u64,
         resident_bytes: u64,
         context_tokens: u64,
         state: StateBytes,
-        window_bytes: u64,
+        (window_bytes, prefix_bytes): (u64, u64),
         min_expert_bytes: u64,
     ) -> Result<Self, MemoryError> {
         let mut plan = Self {
@@ -129,11 +133,13 @@ impl MemoryPlan {
             window_bytes,
             runtime_bytes: RUNTIME_BYTES,
             headroom_bytes: (limit_bytes as f64 * HEADROOM_SHARE) as u64,
+            prefix_bytes,
             budget_bytes: 0,
         };
         let fixed = plan.resident_bytes
             + plan.kv_bytes
             + plan.window_bytes
+            + plan.prefix_bytes
             + plan.runtime_bytes
             + plan.headroom_bytes;
         if limit_bytes < fixed + min_expert_bytes {
@@ -165,12 +171,13 @@ impl std::fmt::Display for MemoryPlan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "memory limit {}: resident weights {}, attention cache {} ({} tokens), read buffers {}, runtime {}, headroom {}, experts up to {}",
+            "memory limit {}: resident weights {}, attention cache {} ({} tokens), read buffers {}, prefix cache {}, runtime {}, headroom {}, experts up to {}",
             mib(self.limit_bytes),
             mib(self.resident_bytes),
             mib(self.kv_bytes),
             self.context_tokens,
             mib(self.window_bytes),
+            mib(self.prefix_bytes),
             mib(self.runtime_bytes),
             mib(self.headroom_bytes),
             mib(self.budget_bytes)
@@ -317,13 +324,14 @@ mod tests {
             264 << 20,
             64,
             StateBytes::per_token(49152),
-            64 << 20,
+            (64 << 20, 16 << 20),
             3 << 20,
         )
         .unwrap();
         let spent = plan.resident_bytes
             + plan.kv_bytes
             + plan.window_bytes
+            + plan.prefix_bytes
             + plan.runtime_bytes
             + plan.headroom_bytes
             + plan.budget_bytes;
@@ -337,7 +345,7 @@ mod tests {
             264 << 20,
             64,
             StateBytes::per_token(49152),
-            64 << 20,
+            (64 << 20, 16 << 20),
             3 << 20,
         )
         .unwrap_err();
@@ -354,7 +362,7 @@ mod tests {
                 264 << 20,
                 64,
                 StateBytes::per_token(49152),
-                64 << 20,
+                (64 << 20, 16 << 20),
                 3 << 20
             )
             .is_ok()

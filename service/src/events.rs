@@ -86,6 +86,9 @@ pub struct MetricsEvent {
     /// Drive and cache counters; absent for models held in RAM.
     pub engine: Option<longhaul_engine::MetricsSnapshot>,
     pub budget_bytes: u64,
+    /// The prefix cache's counters, when the service keeps one.
+    #[serde(default)]
+    pub prefix: Option<longhaul_engine::PrefixStats>,
 }
 
 /// The service's event channel.

@@ -349,6 +349,7 @@ mod tests {
             tokens_per_second: Some(tok),
             engine: None,
             budget_bytes: 10,
+            prefix: None,
         }
     }
 

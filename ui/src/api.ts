@@ -101,6 +101,9 @@ export interface JobStats {
   resumes: number;
   /** Guessing ahead over the job's runs (absent on jobs recorded before it existed). */
   speculation?: Speculation;
+  /** Prompt tokens the latest run took from the prefix cache, and the bytes of saved state. */
+  prefix_tokens?: number;
+  prefix_bytes?: number;
 }
 
 /** Guessing ahead: passes that verified guesses, guesses made and kept, passes of one token. */
@@ -210,6 +213,22 @@ export interface MetricsEvent {
     pilot: { predicted: number; demanded: number; correct: number; wasted_bytes: number; useful_bytes: number };
     prefetch_recall: number | null;
   } | null;
+  /** The prefix cache: prompts looked up and served, tokens reused, what it holds. */
+  prefix?: PrefixStats | null;
+}
+
+export interface PrefixStats {
+  lookups: number;
+  hits: number;
+  reused_tokens: number;
+  read_ram_bytes: number;
+  read_disk_bytes: number;
+  written_bytes: number;
+  refused: number;
+  ram_blocks: number;
+  ram_bytes: number;
+  disk_blocks: number;
+  disk_bytes: number;
 }
 
 export interface JobProgress {

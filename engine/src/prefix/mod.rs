@@ -234,6 +234,11 @@ impl PrefixCache {
         })
     }
 
+    /// Bytes of blocks kept in RAM at most.
+    pub fn ram_limit(&self) -> u64 {
+        self.ram_limit
+    }
+
     /// The folder blocks are kept in, if any.
     pub fn dir(&self) -> Option<PathBuf> {
         self.lock().folder.as_ref().map(|f| f.dir().to_path_buf())

@@ -16,14 +16,18 @@ pub mod speculate;
 pub mod synth;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use longhaul_engine::memory::{self, MemorySettings};
 use longhaul_engine::{DEFAULT_PINNED_FRACTION, EvictionPolicy, StreamingOptions};
-use longhaul_engine::{Engine, EngineOptions, LoadProgress};
+use longhaul_engine::{Engine, EngineOptions, LoadProgress, PrefixCache, PrefixSettings};
 use size::SizeOrAuto;
+
+/// The prefix cache's folder in a data dir, unless another is given.
+pub const PREFIX_DIR: &str = "prefix";
 
 /// Where the service keeps its data (for the service itself).
 #[derive(clap::Args)]
@@ -156,6 +160,46 @@ pub struct ModelArgs {
     pub no_verify_checksums: bool,
     #[command(flatten)]
     pub cache: CacheArgs,
+}
+
+/// Where prompts' state is kept for later prompts that begin the same way.
+#[derive(clap::Args, Clone)]
+pub struct PrefixArgs {
+    /// The folder the prefix cache keeps prompt state in, on a drive with
+    /// room (default: `prefix` in the data dir). Jobs, API calls, turns of a
+    /// conversation and later runs all read it.
+    #[arg(long, value_name = "DIR")]
+    pub prefix_cache: Option<PathBuf>,
+    /// Most bytes the prefix cache's folder holds; the least recently used
+    /// blocks go first.
+    #[arg(long, value_parser = size::parse_size, default_value_t = longhaul_engine::DEFAULT_PREFIX_DISK_BYTES)]
+    pub prefix_cache_size: u64,
+    /// Most bytes of prompt state held in RAM as well (counted in --mem).
+    #[arg(long, value_parser = size::parse_size, default_value_t = longhaul_engine::DEFAULT_PREFIX_RAM_BYTES)]
+    pub prefix_cache_ram: u64,
+    /// Keep no prompt state: every prompt is computed whole.
+    #[arg(long, conflicts_with = "prefix_cache")]
+    pub no_prefix_cache: bool,
+}
+
+impl PrefixArgs {
+    /// The cache these arguments ask for, its folder `default_dir` unless
+    /// one was given.
+    pub fn open(&self, default_dir: &Path) -> anyhow::Result<Option<Arc<PrefixCache>>> {
+        if self.no_prefix_cache {
+            return Ok(None);
+        }
+        let settings = PrefixSettings {
+            dir: Some(
+                self.prefix_cache
+                    .clone()
+                    .unwrap_or_else(|| default_dir.to_path_buf()),
+            ),
+            ram_bytes: self.prefix_cache_ram,
+            disk_bytes: self.prefix_cache_size,
+        };
+        Ok(Some(Arc::new(PrefixCache::open(&settings)?)))
+    }
 }
 
 /// How the expert cache of a pack is run.

@@ -16,6 +16,10 @@ use super::speculate::{self, SpeculateArg, parse_speculate};
 pub struct RunArgs {
     #[command(flatten)]
     model: super::ModelArgs,
+    #[command(flatten)]
+    data: super::DataDir,
+    #[command(flatten)]
+    prefix: super::PrefixArgs,
     /// The prompt text.
     #[arg(long)]
     prompt: String,
@@ -81,9 +85,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         seed: args.seed,
     };
     sampling.validate().context("invalid sampling settings")?;
-    let engine = args
-        .model
-        .open_with(|o| o.streaming.record_trace = args.trace.is_some())?;
+    let prefix = args
+        .prefix
+        .open(&args.data.data_dir().join(super::PREFIX_DIR))?;
+    let engine = args.model.open_with(|o| {
+        o.streaming.record_trace = args.trace.is_some();
+        o.prefix = prefix;
+    })?;
     let (prompt, output) = if args.chat {
         let mut options = ChatOptions::generation();
         options.args.extend(args.chat_args.iter().cloned());
@@ -148,6 +156,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         s.decode_tokens_per_second(),
         generation.finish_reason,
     );
+    if s.prefix_positions > 0 {
+        eprintln!(
+            "prefix cache: {} of {} prompt tokens reused ({:.1} MB of saved state)",
+            s.prefix_positions,
+            prompt.len(),
+            s.prefix_bytes as f64 / 1e6
+        );
+    }
+    if let Some(reason) = &s.prefix_refused {
+        eprintln!("warning: prefix cache: {reason}");
+    }
     let spec = &s.speculation;
     if spec.verify_passes > 0 {
         eprintln!(

@@ -26,6 +26,8 @@ pub struct ServeArgs {
     memory: super::MemoryArgs,
     #[command(flatten)]
     cache: super::CacheArgs,
+    #[command(flatten)]
+    prefix: super::PrefixArgs,
     /// A built web UI to serve at / (default: the one installed with this binary: `ui/` beside it, in `../lib/longhaul` or in the app bundle's resources).
     #[arg(long)]
     ui_dir: Option<PathBuf>,
@@ -47,6 +49,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     runner.streaming.budget_bytes = budget;
     runner.memory = memory;
     args.cache.apply(&mut runner.streaming);
+    runner.prefix = args.prefix.open(&data_dir.join(super::PREFIX_DIR))?;
     runner.streaming.store.faults = longhaul_service::faults::store_faults();
     let config = ServeConfig {
         data_dir: data_dir.clone(),

@@ -476,6 +476,7 @@ async fn sample_metrics(app: AppState) {
             tokens_per_second: app.runner.rate.lock().ok().and_then(|r| *r),
             engine: engine_metrics.flatten(),
             budget_bytes: budget,
+            prefix: engine.prefix_stats(),
         };
         if let Ok(mut m) = app.metrics.lock() {
             *m = Some(event.clone());

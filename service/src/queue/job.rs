@@ -339,6 +339,12 @@ pub struct JobStats {
     /// What guessing ahead did over the job's runs.
     #[serde(default)]
     pub speculation: SpeculationTally,
+    /// Prompt tokens the latest run took from the prefix cache rather than
+    /// computing them, and the bytes of saved state they came from.
+    #[serde(default)]
+    pub prefix_tokens: usize,
+    #[serde(default)]
+    pub prefix_bytes: u64,
 }
 
 /// Guesses verified and kept over a job's runs.

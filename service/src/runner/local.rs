@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use longhaul_engine::StreamingOptions;
 use longhaul_engine::memory::MemorySettings;
-use longhaul_engine::{Engine, EngineError, EngineOptions, OutputFormat};
+use longhaul_engine::{Engine, EngineError, EngineOptions, OutputFormat, PrefixCache};
 use longhaul_engine::{FinishReason, GenerationSettings, Phase, SamplingParams, Speculation};
 
 use super::{Outcome, Produced, RunError, Sink, Usage};
@@ -27,6 +27,7 @@ impl LoadedModel {
 pub struct LocalBackend {
     pub streaming: StreamingOptions,
     pub memory: Option<MemorySettings>,
+    pub prefix: Option<Arc<PrefixCache>>,
     pub loaded: Arc<LoadedModel>,
 }
 
@@ -53,6 +54,7 @@ impl LocalBackend {
         let options = EngineOptions {
             streaming: self.streaming.clone(),
             memory: self.memory,
+            prefix: self.prefix.clone(),
         };
         let engine = Engine::open_with(path, &options, &|_| {}).map_err(|e| {
             let text = format!("cannot load the model at {}: {e}", path.display());
@@ -147,6 +149,11 @@ impl LocalBackend {
             reported_tokens: None,
             state_refused: generation.stats.restore_refused.clone(),
             speculation: Some(generation.stats.speculation),
+            prefix_reused: (
+                generation.stats.prefix_positions,
+                generation.stats.prefix_bytes,
+            ),
+            prefix_refused: generation.stats.prefix_refused.clone(),
         })
     }
 }

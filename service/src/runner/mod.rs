@@ -50,6 +50,9 @@ pub struct RunnerConfig {
     /// Where answers' attention state is saved for fast resumes (none: a
     /// resumed job recomputes its answer token by token).
     pub state_dir: Option<PathBuf>,
+    /// Prompt state kept for later prompts that begin the same way: turns
+    /// of one conversation, jobs sharing a long preamble.
+    pub prefix: Option<Arc<longhaul_engine::PrefixCache>>,
 }
 
 impl Default for RunnerConfig {
@@ -60,6 +63,7 @@ impl Default for RunnerConfig {
             commit_tokens: COMMIT_TOKENS,
             commit_interval: COMMIT_INTERVAL,
             state_dir: None,
+            prefix: None,
         }
     }
 }
@@ -132,6 +136,10 @@ pub struct Outcome {
     pub state_refused: Option<String>,
     /// What guessing ahead did, when the model runs here.
     pub speculation: Option<longhaul_engine::SpeculationStats>,
+    /// Prompt tokens taken from the prefix cache, and the bytes of state.
+    pub prefix_reused: (usize, u64),
+    /// Why a cached prompt block was not used, when one was not.
+    pub prefix_refused: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -593,6 +601,23 @@ impl Runner {
                     ),
                 );
             }
+            tally.set_prefix(o.prefix_reused);
+            if o.prefix_reused.0 > 0 {
+                let _ = self.queue.log(
+                    id,
+                    &format!(
+                        "prompt: {} of {} tokens from the prefix cache ({:.1} MB of saved state)",
+                        o.prefix_reused.0,
+                        o.prompt_tokens,
+                        o.prefix_reused.1 as f64 / 1e6
+                    ),
+                );
+            }
+            if let Some(reason) = &o.prefix_refused {
+                let _ = self
+                    .queue
+                    .log(id, &format!("prefix cache: {reason}; recomputed"));
+            }
             if let Some(reason) = &o.state_refused {
                 let _ = self.queue.log(
                     id,
@@ -722,6 +747,7 @@ impl Runner {
                 ModelKind::Local { path } => LocalBackend {
                     streaming: self.config.streaming.clone(),
                     memory: self.config.memory,
+                    prefix: self.config.prefix.clone(),
                     loaded: Arc::clone(&self.loaded),
                 }
                 .run(&PathBuf::from(path), job, saved, sink),

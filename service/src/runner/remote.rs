@@ -166,6 +166,8 @@ impl RemoteBackend<'_> {
                     usage: Usage::default(),
                     reported_tokens: None,
                     state_refused: None,
+                    prefix_reused: (0, 0),
+                    prefix_refused: None,
                     speculation: None,
                 });
             }
@@ -176,6 +178,8 @@ impl RemoteBackend<'_> {
             usage: Usage::default(),
             reported_tokens: reported,
             state_refused: None,
+            prefix_reused: (0, 0),
+            prefix_refused: None,
             speculation: None,
         })
     }

@@ -24,6 +24,7 @@ pub struct Tally {
     prompt_len: Option<usize>,
     usage: Usage,
     speculation: crate::queue::SpeculationTally,
+    prefix: (usize, u64),
 }
 
 impl Tally {
@@ -38,6 +39,7 @@ impl Tally {
             prompt_len: None,
             usage: Usage::default(),
             speculation: Default::default(),
+            prefix: (0, 0),
         }
     }
 
@@ -86,6 +88,11 @@ impl Tally {
         };
     }
 
+    /// Prompt tokens this run took from the prefix cache, and their bytes.
+    pub fn set_prefix(&mut self, reused: (usize, u64)) {
+        self.prefix = reused;
+    }
+
     pub fn set_usage(&mut self, usage: Usage) {
         self.usage = usage;
     }
@@ -126,6 +133,8 @@ impl Tally {
         if let Some(len) = self.prompt_len {
             stats.prompt_tokens = len;
         }
+        // Like the prompt's length: the latest run's.
+        (stats.prefix_tokens, stats.prefix_bytes) = self.prefix;
         stats.expert_bytes_read += self.usage.expert_bytes_read;
         stats.add_drive_bytes(&self.usage.drive_bytes);
         stats.speculation.verify_passes += self.speculation.verify_passes;

@@ -163,6 +163,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
          <span>hit rate ${percent(m.engine?.hit_rate)}</span>
          <span>prefetch recall ${percent(m.engine?.prefetch_recall)}</span>
          <span>cache ${bytes(m.engine?.cache.held_bytes)} of ${bytes(m.budget_bytes)}</span>
+         ${m.prefix ? `<span class="prefix-cache">prefix cache: ${percent(m.prefix.lookups ? m.prefix.hits / m.prefix.lookups : null)} of ${m.prefix.lookups} prompts, ${m.prefix.reused_tokens} tokens reused, ${bytes(m.prefix.read_ram_bytes + m.prefix.read_disk_bytes)} read, ${bytes(m.prefix.disk_bytes)} kept</span>` : ""}
          <span>${range.value === "live" ? `${samples.length} s of history` : `${samples.length} min of history`}</span>`
       : `<span class="empty">No model is loaded yet: the charts fill once a task runs.</span>`;
   };

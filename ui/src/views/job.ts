@@ -79,6 +79,7 @@ function statsGrid(j: Job): string {
     ${cell("Expert bytes read", bytes(s?.expert_bytes_read))}
     ${cell("Cache hit rate", percent(s?.cache_hit_rate))}
     ${cell("Prompt tokens", s ? String(s.prompt_tokens) : "–")}
+    ${cell("From the prefix cache", s?.prefix_tokens ? `${s.prefix_tokens} tokens (${bytes(s.prefix_bytes)})` : "–")}
     ${cell("Resumed", s ? `${s.resumes}×` : "–")}
     ${cell("Guessing ahead", guessLine(s?.speculation) || "–")}
   </dl>${driveReads(s?.drive_bytes_read)}</div>`;

@@ -120,7 +120,7 @@ function row(j: Job): string {
     <td>${j.tokens} / ${j.request.settings.max_tokens}</td>
     <td>${s && s.tokens_per_second > 0 ? rate(s.tokens_per_second) : "–"}</td>
     <td>${bytes(s?.expert_bytes_read)}</td>
-    <td>${percent(s?.cache_hit_rate)}</td>
+    <td>${percent(s?.cache_hit_rate)}${s?.prefix_tokens ? `<div class="hint">${s.prefix_tokens} prompt tokens reused</div>` : ""}</td>
     <td class="actions">
       ${act("rerun", "Re-run")}${act("edit", "Duplicate and edit")}${act("continue", "Continue", j.state === "done" && j.tokens > 0)}${act("follow", "Follow up", j.state === "done")}${act("delete", "Delete", ended)}
     </td>
