@@ -662,6 +662,50 @@ fn read_generation_eos(dir: &Path) -> Result<Vec<u32>, EngineError> {
     }
 }
 
+/// A pack's identity: its source's files (sizes and hashes, as packed), its
+/// resident file and expert records, and its copied config; where its
+/// drives are does not matter.
+fn pack_key(path: &Path, manifest: &Manifest) -> ModelKey {
+    let mut identity = Vec::new();
+    for f in &manifest.source.files {
+        identity.extend_from_slice(f.name.as_bytes());
+        identity.extend_from_slice(&f.size.to_le_bytes());
+        identity.extend_from_slice(f.xxh3_128.as_bytes());
+    }
+    identity.extend_from_slice(manifest.resident.xxh3_128.as_bytes());
+    // How the experts are stored (a quantised pack computes other values)
+    // and each record's checksum.
+    identity.extend(serde_json::to_vec(&manifest.experts).unwrap_or_default());
+    identity.extend(std::fs::read(path.join(CONFIG_FILE)).unwrap_or_default());
+    ModelKey::new(&identity)
+}
+
+/// A folder's or GGUF file's identity without reading its weights (a
+/// frontier checkpoint is hundreds of gigabytes): each file's name, size and
+/// modification time, and the small files' contents.
+fn files_key(files: &[PathBuf]) -> ModelKey {
+    let mut identity = Vec::new();
+    for path in files {
+        let meta = std::fs::metadata(path).ok();
+        let size = meta.as_ref().map_or(0, |m| m.len());
+        let modified = meta
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
+        identity.extend_from_slice(path.to_string_lossy().as_bytes());
+        identity.extend_from_slice(&size.to_le_bytes());
+        identity.extend_from_slice(&modified.to_le_bytes());
+        if size <= SMALL_IDENTITY_FILE {
+            identity.extend(std::fs::read(path).unwrap_or_default());
+        }
+    }
+    ModelKey::new(&identity)
+}
+
+/// Files up to this size (configs, tokenizers, templates) identify a model
+/// by their contents too.
+const SMALL_IDENTITY_FILE: u64 = 16 << 20;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -708,47 +752,3 @@ mod tests {
         ));
     }
 }
-
-/// A pack's identity: its source's files (sizes and hashes, as packed), its
-/// resident file and expert records, and its copied config; where its
-/// drives are does not matter.
-fn pack_key(path: &Path, manifest: &Manifest) -> ModelKey {
-    let mut identity = Vec::new();
-    for f in &manifest.source.files {
-        identity.extend_from_slice(f.name.as_bytes());
-        identity.extend_from_slice(&f.size.to_le_bytes());
-        identity.extend_from_slice(f.xxh3_128.as_bytes());
-    }
-    identity.extend_from_slice(manifest.resident.xxh3_128.as_bytes());
-    // How the experts are stored (a quantised pack computes other values)
-    // and each record's checksum.
-    identity.extend(serde_json::to_vec(&manifest.experts).unwrap_or_default());
-    identity.extend(std::fs::read(path.join(CONFIG_FILE)).unwrap_or_default());
-    ModelKey::new(&identity)
-}
-
-/// A folder's or GGUF file's identity without reading its weights (a
-/// frontier checkpoint is hundreds of gigabytes): each file's name, size and
-/// modification time, and the small files' contents.
-fn files_key(files: &[PathBuf]) -> ModelKey {
-    let mut identity = Vec::new();
-    for path in files {
-        let meta = std::fs::metadata(path).ok();
-        let size = meta.as_ref().map_or(0, |m| m.len());
-        let modified = meta
-            .and_then(|m| m.modified().ok())
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_nanos());
-        identity.extend_from_slice(path.to_string_lossy().as_bytes());
-        identity.extend_from_slice(&size.to_le_bytes());
-        identity.extend_from_slice(&modified.to_le_bytes());
-        if size <= SMALL_IDENTITY_FILE {
-            identity.extend(std::fs::read(path).unwrap_or_default());
-        }
-    }
-    ModelKey::new(&identity)
-}
-
-/// Files up to this size (configs, tokenizers, templates) identify a model
-/// by their contents too.
-const SMALL_IDENTITY_FILE: u64 = 16 << 20;

@@ -92,6 +92,58 @@ fn a_cached_prefix_read_back_after_a_restart_gives_the_whole_prompts_logits() {
     }
 }
 
+/// An agent's next turn: the first turn's prompt, its answer, then more.
+/// It restores the blocks and the tail where the answer ended, feeds the
+/// rest in a pass that does not start on a block's end, and the logits are
+/// bitwise the whole conversation's.
+#[test]
+fn a_next_turn_goes_on_from_where_the_last_one_ended_bitwise() {
+    for name in [
+        "qwen3_moe_released",
+        "kimi_linear_released",
+        "qwen3_next_released",
+        "deepseek_v32_recent",
+        "deepseek_v4_recent",
+    ] {
+        let engine = Engine::open(&common::fixtures_dir().join(name)).unwrap();
+        let vocab = engine.vocab_size() as u32;
+        let conversation = prompt(vocab, 5);
+        // The first turn ended 21 positions past the first block.
+        let first_end = BLOCK + 21;
+        let key = ModelKey::new(name.as_bytes());
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = PrefixCache::open(&settings(tmp.path(), 0, 1 << 30)).unwrap();
+        let mut turn = engine.session();
+        for chunk in conversation[..first_end].chunks(BLOCK) {
+            turn.feed(chunk).unwrap();
+            cache.keep(&key, &turn).unwrap();
+        }
+        cache.keep_tail(&key, &turn).unwrap();
+        assert_eq!(cache.stats().disk_blocks, 2, "{name}: a block and a tail");
+
+        let mut whole = engine.session();
+        let mut expected = Vec::new();
+        for chunk in conversation.chunks(BLOCK) {
+            expected = whole.feed(chunk).unwrap();
+        }
+        let mut next = engine.session();
+        let restored = cache.restore(&key, &mut next, &conversation);
+        assert_eq!(restored.positions, first_end, "{name}: {restored:?}");
+        let mut logits = Vec::new();
+        let mut at = next.len();
+        while at < conversation.len() {
+            let end = ((at / BLOCK + 1) * BLOCK).min(conversation.len());
+            logits = next.feed(&conversation[at..end]).unwrap();
+            at = end;
+        }
+        assert_eq!(
+            bits(&logits),
+            bits(&expected),
+            "{name}: the restored tail changed the logits"
+        );
+    }
+}
+
 #[test]
 fn a_prompt_one_token_past_a_block_reuses_it_and_one_ending_on_it_leaves_the_last_token() {
     let engine = Engine::open(&common::fixtures_dir().join("qwen3_moe_released")).unwrap();
@@ -255,5 +307,21 @@ fn an_engine_with_a_cache_answers_a_repeated_prompt_with_the_same_tokens() {
         assert_eq!(second.tokens, uncached.tokens, "{}", model.display());
         let stats = engine.prefix_stats().unwrap();
         assert_eq!((stats.lookups, stats.hits), (2, 1));
+
+        // The next turn: this prompt, the answer as fed, and more. It goes
+        // on from where the answer ended, and samples what a cold engine
+        // samples.
+        let fed = &second.tokens[..second.tokens.len() - 1];
+        let mut next: Vec<u32> = prompt.iter().chain(fed).copied().collect();
+        next.extend((0..40).map(|i| (i * 31 + 5) % engine.vocab_size() as u32));
+        let cold = Engine::open(&model)
+            .unwrap()
+            .generate_resumed(&next, &[], &[], &settings, |_| Flow::Continue)
+            .unwrap();
+        let warm = engine
+            .generate_resumed(&next, &[], &[], &settings, |_| Flow::Continue)
+            .unwrap();
+        assert_eq!(warm.stats.prefix_positions, prompt.len() + fed.len());
+        assert_eq!(warm.tokens, cold.tokens, "{}", model.display());
     }
 }

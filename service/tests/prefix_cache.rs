@@ -1,5 +1,5 @@
 //! The prefix cache through the service: an agent's second turn resends
-//! the first, and its first block comes from the cache — in the same
+//! the first, and what they share comes from the cache — in the same
 //! service and after a restart, from the folder — with the answer the
 //! service gives without a cache, and the job's figures saying so.
 
@@ -59,7 +59,7 @@ fn ask(s: &Service, body: &Value) -> (Value, Value) {
 }
 
 #[test]
-fn a_second_turn_reads_its_first_block_from_the_cache_and_answers_as_without_it() {
+fn a_second_turn_reads_what_it_shares_with_the_first_from_the_cache_and_answers_as_without_it() {
     let dir = tempfile::tempdir().unwrap();
     let (first, second) = turns();
 
@@ -79,7 +79,10 @@ fn a_second_turn_reads_its_first_block_from_the_cache_and_answers_as_without_it(
     assert_eq!(stats["prefix_tokens"], 0, "nothing cached yet");
     let (got, stats) = ask(&s, &second);
     assert_eq!(got, want_second, "the cached prefix changed the answer");
-    assert_eq!(stats["prefix_tokens"], 512, "{stats}");
+    // The first block, and the tail to where the first turn's prompt ended.
+    let reused = stats["prefix_tokens"].as_u64().unwrap();
+    let prompt = stats["prompt_tokens"].as_u64().unwrap();
+    assert!(reused > 512 && reused < prompt, "{stats}");
     assert!(stats["prefix_bytes"].as_u64().unwrap() > 0);
     // The dashboard's figures, once sampled (every second).
     let started = std::time::Instant::now();
@@ -92,7 +95,7 @@ fn a_second_turn_reads_its_first_block_from_the_cache_and_answers_as_without_it(
         assert!(started.elapsed() < Duration::from_secs(10), "{metrics}");
         std::thread::sleep(Duration::from_millis(100));
     };
-    assert_eq!(prefix["reused_tokens"], 512, "{prefix}");
+    assert_eq!(prefix["reused_tokens"], reused, "{prefix}");
     assert!(prefix["disk_blocks"].as_u64().unwrap() >= 1, "{prefix}");
     s.stop();
 
@@ -100,6 +103,9 @@ fn a_second_turn_reads_its_first_block_from_the_cache_and_answers_as_without_it(
     let s = Service::start(&data);
     let (got, stats) = ask(&s, &second);
     assert_eq!(got, want_second);
-    assert_eq!(stats["prefix_tokens"], 512, "{stats}");
+    assert!(
+        stats["prefix_tokens"].as_u64().unwrap() >= reused,
+        "{stats}"
+    );
     s.stop();
 }

@@ -429,24 +429,26 @@ pub fn generate_drafted(
     };
     let mut logits = Vec::new();
     if let Some(p) = &prefix {
-        let restored = p.cache.restore(&p.model, &mut session, prompt);
+        let restored = p.cache.restore(p.model, &mut session, prompt);
         stats.prefix_positions = restored.positions;
         stats.prefix_bytes = restored.bytes;
         stats.prefix_refused = restored.refused;
     }
     let mut cancelled = report(&session, session.len()) == Flow::Stop;
-    // Restored blocks end on a chunk's end: the rest is fed in the passes
-    // it would have had.
-    let from = session.len();
-    for chunk in prompt[from..].chunks(PROMPT_CHUNK) {
-        if cancelled {
-            break;
-        }
-        logits = session.feed(chunk)?;
+    // Passes end on multiples of the chunk, wherever a restored prefix
+    // ended, so each block's end is seen and kept.
+    let mut at = session.len();
+    while at < prompt.len() && !cancelled {
+        let end = ((at / PROMPT_CHUNK + 1) * PROMPT_CHUNK).min(prompt.len());
+        logits = session.feed(&prompt[at..end])?;
+        at = end;
         if let Some(p) = &prefix {
-            p.cache.keep(&p.model, &session)?;
+            p.cache.keep(p.model, &session)?;
         }
         cancelled = report(&session, session.len()) == Flow::Stop;
+    }
+    if let Some(p) = prefix.as_ref().filter(|_| !cancelled) {
+        p.cache.keep_tail(p.model, &session)?;
     }
     // Saved state covers at most all but the last resumed token: its logits,
     // which pick the next token, come only from feeding it.
@@ -598,7 +600,15 @@ pub fn generate_drafted(
         }
         decode_time += step.elapsed();
         stats.decode_steps += 1;
+        if let Some(p) = &prefix {
+            p.cache.keep(p.model, &session)?;
+        }
     };
+    // Where the answer ended: the next turn of a conversation goes on
+    // from here.
+    if let Some(p) = &prefix {
+        p.cache.keep_tail(p.model, &session)?;
+    }
     if !matches!(
         finish_reason,
         FinishReason::StopString | FinishReason::Cancelled

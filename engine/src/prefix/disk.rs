@@ -13,7 +13,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use super::{BlockKey, PrefixError};
+use super::{Address, BlockKey, PrefixError};
 
 /// What a block file starts with: the format and its version.
 const MAGIC: &[u8; 8] = b"LHPFX001";
@@ -33,6 +33,7 @@ pub(super) struct DiskBlock {
 }
 
 struct Entry {
+    address: Address,
     size: u64,
     used: SystemTime,
 }
@@ -67,24 +68,44 @@ impl Folder {
                 let _ = fs::remove_file(&path);
                 continue;
             }
-            let Some(key) = key_of(&path) else { continue };
+            let Some(address) = address_of(&path) else {
+                continue;
+            };
             if let Ok(meta) = item.metadata() {
-                folder.note(key, meta.len(), meta.modified().unwrap_or(SystemTime::UNIX_EPOCH));
+                let used = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                folder.note(address, meta.len(), used);
             }
         }
         folder.evict(0);
         Ok(folder)
     }
 
-    fn path(&self, key: &BlockKey) -> PathBuf {
-        self.dir.join(format!("{}.{EXTENSION}", key.hex()))
+    fn path(&self, a: &Address) -> PathBuf {
+        let stem = match a.tail {
+            None => a.key.hex(),
+            Some((parent, len)) => format!("{}-{len}-{}", parent.hex(), a.key.hex()),
+        };
+        self.dir.join(format!("{stem}.{EXTENSION}"))
     }
 
-    fn note(&mut self, key: BlockKey, size: u64, used: SystemTime) {
-        if let Some(old) = self.entries.insert(key, Entry { size, used }) {
+    fn note(&mut self, address: Address, size: u64, used: SystemTime) {
+        let entry = Entry {
+            address,
+            size,
+            used,
+        };
+        if let Some(old) = self.entries.insert(address.key, entry) {
             self.total -= old.size;
         }
         self.total += size;
+    }
+
+    /// The tails the folder holds.
+    pub fn tails(&self) -> impl Iterator<Item = Address> + '_ {
+        self.entries
+            .values()
+            .map(|e| e.address)
+            .filter(|a| a.tail.is_some())
     }
 
     fn forget(&mut self, key: &BlockKey) {
@@ -97,8 +118,8 @@ impl Folder {
         &self.dir
     }
 
-    pub fn contains(&self, key: &BlockKey) -> bool {
-        self.entries.contains_key(key) || self.path(key).is_file()
+    pub fn contains(&self, a: &Address) -> bool {
+        self.entries.contains_key(&a.key) || self.path(a).is_file()
     }
 
     pub fn len(&self) -> usize {
@@ -111,8 +132,9 @@ impl Folder {
 
     /// The block under `key`, checked whole; a block that fails its check
     /// is removed and reported, so it is computed again and rewritten.
-    pub fn read(&mut self, key: &BlockKey) -> Result<Option<DiskBlock>, PrefixError> {
-        let path = self.path(key);
+    pub fn read(&mut self, a: &Address) -> Result<Option<DiskBlock>, PrefixError> {
+        let key = &a.key;
+        let path = self.path(a);
         let mut file = match File::open(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -142,7 +164,7 @@ impl Folder {
                 // The order of use is the file's time: a failure to set it
                 // only makes the block look older.
                 let _ = file.set_modified(now);
-                self.note(*key, size, now);
+                self.note(*a, size, now);
                 Ok(Some(block))
             }
             Err(e) => {
@@ -160,17 +182,18 @@ impl Folder {
     /// kept. Returns the bytes written.
     pub fn write(
         &mut self,
-        key: &BlockKey,
+        a: &Address,
         start: usize,
         end: usize,
         bytes: &[u8],
     ) -> Result<u64, PrefixError> {
+        let key = &a.key;
         let size = (HEADER + bytes.len()) as u64;
         if size > self.limit {
             return Ok(0);
         }
         self.evict(size);
-        let path = self.path(key);
+        let path = self.path(a);
         let partial = path.with_extension(PARTIAL);
         let io = |source| PrefixError::Io {
             path: partial.clone(),
@@ -184,7 +207,7 @@ impl Folder {
             path: path.clone(),
             source,
         })?;
-        self.note(*key, size, SystemTime::now());
+        self.note(*a, size, SystemTime::now());
         Ok(size)
     }
 
@@ -193,24 +216,39 @@ impl Folder {
         if self.total + room <= self.limit {
             return;
         }
-        let mut order: Vec<(SystemTime, BlockKey)> =
-            self.entries.iter().map(|(k, e)| (e.used, *k)).collect();
-        order.sort();
-        for (_, key) in order {
+        let mut order: Vec<(SystemTime, Address)> =
+            self.entries.values().map(|e| (e.used, e.address)).collect();
+        order.sort_by_key(|(used, a)| (*used, a.key));
+        for (_, a) in order {
             if self.total + room <= self.limit {
                 break;
             }
-            let _ = fs::remove_file(self.path(&key));
-            self.forget(&key);
+            let _ = fs::remove_file(self.path(&a));
+            self.forget(&a.key);
         }
     }
 }
 
-fn key_of(path: &Path) -> Option<BlockKey> {
+/// A block's file is named by its key; a tail's by the block it follows,
+/// its length and its key, so tails can be listed without reading them.
+fn address_of(path: &Path) -> Option<Address> {
     if path.extension()? != EXTENSION {
         return None;
     }
-    BlockKey::from_hex(path.file_stem()?.to_str()?)
+    let stem = path.file_stem()?.to_str()?;
+    let mut parts = stem.split('-');
+    let address = match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(key), None, None, None) => Address {
+            key: BlockKey::from_hex(key)?,
+            tail: None,
+        },
+        (Some(parent), Some(len), Some(key), None) => Address {
+            key: BlockKey::from_hex(key)?,
+            tail: Some((BlockKey::from_hex(parent)?, len.parse().ok()?)),
+        },
+        _ => return None,
+    };
+    Some(address)
 }
 
 fn header(key: &BlockKey, start: usize, end: usize, bytes: &[u8]) -> Vec<u8> {

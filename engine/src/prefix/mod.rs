@@ -12,13 +12,19 @@
 //! (sha-256: a prompt cannot be made to read another's state). A block
 //! holds the state from its first position (attention rows, indexer keys,
 //! compressed entries) plus every recurrent state as it stands at its end,
-//! and is applied on the state of the blocks before it; the kernels are
+//! and is applied on the state of the blocks before it. Where a prompt or
+//! an answer ends mid-block, a tail is kept too: the state from the last
+//! kept block's end to there, found by that block's key and the tail's
+//! length. An agent's next turn is the last turn's prompt, its answer and a
+//! tool's result, so it restores the blocks and the tail and computes only
+//! what was added (without tails it would recompute up to 511 positions
+//! more: on a streamed frontier model, many seconds). The kernels are
 //! batch-invariant, so the logits after a restored prefix are bitwise those
-//! of computing it whole.
+//! of computing it whole, whatever pass the rest is fed in.
 
 mod disk;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -79,6 +85,16 @@ impl BlockKey {
     }
 }
 
+/// Where an entry is found: a whole block by its key; a tail (the state
+/// from a block's end to wherever a prompt or an answer ended) also by
+/// the key of the block it follows and its length, so that the tails
+/// after a block can be listed without knowing their tokens.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(crate) struct Address {
+    pub key: BlockKey,
+    pub tail: Option<(BlockKey, usize)>,
+}
+
 /// A model's identity as the cache sees it: what its state depends on.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct ModelKey([u8; 32]);
@@ -98,19 +114,30 @@ impl ModelKey {
 
     /// The key of each whole block of `ids`, in order.
     pub fn block_keys(&self, ids: &[u32]) -> Vec<BlockKey> {
-        let mut previous = self.0;
+        let mut previous = self.root();
         ids.chunks_exact(BLOCK)
             .map(|block| {
-                let mut h = Sha256::new();
-                h.update(previous);
-                for id in block {
-                    h.update(id.to_le_bytes());
-                }
-                previous = h.finalize().into();
-                BlockKey(previous)
+                previous = chain(&previous, block);
+                previous
             })
             .collect()
     }
+
+    /// What the first block follows.
+    fn root(&self) -> BlockKey {
+        BlockKey(self.0)
+    }
+}
+
+/// The key of `ids` following the prefix keyed `previous`.
+fn chain(previous: &BlockKey, ids: &[u32]) -> BlockKey {
+    let mut h = Sha256::new();
+    h.update(previous.0);
+    h.update((ids.len() as u64).to_le_bytes());
+    for id in ids {
+        h.update(id.to_le_bytes());
+    }
+    BlockKey(h.finalize().into())
 }
 
 /// The cache's counters and contents, read now.
@@ -127,8 +154,10 @@ pub struct PrefixStats {
     pub written_bytes: u64,
     /// Blocks refused on read (damaged, or not fitting the model).
     pub refused: u64,
+    /// Blocks and tails held in RAM, and their bytes.
     pub ram_blocks: u64,
     pub ram_bytes: u64,
+    /// Blocks and tails held in the folder, and their bytes.
     pub disk_blocks: u64,
     pub disk_bytes: u64,
 }
@@ -143,6 +172,9 @@ impl PrefixStats {
         }
     }
 }
+
+/// An entry as read: its first and end position, and the state's bytes.
+type Held = (usize, usize, Arc<Vec<u8>>);
 
 struct RamBlock {
     start: usize,
@@ -159,7 +191,7 @@ struct Ram {
 }
 
 impl Ram {
-    fn get(&mut self, key: &BlockKey) -> Option<(usize, usize, Arc<Vec<u8>>)> {
+    fn get(&mut self, key: &BlockKey) -> Option<Held> {
         self.clock += 1;
         let now = self.clock;
         self.blocks.get_mut(key).map(|b| {
@@ -192,6 +224,9 @@ impl Ram {
 struct Inner {
     ram: Ram,
     folder: Option<disk::Folder>,
+    /// Lengths of the tails kept after each block, longest first to try;
+    /// an entry whose tail is gone from both tiers is dropped when missed.
+    tails: HashMap<BlockKey, BTreeSet<usize>>,
     stats: PrefixStats,
 }
 
@@ -224,11 +259,18 @@ impl PrefixCache {
             Some(dir) => Some(disk::Folder::open(dir, settings.disk_bytes)?),
             None => None,
         };
+        let mut tails: HashMap<BlockKey, BTreeSet<usize>> = HashMap::new();
+        for a in folder.iter().flat_map(|f| f.tails()) {
+            if let Some((parent, len)) = a.tail {
+                tails.entry(parent).or_default().insert(len);
+            }
+        }
         Ok(Self {
             ram_limit: settings.ram_bytes,
             inner: Mutex::new(Inner {
                 ram: Ram::default(),
                 folder,
+                tails,
                 stats: PrefixStats::default(),
             }),
         })
@@ -264,7 +306,8 @@ impl PrefixCache {
 
     /// The block under `key` (RAM first, then the folder, from which it is
     /// kept in RAM too), with the positions it covers.
-    fn get(&self, key: &BlockKey) -> Result<Option<(usize, usize, Arc<Vec<u8>>)>, PrefixError> {
+    fn get(&self, a: &Address) -> Result<Option<Held>, PrefixError> {
+        let key = &a.key;
         let mut inner = self.lock();
         if let Some(hit) = inner.ram.get(key) {
             inner.stats.read_ram_bytes += hit.2.len() as u64;
@@ -273,7 +316,7 @@ impl PrefixCache {
         let Some(folder) = inner.folder.as_mut() else {
             return Ok(None);
         };
-        let Some(block) = folder.read(key)? else {
+        let Some(block) = folder.read(a)? else {
             return Ok(None);
         };
         let bytes = Arc::new(block.bytes);
@@ -283,66 +326,76 @@ impl PrefixCache {
         Ok(Some((block.start, block.end, bytes)))
     }
 
-    fn contains(&self, key: &BlockKey) -> bool {
+    fn contains(&self, a: &Address) -> bool {
         let inner = self.lock();
-        inner.ram.blocks.contains_key(key) || inner.folder.as_ref().is_some_and(|f| f.contains(key))
+        inner.ram.blocks.contains_key(&a.key) || inner.folder.as_ref().is_some_and(|f| f.contains(a))
     }
 
-    fn put(&self, key: BlockKey, start: usize, end: usize, bytes: Vec<u8>) {
+    fn put(&self, a: Address, start: usize, end: usize, bytes: Vec<u8>) {
         let mut inner = self.lock();
         if let Some(folder) = inner.folder.as_mut() {
-            match folder.write(&key, start, end, &bytes) {
+            match folder.write(&a, start, end, &bytes) {
                 Ok(n) => inner.stats.written_bytes += n,
                 Err(e) => tracing::warn!("{e}"),
             }
         }
+        if let Some((parent, len)) = a.tail {
+            inner.tails.entry(parent).or_default().insert(len);
+        }
         let limit = self.ram_limit;
-        inner.ram.put(key, start, end, Arc::new(bytes), limit);
+        inner.ram.put(a.key, start, end, Arc::new(bytes), limit);
     }
 
     /// Restores into an empty `session` the longest run of cached blocks
-    /// from the start of `prompt` that leaves at least its last token to
-    /// be fed (its logits choose the answer's first token). A block that
-    /// cannot be read or does not fit ends the run: what follows is
-    /// computed, and the reason is returned.
+    /// from the start of `prompt`, then the longest tail kept after the
+    /// last of them, leaving at least the prompt's last token to be fed
+    /// (its logits choose the answer's first token). An entry that cannot
+    /// be read or does not fit ends the run: what follows is computed, and
+    /// the reason is returned.
     pub fn restore(&self, model: &ModelKey, session: &mut Session<'_>, prompt: &[u32]) -> Restored {
         let usable = prompt.len().saturating_sub(1);
         let keys = model.block_keys(&prompt[..usable]);
         let mut done = Restored::default();
+        let mut parent = model.root();
         for key in &keys {
-            let at = session.len();
-            let block = match self.get(key) {
-                Ok(Some(b)) => b,
+            let a = Address { key: *key, tail: None };
+            match self.apply(&a, session, prompt, BLOCK) {
+                Ok(Some(bytes)) => {
+                    parent = *key;
+                    done.bytes += bytes;
+                }
                 Ok(None) => break,
-                Err(e) => {
-                    done.refused = Some(e.to_string());
-                    break;
-                }
-            };
-            let (start, end, bytes) = block;
-            let fits = start == at && end == at + BLOCK;
-            let applied = if fits {
-                session.restore(&bytes, &prompt[at..]).map_err(|e| e.to_string())
-            } else {
-                Err(format!("it covers positions {start}..{end}, expected {at}..{}", at + BLOCK))
-            };
-            match applied {
-                Ok(n) if n == BLOCK => {
-                    done.positions += n;
-                    done.bytes += bytes.len() as u64;
-                }
-                Ok(n) => {
-                    // Applied but short: cut back to the blocks before it.
-                    let _ = session.truncate(at);
-                    done.refused = Some(format!("a block held {n} positions, not {BLOCK}"));
-                    break;
-                }
                 Err(reason) => {
-                    done.refused = Some(format!("a cached block was refused: {reason}"));
+                    done.refused = Some(reason);
                     break;
                 }
             }
         }
+        let at = session.len();
+        if done.refused.is_none() {
+            let lens: Vec<usize> = self
+                .lock()
+                .tails
+                .get(&parent)
+                .map(|l| l.iter().rev().copied().filter(|&n| at + n <= usable).collect())
+                .unwrap_or_default();
+            for len in lens {
+                let key = chain(&parent, &prompt[at..at + len]);
+                let a = Address { key, tail: Some((parent, len)) };
+                match self.apply(&a, session, prompt, len) {
+                    Ok(Some(bytes)) => {
+                        done.bytes += bytes;
+                        break;
+                    }
+                    Ok(None) => continue,
+                    Err(reason) => {
+                        done.refused = Some(reason);
+                        break;
+                    }
+                }
+            }
+        }
+        done.positions = session.len();
         let mut inner = self.lock();
         inner.stats.lookups += 1;
         if done.positions > 0 {
@@ -355,21 +408,99 @@ impl PrefixCache {
         done
     }
 
+    /// Applies the entry at `a`, which should hold `len` positions from the
+    /// session's length: its bytes if it was there, or why it was refused.
+    fn apply(
+        &self,
+        a: &Address,
+        session: &mut Session<'_>,
+        prompt: &[u32],
+        len: usize,
+    ) -> Result<Option<u64>, String> {
+        let at = session.len();
+        let (start, end, bytes) = match self.get(a) {
+            Ok(Some(entry)) => entry,
+            Ok(None) => {
+                self.forget_tail(a);
+                return Ok(None);
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        if start != at || end != at + len {
+            return Err(format!(
+                "a cached entry covers positions {start}..{end}, expected {at}..{}",
+                at + len
+            ));
+        }
+        match session.restore(&bytes, &prompt[at..]) {
+            Ok(n) if n == len => Ok(Some(bytes.len() as u64)),
+            Ok(n) => {
+                // Applied but short: cut back to what came before it.
+                let _ = session.truncate(at);
+                Err(format!("a cached entry held {n} positions, not {len}"))
+            }
+            Err(e) => Err(format!("a cached entry was refused: {e}")),
+        }
+    }
+
+    fn forget_tail(&self, a: &Address) {
+        if let Some((parent, len)) = a.tail {
+            let mut inner = self.lock();
+            if let Some(lens) = inner.tails.get_mut(&parent) {
+                lens.remove(&len);
+            }
+        }
+    }
+
     /// Keeps the block ending at `session`'s length, when that is a block's
     /// end and the block is not kept already.
     pub fn keep(&self, model: &ModelKey, session: &Session<'_>) -> Result<(), ModelError> {
         let end = session.len();
-        if end == 0 || end % BLOCK != 0 || session.ids().len() != end {
+        if end == 0 || !end.is_multiple_of(BLOCK) || session.ids().len() != end {
             return Ok(());
         }
         let Some(&key) = model.block_keys(session.ids()).last() else {
             return Ok(());
         };
-        if self.contains(&key) {
+        let a = Address { key, tail: None };
+        if self.contains(&a) {
             return Ok(());
         }
         let bytes = session.snapshot_since(end - BLOCK)?;
-        self.put(key, end - BLOCK, end, bytes);
+        self.put(a, end - BLOCK, end, bytes);
+        Ok(())
+    }
+
+    /// Keeps the state from the end of the longest run of kept blocks to
+    /// `session`'s length (where a prompt or an answer ended), so the next
+    /// prompt that goes on from there computes only what it adds: an
+    /// agent's next turn is this one's prompt and answer and a tool's result.
+    pub fn keep_tail(&self, model: &ModelKey, session: &Session<'_>) -> Result<(), ModelError> {
+        let ids = session.ids();
+        let end = session.len();
+        if ids.len() != end {
+            return Ok(());
+        }
+        let mut parent = model.root();
+        let mut from = 0;
+        for key in model.block_keys(ids) {
+            if !self.contains(&Address { key, tail: None }) {
+                break;
+            }
+            parent = key;
+            from += BLOCK;
+        }
+        let len = end - from;
+        if len == 0 {
+            return Ok(());
+        }
+        let key = chain(&parent, &ids[from..]);
+        let a = Address { key, tail: Some((parent, len)) };
+        if self.contains(&a) {
+            return Ok(());
+        }
+        let bytes = session.snapshot_since(from)?;
+        self.put(a, from, end, bytes);
         Ok(())
     }
 }
