@@ -313,6 +313,14 @@ impl Engine {
         })
     }
 
+    /// The format this model writes tool calls in, from its vocabulary and
+    /// template; none without a tokenizer or a sign of calls.
+    pub fn tool_format(&self) -> Option<crate::toolcall::ToolFormat> {
+        self.tokenizer
+            .as_ref()
+            .and_then(crate::toolcall::ToolFormat::detect)
+    }
+
     /// The prefix cache's counters, when the engine has one.
     pub fn prefix_stats(&self) -> Option<PrefixStats> {
         self.prefix.as_ref().map(|p| p.stats())

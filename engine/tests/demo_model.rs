@@ -59,6 +59,7 @@ fn greedy(engine: &Engine, prompt: &[u32], max_tokens: usize) -> Generation {
         speculation: longhaul_engine::generate::Speculation::Off,
         output: Default::default(),
         keep_special_tokens: false,
+        answer_starts: Vec::new(),
     };
     engine
         .generate(prompt, &settings, |_| Flow::Continue)
@@ -155,6 +156,7 @@ fn a_long_prompt_reports_its_reading_and_can_be_stopped_between_passes() {
         speculation: longhaul_engine::generate::Speculation::Off,
         output: Default::default(),
         keep_special_tokens: false,
+        answer_starts: Vec::new(),
     };
     let mut seen = Vec::new();
     let whole = engine

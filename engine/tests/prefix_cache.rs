@@ -284,6 +284,7 @@ fn an_engine_with_a_cache_answers_a_repeated_prompt_with_the_same_tokens() {
             speculation: longhaul_engine::Speculation::Off,
             output: Default::default(),
             keep_special_tokens: false,
+            answer_starts: Vec::new(),
         };
         let uncached = Engine::open(&model)
             .unwrap()

@@ -19,6 +19,7 @@ fn greedy(engine: &Engine, output: longhaul_engine::OutputFormat) -> GenerationS
         speculation: longhaul_engine::generate::Speculation::Off,
         output,
         keep_special_tokens: false,
+        answer_starts: Vec::new(),
     }
 }
 
@@ -87,6 +88,7 @@ fn stop_strings_end_generation_before_the_string() {
         speculation: longhaul_engine::generate::Speculation::Off,
         output: Default::default(),
         keep_special_tokens: false,
+        answer_starts: Vec::new(),
     };
     let out = engine
         .generate(&prompt, &settings, |_| Flow::Continue)
@@ -114,6 +116,7 @@ fn seeded_sampling_is_reproducible_and_differs_across_seeds() {
             speculation: longhaul_engine::generate::Speculation::Off,
             output: Default::default(),
             keep_special_tokens: false,
+            answer_starts: Vec::new(),
         };
         engine
             .generate(&prompt, &settings, |_| Flow::Continue)
@@ -219,6 +222,7 @@ fn resumes_exactly(engine: &Engine) {
             speculation: longhaul_engine::generate::Speculation::Off,
             output: Default::default(),
             keep_special_tokens: false,
+            answer_starts: Vec::new(),
         };
         let whole = engine
             .generate(&prompt, &settings, |_| Flow::Continue)
@@ -260,6 +264,7 @@ fn saved_attention_state_replaces_recomputing_the_answer() {
         speculation: longhaul_engine::generate::Speculation::Off,
         output: Default::default(),
         keep_special_tokens: false,
+        answer_starts: Vec::new(),
     };
     let mut rows = Vec::new();
     let first = engine

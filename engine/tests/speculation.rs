@@ -86,6 +86,7 @@ fn settings(sampling: &SamplingParams, spec: Speculation) -> GenerationSettings 
         speculation: spec,
         output: Default::default(),
         keep_special_tokens: false,
+        answer_starts: Vec::new(),
     }
 }
 
@@ -110,6 +111,7 @@ fn generate(
         speculation: spec,
         output: Default::default(),
         keep_special_tokens: false,
+        answer_starts: Vec::new(),
     };
     engine
         .generate(prompt, &settings, |_| Flow::Continue)

@@ -90,3 +90,91 @@ fn a_call_comes_back_as_tool_calls_and_its_result_feeds_the_next_turn() {
     let last = chunks.last().unwrap();
     assert_eq!(last["choices"][0]["finish_reason"], "tool_calls", "{body}");
 }
+
+/// A forced choice makes the model call a tool it would not have called,
+/// and a job that resumes mid-answer keeps to it.
+#[test]
+fn a_forced_tool_choice_holds_the_answer_to_a_call() {
+    let (_dir, s) = started();
+    let sum = json!([{ "role": "user", "content": "What is 2 plus 3?" }]);
+    let free = s.post(
+        "/v1/chat/completions",
+        json!({ "model": "tools", "tools": tools(), "messages": sum }),
+    );
+    assert_eq!(free["choices"][0]["finish_reason"], "stop", "{free}");
+    for choice in [
+        json!("required"),
+        json!({ "type": "function", "function": { "name": "read_file" } }),
+    ] {
+        let forced = s.post(
+            "/v1/chat/completions",
+            json!({ "model": "tools", "tools": tools(), "messages": sum, "tool_choice": choice }),
+        );
+        let choice_out = &forced["choices"][0];
+        assert_eq!(
+            choice_out["finish_reason"], "tool_calls",
+            "{choice}: {forced}"
+        );
+        let call = &choice_out["message"]["tool_calls"][0];
+        assert_eq!(call["function"]["name"], "read_file", "{forced}");
+        let args: Value =
+            serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert!(args.is_object(), "{forced}");
+    }
+    let (status, err) = s.call(
+        "POST",
+        "/v1/chat/completions",
+        Some(
+            &json!({ "model": "tools", "tools": tools(), "messages": sum,
+                      "tool_choice": { "type": "function", "function": { "name": "rm" } } }),
+        ),
+    );
+    assert_eq!(status, 400, "{err}");
+    assert_eq!(err["error"]["param"], "tool_choice", "{err}");
+    assert!(
+        err["error"]["message"].as_str().unwrap().contains("`rm`"),
+        "{err}"
+    );
+}
+
+/// While a long prompt is read, every stream says how far it has come (an
+/// SSE comment, which clients skip), as well as keeping alive.
+#[test]
+fn a_stream_reports_prompt_progress_while_the_prompt_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    // Each report of prompt reading waits 6 s: a ~970-token prompt, read in
+    // two passes, takes about 18 s.
+    // Without a prefix cache, or the second request would read the first's
+    // prompt from it.
+    let s = Service::start_env(
+        &dir.path().join("data"),
+        &["--no-prefix-cache"],
+        &[("LONGHAUL_FAULTS", "prompt-delay-ms=6000")],
+    );
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/longhaul-demo-tools");
+    s.add_model("tools", &model);
+    let long = "The project streams expert weights from several drives. ".repeat(60);
+    let ask = json!({ "model": "tools", "stream": true, "max_tokens": 4,
+                      "messages": [{ "role": "user", "content": long }] });
+    for (path, body) in [
+        ("/v1/chat/completions", ask.clone()),
+        ("/v1/messages", ask.clone()),
+        (
+            "/v1/responses",
+            json!({ "model": "tools", "stream": true, "max_output_tokens": 4, "input": long }),
+        ),
+    ] {
+        let (status, text) = s.call_text("POST", path, Some(&body), true);
+        assert_eq!(status, 200, "{path}: {text}");
+        let reports: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with(": prompt: "))
+            .collect();
+        assert!(reports.len() >= 2, "{path}: {text}");
+        assert!(
+            reports.iter().all(|r| r.ends_with(" tokens read")),
+            "{reports:?}"
+        );
+        assert!(text.contains("data: "), "{path}: the answer follows");
+    }
+}

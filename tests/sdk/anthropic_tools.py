@@ -84,8 +84,18 @@ def count_tokens(client: anthropic.Anthropic) -> None:
     assert first.usage.input_tokens == counted.input_tokens, (first.usage, counted)
 
 
+def forced_calls(client: anthropic.Anthropic) -> None:
+    for choice, names in [({"type": "tool", "name": "search"}, {"search"}),
+                          ({"type": "any"}, {"read_file", "list_files", "search"})]:
+        m = ask(client, [{"role": "user", "content": "What is 2 plus 3?"}], tool_choice=choice)
+        assert m.stop_reason == "tool_use", m
+        [use] = [b for b in m.content if b.type == "tool_use"]
+        assert use.name in names and isinstance(use.input, dict), (choice, use)
+        print(f"# forced {choice}: {use.name}({use.input})")
+
+
 def refusals(client: anthropic.Anthropic) -> None:
-    for extra in [{"tool_choice": {"type": "any"}}, {"max_tokens": 5000}]:
+    for extra in [{"tool_choice": {"type": "tool", "name": "delete_all"}}, {"max_tokens": 5000}]:
         try:
             client.messages.create(**{"model": MODEL, "max_tokens": MAX_TOKENS, "tools": TOOLS,
                                       "messages": [{"role": "user", "content": QUESTION}], **extra})
@@ -100,7 +110,8 @@ def main() -> int:
         service.add_model(MODEL, Path(__file__).resolve().parents[2] / "assets/longhaul-demo-tools")
         client = anthropic.Anthropic(base_url=service.url, api_key=service.token, timeout=120, max_retries=0)
         return run_checks("anthropic", client,
-                          [first_turn, second_turn, streamed, plain_answer, count_tokens, refusals])
+                          [first_turn, second_turn, streamed, plain_answer, count_tokens, forced_calls,
+                           refusals])
 
 
 if __name__ == "__main__":

@@ -96,9 +96,26 @@ def no_tools_no_call(client: openai.OpenAI) -> None:
     assert re.fullmatch(r"\d+\.", r.choices[0].message.content), r.choices[0].message.content
 
 
+def forced_calls(client: openai.OpenAI) -> None:
+    # A question the model answers without a tool: a forced choice makes it call one.
+    sum_question = [{"role": "user", "content": "What is 2 plus 3?"}]
+    for choice, names in [({"type": "function", "function": {"name": "search"}}, {"search"}),
+                          ("required", {"read_file", "list_files", "search"})]:
+        r = client.chat.completions.create(model=MODEL, messages=sum_question, tools=TOOLS, tool_choice=choice)
+        assert r.choices[0].finish_reason == "tool_calls", r
+        [call] = r.choices[0].message.tool_calls
+        assert call.function.name in names, (choice, call)
+        assert isinstance(json.loads(call.function.arguments), dict), call
+        print(f"# forced {choice}: {call.function.name}({call.function.arguments})")
+    first = client.responses.create(model=MODEL, input="What is 2 plus 3?", tools=FLAT_TOOLS,
+                                    tool_choice={"type": "function", "name": "list_files"})
+    [call] = [o for o in first.output if o.type == "function_call"]
+    assert call.name == "list_files", first
+
+
 def refusals(client: openai.OpenAI) -> None:
     ask = {"model": MODEL, "messages": [{"role": "user", "content": QUESTION}], "tools": TOOLS}
-    for extra, param in [({"tool_choice": "required"}, "tool_choice"),
+    for extra, param in [({"tool_choice": {"type": "function", "function": {"name": "delete_all"}}}, "tool_choice"),
                          ({"response_format": {"type": "json_object"}}, "response_format"),
                          ({"messages": [{"role": "user", "content": "word " * 5000}]}, "max_tokens")]:
         try:
@@ -144,7 +161,7 @@ def main() -> int:
         service.add_model(MODEL, Path(__file__).resolve().parents[2] / "assets/longhaul-demo-tools")
         client = openai.OpenAI(base_url=f"{service.url}/v1", api_key=service.token,
                                timeout=TIMEOUT_SECONDS, max_retries=0)
-        return run_checks("openai", client, [first_turn, second_turn, streamed, no_tools_no_call, refusals,
+        return run_checks("openai", client, [first_turn, second_turn, streamed, no_tools_no_call, forced_calls, refusals,
                                                    responses_turns, responses_streamed])
 
 

@@ -161,6 +161,20 @@ impl<'t> Splitter<'t> {
         }
     }
 
+    /// Whether the next token would be the answer's (or may open reasoning
+    /// first): where decoding held to a start applies.
+    pub fn writing_answer(&self) -> bool {
+        matches!(self.mode, Mode::Before | Mode::Answer)
+    }
+
+    /// The token that may still open reasoning before the answer.
+    pub fn may_open_reasoning(&self) -> Option<u32> {
+        match (self.format, self.mode) {
+            (OutputFormat::Think { open_id, .. }, Mode::Before) => open_id,
+            _ => None,
+        }
+    }
+
     /// The text token `id` completes, by part.
     pub fn push(&mut self, id: u32) -> Result<Parts, TokenizerError> {
         let mut out = Parts::default();

@@ -3,6 +3,7 @@
 
 pub mod bridge;
 pub mod channels;
+mod constrain;
 pub mod sampling;
 pub mod speculate;
 pub mod stop;
@@ -154,6 +155,10 @@ pub struct GenerationSettings {
     /// Kimi's `<|tool_call_begin|>`): when tools were offered, so the
     /// family's call markers reach whoever reads the calls.
     pub keep_special_tokens: bool,
+    /// Texts the answer must begin with one of (after any reasoning and
+    /// leading whitespace): a family's call opener up to a tool's name when
+    /// a call is forced. Empty: the answer is free.
+    pub answer_starts: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -390,6 +395,12 @@ pub fn generate_drafted(
     let mut session = Session::new(model);
     let mut splitter = channels::Splitter::new(tokenizer, settings.output, settings.keep_special_tokens);
     let mut stops = StopScanner::new(settings.stop_strings.clone());
+    let texts = if settings.answer_starts.is_empty() {
+        &[][..]
+    } else {
+        tokenizer.token_texts(model.vocab_size)
+    };
+    let mut constraint = constrain::Constraint::new(&settings.answer_starts, texts);
     let mut stats = GenerationStats {
         prompt_tokens: prompt.len() + resumed.len(),
         ..Default::default()
@@ -401,6 +412,7 @@ pub fn generate_drafted(
     for &id in resumed {
         tokens.push(id);
         let parts = splitter.push(id)?;
+        constraint.push(&parts.answer);
         reasoning.push_str(&parts.reasoning);
         match stops.push(&parts.answer) {
             Scan::Continue(shown) => text.push_str(&shown),
@@ -509,7 +521,13 @@ pub fn generate_drafted(
         if tokens.len() >= settings.max_tokens {
             break FinishReason::MaxTokens;
         }
-        let id = sampler.sample(&logits, tokens.len());
+        let id = if constraint.active() && splitter.writing_answer() {
+            let mut held = logits.clone();
+            constraint.mask(&mut held, splitter.may_open_reasoning());
+            sampler.sample(&held, tokens.len())
+        } else {
+            sampler.sample(&logits, tokens.len())
+        };
         if settings.eos_token_ids.contains(&id) || splitter.ends(id) {
             break FinishReason::Eos;
         }
@@ -521,6 +539,7 @@ pub fn generate_drafted(
             gate.record_shadow(kind, guess == id);
         }
         let parts = splitter.push(id)?;
+        constraint.push(&parts.answer);
         let (shown, stopped) = match stops.push(&parts.answer) {
             Scan::Continue(s) => (s, false),
             Scan::Stop(s) => (s, true),
@@ -555,7 +574,8 @@ pub fn generate_drafted(
         }
         let step = Instant::now();
         let mut kind = 0;
-        let guesses = match drafter.as_deref_mut() {
+        // Guesses are drawn unconstrained: none while a start is held to.
+        let guesses = match drafter.as_deref_mut().filter(|_| !constraint.active()) {
             Some(d) => {
                 let room = settings.max_tokens - tokens.len();
                 let most = speculate::MAX_DRAFT.min(room);

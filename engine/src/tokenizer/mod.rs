@@ -57,6 +57,9 @@ pub struct TextTokenizer {
     prompt: PromptBuilder,
     bos_token: Option<String>,
     eos_token: Option<String>,
+    /// Each token's text, special tokens spelled out, decoded when first
+    /// asked for (for decoding held to a start).
+    texts: std::sync::OnceLock<Vec<Option<String>>>,
 }
 
 /// How ids and text map to each other.
@@ -179,6 +182,7 @@ impl TextTokenizer {
             prompt,
             bos_token: special_token(config, "bos_token"),
             eos_token: special_token(config, "eos_token"),
+            texts: std::sync::OnceLock::new(),
         })
     }
 
@@ -227,6 +231,17 @@ impl TextTokenizer {
             Vocabulary::Hf(t) => t.get_vocab(true),
             Vocabulary::Tiktoken(t) => t.vocab(),
         }
+    }
+
+    /// The text of each of the first `n` token ids on its own, special
+    /// tokens spelled out; none for an id the vocabulary cannot decode.
+    pub fn token_texts(&self, n: usize) -> &[Option<String>] {
+        let texts = self.texts.get_or_init(|| {
+            (0..n as u32)
+                .map(|id| self.decode_with_special(&[id]).ok())
+                .collect()
+        });
+        &texts[..n.min(texts.len())]
     }
 
     pub fn token_id(&self, token: &str) -> Option<u32> {

@@ -122,6 +122,37 @@ impl ToolFormat {
         }
     }
 
+    /// How an answer that calls one of `names` begins, up to where the
+    /// name has ended, for each way the family writes it: decoding held to
+    /// these (a forced call) can only write a call to one of them. None for
+    /// harmony, whose calls are headers of their own messages.
+    pub fn openings(self, names: &[&str]) -> Option<Vec<String>> {
+        let per_name = |name: &str| -> Vec<String> {
+            match self {
+                Self::Kimi => vec![format!(
+                    "<|tool_calls_section_begin|><|tool_call_begin|>functions.{name}:"
+                )],
+                Self::DeepseekTokens => vec![
+                    format!("{DS_CALLS_BEGIN}<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>"),
+                    format!("{DS_CALLS_BEGIN}<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n"),
+                ],
+                Self::Dsml => ["function_calls", "tool_calls"]
+                    .iter()
+                    .map(|block| format!("<{DSML}{block}>\n<{DSML}invoke name=\"{name}\">"))
+                    .collect(),
+                Self::Hermes => vec![format!("<tool_call>\n{{\"name\": \"{name}\"")],
+                Self::QwenXml => vec![format!("<tool_call>\n<function={name}>")],
+                Self::Glm => ["\n", "<arg_key>", "</tool_call>"]
+                    .iter()
+                    .map(|after| format!("<tool_call>{name}{after}"))
+                    .collect(),
+                Self::Minimax => vec![format!("<minimax:tool_call>\n<invoke name=\"{name}\">")],
+                Self::Harmony => Vec::new(),
+            }
+        };
+        (self != Self::Harmony).then(|| names.iter().flat_map(|n| per_name(n)).collect())
+    }
+
     /// Where the first call block begins in `text`, if one has.
     pub fn call_start(self, text: &str) -> Option<usize> {
         text.find(self.opener())

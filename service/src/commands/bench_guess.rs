@@ -63,6 +63,7 @@ impl Run<'_> {
             speculation: arg.speculation(),
             output: Default::default(),
             keep_special_tokens: false,
+            answer_starts: Vec::new(),
         };
         let mut after_prompt = None;
         let generation = speculate::generate(&engine, self.prompt, &settings, arg, |piece| {

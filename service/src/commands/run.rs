@@ -113,6 +113,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         speculation: args.speculate.speculation(),
         output,
         keep_special_tokens: false,
+        answer_starts: Vec::new(),
     };
     let mut stdout = std::io::stdout().lock();
     let mut write_error = None;

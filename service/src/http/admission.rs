@@ -18,7 +18,9 @@ use super::error::{ApiError, ApiResult};
 use super::tool_calls::Offered;
 use crate::attach::{self, Attachments};
 use crate::events::Event;
-use crate::queue::{Input, JobView, ModelEntry, ModelKind, NewJob, PromptInput, Request, Settings};
+use crate::queue::{
+    ForcedCall, Input, JobView, ModelEntry, ModelKind, NewJob, PromptInput, Request, Settings,
+};
 use longhaul_engine::{TextTokenizer, ToolFormat};
 
 /// Characters per token when a model's tokenizer is not at hand (a remote
@@ -44,6 +46,8 @@ pub struct Ask {
     /// Tools offered to the model; a model that shows no tool-call format
     /// is refused them.
     pub tools: Vec<Value>,
+    /// A call the answer must make.
+    pub forced_call: Option<ForcedCall>,
     pub title: String,
     pub priority: i64,
     /// Who asked: `api`, `openai`, `cli`.
@@ -62,6 +66,7 @@ impl Ask {
             explicit_max_tokens: false,
             chat_args: Map::new(),
             tools: Vec::new(),
+            forced_call: None,
             title: title.into(),
             priority: API_PRIORITY,
             origin: origin.into(),
@@ -130,6 +135,7 @@ pub async fn admit(app: &AppState, ask: Ask) -> ApiResult<Admitted> {
         chat_args: ask.chat_args,
         rendered_at: Some(crate::queue::now_seconds()),
         tools: ask.tools,
+        forced_call: ask.forced_call,
     };
     let name = ask.model.clone();
     // A model that is not registered is reported by the queue when it refuses the job.
@@ -160,6 +166,15 @@ pub async fn admit(app: &AppState, ask: Ask) -> ApiResult<Admitted> {
             "tools",
             format!(
                 "model `{}` shows no tool-call format (none of the families' call markers is in its vocabulary or template), so its answer cannot be read for calls; ask without tools",
+                ask.model
+            ),
+        ));
+    }
+    if found && request.forced_call.is_some() && tool_format == Some(ToolFormat::Harmony) {
+        return Err(ApiError::bad_param(
+            "tool_choice",
+            format!(
+                "model `{}` writes calls as harmony messages, whose headers Longhaul does not hold decoding to; use tool_choice auto",
                 ask.model
             ),
         ));

@@ -22,9 +22,9 @@ use serde_json::{Map, Value, json};
 use super::admission::{Ask, Submitted, count_prompt, submit};
 use super::content::text_of;
 use super::error::{ApiError, ApiResult};
-use super::follow::{KEEP_ALIVE, Update, ended_badly, follow, wait_done};
+use super::follow::{KEEP_ALIVE, Update, ended_badly, follow, prompt_comment, wait_done};
 use super::jobs::{SettingsBody, check_input, model_sampling};
-use super::tool_calls::{by_choice, refuse_other};
+use super::tool_calls::{Offer, by_choice, refuse_other};
 use super::{ApiJson, AppState};
 use crate::queue::{JobView, Message, Request};
 
@@ -209,7 +209,7 @@ fn conversation(system: Option<Blocks>, messages: Vec<AnthropicMessage>) -> Resu
 }
 
 /// Anthropic's tools as function tools, as `tool_choice` leaves them.
-fn offered_tools(tools: Option<Vec<Value>>, choice: Option<&Value>) -> Result<Vec<Value>> {
+fn offered_tools(tools: Option<Vec<Value>>, choice: Option<&Value>) -> Result<Offer> {
     let tools = tools
         .unwrap_or_default()
         .into_iter()
@@ -246,7 +246,7 @@ pub async fn messages(
     ApiJson(body): ApiJson<MessagesBody>,
 ) -> Result<Response> {
     refuse_other(&body.other, INERT_FIELDS)?;
-    let tools = offered_tools(body.tools, body.tool_choice.as_ref())?;
+    let offer = offered_tools(body.tools, body.tool_choice.as_ref())?;
     let chat_args = thinking_args(body.thinking.as_ref());
     let messages = conversation(body.system, body.messages)?;
     let (input, _) = check_input(None, Some(messages))?;
@@ -263,7 +263,8 @@ pub async fn messages(
     let ask = Ask {
         explicit_max_tokens: true,
         chat_args,
-        tools,
+        tools: offer.tools,
+        forced_call: offer.forced,
         ..Ask::api(
             body.model,
             input,
@@ -313,7 +314,7 @@ pub async fn count_tokens(
     State(app): State<AppState>,
     ApiJson(body): ApiJson<CountBody>,
 ) -> Result<Json<Value>> {
-    let tools = offered_tools(body.tools, body.tool_choice.as_ref())?;
+    let offer = offered_tools(body.tools, body.tool_choice.as_ref())?;
     let messages = conversation(body.system, body.messages)?;
     let (input, _) = check_input(None, Some(messages))?;
     let name = body.model.clone();
@@ -324,7 +325,8 @@ pub async fn count_tokens(
         settings: Default::default(),
         chat_args: thinking_args(body.thinking.as_ref()),
         rendered_at: Some(crate::queue::now_seconds()),
-        tools,
+        tools: offer.tools,
+        forced_call: offer.forced,
     };
     let counted = tokio::task::spawn_blocking(move || count_prompt(&model, &request))
         .await
@@ -457,6 +459,12 @@ fn stream(
         while let Some(update) = updates.recv().await {
             let mut out = Events::new();
             match update {
+                Update::Prompt { done, total } => {
+                    if tx.send(Ok(prompt_comment(done, total))).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
                 Update::Reasoning(t) => {
                     let i = blocks.enter(Block::Thinking, &mut out);
                     out.push(("content_block_delta", json!({ "type": "content_block_delta", "index": i, "delta": { "type": "thinking_delta", "thinking": t } })));

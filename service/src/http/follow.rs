@@ -3,7 +3,8 @@
 //! received (a missed event, or text regenerated after a pause) the
 //! committed output is read and only what is new goes on. With tools
 //! offered, the answer's text goes on only up to where a call could open,
-//! and the calls come at the end, whole. Each API turns the [`Update`]s
+//! and the calls come at the end, whole. While the prompt is read, how far
+//! it has come goes out every few seconds. Each API turns the [`Update`]s
 //! into its own events.
 
 use std::time::Duration;
@@ -25,9 +26,14 @@ pub const KEEP_ALIVE: Duration = Duration::from_secs(10);
 pub const POLL: Duration = Duration::from_millis(500);
 /// Updates a follower holds for a slow client before it waits for it.
 const UPDATES_BUFFERED: usize = 64;
+/// How often a stream says how far the prompt has been read: a client
+/// that shows it sees it move, and it keeps the stream alive as well.
+pub const PROMPT_REPORT: Duration = Duration::from_secs(5);
 
 /// What a streamed answer says next.
 pub enum Update {
+    /// How far the prompt has been read: `done` of `total` positions.
+    Prompt { done: usize, total: usize },
     /// More of the model's thinking.
     Reasoning(String),
     /// More of the answer's text.
@@ -175,9 +181,24 @@ pub fn follow(
             offered,
             ..Received::default()
         };
+        let mut reported: Option<std::time::Instant> = None;
         loop {
             let event = tokio::time::timeout(POLL, events.recv()).await;
             let mut reread = matches!(event, Err(_) | Ok(Err(_)));
+            if let Ok(Ok(Event::Job(p))) = &event
+                && p.id == id
+                && let Some(prompt) = &p.prompt
+                && reported.is_none_or(|at| at.elapsed() >= PROMPT_REPORT)
+            {
+                reported = Some(std::time::Instant::now());
+                let update = Update::Prompt {
+                    done: prompt.done,
+                    total: prompt.total,
+                };
+                if tx.send(update).await.is_err() {
+                    return;
+                }
+            }
             if let Ok(Ok(Event::Job(p))) = &event
                 && p.id == id
                 && let Some(offset) = p.offset
@@ -239,6 +260,12 @@ pub fn follow(
         }
     });
     rx
+}
+
+/// How far the prompt has been read, as an SSE comment: every protocol's
+/// clients skip comments, and a person watching the stream sees it move.
+pub fn prompt_comment(done: usize, total: usize) -> axum::response::sse::Event {
+    axum::response::sse::Event::default().comment(format!("prompt: {done} of {total} tokens read"))
 }
 
 #[cfg(test)]

@@ -234,6 +234,7 @@ pub async fn submit(
         explicit_max_tokens: body.max_tokens.is_some(),
         chat_args: body.chat_template_kwargs.unwrap_or_default(),
         tools: Vec::new(),
+        forced_call: None,
         title: body
             .title
             .filter(|t| !t.trim().is_empty())
@@ -520,6 +521,7 @@ pub async fn preview(
             chat_args,
             rendered_at: Some(crate::queue::now_seconds()),
             tools: Vec::new(),
+            forced_call: None,
         };
         let counted = count_prompt(&model, &request)?;
         Ok(json!({

@@ -16,7 +16,7 @@ use serde_json::{Map, Value, json};
 use super::admission::{Ask, Submitted, submit};
 use super::content::text_of;
 use super::error::{ApiError, ApiResult};
-use super::follow::{KEEP_ALIVE, Update, ended_badly, follow, wait_done};
+use super::follow::{KEEP_ALIVE, Update, ended_badly, follow, prompt_comment, wait_done};
 use super::jobs::{SettingsBody, check_input, model_sampling};
 use super::tool_calls::{by_choice, openai_calls};
 use super::{ApiJson, AppState};
@@ -244,7 +244,7 @@ pub async fn chat_completions(
     ApiJson(body): ApiJson<ChatBody>,
 ) -> ApiResult<Response> {
     refuse_unsupported(&body.other, body.n)?;
-    let tools = by_choice(body.tools.unwrap_or_default(), body.tool_choice.as_ref())?;
+    let offer = by_choice(body.tools.unwrap_or_default(), body.tool_choice.as_ref())?;
     let messages = body
         .messages
         .into_iter()
@@ -265,7 +265,8 @@ pub async fn chat_completions(
     .into_settings(model_sampling(&app, &body.model).await)?;
     let include_usage = body.stream_options.is_some_and(|o| o.include_usage);
     let ask = Ask {
-        tools,
+        tools: offer.tools,
+        forced_call: offer.forced,
         ..Kind::Chat.ask(
             body.model,
             input,
@@ -490,6 +491,12 @@ fn stream(
         };
         while let Some(update) = updates.recv().await {
             let events: Vec<Value> = match update {
+                Update::Prompt { done, total } => {
+                    if tx.send(Ok(prompt_comment(done, total))).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
                 Update::Reasoning(t) => vec![chunk_of(Part::Reasoning, &t, None)],
                 Update::Text(t) => vec![chunk_of(Part::Answer, &t, None)],
                 Update::Failed(e) => {

@@ -20,9 +20,9 @@ use serde_json::{Map, Value, json};
 use super::admission::{Ask, Submitted, submit, tool_format_of};
 use super::content::text_of;
 use super::error::{ApiError, ApiResult};
-use super::follow::{KEEP_ALIVE, Update, follow};
+use super::follow::{KEEP_ALIVE, Update, follow, prompt_comment};
 use super::jobs::{SettingsBody, check_input, model_sampling};
-use super::tool_calls::{Offered, by_choice, refuse_other};
+use super::tool_calls::{Offer, Offered, by_choice, refuse_other};
 use super::{ApiJson, ApiPath, AppState};
 use crate::queue::{Input, JobState, JobView, Message};
 
@@ -221,7 +221,7 @@ fn refuse_unsupported(body: &ResponsesBody) -> ApiResult<()> {
 }
 
 /// Flat function tools as the chat template's `tools`, as `tool_choice` leaves them.
-fn offered_tools(tools: Option<Vec<Value>>, choice: Option<&Value>) -> ApiResult<Vec<Value>> {
+fn offered_tools(tools: Option<Vec<Value>>, choice: Option<&Value>) -> ApiResult<Offer> {
     let tools: Vec<Value> = tools
         .unwrap_or_default()
         .into_iter()
@@ -246,7 +246,7 @@ pub async fn create(
     ApiJson(body): ApiJson<ResponsesBody>,
 ) -> ApiResult<Response> {
     refuse_unsupported(&body)?;
-    let tools = offered_tools(body.tools, body.tool_choice.as_ref())?;
+    let offer = offered_tools(body.tools, body.tool_choice.as_ref())?;
     let mut messages = match &body.previous_response_id {
         Some(id) => earlier(&app, id).await?,
         None => Vec::new(),
@@ -279,7 +279,8 @@ pub async fn create(
     let ask = Ask {
         explicit_max_tokens: body.max_output_tokens.is_some(),
         chat_args,
-        tools,
+        tools: offer.tools,
+        forced_call: offer.forced,
         ..Ask::api(body.model, input, settings, "OpenAI response", "openai")
     };
     let Submitted {
@@ -524,6 +525,12 @@ fn stream(
                 return;
             };
             match update {
+                Update::Prompt { done, total } => {
+                    if tx.send(Ok(prompt_comment(done, total))).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
                 Update::Reasoning(t) => events.delta(Item::Reasoning, &t),
                 Update::Text(t) => events.delta(Item::Message, &t),
                 Update::Failed(e) => {

@@ -8,6 +8,8 @@ use longhaul_engine::{ToolAnswer, ToolCall, ToolFormat};
 use serde_json::{Map, Value, json};
 
 use super::error::{ApiError, ApiResult};
+use crate::queue::ForcedCall;
+use crate::queue::job::tool_name;
 
 /// The tools a request offered, the format its model writes calls in, and
 /// the job that answers (calls without an id of the model's get one made
@@ -61,23 +63,64 @@ impl Offered {
     }
 }
 
+/// The tools a request offers and the call it forces, if any.
+#[derive(Debug, Default)]
+pub struct Offer {
+    pub tools: Vec<Value>,
+    pub forced: Option<ForcedCall>,
+}
+
 /// The tools a request offers, as its tool choice leaves them: `auto` (or
-/// none given) offers them, `none` withholds them. A choice that forces a
-/// call (`required`, `any`, a named tool) needs decoding constrained to the
-/// family's call format, which Longhaul does not do, and is refused by name.
-/// `choice` is the choice as sent: a string, or an object with a `type`.
-pub fn by_choice(tools: Vec<Value>, choice: Option<&Value>) -> ApiResult<Vec<Value>> {
+/// none given) offers them, `none` withholds them, `required` (OpenAI) or
+/// `any` (Anthropic) forces a call to one of them, and a named function —
+/// `{"type": "function", "function": {"name"}}` (Chat Completions),
+/// `{"type": "function", "name"}` (Responses), `{"type": "tool", "name"}`
+/// (Messages) — a call to it; decoding is then held to the family's call
+/// opening. `choice` is the choice as sent: a string, or an object with a
+/// `type`.
+pub fn by_choice(tools: Vec<Value>, choice: Option<&Value>) -> ApiResult<Offer> {
     let kind = choice.and_then(|c| c.as_str().or_else(|| c.get("type")?.as_str()));
-    match (choice, kind) {
-        (None | Some(Value::Null), _) | (_, Some("auto")) => Ok(tools),
-        (_, Some("none")) => Ok(Vec::new()),
-        (Some(c), _) => Err(ApiError::bad_param(
+    let forced = match (choice, kind) {
+        (None | Some(Value::Null), _) | (_, Some("auto")) => None,
+        (_, Some("none")) => return Ok(Offer::default()),
+        (_, Some("required" | "any")) => Some(ForcedCall::Any),
+        (Some(c), Some("function" | "tool")) => {
+            let name = c
+                .get("function")
+                .unwrap_or(c)
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| {
+                    ApiError::bad_param("tool_choice", format!("tool_choice {c} names no function"))
+                })?;
+            Some(ForcedCall::Function {
+                name: name.to_string(),
+            })
+        }
+        (Some(c), _) => {
+            return Err(ApiError::bad_param(
+                "tool_choice",
+                format!(
+                    "tool_choice {c} is not one Longhaul knows: use auto, none, required (any) or a function by name"
+                ),
+            ));
+        }
+    };
+    if let Some(ForcedCall::Function { name }) = &forced
+        && !tools.iter().any(|t| tool_name(t) == Some(name.as_str()))
+    {
+        return Err(ApiError::bad_param(
             "tool_choice",
-            format!(
-                "tool_choice {c} would force a call, which needs decoding constrained to the model's call format; Longhaul offers tools with `auto` (the model decides) or withholds them with `none`"
-            ),
-        )),
+            format!("tool_choice names `{name}`, which is not among the tools offered"),
+        ));
     }
+    if forced.is_some() && tools.is_empty() {
+        return Err(ApiError::bad_param(
+            "tool_choice",
+            "tool_choice forces a call, but no tools are offered",
+        ));
+    }
+    Ok(Offer { tools, forced })
 }
 
 /// Refuses a request's fields that Longhaul would otherwise ignore: any

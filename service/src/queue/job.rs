@@ -236,6 +236,38 @@ pub struct Request {
     /// its template as `tools`; its answer is read for calls to them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<serde_json::Value>,
+    /// A call the answer must make (`tool_choice` forcing one): decoding
+    /// is held to the family's opening of a call to one of the tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forced_call: Option<ForcedCall>,
+}
+
+/// Which call a request forces.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum ForcedCall {
+    /// A call to any of the tools offered (`required`, Anthropic's `any`).
+    Any,
+    /// A call to this one.
+    Function { name: String },
+}
+
+impl Request {
+    /// The names a forced call may take, none when no call is forced.
+    pub fn forced_names(&self) -> Option<Vec<&str>> {
+        Some(match self.forced_call.as_ref()? {
+            ForcedCall::Function { name } => vec![name.as_str()],
+            ForcedCall::Any => self.tools.iter().filter_map(tool_name).collect(),
+        })
+    }
+}
+
+/// A tool's name, in OpenAI's nested shape or the flat one.
+pub fn tool_name(tool: &serde_json::Value) -> Option<&str> {
+    tool.get("function")
+        .unwrap_or(tool)
+        .get("name")
+        .and_then(serde_json::Value::as_str)
 }
 
 /// What the model reads, assembled from a request.

@@ -24,8 +24,9 @@ use crate::runner::crash::Crash;
 pub const MAX_CRASHES: u32 = 3;
 
 pub use job::{
-    DriveBytes, Input, JobState, JobStats, JobView, Message, NewJob, Output, PauseCause,
-    PromptInput, Request, Settings, Speculate, SpeculationTally, Transition, now_seconds,
+    DriveBytes, ForcedCall, Input, JobState, JobStats, JobView, Message, NewJob, Output,
+    PauseCause, PromptInput, Request, Settings, Speculate, SpeculationTally, Transition,
+    now_seconds,
 };
 pub use models::{ModelEntry, ModelKind};
 

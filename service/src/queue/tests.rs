@@ -33,6 +33,7 @@ fn new_job(title: &str, priority: i64) -> NewJob {
             chat_args: Default::default(),
             rendered_at: None,
             tools: Vec::new(),
+            forced_call: None,
         },
         priority,
         origin: "test".into(),

@@ -108,6 +108,11 @@ impl LocalBackend {
             output,
             // Tools offered: the family's call markers stay in the text.
             keep_special_tokens: !request.tools.is_empty(),
+            // A forced call: the answer opens a call to one of the names.
+            answer_starts: request
+                .forced_names()
+                .and_then(|names| engine.tool_format()?.openings(&names))
+                .unwrap_or_default(),
             speculation: match s.speculate {
                 Speculate::Auto | Speculate::Lookup => Speculation::Lookup,
                 Speculate::Off => Speculation::Off,
