@@ -478,19 +478,13 @@ impl Engine {
         settings: &GenerationSettings,
         on_piece: impl FnMut(generate::Piece<'_>) -> Flow,
     ) -> Result<Generation, EngineError> {
-        let mut lookup = generate::speculate::PromptLookup;
-        let drafter: Option<&mut dyn generate::speculate::Drafter> = match settings.speculation {
-            generate::Speculation::Off => None,
-            generate::Speculation::Lookup => Some(&mut lookup),
-        };
-        Ok(generate::generate_drafted(
+        Ok(generate::generate_resumed(
             &self.decoder,
             self.tokenizer()?,
             prompt_ids,
             resumed,
             saved,
             settings,
-            drafter,
             self.prefix_use(),
             on_piece,
         )?)

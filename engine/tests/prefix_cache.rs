@@ -12,6 +12,7 @@ use std::sync::Arc;
 use longhaul_engine::prefix::{BLOCK, ModelKey};
 use longhaul_engine::{
     Engine, EngineOptions, Flow, GenerationSettings, PrefixCache, PrefixSettings, SamplingParams,
+    Session,
 };
 
 fn settings(dir: &Path, ram_bytes: u64, disk_bytes: u64) -> PrefixSettings {
@@ -29,30 +30,47 @@ fn prompt(vocab: u32, salt: u32) -> Vec<u32> {
         .collect()
 }
 
+/// A fixture for each kind of state: attention rows, linear attention's
+/// running state (Kimi-Linear, Qwen3-Next), indexer keys (DeepSeek-V3.2),
+/// compressed entries and their open windows (DeepSeek-V4).
+const STATE_KINDS: [&str; 5] = [
+    "qwen3_moe_released",
+    "kimi_linear_released",
+    "qwen3_next_released",
+    "deepseek_v32_recent",
+    "deepseek_v4_recent",
+];
+
+/// Feeds `ids` a block per pass, keeping each block in `cache` as a
+/// generation does; returns the logits after the last.
+fn feed_keeping(
+    session: &mut Session<'_>,
+    ids: &[u32],
+    cache: &PrefixCache,
+    key: &ModelKey,
+) -> Vec<f32> {
+    let mut logits = Vec::new();
+    for chunk in ids.chunks(BLOCK) {
+        logits = session.feed(chunk).unwrap();
+        cache.keep(key, session).unwrap();
+    }
+    logits
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
 #[test]
 fn a_cached_prefix_read_back_after_a_restart_gives_the_whole_prompts_logits() {
-    for name in [
-        "qwen3_moe_released",
-        "kimi_linear_released",
-        "qwen3_next_released",
-        "deepseek_v32_recent",
-        "deepseek_v4_recent",
-    ] {
+    for name in STATE_KINDS {
         let engine = Engine::open(&common::fixtures_dir().join(name)).unwrap();
         let prompt = prompt(engine.vocab_size() as u32, 0);
         let key = ModelKey::new(name.as_bytes());
         let tmp = tempfile::tempdir().unwrap();
         let cache = PrefixCache::open(&settings(tmp.path(), 1 << 30, 1 << 30)).unwrap();
         let mut whole = engine.session();
-        let mut expected = Vec::new();
-        for chunk in prompt.chunks(BLOCK) {
-            expected = whole.feed(chunk).unwrap();
-            cache.keep(&key, &whole).unwrap();
-        }
+        let expected = feed_keeping(&mut whole, &prompt, &cache, &key);
         assert_eq!(
             cache.stats().disk_blocks,
             2,
@@ -98,13 +116,7 @@ fn a_cached_prefix_read_back_after_a_restart_gives_the_whole_prompts_logits() {
 /// bitwise the whole conversation's.
 #[test]
 fn a_next_turn_goes_on_from_where_the_last_one_ended_bitwise() {
-    for name in [
-        "qwen3_moe_released",
-        "kimi_linear_released",
-        "qwen3_next_released",
-        "deepseek_v32_recent",
-        "deepseek_v4_recent",
-    ] {
+    for name in STATE_KINDS {
         let engine = Engine::open(&common::fixtures_dir().join(name)).unwrap();
         let vocab = engine.vocab_size() as u32;
         let conversation = prompt(vocab, 5);
@@ -114,10 +126,7 @@ fn a_next_turn_goes_on_from_where_the_last_one_ended_bitwise() {
         let tmp = tempfile::tempdir().unwrap();
         let cache = PrefixCache::open(&settings(tmp.path(), 0, 1 << 30)).unwrap();
         let mut turn = engine.session();
-        for chunk in conversation[..first_end].chunks(BLOCK) {
-            turn.feed(chunk).unwrap();
-            cache.keep(&key, &turn).unwrap();
-        }
+        feed_keeping(&mut turn, &conversation[..first_end], &cache, &key);
         cache.keep_tail(&key, &turn).unwrap();
         assert_eq!(cache.stats().disk_blocks, 2, "{name}: a block and a tail");
 
@@ -191,10 +200,7 @@ fn a_damaged_block_is_refused_removed_and_computed_again() {
     let tmp = tempfile::tempdir().unwrap();
     let cache = PrefixCache::open(&settings(tmp.path(), 0, 1 << 30)).unwrap();
     let mut s = engine.session();
-    for chunk in prompt.chunks(BLOCK) {
-        s.feed(chunk).unwrap();
-        cache.keep(&key, &s).unwrap();
-    }
+    feed_keeping(&mut s, &prompt, &cache, &key);
     // Flip one byte of the second block's state.
     let mut files: Vec<_> = std::fs::read_dir(tmp.path())
         .unwrap()
@@ -234,10 +240,7 @@ fn the_folder_keeps_within_its_limit_dropping_the_least_recently_used() {
     let prompts: Vec<Vec<u32>> = (10..13).map(|salt| prompt(vocab, salt)).collect();
     for p in &prompts {
         let mut s = engine.session();
-        for chunk in p.chunks(BLOCK) {
-            s.feed(chunk).unwrap();
-            cache.keep(&key, &s).unwrap();
-        }
+        feed_keeping(&mut s, p, &cache, &key);
         // mtimes order the blocks: keep them apart.
         std::thread::sleep(std::time::Duration::from_millis(20));
     }

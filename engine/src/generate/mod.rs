@@ -244,7 +244,7 @@ pub fn generate(
     settings: &GenerationSettings,
     mut on_text: impl FnMut(&str) -> Flow,
 ) -> Result<Generation, GenerateError> {
-    generate_resumed(model, tokenizer, prompt, &[], &[], settings, |piece| {
+    generate_resumed(model, tokenizer, prompt, &[], &[], settings, None, |piece| {
         if piece.text.is_empty() {
             Flow::Continue
         } else {
@@ -353,7 +353,9 @@ fn verify(
 /// differences could tip a sampled token. The tokens are replayed through
 /// the text and stop-string state without being reported again, and sampling
 /// continues at their position: with the same settings the result is bitwise
-/// the one an uninterrupted run gives. `on_piece` sees each new token.
+/// the one an uninterrupted run gives. The prompt's first blocks come from
+/// `prefix` where it holds them. `on_piece` sees each new token.
+#[allow(clippy::too_many_arguments)]
 pub fn generate_resumed(
     model: &Decoder,
     tokenizer: &TextTokenizer,
@@ -361,6 +363,7 @@ pub fn generate_resumed(
     resumed: &[u32],
     saved: &[Vec<u8>],
     settings: &GenerationSettings,
+    prefix: Option<PrefixUse<'_>>,
     on_piece: impl FnMut(Piece<'_>) -> Flow,
 ) -> Result<Generation, GenerateError> {
     let mut lookup = speculate::PromptLookup;
@@ -369,7 +372,7 @@ pub fn generate_resumed(
         Speculation::Lookup => Some(&mut lookup),
     };
     generate_drafted(
-        model, tokenizer, prompt, resumed, saved, settings, drafter, None, on_piece,
+        model, tokenizer, prompt, resumed, saved, settings, drafter, prefix, on_piece,
     )
 }
 
