@@ -22,6 +22,8 @@ pub mod iq;
 mod iq_grids;
 pub mod matrix;
 pub mod ops;
+mod softmax;
+mod tiled;
 
 use std::sync::OnceLock;
 

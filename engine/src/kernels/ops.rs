@@ -1,4 +1,5 @@
-//! Row-wise operations: RMS norm, softmax, SiLU and the attention core.
+//! Row-wise operations: RMS norm, SiLU and the attention core (whose softmax
+//! is [`super::softmax`]).
 //!
 //! Each works on one row (one position, one head) at a time with a fixed
 //! order of operations, so a row's result does not depend on the rows around
@@ -9,6 +10,7 @@ use pulp::{Simd, WithSimd};
 use rayon::prelude::*;
 
 use super::dot::{axpy, dot};
+use super::softmax::softmax;
 use super::{Isa, dispatch};
 
 /// Below this many multiply-adds attention runs on the calling thread.
@@ -124,34 +126,6 @@ impl WithSimd for IndexRow<'_> {
             }
             *o = total;
         }
-    }
-}
-
-/// Softmax of one row in place: `exp(s − max) / Σ`, summed in order.
-pub fn softmax_in_place(row: &mut [f32]) {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
-    for s in row.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
-    }
-    for s in row.iter_mut() {
-        *s /= sum;
-    }
-}
-
-/// Softmax of one row as if it had one more logit, `sink`, which takes its
-/// share of the sum and is then dropped (gpt-oss's attention sinks).
-pub fn softmax_with_sink(row: &mut [f32], sink: f32) {
-    let max = row.iter().copied().fold(sink, f32::max);
-    let mut sum = 0f32;
-    for s in row.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
-    }
-    sum += (sink - max).exp();
-    for s in row.iter_mut() {
-        *s /= sum;
     }
 }
 
@@ -346,8 +320,8 @@ pub fn attention_with_sinks(
     scale: f32,
     sinks: Option<&[f32]>,
 ) -> Vec<f32> {
-    if s.seq >= TILED_MIN_SEQ {
-        return attention_tiled(q, k, v, s, scale, sinks);
+    if s.seq >= super::tiled::TILED_MIN_SEQ {
+        return super::tiled::attention_tiled(q, k, v, s, scale, sinks);
     }
     let mut out = vec![0f32; s.seq * s.heads * s.value_dim];
     let group = (s.heads / s.kv_heads.max(1)).max(1);
@@ -373,122 +347,9 @@ pub fn attention_with_sinks(
     out
 }
 
-/// Queries from which attention runs in tiles. A prompt pass reads every
-/// key and value once per tile rather than once per query head: on a
-/// 12,000-token prompt of a synthetic Qwen3-MoE (16 heads over 4 key/value
-/// heads) row by row, attention read ~50 GB per layer and pass from memory
-/// and held prefill to 29 tok/s, against llama.cpp's 110.
-const TILED_MIN_SEQ: usize = 8;
-/// Query positions per tile: 16 positions of a group of 4 heads share each
-/// key read (and the tiles keep both compute threads busy on a 512-token
-/// pass).
-const TILE_POSITIONS: usize = 16;
-
-/// [`attention_with_sinks`] in tiles of [`TILE_POSITIONS`] queries: per
-/// key/value head, each key is read once for all the tile's rows that see
-/// it. Each row's scores, softmax and sum over values are the row-by-row
-/// kernel's, in the same order, so the bits are the same.
-fn attention_tiled(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    s: &AttentionShape,
-    scale: f32,
-    sinks: Option<&[f32]>,
-) -> Vec<f32> {
-    let mut out = vec![0f32; s.seq * s.heads * s.value_dim];
-    let per_position = (s.heads * s.value_dim).max(1);
-    let q_per_position = s.heads * s.dim;
-    let one = |(tile, o): (usize, &mut [f32])| {
-        let first = tile * TILE_POSITIONS;
-        let positions = o.len() / per_position;
-        dispatch(
-            Isa::Best,
-            AttendTile {
-                q: &q[first * q_per_position..(first + positions) * q_per_position],
-                keys: k,
-                values: v,
-                shape: s,
-                first,
-                scale,
-                sinks,
-                out: o,
-            },
-        );
-    };
-    let work = s.heads * s.seq * s.total * (s.dim + s.value_dim);
-    each_row(&mut out, TILE_POSITIONS * per_position, work, one);
-    out
-}
-
-struct AttendTile<'a> {
-    /// The tile's queries, `[positions][heads][dim]`.
-    q: &'a [f32],
-    keys: &'a [f32],
-    values: &'a [f32],
-    shape: &'a AttentionShape,
-    /// Index of the tile's first query.
-    first: usize,
-    scale: f32,
-    sinks: Option<&'a [f32]>,
-    /// `[positions][heads][value_dim]`.
-    out: &'a mut [f32],
-}
-
-impl WithSimd for AttendTile<'_> {
-    type Output = ();
-    #[inline(always)]
-    fn with_simd<S: Simd>(self, simd: S) {
-        let s = self.shape;
-        let (d, vd) = (s.dim, s.value_dim);
-        let group = (s.heads / s.kv_heads.max(1)).max(1);
-        let positions = self.out.len() / (s.heads * vd).max(1);
-        let visible: Vec<_> = (0..positions).map(|i| s.visible(self.first + i)).collect();
-        let lo = visible.iter().map(|r| r.start).min().unwrap_or(0);
-        let hi = visible.iter().map(|r| r.end).max().unwrap_or(0);
-        // Rows of one key/value head: (position in the tile, query head).
-        for kv in 0..s.kv_heads {
-            let rows: Vec<(usize, usize)> = (0..positions)
-                .flat_map(|i| (kv * group..(kv + 1) * group).map(move |h| (i, h)))
-                .collect();
-            let mut scores: Vec<Vec<f32>> = rows
-                .iter()
-                .map(|&(i, _)| Vec::with_capacity(visible[i].len()))
-                .collect();
-            for t in lo..hi {
-                let at = (t * s.kv_heads + kv) * d;
-                let key = &self.keys[at..at + d];
-                for (row, &(i, h)) in scores.iter_mut().zip(&rows) {
-                    if visible[i].contains(&t) {
-                        let qr = &self.q[(i * s.heads + h) * d..(i * s.heads + h + 1) * d];
-                        row.push(dot(simd, qr, key) * self.scale);
-                    }
-                }
-            }
-            for (row, &(_, h)) in scores.iter_mut().zip(&rows) {
-                match self.sinks.and_then(|v| v.get(h).copied()) {
-                    Some(sink) => softmax_with_sink(row, sink),
-                    None => softmax_in_place(row),
-                }
-            }
-            for t in lo..hi {
-                let at = (t * s.kv_heads + kv) * vd;
-                let value = &self.values[at..at + vd];
-                for (row, &(i, h)) in scores.iter().zip(&rows) {
-                    if visible[i].contains(&t) {
-                        let p = row[t - visible[i].start];
-                        let o = (i * s.heads + h) * vd;
-                        axpy(simd, &mut self.out[o..o + vd], p, value);
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// Calls `one` with every `width`-wide row of `out` and its index: on the
 /// compute threads when there are `work` multiply-adds enough to share.
-fn each_row(
+pub(super) fn each_row(
     out: &mut [f32],
     width: usize,
     work: usize,
@@ -525,10 +386,7 @@ impl WithSimd for AttendRow<'_> {
             let at = (t * s.kv_heads + self.kv) * d;
             scores.push(dot(simd, self.q, &self.keys[at..at + d]) * self.scale);
         }
-        match self.sink {
-            Some(sink) => softmax_with_sink(&mut scores, sink),
-            None => softmax_in_place(&mut scores),
-        }
+        softmax(simd, &mut scores, self.sink);
         for (p, t) in scores.iter().zip(self.visible.clone()) {
             let at = (t * s.kv_heads + self.kv) * vd;
             axpy(simd, self.out, *p, &self.values[at..at + vd]);
@@ -638,7 +496,7 @@ impl WithSimd for LatentRow<'_> {
             let rope = dot(simd, self.q_rot, &self.k_rot[t * r..(t + 1) * r]);
             scores.push((nope + rope) * self.scale);
         }
-        softmax_in_place(&mut scores);
+        softmax(simd, &mut scores, None);
         for (p, t) in scores.iter().zip(keys()) {
             axpy(simd, self.out, *p, &self.latent[t * l..(t + 1) * l]);
         }
@@ -701,53 +559,5 @@ mod tests {
         }
         assert_eq!(all.visible(5), 2..6);
         assert_eq!(all.visible(1), 0..2);
-    }
-
-    /// A prompt pass runs in tiles; every row is bitwise the row-by-row
-    /// kernel's (and so a single query's), with a window, sinks, a ragged
-    /// last tile and a pass that starts past earlier keys.
-    #[test]
-    fn tiled_attention_gives_the_row_kernels_bits() {
-        let (heads, kv_heads, dim, total) = (8, 2, 16, 70);
-        let val = |n: usize, seed: usize| -> Vec<f32> {
-            (0..n)
-                .map(|i| (((i * 7 + seed) * 37 % 101) as f32) / 50.0 - 1.0)
-                .collect()
-        };
-        let k = val(total * kv_heads * dim, 1);
-        let v = val(total * kv_heads * dim, 2);
-        let sinks = val(heads, 4);
-        for (start, window) in [(0, None), (0, Some(9)), (33, None)] {
-            let seq = total - start;
-            assert!(seq >= TILED_MIN_SEQ && seq % TILE_POSITIONS != 0);
-            let q = val(seq * heads * dim, 3);
-            let shape = AttentionShape {
-                heads,
-                kv_heads,
-                seq,
-                total,
-                dim,
-                value_dim: dim,
-                start,
-                window,
-            };
-            for sink in [None, Some(&sinks[..])] {
-                let tiled = attention_with_sinks(&q, &k, &v, &shape, 0.25, sink);
-                let row = heads * dim;
-                for i in 0..seq {
-                    let one = AttentionShape {
-                        seq: 1,
-                        start: start + i,
-                        ..shape
-                    };
-                    let single = attention_with_sinks(&q[i * row..(i + 1) * row], &k, &v, &one, 0.25, sink);
-                    let same = tiled[i * row..(i + 1) * row]
-                        .iter()
-                        .zip(&single)
-                        .all(|(x, y)| x.to_bits() == y.to_bits());
-                    assert!(same, "start {start}, window {window:?}, position {i}");
-                }
-            }
-        }
     }
 }
