@@ -26,7 +26,7 @@ status=0
 cargo test --workspace --locked --all-targets --no-fail-fast 2>&1 | tee "$log" || status=1
 echo "== browser tests"
 # Against the debug binary the Rust tests just built.
-LONGHAUL_BIN="$CARGO_TARGET_DIR/debug/longhaul" node --test ui/tests/ 2>&1 | tee -a "$log" || status=1
+LONGHAUL_BIN="$CARGO_TARGET_DIR/debug/longhaul" node --test tests/ui/ 2>&1 | tee -a "$log" || status=1
 echo "== SDK clients"
 # OpenAI's and Anthropic's own Python libraries against the same binary, on loopback.
 longhaul_sdk_venv

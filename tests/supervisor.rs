@@ -21,7 +21,7 @@ fn free_port() -> u16 {
 /// A supervisor of `data` on a free port.
 fn config(data: &std::path::Path) -> SupervisorConfig {
     SupervisorConfig {
-        binary: env!("CARGO_BIN_EXE_longhaul").into(),
+        binary: support::longhaul(),
         data_dir: data.to_path_buf(),
         port: free_port(),
         serve_args: vec![],

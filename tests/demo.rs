@@ -14,7 +14,7 @@ use support::Service;
 const DEMO_MAX_TOKENS: &str = "120";
 
 fn demo(data: &Path, extra: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_longhaul"))
+    Command::new(support::longhaul())
         .arg("demo")
         .arg("--data-dir")
         .arg(data)
@@ -208,14 +208,14 @@ fn the_demo_model_predicts_held_out_text_and_packs_exactly() {
         tmp.path().join("d1").display(),
         tmp.path().join("d2").display()
     );
-    let o = Command::new(env!("CARGO_BIN_EXE_longhaul"))
+    let o = Command::new(support::longhaul())
         .args(["pack", model.to_str().unwrap(), "--out"])
         .arg(&pack)
         .args(["--drives", &drives])
         .output()
         .unwrap();
     checked(o);
-    let o = Command::new(env!("CARGO_BIN_EXE_longhaul"))
+    let o = Command::new(support::longhaul())
         .args(["compare", "--reference", model.to_str().unwrap(), "--model"])
         .arg(&pack)
         .args(["--budget", "1M", "--json", "--text"])
@@ -240,7 +240,7 @@ fn the_demo_model_predicts_held_out_text_and_packs_exactly() {
 fn install_under(prefix: &Path, files: &[(&str, &str)]) -> PathBuf {
     let bin = prefix.join("bin/longhaul");
     std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
-    std::fs::copy(env!("CARGO_BIN_EXE_longhaul"), &bin).unwrap();
+    std::fs::copy(support::longhaul(), &bin).unwrap();
     for (path, text) in files {
         let path = prefix.join("lib/longhaul").join(path);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();

@@ -10,10 +10,12 @@ import { mkdtempSync, mkdirSync, readFileSync, existsSync, rmSync, renameSync, w
 import { tmpdir, homedir } from "node:os";
 import { join, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
-import { chromium } from "playwright-core";
+import { createRequire } from "node:module";
 
 const here = dirname(fileURLToPath(import.meta.url));
-const uiDir = join(here, "..");
+const uiDir = join(here, "../../ui");
+// Playwright is one of the UI's own dev dependencies, in ui/node_modules.
+const { chromium } = createRequire(join(uiDir, "package.json"))("playwright-core");
 const artifacts = join(uiDir, "test-artifacts");
 const bin =
   process.env.LONGHAUL_BIN ??

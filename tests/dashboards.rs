@@ -23,7 +23,7 @@ fn pack(root: &Path, model: &Path) -> std::path::PathBuf {
         })
         .collect();
     let out = root.join("pack");
-    let status = Command::new(env!("CARGO_BIN_EXE_longhaul"))
+    let status = Command::new(support::longhaul())
         .arg("pack")
         .arg(model)
         .arg("--out")

@@ -4,7 +4,9 @@
 //! screenshot of the screen while a long prompt is read is kept in
 //! `ui/test-artifacts/desktop.png`.
 
-use std::path::{Path, PathBuf};
+mod support;
+
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -103,7 +105,7 @@ fn the_desktop_app_shows_the_ui_and_starts_its_tray() {
     for tool in ["Xvfb", "dbus-run-session", "import", "convert"] {
         require(tool);
     }
-    let app = PathBuf::from(env!("CARGO_BIN_EXE_longhaul-desktop"));
+    let app = support::built("longhaul-desktop");
     let service = app.with_file_name("longhaul");
     assert!(
         service.is_file(),

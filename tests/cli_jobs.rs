@@ -9,7 +9,7 @@ use serde_json::Value;
 use support::{Service, expected, fixture};
 
 fn longhaul(data: &std::path::Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_longhaul"))
+    Command::new(support::longhaul())
         .args(args)
         .arg("--data-dir")
         .arg(data)

@@ -16,7 +16,7 @@ use support::{Service, fixture, pack_over_three_drives};
 const WAIT: Duration = Duration::from_secs(60);
 
 fn longhaul(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_longhaul"));
+    let mut c = Command::new(support::longhaul());
     c.args(args);
     for (k, v) in env {
         c.env(k, v);

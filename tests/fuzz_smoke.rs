@@ -125,7 +125,7 @@ fn pack_manifests() {
     let pack = tmp.path().join("pack");
     let drive = tmp.path().join("drive0");
     std::fs::create_dir_all(&drive).unwrap();
-    let status = std::process::Command::new(env!("CARGO_BIN_EXE_longhaul"))
+    let status = std::process::Command::new(support::longhaul())
         .arg("pack")
         .arg(support::fixture("deepseek_v3_released"))
         .arg("--out")

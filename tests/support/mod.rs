@@ -14,6 +14,40 @@ use serde_json::Value;
 /// How long a service may take to start listening.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A binary the workspace builds: from `LONGHAUL_BIN` (`longhaul`) or
+/// `LONGHAUL_DESKTOP_BIN` (`longhaul-desktop`) when set, else beside this
+/// test's own binary (`target/PROFILE/deps/TEST` → `target/PROFILE/NAME`),
+/// where `cargo test --workspace` puts it. A test in this package cannot be
+/// handed `CARGO_BIN_EXE_*`: that is only set for a package's own binaries.
+pub fn built(name: &str) -> PathBuf {
+    let var = format!("{}_BIN", name.to_uppercase().replace('-', "_"));
+    if let Some(path) = std::env::var_os(&var) {
+        return PathBuf::from(path);
+    }
+    let me = std::env::current_exe().expect("the test binary's own path");
+    let path = me
+        .parent()
+        .and_then(Path::parent)
+        .map(|profile| profile.join(format!("{name}{}", std::env::consts::EXE_SUFFIX)))
+        .expect("the test binary lies in target/PROFILE/deps");
+    assert!(
+        path.is_file(),
+        "{} is not built: run these tests with `cargo test --workspace`, build it with `cargo build -p {}`, or set {var}",
+        path.display(),
+        if name == "longhaul" {
+            "longhaul-service"
+        } else {
+            name
+        }
+    );
+    path
+}
+
+/// The `longhaul` binary under test.
+pub fn longhaul() -> PathBuf {
+    built("longhaul")
+}
+
 pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../engine/tests/fixtures")
@@ -36,7 +70,7 @@ pub fn pack_over_three_drives(
             d.to_string_lossy().into_owned()
         })
         .collect();
-    Command::new(env!("CARGO_BIN_EXE_longhaul"))
+    Command::new(longhaul())
         .arg("pack")
         .arg(source)
         .arg("--out")
@@ -75,12 +109,7 @@ impl Service {
 
     /// Starts with extra arguments and environment variables.
     pub fn start_env(data_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Self {
-        Self::start_from(
-            Path::new(env!("CARGO_BIN_EXE_longhaul")),
-            data_dir,
-            extra,
-            env,
-        )
+        Self::start_from(&longhaul(), data_dir, extra, env)
     }
 
     /// Starts `binary` (an installed copy) on `data_dir`.
@@ -321,7 +350,7 @@ pub fn synth_model(dir: &Path) -> PathBuf {
 /// 32, vocabulary 512) with `extra` settings, written under `dir`.
 pub fn synth_model_of(dir: &Path, arch: &str, extra: &[&str]) -> PathBuf {
     let out = dir.join(format!("synth-{arch}"));
-    let status = Command::new(env!("CARGO_BIN_EXE_longhaul"))
+    let status = Command::new(longhaul())
         .args(["synth", "--arch", arch, "--hidden", "64", "--heads", "4"])
         .args([
             "--experts",

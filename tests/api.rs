@@ -432,7 +432,7 @@ fn the_queue_can_be_held_and_reordered() {
 #[test]
 fn a_second_service_on_the_same_data_dir_is_refused_and_the_first_runs_on() {
     let (_dir, s) = started();
-    let second = std::process::Command::new(env!("CARGO_BIN_EXE_longhaul"))
+    let second = std::process::Command::new(support::longhaul())
         .args(["serve", "--port", "0", "--data-dir"])
         .arg(&s.data_dir)
         .output()
@@ -468,7 +468,7 @@ fn the_data_dir_is_private_to_its_owner() {
 
 /// Runs `longhaul serve` with `env` until it exits by itself; its exit status.
 fn serve_until_it_dies(data: &std::path::Path, env: (&str, &str)) -> std::process::ExitStatus {
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_longhaul"))
+    let mut child = std::process::Command::new(support::longhaul())
         .args(["serve", "--port", "0", "--data-dir"])
         .arg(data)
         .env(env.0, env.1)
@@ -689,7 +689,7 @@ fn an_empty_queue_database_is_reported_at_start() {
     let data = dir.path().join("data");
     std::fs::create_dir_all(&data).unwrap();
     std::fs::write(data.join("queue.sqlite"), b"").unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_longhaul"))
+    let mut child = std::process::Command::new(support::longhaul())
         .args(["serve", "--port", "0", "--data-dir"])
         .arg(&data)
         .stderr(std::process::Stdio::piped())

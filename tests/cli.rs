@@ -1,6 +1,8 @@
 //! The `longhaul` binary end to end: the `logits` JSON contract, greedy `run`
 //! against transformers, and clean errors for bad input.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -10,7 +12,7 @@ use serde_json::Value;
 const LOGIT_TOLERANCE: f64 = 1e-4;
 
 fn longhaul(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_longhaul"))
+    Command::new(support::longhaul())
         .args(args)
         .output()
         .expect("run longhaul")
@@ -675,7 +677,7 @@ fn a_closed_pipe_ends_a_command_quietly() {
     use std::process::Stdio;
     let dir = fixtures()[0].to_str().unwrap().to_string();
     let ids: Vec<String> = (0..64).map(|i| (i % 300).to_string()).collect();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_longhaul"))
+    let mut child = Command::new(support::longhaul())
         .args(["logits", "--model", &dir, "--ids", &ids.join(","), "--json"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
