@@ -62,7 +62,7 @@ pub fn finish(mut lanes: [f32; LANES], w_tail: &[f32], x_tail: &[f32]) -> f32 {
 
 /// The sixteen sums added pairwise: `l + 8`, `+ 4`, `+ 2`, `+ 1`.
 #[inline(always)]
-fn tree_sum(mut s: [f32; LANES]) -> f32 {
+pub(super) fn tree_sum(mut s: [f32; LANES]) -> f32 {
     let mut width = LANES / 2;
     while width > 0 {
         for l in 0..width {

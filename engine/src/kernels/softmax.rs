@@ -14,7 +14,7 @@
 
 use pulp::Simd;
 
-use super::dot::LANES;
+use super::dot::{LANES, tree_sum};
 
 /// Rounds to an integer when added (1.5 · 2^23: the sum's last mantissa
 /// bit is worth 1, and the integer sits in its low bits).
@@ -118,14 +118,7 @@ fn row_sum(row: &[f32]) -> f32 {
     for (l, x) in lanes.iter_mut().zip(rest) {
         *l += *x;
     }
-    let mut width = LANES / 2;
-    while width > 0 {
-        for l in 0..width {
-            lanes[l] += lanes[l + width];
-        }
-        width /= 2;
-    }
-    lanes[0]
+    tree_sum(lanes)
 }
 
 #[cfg(test)]
