@@ -17,6 +17,7 @@
 
 use serde_json::{Map, Value};
 
+use super::partial::{XmlCut, name_end, open_json};
 use super::{Schemas, ToolCall, call, call_id, json_arguments};
 
 const CALL_BEGIN: &str = "<｜tool▁call▁begin｜>";
@@ -30,29 +31,79 @@ pub(super) fn parse_tokens(block: &str) -> Result<Vec<ToolCall>, String> {
         let (call_text, _) = part
             .split_once(CALL_END)
             .ok_or_else(|| format!("call {i} has no {CALL_END}"))?;
-        let (head, body) = call_text
-            .split_once(SEP)
-            .ok_or_else(|| format!("call {i} has no {SEP}"))?;
-        // V3: `function<sep>NAME\n```json\n{…}\n```` ; V3.1: `NAME<sep>{…}`.
-        let (name, arguments) = match body.split_once("\n```json\n") {
-            Some((name, fenced)) if head.trim() == "function" => {
-                (name, fenced.trim_end().trim_end_matches("```"))
+        calls.push(token_call(i, call_text)?);
+    }
+    Ok(calls)
+}
+
+/// One whole call between the call tokens.
+fn token_call(i: usize, call_text: &str) -> Result<ToolCall, String> {
+    let (head, body) = call_text
+        .split_once(SEP)
+        .ok_or_else(|| format!("call {i} has no {SEP}"))?;
+    // V3: `function<sep>NAME\n```json\n{…}\n```` ; V3.1: `NAME<sep>{…}`.
+    let (name, arguments) = match body.split_once(FENCE) {
+        Some((name, fenced)) if head.trim() == V3_HEAD => {
+            (name, fenced.trim_end().trim_end_matches("```"))
+        }
+        _ => (head, body),
+    };
+    Ok(ToolCall {
+        id: call_id(i),
+        name: name.trim().to_string(),
+        arguments: json_arguments(arguments)?,
+    })
+}
+
+const FENCE: &str = "\n```json\n";
+const V3_HEAD: &str = "function";
+
+/// The calls so far of a block still being written (see `partial`). V3's
+/// fenced arguments come whole at the end.
+pub(super) fn partial_tokens(block: &str) -> Vec<ToolCall> {
+    let mut calls = Vec::new();
+    for part in block.split(CALL_BEGIN).skip(1) {
+        let i = calls.len();
+        if let Some((call_text, _)) = part.split_once(CALL_END) {
+            match token_call(i, call_text) {
+                Ok(call) => calls.push(call),
+                Err(_) => break,
             }
-            _ => (head, body),
+            continue;
+        }
+        let Some((head, body)) = part.split_once(SEP) else {
+            break;
+        };
+        let (name, arguments) = if head.trim() == V3_HEAD {
+            match body.split_once(FENCE) {
+                Some((name, _)) => (name, String::new()),
+                None => break,
+            }
+        } else {
+            (head, open_json(body, CALL_END))
         };
         calls.push(ToolCall {
             id: call_id(i),
             name: name.trim().to_string(),
-            arguments: json_arguments(arguments)?,
+            arguments,
         });
+        break;
     }
-    Ok(calls)
+    calls
 }
 
 const INVOKE: &str = "<｜DSML｜invoke name=\"";
 const INVOKE_END: &str = "</｜DSML｜invoke>";
 const PARAMETER: &str = "<｜DSML｜parameter name=\"";
 const PARAMETER_END: &str = "</｜DSML｜parameter>";
+
+/// DSML read while it is written (see `partial`).
+pub(super) const DSML_CUT: XmlCut = XmlCut {
+    ends: &[PARAMETER_END, INVOKE_END],
+    named: |block| name_end(block, INVOKE, &['>'], true),
+    call_end: INVOKE_END,
+    closers: INVOKE_END,
+};
 
 pub(super) fn parse_dsml(block: &str, schemas: &Schemas<'_>) -> Result<Vec<ToolCall>, String> {
     let mut calls = Vec::new();

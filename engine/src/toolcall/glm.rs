@@ -5,7 +5,16 @@
 
 use serde_json::Map;
 
+use super::partial::{XmlCut, name_end};
 use super::{Schemas, ToolCall, call};
+
+/// GLM's calls read while they are written (see `partial`).
+pub(super) const CUT: XmlCut = XmlCut {
+    ends: &["</arg_value>", "</tool_call>"],
+    named: |block| name_end(block, "<tool_call>", &['\n', '<'], false),
+    call_end: "</tool_call>",
+    closers: "</tool_call>",
+};
 
 pub(super) fn parse(block: &str, schemas: &Schemas<'_>) -> Result<Vec<ToolCall>, String> {
     let mut calls = Vec::new();

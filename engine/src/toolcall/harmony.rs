@@ -5,6 +5,7 @@
 //! (harmony's framing tokens are not text); this reads them back, the name
 //! being the recipient after `functions.`, as vLLM's `openai` parser has it.
 
+use super::partial::open_json;
 use super::{ToolCall, call_id, json_arguments};
 use crate::generate::channels::{HARMONY_ARGS, HARMONY_CALL};
 
@@ -23,4 +24,30 @@ pub(super) fn parse(block: &str) -> Result<Vec<ToolCall>, String> {
         });
     }
     Ok(calls)
+}
+
+/// The calls so far of an answer still being written (see `partial`): a
+/// call's arguments end where the next call begins.
+pub(super) fn partial(block: &str) -> Vec<ToolCall> {
+    let parts: Vec<&str> = block.split(HARMONY_CALL).skip(1).collect();
+    let mut calls = Vec::new();
+    for (i, part) in parts.iter().enumerate() {
+        let Some((to, arguments)) = part.split_once(HARMONY_ARGS) else {
+            break;
+        };
+        let arguments = if i + 1 == parts.len() {
+            open_json(arguments, HARMONY_CALL)
+        } else {
+            match json_arguments(arguments) {
+                Ok(arguments) => arguments,
+                Err(_) => break,
+            }
+        };
+        calls.push(ToolCall {
+            id: call_id(i),
+            name: to.strip_prefix("functions.").unwrap_or(to).trim().to_string(),
+            arguments,
+        });
+    }
+    calls
 }

@@ -5,7 +5,16 @@
 
 use serde_json::Map;
 
+use super::partial::{XmlCut, name_end};
 use super::{Schemas, ToolCall, call};
+
+/// MiniMax's calls read while they are written (see `partial`).
+pub(super) const CUT: XmlCut = XmlCut {
+    ends: &["</parameter>", "</invoke>"],
+    named: |block| name_end(block, "<invoke name=", &['>'], true),
+    call_end: "</invoke>",
+    closers: "</invoke></minimax:tool_call>",
+};
 
 /// `name="X">` or `name='X'>` at the start of `s`: X and what follows.
 fn named(s: &str) -> Option<(&str, &str)> {

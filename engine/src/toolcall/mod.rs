@@ -16,6 +16,7 @@ mod glm;
 mod harmony;
 mod kimi;
 mod minimax;
+mod partial;
 mod qwen;
 
 use serde_json::{Map, Value};
@@ -161,11 +162,7 @@ impl ToolFormat {
     /// How many bytes at the end of `text` could be the start of a call
     /// block still being written: a stream holds them back until it knows.
     pub fn held_back(self, text: &str) -> usize {
-        let opener = self.opener();
-        (1..opener.len().min(text.len() + 1))
-            .rev()
-            .find(|&n| opener.is_char_boundary(n) && text.ends_with(&opener[..n]))
-            .unwrap_or(0)
+        partial::overlap(text, self.opener())
     }
 
     fn opener(self) -> &'static str {
@@ -217,6 +214,29 @@ impl ToolFormat {
             calls,
         })
     }
+
+    /// The calls of an answer still being written, as far as they are sure
+    /// (see `partial`): each call's id and name are those [`Self::parse`]
+    /// will read from the whole answer, every call but the last is whole,
+    /// and the last one's arguments are a prefix of its final arguments. A
+    /// stream sends them as they grow.
+    pub fn partial(self, text: &str, tools: &[Value]) -> Vec<ToolCall> {
+        let Some(start) = self.call_start(text) else {
+            return Vec::new();
+        };
+        let schemas = Schemas(tools);
+        let block = &text[start..];
+        match self {
+            Self::Kimi => kimi::partial(block),
+            Self::DeepseekTokens => deepseek::partial_tokens(block),
+            Self::Dsml => deepseek::DSML_CUT.read(block, |b| deepseek::parse_dsml(b, &schemas)),
+            Self::Hermes => qwen::partial_hermes(block),
+            Self::QwenXml => qwen::XML_CUT.read(block, |b| qwen::parse_xml(b, &schemas)),
+            Self::Glm => glm::CUT.read(block, |b| glm::parse(b, &schemas)),
+            Self::Minimax => minimax::CUT.read(block, |b| minimax::parse(b, &schemas)),
+            Self::Harmony => harmony::partial(block),
+        }
+    }
 }
 
 /// A call's id from its place in the answer, for formats that write none.
@@ -233,12 +253,15 @@ pub(crate) fn call(index: usize, name: &str, args: Map<String, Value>) -> ToolCa
     }
 }
 
-/// JSON text of arguments the model wrote as JSON: checked to be an object.
+/// Arguments the model wrote as JSON, checked to be an object and kept as
+/// written (trimmed): a stream sends them as the model writes them, and
+/// the whole answer must read to what it sent.
 pub(crate) fn json_arguments(text: &str) -> Result<String, String> {
-    match serde_json::from_str::<Value>(text.trim()) {
-        Ok(Value::Object(o)) => Ok(Value::Object(o).to_string()),
+    let text = text.trim();
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(_)) => Ok(text.to_string()),
         Ok(other) => Err(format!("arguments are not an object: {other}")),
-        Err(e) => Err(format!("arguments are not JSON ({e}): {}", text.trim())),
+        Err(e) => Err(format!("arguments are not JSON ({e}): {text}")),
     }
 }
 

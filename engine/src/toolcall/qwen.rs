@@ -4,12 +4,17 @@
 //! and Qwen3.5 write XML: `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>`
 //! (`qwen3_coder`), values typed by the schema, one newline trimmed each side.
 
+use std::collections::HashMap;
+
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use super::partial::{XmlCut, name_end, overlap};
 use super::{Schemas, ToolCall, call, call_id, json_arguments};
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
+const ARGUMENTS: &str = "\"arguments\"";
 
 /// The bodies of the `<tool_call>` blocks in `block`; the last may be unclosed.
 fn bodies(block: &str) -> impl Iterator<Item = &str> {
@@ -22,29 +27,78 @@ fn bodies(block: &str) -> impl Iterator<Item = &str> {
 pub(super) fn parse_hermes(block: &str) -> Result<Vec<ToolCall>, String> {
     bodies(block)
         .enumerate()
-        .map(|(i, body)| {
-            let call: Value = serde_json::from_str(body.trim())
-                .map_err(|e| format!("call {i} is not JSON ({e}): {}", body.trim()))?;
-            let name = call
-                .get("name")
-                .and_then(Value::as_str)
-                .ok_or_else(|| format!("call {i} has no name: {call}"))?;
-            let arguments = match call.get("arguments") {
-                // Some models write the arguments as a JSON string.
-                Some(Value::String(s)) => json_arguments(s)?,
-                Some(Value::Object(o)) => Value::Object(o.clone()).to_string(),
-                None | Some(Value::Null) => "{}".into(),
-                Some(other) => {
-                    return Err(format!("call {i}: arguments are not an object: {other}"));
-                }
-            };
-            Ok(ToolCall {
-                id: call_id(i),
-                name: name.to_string(),
-                arguments,
-            })
-        })
+        .map(|(i, body)| hermes_call(i, body))
         .collect()
+}
+
+/// One call's JSON; its arguments are kept as written (see `partial`).
+fn hermes_call(i: usize, body: &str) -> Result<ToolCall, String> {
+    let body = body.trim();
+    let call: HashMap<String, Box<RawValue>> =
+        serde_json::from_str(body).map_err(|e| format!("call {i} is not JSON ({e}): {body}"))?;
+    let name = call
+        .get("name")
+        .and_then(|n| serde_json::from_str::<String>(n.get()).ok())
+        .ok_or_else(|| format!("call {i} has no name: {body}"))?;
+    let arguments = match call.get("arguments").map(|a| a.get()) {
+        None | Some("null") => "{}".into(),
+        // Some models write the arguments as a JSON string.
+        Some(quoted) if quoted.starts_with('"') => {
+            let text: String = serde_json::from_str(quoted)
+                .map_err(|e| format!("call {i}: arguments are not a string ({e})"))?;
+            json_arguments(&text)?
+        }
+        Some(raw) => json_arguments(raw).map_err(|e| format!("call {i}: {e}"))?,
+    };
+    Ok(ToolCall {
+        id: call_id(i),
+        name,
+        arguments,
+    })
+}
+
+/// The calls so far of Hermes blocks still being written (see `partial`).
+/// An open call is given once its name stands before `"arguments"`; its
+/// arguments so far are the object as written, short of the `}` and
+/// whitespace that may close the call's own object instead. Arguments
+/// written as a string come whole at the end.
+pub(super) fn partial_hermes(block: &str) -> Vec<ToolCall> {
+    let mut calls = Vec::new();
+    for (i, part) in block.split(OPEN).skip(1).enumerate() {
+        match part.split_once(CLOSE) {
+            Some((body, _)) => match hermes_call(i, body) {
+                Ok(call) => calls.push(call),
+                Err(_) => break,
+            },
+            None => {
+                calls.extend(open_hermes(i, part));
+                break;
+            }
+        }
+    }
+    calls
+}
+
+fn open_hermes(i: usize, part: &str) -> Option<ToolCall> {
+    let body = &part[..part.len() - overlap(part, CLOSE)];
+    let at = body.find(ARGUMENTS)?;
+    let head = body[..at].trim().trim_end_matches(',');
+    let head: Value = serde_json::from_str(&format!("{head}}}")).ok()?;
+    let name = head.get("name")?.as_str()?;
+    let value = body[at + ARGUMENTS.len()..]
+        .trim_start()
+        .strip_prefix(':')?
+        .trim_start();
+    let arguments = if value.starts_with('{') {
+        value.trim_end_matches(|c: char| c == '}' || c.is_whitespace())
+    } else {
+        ""
+    };
+    Some(ToolCall {
+        id: call_id(i),
+        name: name.to_string(),
+        arguments: arguments.to_string(),
+    })
 }
 
 /// One newline trimmed off each end, as the XML parsers trim a value.
@@ -52,6 +106,14 @@ pub(super) fn trim_newline(v: &str) -> &str {
     let v = v.strip_prefix('\n').unwrap_or(v);
     v.strip_suffix('\n').unwrap_or(v)
 }
+
+/// Qwen's XML read while it is written (see `partial`).
+pub(super) const XML_CUT: XmlCut = XmlCut {
+    ends: &["</parameter>", "</function>"],
+    named: |block| name_end(block, "<function=", &['>'], true),
+    call_end: "</function>",
+    closers: "",
+};
 
 pub(super) fn parse_xml(block: &str, schemas: &Schemas<'_>) -> Result<Vec<ToolCall>, String> {
     let mut calls = Vec::new();
