@@ -8,6 +8,7 @@ answers on every run); loopback only, each request bounded.
     python tests/sdk/anthropic_tools.py PATH/TO/longhaul
 """
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import anthropic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from service import Service, run_checks  # noqa: E402
+from service import SLOW_FAULTS, Service, run_checks  # noqa: E402
 
 MODEL = "tools"
 TOOLS = [
@@ -61,13 +62,19 @@ def second_turn(client: anthropic.Anthropic) -> None:
 def streamed(client: anthropic.Anthropic) -> None:
     with client.messages.stream(model=MODEL, max_tokens=MAX_TOKENS, tools=TOOLS,
                                 messages=[{"role": "user", "content": QUESTION}]) as stream:
-        kinds = [event.type for event in stream]
+        events = list(stream)
         final = stream.get_final_message()
+    kinds = [event.type for event in events]
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop", kinds
     assert final.stop_reason == "tool_use", final
     [use] = [b for b in final.content if b.type == "tool_use"]
     assert use.input == {"path": "src/cache.rs"}, use
-    print(f"# streamed: {len(kinds)} events, tool_use {use.name}({use.input})")
+    # The input streams as the model writes it (the service is slowed to a
+    # token per event): several input_json_delta pieces that add up to it.
+    pieces = [e.delta.partial_json for e in events
+              if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
+    assert len(pieces) > 1 and json.loads("".join(pieces)) == use.input, pieces
+    print(f"# streamed: {len(kinds)} events, tool_use {use.name}({use.input}) in {len(pieces)} pieces")
 
 
 def plain_answer(client: anthropic.Anthropic) -> None:
@@ -105,13 +112,17 @@ def refusals(client: anthropic.Anthropic) -> None:
             raise AssertionError(f"{extra} was accepted")
 
 
+def client_of(service: Service) -> anthropic.Anthropic:
+    service.add_model(MODEL, Path(__file__).resolve().parents[2] / "assets/longhaul-demo-tools")
+    return anthropic.Anthropic(base_url=service.url, api_key=service.token, timeout=120, max_retries=0)
+
+
 def main() -> int:
-    with Service(Path(sys.argv[1])) as service:
-        service.add_model(MODEL, Path(__file__).resolve().parents[2] / "assets/longhaul-demo-tools")
-        client = anthropic.Anthropic(base_url=service.url, api_key=service.token, timeout=120, max_retries=0)
-        return run_checks("anthropic", client,
-                          [first_turn, second_turn, streamed, plain_answer, count_tokens, forced_calls,
-                           refusals])
+    binary = Path(sys.argv[1])
+    with Service(binary) as service, Service(binary, SLOW_FAULTS) as slowed:
+        return run_checks("anthropic", client_of(service),
+                          [first_turn, second_turn, (streamed, client_of(slowed)), plain_answer, count_tokens,
+                           forced_calls, refusals])
 
 
 if __name__ == "__main__":

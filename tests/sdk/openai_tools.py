@@ -21,7 +21,7 @@ from pathlib import Path
 import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from service import Service, run_checks  # noqa: E402
+from service import SLOW_FAULTS, Service, run_checks  # noqa: E402
 
 TIMEOUT_SECONDS = 120
 MODEL = "tools"
@@ -68,25 +68,32 @@ def second_turn(client: openai.OpenAI) -> None:
 
 
 def streamed(client: openai.OpenAI) -> None:
+    """The call streams as OpenAI streams one: id and name first, then the
+    arguments in fragments (the service is slowed to a token per event)."""
     stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
                                             tools=TOOLS, stream=True, stream_options={"include_usage": True})
-    calls, finish, content, usage = {}, None, "", None
+    calls, finish, content, usage, fragments = {}, None, "", None, 0
     for chunk in stream:
         usage = chunk.usage or usage
         for choice in chunk.choices:
             content += choice.delta.content or ""
             for d in choice.delta.tool_calls or []:
                 c = calls.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
+                assert not d.id or not c["id"], f"a second id for call {d.index}: {d}"
                 c["id"] += d.id or ""
                 c["name"] += (d.function.name or "") if d.function else ""
-                c["arguments"] += (d.function.arguments or "") if d.function else ""
+                arguments = (d.function.arguments or "") if d.function else ""
+                assert c["id"] and c["name"], f"arguments before the call's id and name: {d}"
+                c["arguments"] += arguments
+                fragments += bool(arguments)
             finish = choice.finish_reason or finish
     assert finish == "tool_calls", finish
     assert content == "", content
     assert [c["name"] for c in calls.values()] == ["read_file"], calls
     assert json.loads(calls[0]["arguments"]) == {"path": "src/cache.rs"}, calls
+    assert fragments > 1, f"the arguments came in {fragments} fragment(s)"
     assert usage is not None and usage.completion_tokens > 0, usage
-    print(f"# streamed: {calls[0]['name']}({calls[0]['arguments']}), finish {finish}")
+    print(f"# streamed: {calls[0]['name']}({calls[0]['arguments']}) in {fragments} fragments, finish {finish}")
 
 
 def no_tools_no_call(client: openai.OpenAI) -> None:
@@ -145,24 +152,35 @@ def responses_turns(client: openai.OpenAI) -> None:
 
 def responses_streamed(client: openai.OpenAI) -> None:
     with client.responses.stream(model=MODEL, input=QUESTION, tools=FLAT_TOOLS) as stream:
-        kinds = [event.type for event in stream]
+        events = list(stream)
         final = stream.get_final_response()
+    kinds = [event.type for event in events]
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed", kinds
     [call] = [o for o in final.output if o.type == "function_call"]
     assert json.loads(call.arguments) == {"path": "src/cache.rs"}, call
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    assert len(deltas) > 1 and "".join(deltas) == call.arguments, deltas
+    added = kinds.index("response.output_item.added", kinds.index("response.in_progress"))
+    assert added < kinds.index("response.function_call_arguments.delta") < kinds.index(
+        "response.function_call_arguments.done") < kinds.index("response.output_item.done"), kinds
     plain = client.responses.create(model=MODEL, input="What is 2 plus 3?", stream=True)
     text = "".join(e.delta for e in plain if e.type == "response.output_text.delta")
     assert re.fullmatch(r"\d+\.", text), text
-    print(f"# responses streamed: {len(kinds)} events")
+    print(f"# responses streamed: {len(kinds)} events, the arguments in {len(deltas)} deltas")
+
+
+def client_of(service: Service) -> openai.OpenAI:
+    service.add_model(MODEL, Path(__file__).resolve().parents[2] / "assets/longhaul-demo-tools")
+    return openai.OpenAI(base_url=f"{service.url}/v1", api_key=service.token,
+                         timeout=TIMEOUT_SECONDS, max_retries=0)
 
 
 def main() -> int:
-    with Service(Path(sys.argv[1])) as service:
-        service.add_model(MODEL, Path(__file__).resolve().parents[2] / "assets/longhaul-demo-tools")
-        client = openai.OpenAI(base_url=f"{service.url}/v1", api_key=service.token,
-                               timeout=TIMEOUT_SECONDS, max_retries=0)
-        return run_checks("openai", client, [first_turn, second_turn, streamed, no_tools_no_call, forced_calls, refusals,
-                                                   responses_turns, responses_streamed])
+    binary = Path(sys.argv[1])
+    with Service(binary) as service, Service(binary, SLOW_FAULTS) as slowed:
+        client, slow = client_of(service), client_of(slowed)
+        return run_checks("openai", client, [first_turn, second_turn, (streamed, slow), no_tools_no_call,
+                                             forced_calls, refusals, responses_turns, (responses_streamed, slow)])
 
 
 if __name__ == "__main__":

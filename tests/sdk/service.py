@@ -2,6 +2,7 @@
 address and token it writes there, and a stop that waits for it."""
 
 import json
+import os
 import subprocess
 import sys
 import traceback
@@ -11,18 +12,23 @@ import urllib.request
 from pathlib import Path
 
 START_SECONDS = 60
+# Each produced piece of output waits this long, longer than the runner's
+# 100 ms between progress events: a stream then gets the answer token by
+# token, and a call's arguments in many fragments.
+SLOW_FAULTS = "token-delay-ms=120"
 
 
 class Service:
-    def __init__(self, binary: Path):
+    def __init__(self, binary: Path, faults: str = ""):
         self.binary = binary
+        self.env = dict(os.environ, LONGHAUL_FAULTS=faults) if faults else None
         self.tmp = tempfile.TemporaryDirectory(prefix="longhaul-sdk-")
         self.data = Path(self.tmp.name) / "data"
 
     def __enter__(self) -> "Service":
         self.data.mkdir()
         self.proc = subprocess.Popen([str(self.binary), "serve", "--port", "0", "--data-dir", str(self.data)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env)
         endpoint = self.data / "endpoint"
         deadline = time.monotonic() + START_SECONDS
         while not (endpoint.exists() and endpoint.read_text().strip()):
@@ -50,12 +56,14 @@ class Service:
 
 
 def run_checks(sdk: str, client, checks: list) -> int:
-    """Runs each check, printing `ok N` or `not ok N` with the traceback,
+    """Runs each check (a function of `client`, or a pair of a function and
+    the client it takes), printing `ok N` or `not ok N` with the traceback,
     then `# pass` and `# fail` totals; 1 if any failed."""
     failed = 0
-    for n, check in enumerate(checks, 1):
+    for n, item in enumerate(checks, 1):
+        check, on = item if isinstance(item, tuple) else (item, client)
         try:
-            check(client)
+            check(on)
             print(f"ok {n} - {sdk}: {check.__name__}")
         except Exception:  # noqa: BLE001 - every failure is reported, then counted
             failed += 1

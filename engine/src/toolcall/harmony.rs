@@ -16,14 +16,21 @@ pub(super) fn parse(block: &str) -> Result<Vec<ToolCall>, String> {
         let (to, arguments) = part
             .split_once(HARMONY_ARGS)
             .ok_or_else(|| format!("call {i} to `{part}` has no message"))?;
-        let name = to.strip_prefix("functions.").unwrap_or(to);
         calls.push(ToolCall {
             id: call_id(i),
-            name: name.trim().to_string(),
+            name: name_of(to),
             arguments: json_arguments(arguments)?,
         });
     }
     Ok(calls)
+}
+
+/// The tool a recipient `functions.NAME` names.
+fn name_of(to: &str) -> String {
+    to.strip_prefix("functions.")
+        .unwrap_or(to)
+        .trim()
+        .to_string()
 }
 
 /// The calls so far of an answer still being written (see `partial`): a
@@ -45,7 +52,7 @@ pub(super) fn partial(block: &str) -> Vec<ToolCall> {
         };
         calls.push(ToolCall {
             id: call_id(i),
-            name: to.strip_prefix("functions.").unwrap_or(to).trim().to_string(),
+            name: name_of(to),
             arguments,
         });
     }

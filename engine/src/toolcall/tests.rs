@@ -212,17 +212,50 @@ fn gpt_oss_speaks_harmony_calls() {
 /// format allows, nested JSON and values that hold the format's own marks.
 fn streamed_answers() -> Vec<(ToolFormat, &'static str)> {
     vec![
-        (ToolFormat::Kimi, "Let me look.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Beijing\", \"opts\": {\"days\": [1, 2]}} <|tool_call_end|><|tool_call_begin|>functions.get_weather:1<|tool_call_argument_begin|>{\"city\": \"Shanghai\"}<|tool_call_end|><|tool_calls_section_end|>"),
-        (ToolFormat::DeepseekTokens, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Hangzhou\"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"杭州\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
-        (ToolFormat::DeepseekTokens, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Hangzhou\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
-        (ToolFormat::Dsml, "Checking.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">杭州</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>"),
-        (ToolFormat::Hermes, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"a}\", \"opts\": {\"x\": [1, {\"y\": 2}]}}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}"),
-        (ToolFormat::Hermes, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>"),
-        (ToolFormat::QwenXml, "<tool_call>\n<function=get_weather>\n<parameter=city>\n123\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>"),
-        (ToolFormat::Glm, "\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call><tool_call>list_files</tool_call>"),
-        (ToolFormat::Glm, "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Beijing</arg_value><arg_key>days</arg_key><arg_value>3</arg_value></tool_call>"),
-        (ToolFormat::Minimax, "Sure.\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Beijing</parameter>\n<parameter name='days'>3</parameter>\n</invoke>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Oslo</parameter>\n</invoke>\n</minimax:tool_call>"),
-        (ToolFormat::Harmony, "Checking.<|channel|>commentary to=functions.get_weather<|message|>{\"city\": \"Paris\", \"days\": 2}<|channel|>commentary to=functions.get_weather<|message|>{\"city\": \"Nice\"}"),
+        (
+            ToolFormat::Kimi,
+            "Let me look.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Beijing\", \"opts\": {\"days\": [1, 2]}} <|tool_call_end|><|tool_call_begin|>functions.get_weather:1<|tool_call_argument_begin|>{\"city\": \"Shanghai\"}<|tool_call_end|><|tool_calls_section_end|>",
+        ),
+        (
+            ToolFormat::DeepseekTokens,
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Hangzhou\"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"杭州\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        ),
+        (
+            ToolFormat::DeepseekTokens,
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Hangzhou\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        ),
+        (
+            ToolFormat::Dsml,
+            "Checking.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">杭州</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+        ),
+        (
+            ToolFormat::Hermes,
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"a}\", \"opts\": {\"x\": [1, {\"y\": 2}]}}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}",
+        ),
+        (
+            ToolFormat::Hermes,
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>",
+        ),
+        (
+            ToolFormat::QwenXml,
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\n123\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>",
+        ),
+        (
+            ToolFormat::Glm,
+            "\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call><tool_call>list_files</tool_call>",
+        ),
+        (
+            ToolFormat::Glm,
+            "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Beijing</arg_value><arg_key>days</arg_key><arg_value>3</arg_value></tool_call>",
+        ),
+        (
+            ToolFormat::Minimax,
+            "Sure.\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Beijing</parameter>\n<parameter name='days'>3</parameter>\n</invoke>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Oslo</parameter>\n</invoke>\n</minimax:tool_call>",
+        ),
+        (
+            ToolFormat::Harmony,
+            "Checking.<|channel|>commentary to=functions.get_weather<|message|>{\"city\": \"Paris\", \"days\": 2}<|channel|>commentary to=functions.get_weather<|message|>{\"city\": \"Nice\"}",
+        ),
     ]
 }
 
@@ -239,10 +272,19 @@ fn calls_read_while_written_are_prefixes_of_the_whole_answer() {
         for cut in (0..=text.len()).filter(|&c| text.is_char_boundary(c)) {
             let now = format.partial(&text[..cut], &weather_tools());
             let at = || format!("{} at {cut}: {:?}", format.name(), &text[..cut]);
-            assert!(now.len() <= whole.len() && now.len() >= before.len(), "{}", at());
+            assert!(
+                now.len() <= whole.len() && now.len() >= before.len(),
+                "{}",
+                at()
+            );
             for (k, call) in now.iter().enumerate() {
                 let last = k + 1 == now.len();
-                assert_eq!((&call.id, &call.name), (&whole[k].id, &whole[k].name), "{}", at());
+                assert_eq!(
+                    (&call.id, &call.name),
+                    (&whole[k].id, &whole[k].name),
+                    "{}",
+                    at()
+                );
                 assert!(last || call == &whole[k], "{}", at());
                 assert!(whole[k].arguments.starts_with(&call.arguments), "{}", at());
                 if let Some(b) = before.get(k) {
@@ -255,7 +297,11 @@ fn calls_read_while_written_are_prefixes_of_the_whole_answer() {
         assert_eq!(before.len(), whole.len(), "{}", format.name());
         // V3's fenced arguments and an empty object come whole; the rest
         // arrive in pieces.
-        let pieces = if text.contains("```") || text.contains("{}") { 2 } else { 4 };
+        let pieces = if text.contains("```") || text.contains("{}") {
+            2
+        } else {
+            4
+        };
         assert!(seen.len() >= pieces, "{}: {seen:?}", format.name());
     }
 }

@@ -376,6 +376,7 @@ fn stop_reason(job: &JobView, calls: &[ToolCall]) -> &'static str {
 enum Block {
     Thinking,
     Text,
+    ToolUse,
 }
 
 type Events = Vec<(&'static str, Value)>;
@@ -388,14 +389,15 @@ struct StreamBlocks {
 }
 
 impl StreamBlocks {
-    /// Opens a block of `kind` unless one is open (closing another kind);
-    /// its index.
+    /// Opens a thinking or text block unless one of `kind` is open (closing
+    /// another kind); its index.
     fn enter(&mut self, kind: Block, out: &mut Events) -> usize {
         if self.open != Some(kind) {
             self.close(out);
-            let block = match kind {
-                Block::Thinking => json!({ "type": "thinking", "thinking": "", "signature": "" }),
-                Block::Text => json!({ "type": "text", "text": "" }),
+            let block = if kind == Block::Thinking {
+                json!({ "type": "thinking", "thinking": "", "signature": "" })
+            } else {
+                json!({ "type": "text", "text": "" })
             };
             out.push(("content_block_start", json!({ "type": "content_block_start", "index": self.index, "content_block": block })));
             self.open = Some(kind);
@@ -413,22 +415,16 @@ impl StreamBlocks {
         }
     }
 
-    /// A whole tool_use block: opened, its input in one delta, closed.
-    fn call(&mut self, call: &ToolCall, out: &mut Events) {
+    /// Opens a tool_use block for a call being written (closing the block
+    /// before it); its input follows in `input_json_delta`s.
+    fn call(&mut self, id: &str, name: &str, out: &mut Events) {
         self.close(out);
-        let mut block = tool_use(call);
-        let input = std::mem::replace(&mut block["input"], json!({}));
-        let i = self.index;
+        let block = json!({ "type": "tool_use", "id": id, "name": name, "input": {} });
         out.push((
             "content_block_start",
-            json!({ "type": "content_block_start", "index": i, "content_block": block }),
+            json!({ "type": "content_block_start", "index": self.index, "content_block": block }),
         ));
-        out.push(("content_block_delta", json!({ "type": "content_block_delta", "index": i, "delta": { "type": "input_json_delta", "partial_json": input.to_string() } })));
-        out.push((
-            "content_block_stop",
-            json!({ "type": "content_block_stop", "index": i }),
-        ));
-        self.index += 1;
+        self.open = Some(Block::ToolUse);
     }
 }
 
@@ -478,19 +474,12 @@ fn stream(
                     let _ = tx.send(event("error", error)).await;
                     return;
                 }
-                Update::Done {
-                    job: done,
-                    rest,
-                    calls,
-                } => {
-                    if !rest.is_empty() {
-                        let i = blocks.enter(Block::Text, &mut out);
-                        out.push(text_delta(i, rest));
-                    }
+                Update::Call { id, name, .. } => blocks.call(&id, &name, &mut out),
+                Update::Arguments { fragment, .. } => {
+                    out.push(("content_block_delta", json!({ "type": "content_block_delta", "index": blocks.index, "delta": { "type": "input_json_delta", "partial_json": fragment } })));
+                }
+                Update::Done { job: done, calls } => {
                     blocks.close(&mut out);
-                    for call in &calls {
-                        blocks.call(call, &mut out);
-                    }
                     out.push(("message_delta", json!({ "type": "message_delta",
                         "delta": { "stop_reason": stop_reason(&done, &calls), "stop_sequence": null },
                         "usage": usage(&done) })));

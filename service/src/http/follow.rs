@@ -2,10 +2,13 @@
 //! carry text as it is produced; when one does not line up with what was
 //! received (a missed event, or text regenerated after a pause) the
 //! committed output is read and only what is new goes on. With tools
-//! offered, the answer's text goes on only up to where a call could open,
-//! and the calls come at the end, whole. While the prompt is read, how far
-//! it has come goes out every few seconds. Each API turns the [`Update`]s
-//! into its own events.
+//! offered, the answer's text goes on only up to where a call could open;
+//! then each call goes on as it is written — its id and name once whole,
+//! its arguments in fragments (the engine's `ToolFormat::partial` keeps
+//! every fragment a piece of the final arguments) — and what the whole
+//! answer adds at the end. While the prompt is read, how far it has come
+//! goes out every few seconds. Each API turns the [`Update`]s into its own
+//! events.
 
 use std::time::Duration;
 
@@ -38,10 +41,19 @@ pub enum Update {
     Reasoning(String),
     /// More of the answer's text.
     Text(String),
-    /// The end: the rest of the text and the calls, with the finished job.
+    /// A tool call begins: its place among the answer's calls, id and name.
+    /// The call before it, if any, is whole.
+    Call {
+        index: usize,
+        id: String,
+        name: String,
+    },
+    /// More of call `index`'s arguments.
+    Arguments { index: usize, fragment: String },
+    /// The end, with the finished job and its calls read whole: every one
+    /// of them was begun and filled by the updates before.
     Done {
         job: Box<JobView>,
-        rest: String,
         calls: Vec<ToolCall>,
     },
     /// The job failed or was cancelled.
@@ -118,6 +130,8 @@ struct Received {
     reasoning: String,
     shown: usize,
     offered: Option<Offered>,
+    /// The calls sent so far, with the arguments sent of each.
+    sent: Vec<ToolCall>,
 }
 
 impl Received {
@@ -129,27 +143,64 @@ impl Received {
     }
 
     /// Takes in `fresh` text of `part`; returns what can go on now.
-    fn take(&mut self, part: Part, fresh: &str) -> Option<Update> {
+    fn take(&mut self, part: Part, fresh: &str) -> Vec<Update> {
         if part == Part::Reasoning {
             self.reasoning.push_str(fresh);
-            return Some(Update::Reasoning(fresh.to_string()));
+            return vec![Update::Reasoning(fresh.to_string())];
         }
         self.answer.push_str(fresh);
-        let limit = self
-            .offered
-            .as_ref()
-            .map_or(self.answer.len(), |o| o.shown_len(&self.answer));
-        let out = self
+        let Some(offered) = &self.offered else {
+            self.shown = self.answer.len();
+            return vec![Update::Text(fresh.to_string())];
+        };
+        let limit = offered.shown_len(&self.answer);
+        let mut out: Vec<Update> = self
             .answer
             .get(self.shown..limit)
-            .filter(|t| !t.is_empty())?;
-        let out = out.to_string();
-        self.shown = limit;
-        Some(Update::Text(out))
+            .filter(|t| !t.is_empty())
+            .map(|t| Update::Text(t.to_string()))
+            .into_iter()
+            .collect();
+        self.shown = self.shown.max(limit);
+        let calls = offered.partial(&self.answer);
+        out.extend(self.calls_grown(&calls));
+        out
     }
 
-    /// At the end: the answer's text not yet shown, and its calls.
-    fn finish(&self) -> (String, Vec<ToolCall>) {
+    /// What `calls` (the calls read so far) add to those sent.
+    fn calls_grown(&mut self, calls: &[ToolCall]) -> Vec<Update> {
+        let mut out = Vec::new();
+        for (index, call) in calls.iter().enumerate() {
+            if index == self.sent.len() {
+                out.push(Update::Call {
+                    index,
+                    id: call.id.clone(),
+                    name: call.name.clone(),
+                });
+                self.sent.push(ToolCall {
+                    arguments: String::new(),
+                    ..call.clone()
+                });
+            }
+            let sent = &mut self.sent[index];
+            if let Some(fragment) = call
+                .arguments
+                .strip_prefix(sent.arguments.as_str())
+                .filter(|f| !f.is_empty())
+            {
+                out.push(Update::Arguments {
+                    index,
+                    fragment: fragment.to_string(),
+                });
+                sent.arguments.clone_from(&call.arguments);
+            }
+        }
+        out
+    }
+
+    /// At the end: the answer's text not yet shown, what its calls add to
+    /// those sent, and the calls whole.
+    fn finish(&mut self) -> (Vec<Update>, Vec<ToolCall>) {
         let read = match &self.offered {
             Some(o) => o.read(&self.answer),
             None => ToolAnswer {
@@ -157,12 +208,21 @@ impl Received {
                 calls: Vec::new(),
             },
         };
-        let rest = read
-            .content
-            .get(self.shown..)
-            .unwrap_or_default()
-            .to_string();
-        (rest, read.calls)
+        let rest = read.content.get(self.shown..).unwrap_or_default();
+        let mut out: Vec<Update> = (!rest.is_empty())
+            .then(|| Update::Text(rest.to_string()))
+            .into_iter()
+            .collect();
+        let differs = self.sent.iter().zip(&read.calls).any(|(sent, whole)| {
+            sent.id != whole.id || !whole.arguments.starts_with(&sent.arguments)
+        });
+        if differs || self.sent.len() > read.calls.len() {
+            tracing::warn!(
+                "the calls streamed are not those the whole answer reads to; the whole answer's calls follow"
+            );
+        }
+        out.extend(self.calls_grown(&read.calls));
+        (out, read.calls)
     }
 }
 
@@ -210,9 +270,7 @@ pub fn follow(
                 ] {
                     match catch_up(got.of(part), offset, delta) {
                         CatchUp::Fresh(fresh) => {
-                            if let Some(u) = got.take(part, &fresh)
-                                && tx.send(u).await.is_err()
-                            {
+                            if !send_all(&tx, got.take(part, &fresh)).await {
                                 return;
                             }
                         }
@@ -234,9 +292,7 @@ pub fn follow(
                 let sent = got.of(part);
                 if whole.len() > sent.len() && whole.starts_with(sent) {
                     let fresh = whole[sent.len()..].to_string();
-                    if let Some(u) = got.take(part, &fresh)
-                        && tx.send(u).await.is_err()
-                    {
+                    if !send_all(&tx, got.take(part, &fresh)).await {
                         return;
                     }
                 }
@@ -245,21 +301,31 @@ pub fn follow(
                 continue;
             }
             let end = match ended_badly(&job) {
-                Some(e) => Update::Failed(e),
+                Some(e) => vec![Update::Failed(e)],
                 None => {
-                    let (rest, calls) = got.finish();
-                    Update::Done {
+                    let (mut last, calls) = got.finish();
+                    last.push(Update::Done {
                         job: Box::new(job),
-                        rest,
                         calls,
-                    }
+                    });
+                    last
                 }
             };
-            let _ = tx.send(end).await;
+            send_all(&tx, end).await;
             return;
         }
     });
     rx
+}
+
+/// Sends `updates` in order; false when the client has gone.
+async fn send_all(tx: &mpsc::Sender<Update>, updates: Vec<Update>) -> bool {
+    for u in updates {
+        if tx.send(u).await.is_err() {
+            return false;
+        }
+    }
+    true
 }
 
 /// How far the prompt has been read, as an SSE comment: every protocol's
@@ -282,7 +348,7 @@ mod tests {
     }
 
     #[test]
-    fn with_tools_the_text_stops_where_a_call_opens_and_the_call_comes_at_the_end() {
+    fn with_tools_the_text_stops_where_a_call_opens_and_the_call_streams() {
         let mut got = Received {
             offered: Offered::new(
                 Some(ToolFormat::Hermes),
@@ -291,21 +357,28 @@ mod tests {
             ),
             ..Received::default()
         };
-        let text = |u: Option<Update>| match u {
-            Some(Update::Text(t)) => t,
-            _ => String::new(),
+        let mut said = |fresh: &str| -> Vec<String> {
+            got.take(Part::Answer, fresh)
+                .iter()
+                .map(|u| match u {
+                    Update::Text(t) => format!("text {t}"),
+                    Update::Call { index, id, name } => format!("call {index} {id} {name}"),
+                    Update::Arguments { index, fragment } => format!("args {index} {fragment}"),
+                    _ => "other".into(),
+                })
+                .collect()
         };
+        assert_eq!(said("Let me look <tool"), ["text Let me look "]);
+        assert!(said("_call>{\"name\": \"f\", ").is_empty());
         assert_eq!(
-            text(got.take(Part::Answer, "Let me look <tool")),
-            "Let me look "
+            said("\"arguments\": {\"path\": \"src"),
+            ["call 0 call_3_0 f", "args 0 {\"path\": \"src"]
         );
-        assert_eq!(text(got.take(Part::Answer, "_call>{\"name\": \"f\", ")), "");
-        assert_eq!(
-            text(got.take(Part::Answer, "\"arguments\": {}}</tool_call>")),
-            ""
-        );
-        let (rest, calls) = got.finish();
-        assert_eq!((rest.as_str(), calls.len()), ("", 1));
-        assert_eq!(calls[0].name, "f");
+        assert_eq!(said("/a.rs\"}}"), ["args 0 /a.rs\""]);
+        assert!(said("\n</tool_").is_empty());
+        got.answer.push_str("call>");
+        let (last, calls) = got.finish();
+        assert!(matches!(&last[..], [Update::Arguments { index: 0, fragment }] if fragment == "}"));
+        assert_eq!(calls[0].arguments, "{\"path\": \"src/a.rs\"}");
     }
 }

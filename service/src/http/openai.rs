@@ -374,7 +374,7 @@ impl Kind {
                     if text.is_empty() {
                         message["content"] = Value::Null;
                     }
-                    message["tool_calls"] = openai_calls(&answer.calls, false);
+                    message["tool_calls"] = openai_calls(&answer.calls);
                     finish = TOOL_CALLS_FINISH;
                 }
                 json!({ "index": 0, "message": message, "finish_reason": finish })
@@ -466,8 +466,8 @@ fn chunk(
     }
 }
 
-/// Streams a job's text as OpenAI chunks, then its calls, the finish and
-/// `[DONE]`.
+/// Streams a job's text as OpenAI chunks, its calls as they are written
+/// (id and name, then the arguments in fragments), the finish and `[DONE]`.
 fn stream(
     app: AppState,
     sub: Submitted,
@@ -502,25 +502,32 @@ fn stream(
                 Update::Failed(e) => {
                     vec![json!({ "error": { "message": e.message, "type": e.kind } })]
                 }
-                Update::Done { job, rest, calls } => {
-                    let mut out = Vec::new();
-                    if !rest.is_empty() {
-                        out.push(chunk_of(Part::Answer, &rest, None));
-                    }
-                    let mut finish = finish_reason(&job);
-                    if !calls.is_empty() {
-                        let mut delta = chunk_of(Part::Answer, "", None);
-                        delta["choices"][0]["delta"] =
-                            json!({ "tool_calls": openai_calls(&calls, true) });
-                        out.push(delta);
-                        finish = TOOL_CALLS_FINISH;
-                    }
+                Update::Call { index, id, name } => {
+                    let mut delta = chunk_of(Part::Answer, "", None);
+                    delta["choices"][0]["delta"] = json!({ "role": "assistant", "tool_calls": [{
+                        "index": index, "id": id, "type": "function",
+                        "function": { "name": name, "arguments": "" },
+                    }] });
+                    vec![delta]
+                }
+                Update::Arguments { index, fragment } => {
+                    let mut delta = chunk_of(Part::Answer, "", None);
+                    delta["choices"][0]["delta"] = json!({ "tool_calls": [{
+                        "index": index, "function": { "arguments": fragment },
+                    }] });
+                    vec![delta]
+                }
+                Update::Done { job, calls } => {
+                    let finish = if calls.is_empty() {
+                        finish_reason(&job)
+                    } else {
+                        TOOL_CALLS_FINISH
+                    };
                     let mut last = chunk_of(Part::Answer, "", Some(finish));
                     if include_usage {
                         last["usage"] = usage(&job);
                     }
-                    out.push(last);
-                    out
+                    vec![last]
                 }
             };
             for e in events {

@@ -336,8 +336,13 @@ fn message_item(job: &JobView, text: &str, status: &str) -> Value {
             "content": [{ "type": "output_text", "text": text, "annotations": [] }] })
 }
 
+/// The id of call `i`'s item in job `job`'s output.
+fn call_item_id(job: &JobView, i: usize) -> String {
+    format!("fc_{}_{i}", job.id)
+}
+
 fn call_item(job: &JobView, i: usize, call: &ToolCall, status: &str) -> Value {
-    json!({ "type": "function_call", "id": format!("fc_{}_{i}", job.id), "call_id": call.id,
+    json!({ "type": "function_call", "id": call_item_id(job, i), "call_id": call.id,
             "name": call.name, "arguments": call.arguments, "status": status })
 }
 
@@ -394,7 +399,11 @@ struct Events {
     job: JobView,
     seq: u64,
     index: usize,
+    /// The open text item and its text so far.
     open: Option<(Item, String)>,
+    /// The open function call (its place among the calls) and its
+    /// arguments so far; at most one of it and `open` is set.
+    open_call: Option<(usize, ToolCall)>,
     out: Vec<Value>,
 }
 
@@ -448,6 +457,7 @@ impl Events {
     }
 
     fn close(&mut self) {
+        self.close_call();
         let Some((kind, text)) = self.open.take() else {
             return;
         };
@@ -470,16 +480,37 @@ impl Events {
         self.index += 1;
     }
 
-    fn call(&mut self, n: usize, call: &ToolCall) {
+    /// Opens a function_call item for call `n` being written.
+    fn call(&mut self, n: usize, id: String, name: String) {
         self.close();
+        let call = ToolCall {
+            id,
+            name,
+            arguments: String::new(),
+        };
+        let item = call_item(&self.job, n, &call, "in_progress");
+        self.push(json!({ "type": "response.output_item.added", "output_index": self.index, "item": item }));
+        self.open_call = Some((n, call));
+    }
+
+    fn arguments(&mut self, fragment: &str) {
+        let Some((n, call)) = &mut self.open_call else {
+            return;
+        };
+        call.arguments.push_str(fragment);
+        let id = call_item_id(&self.job, *n);
+        let event = json!({ "type": "response.function_call_arguments.delta", "item_id": id, "output_index": self.index, "delta": fragment });
+        self.push(event);
+    }
+
+    fn close_call(&mut self) {
+        let Some((n, call)) = self.open_call.take() else {
+            return;
+        };
         let i = self.index;
-        let mut item = call_item(&self.job, n, call, "in_progress");
-        item["arguments"] = json!("");
-        let id = item["id"].clone();
-        self.push(json!({ "type": "response.output_item.added", "output_index": i, "item": item }));
-        self.push(json!({ "type": "response.function_call_arguments.delta", "item_id": id, "output_index": i, "delta": call.arguments }));
+        let id = call_item_id(&self.job, n);
         self.push(json!({ "type": "response.function_call_arguments.done", "item_id": id, "output_index": i, "arguments": call.arguments, "name": call.name }));
-        self.push(json!({ "type": "response.output_item.done", "output_index": i, "item": call_item(&self.job, n, call, "completed") }));
+        self.push(json!({ "type": "response.output_item.done", "output_index": i, "item": call_item(&self.job, n, &call, "completed") }));
         self.index += 1;
     }
 }
@@ -502,6 +533,7 @@ fn stream(
             seq: 0,
             index: 0,
             open: None,
+            open_call: None,
             out: Vec::new(),
         };
         events.push(json!({ "type": "response.created", "response": dict_with(&start, "status", "in_progress") }));
@@ -539,14 +571,10 @@ fn stream(
                     events.push(json!({ "type": "response.failed", "response": failed }));
                     ended = true;
                 }
-                Update::Done { job, rest, calls } => {
-                    if !rest.is_empty() {
-                        events.delta(Item::Message, &rest);
-                    }
+                Update::Call { index, id, name } => events.call(index, id, name),
+                Update::Arguments { fragment, .. } => events.arguments(&fragment),
+                Update::Done { job, .. } => {
                     events.close();
-                    for (n, call) in calls.iter().enumerate() {
-                        events.call(n, call);
-                    }
                     let whole = response(&job, &read(offered.as_ref(), &job), &echo);
                     let kind = if whole["status"] == "incomplete" {
                         "response.incomplete"

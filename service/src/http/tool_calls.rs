@@ -37,11 +37,7 @@ impl Offered {
     pub fn read(&self, answer: &str) -> ToolAnswer {
         match self.format.parse(answer, &self.tools) {
             Ok(mut read) => {
-                if !self.format.writes_ids() {
-                    for (i, call) in read.calls.iter_mut().enumerate() {
-                        call.id = format!("call_{}_{i}", self.job);
-                    }
-                }
+                self.name_calls(&mut read.calls);
                 read
             }
             Err(e) => {
@@ -50,6 +46,23 @@ impl Offered {
                     content: answer.to_string(),
                     calls: Vec::new(),
                 }
+            }
+        }
+    }
+
+    /// The calls of an answer still being written, as far as they are sure:
+    /// ids and names as [`Self::read`] gives them, all but the last whole,
+    /// the last one's arguments a prefix of its final ones.
+    pub fn partial(&self, answer: &str) -> Vec<ToolCall> {
+        let mut calls = self.format.partial(answer, &self.tools);
+        self.name_calls(&mut calls);
+        calls
+    }
+
+    fn name_calls(&self, calls: &mut [ToolCall]) {
+        if !self.format.writes_ids() {
+            for (i, call) in calls.iter_mut().enumerate() {
+                call.id = format!("call_{}_{i}", self.job);
             }
         }
     }
@@ -138,21 +151,16 @@ pub fn refuse_other(other: &Map<String, Value>, inert: &[&str]) -> ApiResult<()>
     }
 }
 
-/// Calls in OpenAI Chat Completions' shape; `index` too when streamed.
-pub fn openai_calls(calls: &[ToolCall], streamed: bool) -> Value {
+/// Calls in OpenAI Chat Completions' shape.
+pub fn openai_calls(calls: &[ToolCall]) -> Value {
     calls
         .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let mut call = json!({
+        .map(|c| {
+            json!({
                 "id": c.id,
                 "type": "function",
                 "function": { "name": c.name, "arguments": c.arguments },
-            });
-            if streamed {
-                call["index"] = json!(i);
-            }
-            call
+            })
         })
         .collect()
 }
@@ -183,10 +191,10 @@ mod tests {
         let read = hermes().read(text);
         assert_eq!((read.content.as_str(), read.calls.len()), (text, 0));
         let read = hermes().read("<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>");
-        let calls = openai_calls(&read.calls, true);
+        let calls = openai_calls(&read.calls);
         assert_eq!(
             calls,
-            json!([{ "id": "call_7_0", "type": "function", "index": 0,
+            json!([{ "id": "call_7_0", "type": "function",
                      "function": { "name": "f", "arguments": "{}" } }])
         );
     }
