@@ -475,9 +475,10 @@ fn stream(
                     return;
                 }
                 Update::Call { id, name, .. } => blocks.call(&id, &name, &mut out),
-                Update::Arguments { fragment, .. } => {
+                Update::Arguments { fragment, .. } if blocks.open == Some(Block::ToolUse) => {
                     out.push(("content_block_delta", json!({ "type": "content_block_delta", "index": blocks.index, "delta": { "type": "input_json_delta", "partial_json": fragment } })));
                 }
+                Update::Arguments { .. } => {}
                 Update::Done { job: done, calls } => {
                     blocks.close(&mut out);
                     out.push(("message_delta", json!({ "type": "message_delta",

@@ -59,6 +59,8 @@ impl Offered {
         calls
     }
 
+    /// Ids for the calls of a format that writes none, from the job and
+    /// their place: unique over an agent's whole session.
     fn name_calls(&self, calls: &mut [ToolCall]) {
         if !self.format.writes_ids() {
             for (i, call) in calls.iter_mut().enumerate() {
