@@ -3,10 +3,13 @@
 //! 20,000 idle connections once exhausted the service's file descriptors:
 //! nothing bounded how many it held or how long a connection could sit
 //! without sending its request. Here accepting waits for one of
-//! [`MAX_CONNECTIONS`] slots, a connection must deliver its first request's
-//! headers within [`HEADER_TIMEOUT`], and one that neither reads nor writes
-//! for [`IDLE_TIMEOUT`] is closed (an event stream writes a keep-alive every
-//! 15 s, so it stays open).
+//! [`MAX_CONNECTIONS`] slots, every request's headers must arrive within
+//! [`HEADER_TIMEOUT`] (the first request's from accepting, each later
+//! one's from its first byte), and a connection that neither reads nor
+//! writes for [`IDLE_TIMEOUT`] is closed (an event stream writes a
+//! keep-alive every 15 s, so it stays open). Once only the first request
+//! had a header deadline, 256 connections sending a second request a byte
+//! every 20 s held every slot for good.
 
 use std::io;
 use std::net::SocketAddr;
@@ -22,10 +25,13 @@ use tokio::time::{Instant, Sleep};
 
 /// Connections held at once; more wait to be accepted.
 pub const MAX_CONNECTIONS: usize = 256;
-/// Time a new connection has to send its first request's headers.
+/// Time a request's headers may take to arrive.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time a connection may neither read nor write before it is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How an interim (1xx) response's status line begins.
+const INTERIM_STATUS: &[u8] = b"HTTP/1.1 1";
 
 /// A TCP listener with a connection cap and per-connection deadlines.
 pub struct Guarded {
@@ -93,10 +99,15 @@ pub struct GuardedStream {
     inner: TcpStream,
     _slot: OwnedSemaphorePermit,
     limits: Limits,
-    accepted: Instant,
+    /// When the headers being read began to arrive (or the connection was
+    /// accepted, for the first request).
+    headers_since: Instant,
     last_activity: Instant,
-    /// Bytes of `\r\n\r\n` matched so far; 4 once the first headers are in.
+    /// Bytes of `\r\n\r\n` matched so far; 4 once a request's headers are in.
     header_end: u8,
+    /// Whether a response has been written since the last headers came in:
+    /// the next byte read begins another request.
+    responded: bool,
     timer: Pin<Box<Sleep>>,
 }
 
@@ -107,16 +118,17 @@ impl GuardedStream {
             inner,
             _slot: slot,
             limits,
-            accepted: now,
+            headers_since: now,
             last_activity: now,
             header_end: 0,
+            responded: false,
             timer: Box::pin(tokio::time::sleep_until(now + limits.header)),
         }
     }
 
     fn deadline(&self) -> Instant {
         if self.header_end < 4 {
-            self.accepted + self.limits.header
+            self.headers_since + self.limits.header
         } else {
             self.last_activity + self.limits.idle
         }
@@ -150,6 +162,11 @@ impl AsyncRead for GuardedStream {
             Poll::Ready(Ok(())) => {
                 if buf.filled().len() > before {
                     me.last_activity = Instant::now();
+                    if me.responded {
+                        me.responded = false;
+                        me.header_end = 0;
+                        me.headers_since = me.last_activity;
+                    }
                     if me.header_end < 4 {
                         me.saw(&buf.filled()[before..]);
                     }
@@ -188,6 +205,10 @@ impl AsyncWrite for GuardedStream {
         let out = Pin::new(&mut me.inner).poll_write(cx, buf);
         if matches!(out, Poll::Ready(Ok(n)) if n > 0) {
             me.last_activity = Instant::now();
+            // An interim `100 Continue` is no answer: the body follows it.
+            if me.header_end == 4 && !buf.starts_with(INTERIM_STATUS) {
+                me.responded = true;
+            }
         }
         out
     }
@@ -253,6 +274,43 @@ mod tests {
                 "closed by the service"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn every_request_on_a_connection_has_a_header_deadline() {
+        let limits = Limits {
+            connections: 4,
+            header: Duration::from_millis(300),
+            idle: Duration::from_secs(5),
+        };
+        let addr = served(limits).await;
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        let request = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+        let mut buf = [0u8; 1024];
+        c.write_all(request).await.unwrap();
+        assert!(c.read(&mut buf).await.unwrap() > 0);
+        // A pause between requests is only idle time...
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        c.write_all(request).await.unwrap();
+        let n = c.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "kept alive");
+        // ...but a next request dripped a byte at a time is cut off.
+        let started = Instant::now();
+        let mut closed = false;
+        for &b in request.iter() {
+            if c.write_all(&[b]).await.is_err() {
+                closed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if started.elapsed() > Duration::from_secs(2) {
+                break;
+            }
+        }
+        let read = tokio::time::timeout(Duration::from_secs(1), c.read(&mut buf)).await;
+        closed |= matches!(read, Ok(Ok(0) | Err(_)));
+        assert!(closed, "a dripped second request was closed");
+        assert!(started.elapsed() < Duration::from_secs(3));
     }
 
     #[tokio::test]
