@@ -169,3 +169,40 @@ fn killed_at_random_moments(root: &std::path::Path, model: &std::path::Path, kil
         "most kills should land mid-job: {mid_job} of {kills}"
     );
 }
+
+/// Saved attention state changed on disk between a kill and the restart
+/// (a bad sector, a stray write) is refused by its checksum: the job says
+/// so in its log and finishes with the text an uninterrupted run gives.
+#[test]
+fn a_changed_state_file_is_refused_and_the_answer_is_the_same() {
+    let root = tempfile::tempdir().unwrap();
+    let model = synth_model(root.path());
+    let data = root.path().join("data");
+    let faults = [("LONGHAUL_FAULTS", "token-delay-ms=30")];
+    let s = Service::start_env(&data, &[], &faults);
+    s.add_model("m", &model);
+    let body = json!({ "model": "m", "prompt": "Audit the storage layer", "max_tokens": 200 });
+    let id = s.post("/api/jobs", body.clone())["id"].as_i64().unwrap();
+    // Output committed, so the state saved before it is within it.
+    s.wait_output(id, WAIT);
+    let state = data.join(format!("state/job-{id}.kv"));
+    let started = std::time::Instant::now();
+    while std::fs::metadata(&state).map_or(0, |m| m.len()) < 256 {
+        assert!(started.elapsed() < WAIT, "no state saved");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    s.kill();
+    let mut raw = std::fs::read(&state).unwrap();
+    for b in &mut raw[64..128] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(&state, &raw).unwrap();
+    let s = Service::start_env(&data, &[], &faults);
+    let done = s.wait_final(id, WAIT);
+    assert_eq!(done["state"], "done", "{done}");
+    let log = done["log"].as_str().unwrap_or_default();
+    assert!(log.contains("fails its checksum"), "{log}");
+    let again = s.post("/api/jobs", body)["id"].as_i64().unwrap();
+    let want = s.wait_final(again, WAIT);
+    assert_eq!(done["output"], want["output"]);
+}

@@ -461,10 +461,18 @@ impl Runner {
             .state_dir
             .as_deref()
             .map(|d| state_file::StateFile::for_job(d, id));
-        let saved: Vec<(usize, Vec<u8>)> = state_file
+        let loaded = state_file
             .as_ref()
             .map(|f| f.load(job.committed_count))
             .unwrap_or_default();
+        if let Some(why) = &loaded.refused {
+            tracing::warn!("job {id}: {why}");
+            let _ = self.queue.log(
+                id,
+                &format!("{why}; the answer's state from there is computed again"),
+            );
+        }
+        let saved = loaded.records;
         let mut state_saved: usize = saved.iter().map(|(n, _)| n).sum();
         let saved: Vec<Vec<u8>> = saved.into_iter().map(|(_, rows)| rows).collect();
         if job.resumed {
