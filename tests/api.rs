@@ -38,6 +38,30 @@ fn the_api_needs_the_token_and_a_local_host() {
         .call()
         .unwrap();
     assert_eq!(r.status().as_u16(), 403);
+    // Nor one that only starts like this machine, nor a second Host.
+    use std::io::{Read, Write};
+    let host = s.url.trim_start_matches("http://");
+    let raw = |headers: &str| {
+        let mut conn = std::net::TcpStream::connect(host).unwrap();
+        write!(
+            conn,
+            "GET /api/health HTTP/1.1\r\n{headers}Connection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut reply = String::new();
+        let _ = conn.read_to_string(&mut reply);
+        reply
+    };
+    assert!(raw(&format!("Host: {host}\r\n")).starts_with("HTTP/1.1 200"));
+    for headers in [
+        "Host: [::1]evil.com\r\n".to_string(),
+        "Host: localhost:evil.com\r\n".to_string(),
+        "Host: 127.0.0.1:7433@evil.com\r\n".to_string(),
+        format!("Host: {host}\r\nHost: evil.com\r\n"),
+    ] {
+        let reply = raw(&headers);
+        assert!(reply.starts_with("HTTP/1.1 403"), "{headers}: {reply}");
+    }
     // CORS: the desktop shell's origin is allowed, others get no grant.
     let allowed = agent
         .get(format!("{}/api/health", s.url))
@@ -55,8 +79,6 @@ fn the_api_needs_the_token_and_a_local_host() {
         .unwrap();
     assert!(other.headers().get("access-control-allow-origin").is_none());
     // Bodies are bounded: a declared 20 MB body is refused before it is read.
-    use std::io::{Read, Write};
-    let host = s.url.trim_start_matches("http://");
     let mut conn = std::net::TcpStream::connect(host).unwrap();
     write!(
         conn,
@@ -171,6 +193,16 @@ fn bad_requests_say_what_is_wrong() {
         let (status, err) = s.call("POST", "/api/jobs", Some(&body));
         assert_eq!(status, 400, "{body}: {err}");
         assert_eq!(err["error"]["param"], param, "{err}");
+    }
+    // A model's name becomes a path: no slashes, no climbing out.
+    for name in ["a/b", "../x", "..", "a\\b"] {
+        let body = json!({ "name": name, "path": fixture(FIXTURE) });
+        let (status, err) = s.call("POST", "/api/models", Some(&body));
+        assert_eq!(status, 400, "{name}: {err}");
+        assert!(
+            err["error"]["message"].as_str().unwrap().contains(name),
+            "{err}"
+        );
     }
     for path in ["/dev/zero".into(), pipe] {
         let body = json!({ "model": "tiny", "prompt": "hi", "attachments": [path] });
@@ -550,9 +582,14 @@ fn a_full_disk_pauses_the_job_with_the_reason_and_resume_finishes_it_exactly() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(s.get(&format!("/api/jobs/{id}"))["state"], "running");
+    // The job's own view says it too, though its saved state cannot yet.
+    let view = s.get(&format!("/api/jobs/{id}"));
+    assert_eq!(view["state"], "running");
+    let fault = view["storage_fault"].as_str().unwrap_or_default();
+    assert!(fault.contains("database or disk is full"), "{view}");
     std::fs::remove_file(&full).unwrap();
     let paused = s.wait_state(id, "paused", WAIT);
+    assert!(paused.get("storage_fault").is_none(), "{paused}");
     let reason = paused["pause_reason"].as_str().unwrap();
     assert!(reason.contains("database or disk is full"), "{reason}");
     assert!(s.get("/api/queue")["storage_fault"].is_null());
@@ -619,6 +656,21 @@ fn every_refusal_is_json_that_names_the_limit_or_field() {
     // The token in the query string opens the event stream and downloads only.
     let (status, _) = s.call_text("GET", &format!("/api/jobs?token={}", s.token), None, false);
     assert_eq!(status, 401);
+    // Not another path that ends in /export, nor another method on one.
+    s.add_model("export", &fixture(FIXTURE));
+    for (method, path) in [
+        ("DELETE", "/api/models/export"),
+        ("DELETE", "/api/jobs/1/export"),
+        ("GET", "/api/models/export"),
+    ] {
+        let (status, body) = s.call_text(method, &format!("{path}?token={}", s.token), None, false);
+        assert_eq!(status, 401, "{method} {path}: {body}");
+    }
+    let models = s.get("/api/models");
+    assert!(
+        models.to_string().contains("\"export\""),
+        "the model named export is still there: {models}"
+    );
 }
 
 #[test]
@@ -698,9 +750,9 @@ fn an_empty_queue_database_is_reported_at_start() {
     let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
     let mut said = Vec::new();
     for line in stderr.lines().map_while(Result::ok) {
-        let serving = line.contains("is serving on");
+        let opened = line.starts_with("Open ");
         said.push(line);
-        if serving {
+        if opened {
             break;
         }
     }
@@ -711,6 +763,9 @@ fn an_empty_queue_database_is_reported_at_start() {
             .any(|l| l.contains("queue.sqlite is empty (0 bytes)")),
         "{said:?}"
     );
+    // Captured output (a log) never holds the token.
+    let token = std::fs::read_to_string(data.join("token")).unwrap();
+    assert!(said.iter().all(|l| !l.contains(token.trim())), "{said:?}");
 }
 
 /// A job must fit the model's context (`max_position_embeddings`, 64 for

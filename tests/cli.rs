@@ -215,6 +215,11 @@ fn pack_verify_and_run_from_a_pack() {
     let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(summary["records"], 32, "2 MoE layers × 16 experts");
     assert_eq!(summary["drives"].as_array().unwrap().len(), 3);
+    // The pack and its folders on the drives are its owner's only.
+    support::assert_private(&pack);
+    for d in &drives {
+        support::assert_private(&Path::new(d).join("pack"));
+    }
     // F32 records compress losslessly by default.
     assert_eq!(summary["compression"], "zstd-high-bytes");
     assert!(summary["expert_bytes"].as_u64() < summary["plain_expert_bytes"].as_u64());
@@ -293,9 +298,11 @@ fn pack_verify_and_run_from_a_pack() {
     // 2 MoE layers: prefill lookups, then one per layer for each of the 31 decode steps.
     let lookups = std::fs::read_to_string(&trace).unwrap().lines().count();
     assert!(lookups >= 2 + 31 * 2, "{lookups} lookups traced");
+    support::assert_private(&trace);
 
     // The run left a heat histogram: copy the hottest half of the experts once more.
     assert!(pack.join("longhaul-heat.json").is_file());
+    support::assert_private(&pack.join("longhaul-heat.json"));
     let more = drive_folders(&tmp.path().join("more"), 3);
     let replicated = tmp.path().join("replicated");
     let heat_from = pack.to_str().unwrap();

@@ -87,6 +87,7 @@ fn the_cli_submits_watches_and_exports_jobs() {
     assert!(o.status.success(), "{}", err(&o));
     let md = std::fs::read_to_string(&out).unwrap();
     assert!(md.starts_with("# cli task") && md.contains("## Result"));
+    support::assert_private(&out);
 
     // Errors from the service come back as clear messages.
     let o = longhaul(&data, &["jobs", "submit", "--model", "nope", "hi"]);

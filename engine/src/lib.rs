@@ -8,7 +8,8 @@
 //! Its face is small: [`Engine`] (open a model, score, generate), [`Session`]
 //! (one sequence's state, with snapshot, restore and truncate), the settings
 //! they take, [`EngineStats`] for dashboards, and [`tools`] for what works on
-//! model files rather than a loaded model (pack, verify, probe, synth, heat).
+//! model files rather than a loaded model (pack, verify, probe, synth, heat),
+//! and [`private`] for files only their owner can read.
 //! Everything else is internal, so the compiler keeps the service out of the
 //! model, cache and store code. The `internals` feature opens the modules to
 //! the engine's own tests.
@@ -34,6 +35,7 @@ internal_modules!(
 mod engine;
 mod locate;
 pub mod memory;
+pub mod private;
 mod toolcall;
 pub mod tools;
 

@@ -12,7 +12,7 @@
 //! keys: it is kept 0700 and its files 0600, and a start tightens what an
 //! older version or another tool left wider, and says so.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
@@ -21,9 +21,9 @@ pub const LOCK_FILE: &str = "service.lock";
 /// Subfolders whose files are private too (the KV state of running jobs).
 const PRIVATE_SUBDIRS: &[&str] = &["state"];
 #[cfg(unix)]
-const DIR_MODE: u32 = 0o700;
+use longhaul_engine::private::DIR_MODE;
 #[cfg(unix)]
-const FILE_MODE: u32 = 0o600;
+use longhaul_engine::private::FILE_MODE;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataDirError {
@@ -111,32 +111,10 @@ fn write_holder(lock: &mut File, text: &str) -> std::io::Result<()> {
     lock.sync_data()
 }
 
-/// Options that create files readable by their owner only.
-pub(crate) fn private_options() -> OpenOptions {
-    let mut options = OpenOptions::new();
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, FILE_MODE);
-    options
-}
-
-/// Writes `bytes` to `path` (replacing it), readable by its owner only.
-pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut file = private_options()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(path)?;
-    file.write_all(bytes)
-}
-
-/// Creates `path` and its parents, readable by their owner only.
-pub(crate) fn create_private_dir(path: &Path) -> std::io::Result<()> {
-    let mut builder = std::fs::DirBuilder::new();
-    builder.recursive(true);
-    #[cfg(unix)]
-    std::os::unix::fs::DirBuilderExt::mode(&mut builder, DIR_MODE);
-    builder.create(path)
-}
+pub use longhaul_engine::private::write as write_private;
+pub(crate) use longhaul_engine::private::{
+    create_dir_all as create_private_dir, options as private_options,
+};
 
 /// Tightens the data dir, its files and the private subfolders' files.
 fn tighten(dir: &Path) -> std::io::Result<Vec<PathBuf>> {

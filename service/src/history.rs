@@ -266,19 +266,8 @@ impl History {
     }
 }
 
-#[cfg(unix)]
 fn open_private_append(path: &Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(path)
-}
-
-#[cfg(not(unix))]
-fn open_private_append(path: &Path) -> std::io::Result<std::fs::File> {
-    std::fs::OpenOptions::new()
+    crate::data_dir::private_options()
         .create(true)
         .append(true)
         .open(path)

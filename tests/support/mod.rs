@@ -84,6 +84,20 @@ pub fn pack_over_three_drives(
         .unwrap()
 }
 
+/// Asserts that `path` (and, for a folder, everything in it) can be read
+/// by its owner only.
+pub fn assert_private(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path).unwrap();
+    let mode = meta.permissions().mode() & 0o777;
+    assert_eq!(mode & 0o077, 0, "{} has mode {mode:o}", path.display());
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(path).unwrap() {
+            assert_private(&entry.unwrap().path());
+        }
+    }
+}
+
 pub fn expected(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(fixture(name).join("expected.json")).unwrap())
         .unwrap()

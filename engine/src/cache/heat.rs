@@ -72,9 +72,9 @@ impl HeatMap {
                 .map(|((l, e), h)| (l, e, h))
                 .collect(),
         };
-        std::fs::write(
+        crate::private::write(
             &tmp,
-            serde_json::to_vec(&file).map_err(std::io::Error::other)?,
+            &serde_json::to_vec(&file).map_err(std::io::Error::other)?,
         )?;
         std::fs::rename(tmp, path)
     }

@@ -361,10 +361,10 @@ impl ModelSource {
                     if !from.is_file() {
                         continue;
                     }
-                    std::fs::copy(&from, &to).map(|_| ())
+                    crate::private::copy(&from, &to)
                 }
                 Some(_) => match self.aux_text(name) {
-                    Some(text) => std::fs::write(&to, text),
+                    Some(text) => crate::private::write(&to, text.as_bytes()),
                     None => continue,
                 },
             };

@@ -339,3 +339,34 @@ fn entries(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The README's list of tensor types says what a GGUF file may hold:
+    /// every type computed is named in it, and none where it says what is
+    /// refused.
+    #[test]
+    fn the_readme_names_every_supported_type_and_refuses_none() {
+        let readme = include_str!("../../../README.md");
+        let paragraph = readme
+            .split("Tensor types:")
+            .nth(1)
+            .and_then(|rest| rest.split("\n\n").next())
+            .unwrap_or_default();
+        let words = |text: &str| -> Vec<String> {
+            text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .map(str::to_string)
+                .collect()
+        };
+        let named = words(paragraph);
+        let refused: Vec<String> = paragraph
+            .split(". ")
+            .filter(|sentence| sentence.contains("refused"))
+            .flat_map(words)
+            .collect();
+        for t in super::supported_types() {
+            assert!(named.iter().any(|w| w == t), "README omits {t}");
+            assert!(!refused.iter().any(|w| w == t), "README refuses {t}");
+        }
+    }
+}

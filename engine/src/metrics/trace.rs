@@ -29,7 +29,7 @@ pub fn accesses(lookups: &[Lookup]) -> Vec<Access> {
 /// prompt's prefill one lookup covers several tokens; while decoding, each
 /// lookup is one token's experts for one layer.
 pub fn write_jsonl(path: &Path, lookups: &[Lookup]) -> std::io::Result<()> {
-    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let mut out = std::io::BufWriter::new(crate::private::create(path)?);
     for (layer, ids) in lookups {
         serde_json::to_writer(&mut out, &serde_json::json!({"layer": layer, "ids": ids}))?;
         out.write_all(b"\n")?;

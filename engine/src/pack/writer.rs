@@ -247,14 +247,14 @@ pub fn write_pack(
                 )));
             }
             let dir = d.join(&pack_name);
-            fs::create_dir_all(&dir).map_err(|source| PackError::Io {
+            crate::private::create_dir_all(&dir).map_err(|source| PackError::Io {
                 path: dir.clone(),
                 source,
             })?;
             fs::canonicalize(&dir).map_err(|source| PackError::Io { path: dir, source })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    fs::create_dir_all(&opts.out).map_err(|source| PackError::Io {
+    crate::private::create_dir_all(&opts.out).map_err(|source| PackError::Io {
         path: opts.out.clone(),
         source,
     })?;
@@ -367,7 +367,7 @@ pub fn write_pack(
 
     let resident_dir = match &opts.resident_dir {
         Some(d) => {
-            fs::create_dir_all(d).map_err(|source| PackError::Io {
+            crate::private::create_dir_all(d).map_err(|source| PackError::Io {
                 path: d.clone(),
                 source,
             })?;
@@ -507,7 +507,8 @@ impl ExtentWriter {
             let name = format!("experts-{:02}-{:03}.bin", self.drive, self.next_index);
             self.next_index += 1;
             let path = partial_path(&self.dir.join(&name));
-            let file = File::create(&path).map_err(|source| PackError::Io { path, source })?;
+            let file =
+                crate::private::create(&path).map_err(|source| PackError::Io { path, source })?;
             self.current = Some((name, BufWriter::new(file), 0));
         }
         let (name, file, at) = self
@@ -604,7 +605,7 @@ fn write_resident(
         path: path.to_path_buf(),
         source,
     };
-    let mut out = BufWriter::new(File::create(&partial).map_err(io)?);
+    let mut out = BufWriter::new(crate::private::create(&partial).map_err(io)?);
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     let header = header_bytes(&entries);
     out.write_all(&header).map_err(io)?;
@@ -721,7 +722,7 @@ fn write_manifest(out: &Path, manifest: &Manifest) -> Result<(), PackError> {
     };
     let text = serde_json::to_vec_pretty(manifest)
         .map_err(|_| PackError::Internal("the manifest could not be serialised"))?;
-    let mut file = BufWriter::new(File::create(&tmp).map_err(io)?);
+    let mut file = BufWriter::new(crate::private::create(&tmp).map_err(io)?);
     file.write_all(&text).map_err(io)?;
     sync(file, &path)?;
     fs::rename(&tmp, &path).map_err(io)?;

@@ -54,7 +54,7 @@ impl Folder {
             path: dir.to_path_buf(),
             source,
         };
-        fs::create_dir_all(dir).map_err(io)?;
+        crate::private::create_dir_all(dir).map_err(io)?;
         let mut folder = Self {
             dir: dir.to_path_buf(),
             limit,
@@ -199,7 +199,7 @@ impl Folder {
             path: partial.clone(),
             source,
         };
-        let mut file = File::create(&partial).map_err(io)?;
+        let mut file = crate::private::create(&partial).map_err(io)?;
         file.write_all(&header(key, start, end, bytes)).map_err(io)?;
         file.write_all(bytes).map_err(io)?;
         drop(file);

@@ -192,7 +192,7 @@ pub fn run(args: JobsArgs) -> anyhow::Result<()> {
             let text = client.get_text(&format!("/api/jobs/{id}/export?format={format}"))?;
             match out {
                 Some(path) => {
-                    std::fs::write(&path, text)
+                    longhaul_engine::private::write(&path, text.as_bytes())
                         .with_context(|| format!("cannot write {}", path.display()))?;
                     eprintln!("wrote {}", path.display());
                 }

@@ -1,5 +1,6 @@
 //! `longhaul serve`: the job service with its HTTP API.
 
+use std::io::IsTerminal;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
@@ -78,7 +79,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 "Longhaul is serving on {url} (data in {})",
                 data_dir.display()
             );
-            eprintln!("Open {url}/#token={token} in a browser, or use `longhaul jobs`.");
+            // The token goes into the address only on a terminal: logs
+            // that capture this output must not hold it.
+            if std::io::stderr().is_terminal() {
+                eprintln!("Open {url}/#token={token} in a browser, or use `longhaul jobs`.");
+            } else {
+                eprintln!(
+                    "Open {url}/ in a browser with the token in {}, or use `longhaul jobs`.",
+                    longhaul_service::http::token_path(&data_dir).display()
+                );
+            }
         },
         shutdown_signal(),
     ));

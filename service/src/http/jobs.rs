@@ -255,6 +255,10 @@ pub struct ShownJob {
     job: JobView,
     /// The running job's latest progress; absent for the others.
     live: Option<JobProgress>,
+    /// Why the running job is held: the data dir cannot be written, so its
+    /// saved state cannot say so yet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    storage_fault: Option<String>,
 }
 
 fn shown(app: &AppState, mut job: JobView) -> ShownJob {
@@ -270,7 +274,15 @@ fn shown(app: &AppState, mut job: JobView) -> ShownJob {
     if let Some(l) = &live {
         job.stats = l.stats.clone();
     }
-    ShownJob { job, live }
+    let control = &app.runner.control;
+    let storage_fault = (job.state == JobState::Running && control.running() == Some(job.id))
+        .then(|| control.storage_fault())
+        .flatten();
+    ShownJob {
+        job,
+        live,
+        storage_fault,
+    }
 }
 
 pub async fn list(State(app): State<AppState>) -> ApiResult<Json<Value>> {

@@ -110,11 +110,7 @@ pub fn load_or_create_token(data_dir: &Path) -> Result<String, ServeError> {
     }
     let bytes: [u8; TOKEN_BYTES] = rand::random();
     let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut file = options.open(&path).map_err(io)?;
+    let mut file = longhaul_engine::private::create(&path).map_err(io)?;
     std::io::Write::write_all(&mut file, token.as_bytes()).map_err(io)?;
     file.sync_all().map_err(io)?;
     Ok(token)
@@ -300,15 +296,15 @@ async fn require_token(State(app): State<AppState>, req: Request, next: Next) ->
         .get(ANTHROPIC_KEY_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    // Browsers' EventSource and download links cannot set headers; only
-    // there is the token taken from the query.
-    let path = req.uri().path();
-    let headerless = path == "/api/events" || path.ends_with("/export");
-    let query = req.uri().query().filter(|_| headerless).and_then(|q| {
-        q.split('&')
-            .find_map(|kv| kv.strip_prefix("token="))
-            .map(str::to_string)
-    });
+    let query = req
+        .uri()
+        .query()
+        .filter(|_| headerless(&req))
+        .and_then(|q| {
+            q.split('&')
+                .find_map(|kv| kv.strip_prefix("token="))
+                .map(str::to_string)
+        });
     let ok = [bearer, api_key, query]
         .into_iter()
         .flatten()
@@ -319,23 +315,49 @@ async fn require_token(State(app): State<AppState>, req: Request, next: Next) ->
     next.run(req).await
 }
 
-/// Whether a Host header names this machine.
+/// Whether a request may carry the token in its query: browsers'
+/// EventSource and download links cannot set headers, so only the event
+/// stream and a job's export (both `GET`, as documented) take it there.
+fn headerless(req: &Request) -> bool {
+    let path = req.uri().path();
+    let job_export = path
+        .strip_prefix("/api/jobs/")
+        .and_then(|rest| rest.strip_suffix("/export"))
+        .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()));
+    req.method() == axum::http::Method::GET && (path == "/api/events" || job_export)
+}
+
+/// Whether a Host header names this machine: exactly `localhost`,
+/// `127.0.0.1` or `[::1]`, with nothing after it but an optional `:PORT`
+/// of digits. Anything looser lets a page on another name reach the
+/// service by DNS rebinding.
 pub fn is_loopback_host(host: &str) -> bool {
-    let name = if let Some(rest) = host.strip_prefix('[') {
-        rest.split(']').next().unwrap_or("")
-    } else {
-        host.rsplit_once(':').map_or(host, |(h, _)| h)
+    let Some(port) = ["localhost", "127.0.0.1", "[::1]"]
+        .iter()
+        .find_map(|name| host.strip_prefix(name))
+    else {
+        return false;
     };
-    matches!(name, "127.0.0.1" | "localhost" | "::1")
+    match port.strip_prefix(':') {
+        None => port.is_empty(),
+        Some(digits) => {
+            (1..=5).contains(&digits.len())
+                && digits.bytes().all(|b| b.is_ascii_digit())
+                && digits
+                    .parse::<u32>()
+                    .is_ok_and(|p| p <= u32::from(u16::MAX))
+        }
+    }
 }
 
 async fn check_host(State(app): State<AppState>, req: Request, next: Next) -> Response {
     if !app.allow_remote {
-        let host = req
-            .headers()
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .unwrap_or("");
+        let mut hosts = req.headers().get_all(header::HOST).iter();
+        let (first, second) = (hosts.next(), hosts.next());
+        let host = first.and_then(|h| h.to_str().ok()).unwrap_or("");
+        if second.is_some() {
+            return ApiError::forbidden("a request names more than one Host").into_response();
+        }
         if !is_loopback_host(host) {
             return ApiError::forbidden(format!(
                 "Host `{host}` is not this machine; the service answers only to localhost"
@@ -688,6 +710,14 @@ mod tests {
             "192.168.1.2:7433",
             "localhost.evil.com",
             "",
+            "[::1]evil.com",
+            "localhost:evil.com",
+            "127.0.0.1:7433@evil.com",
+            "localhost:",
+            "localhost:99999",
+            "localhost:+80",
+            "::1",
+            "127.0.0.1.evil.com",
         ] {
             assert!(!is_loopback_host(bad), "{bad}");
         }

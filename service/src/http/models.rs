@@ -147,11 +147,8 @@ pub async fn start_pack(
     ApiJson(body): ApiJson<PackBody>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let name = body.name.trim().to_string();
-    if name.is_empty() || name.contains(['/', '\\']) || name.starts_with('.') {
-        return Err(ApiError::bad_param(
-            "name",
-            "give the model a name without slashes",
-        ));
+    if let Some(problem) = crate::queue::name_problem(&name) {
+        return Err(ApiError::bad_param("name", problem));
     }
     let taken = name.clone();
     if app.blocking(move |q| q.model(&taken)).await.is_ok() {

@@ -28,7 +28,7 @@ pub use job::{
     PauseCause, PromptInput, Request, Settings, Speculate, SpeculationTally, Transition,
     now_seconds,
 };
-pub use models::{ModelEntry, ModelKind};
+pub use models::{ModelEntry, ModelKind, name_problem};
 
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {

@@ -36,14 +36,28 @@ pub struct ModelEntry {
 /// Longest model name accepted.
 const MAX_NAME: usize = 128;
 
+/// What is wrong with a model name, if anything. A name becomes a path
+/// (a pack's folder, a URL segment), so it holds no slashes and does not
+/// begin with a dot (`..` would climb out of the packs folder).
+pub fn name_problem(name: &str) -> Option<String> {
+    let trimmed = name.trim();
+    let bad = trimmed.is_empty()
+        || trimmed.len() > MAX_NAME
+        || trimmed.chars().any(char::is_control)
+        || trimmed.contains(['/', '\\'])
+        || trimmed.starts_with('.');
+    bad.then(|| {
+        format!(
+            "model name `{name}` must be 1 to {MAX_NAME} printable characters, without `/` or `\\` and not starting with `.`"
+        )
+    })
+}
+
 pub(super) fn insert(conn: &Connection, entry: &ModelEntry) -> Result<(), QueueError> {
-    let name = entry.name.trim();
-    if name.is_empty() || name.len() > MAX_NAME || name.chars().any(char::is_control) {
-        return Err(QueueError::Invalid(format!(
-            "model name `{}` must be 1 to {MAX_NAME} printable characters",
-            entry.name
-        )));
+    if let Some(problem) = name_problem(&entry.name) {
+        return Err(QueueError::Invalid(problem));
     }
+    let name = entry.name.trim();
     let (kind, path, url, key, remote) = match &entry.kind {
         ModelKind::Local { path } => (
             "local",
