@@ -1106,3 +1106,49 @@ fn guessing_ahead_leaves_a_jobs_answer_as_it_is() {
     );
     assert_eq!(status, 400, "{err}");
 }
+
+/// Model files that once aborted the whole service, or answered 500 with a
+/// backtrace: a GGUF whose block count is 10^9, and a tokenizer.json whose
+/// pattern backtracks without end on the prompt. Each is refused with what
+/// and where; the service answers on.
+#[test]
+fn hostile_model_files_are_refused_and_the_service_answers_on() {
+    let (dir, s) = started();
+    let mut gguf = std::fs::read(fixture("gguf/qwen3moe-f16.gguf")).unwrap();
+    let key = b"qwen3moe.block_count";
+    let at = gguf.windows(key.len()).position(|w| w == key).unwrap() + key.len() + 4;
+    gguf[at..at + 4].copy_from_slice(&1_000_000_000u32.to_le_bytes());
+    let hostile = dir.path().join("hostile.gguf");
+    std::fs::write(&hostile, &gguf).unwrap();
+    let tokenizer = dir.path().join("pattern");
+    std::fs::create_dir(&tokenizer).unwrap();
+    for entry in std::fs::read_dir(fixture(FIXTURE)).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), tokenizer.join(entry.file_name())).unwrap();
+    }
+    let path = tokenizer.join("tokenizer.json");
+    let mut json: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    json["pre_tokenizer"] = json!({
+        "type": "Split", "pattern": { "Regex": "(a+)+$" }, "behavior": "Isolated", "invert": false,
+    });
+    std::fs::write(&path, json.to_string()).unwrap();
+    let prompt = format!("{}b", "a".repeat(5000));
+    s.add_model("hostile", &hostile);
+    s.add_model("pattern", &tokenizer);
+    // The pattern gives up on this prompt: refused before anything is queued.
+    for path in ["/api/jobs/preview", "/api/jobs"] {
+        let body = json!({ "model": "pattern", "prompt": prompt });
+        let (status, err) = s.call("POST", path, Some(&body));
+        assert_eq!(status, 400, "{path}: {err}");
+        assert!(err.to_string().contains("gave up"), "{path}: {err}");
+    }
+    // A GGUF file's tokenizer is read when it loads: the job fails naming the key.
+    let id = s.post("/api/jobs", json!({ "model": "hostile", "prompt": "hi" }))["id"]
+        .as_i64()
+        .unwrap();
+    let failed = s.wait_final(id, WAIT);
+    assert_eq!(failed["state"], "failed", "{failed}");
+    let error = failed["error"].as_str().unwrap_or_default();
+    assert!(error.contains("qwen3moe.block_count"), "{error}");
+    assert_eq!(s.call("GET", "/api/health", None).0, 200);
+}

@@ -373,3 +373,72 @@ fn a_kimi_k25_without_its_head_ties_it_unless_the_config_says_untied() {
     fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
     assert_mentions(&open_err(&dir), &["language_model.lm_head.weight"]);
 }
+
+/// Numbers a config states that no model can have — a negative epsilon, a
+/// scaling factor of 0, a rotary share past 1 — are refused by name, not
+/// loaded into a model that answers garbage.
+#[test]
+fn out_of_range_numbers_in_config_json_are_refused_by_name() {
+    for (field, value, said) in [
+        ("rms_norm_eps", json!(-1), "rms_norm_eps"),
+        ("rms_norm_eps", json!(0), "rms_norm_eps"),
+        (
+            "rope_scaling",
+            json!({ "rope_type": "yarn", "factor": 0, "original_max_position_embeddings": 32 }),
+            "factor",
+        ),
+        (
+            "rope_scaling",
+            json!({ "rope_type": "linear", "factor": -2 }),
+            "factor",
+        ),
+        (
+            "partial_rotary_factor",
+            json!(1000),
+            "partial_rotary_factor",
+        ),
+    ] {
+        let (_tmp, dir) = copy_of("qwen3_moe_released");
+        let path = dir.join("config.json");
+        let mut cfg: Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+        cfg[field] = value.clone();
+        fs::write(&path, cfg.to_string()).unwrap();
+        assert_mentions(&open_err(&dir), &["config.json", said]);
+    }
+}
+
+/// Weights that make the scores NaN stop the answer with an error saying
+/// so; sampling NaN once answered token 0 over and over, with success.
+#[test]
+fn scores_that_are_not_numbers_stop_the_answer_with_an_error() {
+    let (_t, dir) = fixture_copy();
+    let (header, mut data) = split(&weights(&dir));
+    let norm = &header["model.norm.weight"];
+    assert_eq!(norm["dtype"], "F16");
+    let range = &norm["data_offsets"];
+    let (start, end) = (
+        range[0].as_u64().unwrap() as usize,
+        range[1].as_u64().unwrap() as usize,
+    );
+    for half in data[start..end].chunks_exact_mut(2) {
+        half.copy_from_slice(&0x7e00u16.to_le_bytes());
+    }
+    join(&weights(&dir), &header, &data);
+    let engine = Engine::open(&dir).unwrap();
+    let settings = longhaul_engine::GenerationSettings {
+        max_tokens: 4,
+        sampling: longhaul_engine::SamplingParams::default(),
+        stop_strings: Vec::new(),
+        eos_token_ids: Vec::new(),
+        speculation: longhaul_engine::generate::Speculation::Off,
+        output: Default::default(),
+        keep_special_tokens: false,
+        answer_starts: Vec::new(),
+    };
+    let err = engine
+        .generate(&[1, 2, 3], &settings, |_| longhaul_engine::Flow::Continue)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert_mentions(&err, &["not numbers", "answer token 0"]);
+}

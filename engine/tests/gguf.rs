@@ -263,3 +263,96 @@ fn damaged_gguf_headers_open_or_fail_cleanly() {
     println!("{opened} of {total} damaged files still opened");
     assert!(opened < total, "no damage was ever noticed");
 }
+
+/// `key`'s value in a GGUF file's bytes, overwritten: where its scalar
+/// begins (after the key's name and the value's type).
+fn patch_key(bytes: &mut [u8], key: &str, value: &[u8]) {
+    let name = key.as_bytes();
+    let at = bytes
+        .windows(name.len())
+        .position(|w| w == name)
+        .unwrap_or_else(|| panic!("no key {key}"));
+    let value_at = at + name.len() + 4;
+    bytes[value_at..value_at + value.len()].copy_from_slice(value);
+}
+
+/// Counts and numbers in GGUF metadata are checked before they size or
+/// steer anything: a block count of 10^9 once made the importer build 10^9
+/// layer names (an abort, in the service too), and a NaN RoPE base became
+/// the default base without a word.
+#[test]
+fn hostile_gguf_counts_and_numbers_are_refused_by_name() {
+    let path = common::fixtures_dir().join("gguf/qwen3moe-f16.gguf");
+    let seed = std::fs::read(&path).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("hostile.gguf");
+    let billion = 1_000_000_000u32.to_le_bytes();
+    let nan = f32::NAN.to_le_bytes();
+    for (key, value) in [
+        ("qwen3moe.block_count", &billion[..]),
+        ("qwen3moe.expert_count", &billion[..]),
+        ("qwen3moe.attention.head_count", &billion[..]),
+        ("qwen3moe.rope.freq_base", &nan[..]),
+        ("qwen3moe.attention.layer_norm_rms_epsilon", &nan[..]),
+    ] {
+        let mut bytes = seed.clone();
+        patch_key(&mut bytes, key, value);
+        std::fs::write(&file, &bytes).unwrap();
+        let err = match Engine::open(&file) {
+            Ok(_) => panic!("{key} was accepted"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(key), "{key}: {err}");
+    }
+    // A block count the file cannot hold, under the general limit.
+    let mut bytes = seed.clone();
+    patch_key(
+        &mut bytes,
+        "qwen3moe.block_count",
+        &100_000u32.to_le_bytes(),
+    );
+    std::fs::write(&file, &bytes).unwrap();
+    let err = Engine::open(&file).err().map(|e| e.to_string());
+    assert!(
+        err.as_deref()
+            .is_some_and(|e| e.contains("more layers than")),
+        "{err:?}"
+    );
+}
+
+/// A tensor whose type was changed in the table (Q4_K, 144 bytes per 256
+/// values, retyped as IQ3_S, 110) no longer fills its place in the data:
+/// refused, naming the tensor, instead of computed as garbage.
+#[test]
+fn a_retyped_tensor_is_refused_by_its_span() {
+    let path = common::fixtures_dir().join("gguf/qwen3moe-q4_k_m.gguf");
+    let file = longhaul_engine::weights::gguf::GgufFile::open(&path).unwrap();
+    let q4k = file
+        .tensors
+        .iter()
+        .filter(|t| t.ggml_type.name() == "Q4_K")
+        .max_by_key(|t| t.len)
+        .unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    let name = q4k.name.as_bytes();
+    let at = bytes
+        .windows(name.len() + 8)
+        .position(|w| w[8..] == *name && w[..8] == (name.len() as u64).to_le_bytes())
+        .unwrap();
+    let type_at = at + 8 + name.len() + 4 + 8 * q4k.shape.len();
+    assert_eq!(
+        bytes[type_at..type_at + 4],
+        12u32.to_le_bytes(),
+        "Q4_K's id"
+    );
+    bytes[type_at..type_at + 4].copy_from_slice(&21u32.to_le_bytes());
+    let tmp = tempfile::tempdir().unwrap();
+    let retyped = tmp.path().join("retyped.gguf");
+    std::fs::write(&retyped, &bytes).unwrap();
+    let err = Engine::open(&retyped).err().map(|e| e.to_string());
+    let err = err.unwrap_or_default();
+    assert!(
+        err.contains(&q4k.name) && err.contains("IQ3_S") && err.contains("spans"),
+        "{err}"
+    );
+}

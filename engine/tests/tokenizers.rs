@@ -168,3 +168,33 @@ fn a_kimi_folder_as_published_chats_from_the_folder_and_a_pack() {
         );
     }
 }
+
+/// A pre-tokenizer pattern that backtracks without end, as a hostile or
+/// broken tokenizer.json may hold: the text that sets it off is refused
+/// with an error naming the file, and the tokenizer goes on reading others.
+#[test]
+fn a_pattern_that_gives_up_is_an_error_not_a_crash() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = common::fixtures_dir().join("qwen3_moe_released");
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("tokenizer.json")).unwrap()).unwrap();
+    json["pre_tokenizer"] = serde_json::json!({
+        "type": "Split", "pattern": { "Regex": "(a+)+$" },
+        "behavior": "Isolated", "invert": false,
+    });
+    std::fs::write(tmp.path().join("tokenizer.json"), json.to_string()).unwrap();
+    std::fs::copy(
+        dir.join("tokenizer_config.json"),
+        tmp.path().join("tokenizer_config.json"),
+    )
+    .unwrap();
+    let tok = TextTokenizer::from_dir(tmp.path()).unwrap();
+    let hostile = format!("{}b", "a".repeat(5000));
+    let err = tok.encode(&hostile, false).err().map(|e| e.to_string());
+    let err = err.unwrap_or_default();
+    assert!(
+        err.contains("tokenizer.json") && err.contains("gave up"),
+        "{err}"
+    );
+    assert!(!tok.encode("hello", false).unwrap().is_empty());
+}

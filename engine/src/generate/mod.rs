@@ -312,6 +312,15 @@ type KeptGuess = (u32, Vec<f32>);
 /// kept when the draw for that position from the row before it picks it.
 /// Returns the logits after `id` and the kept guesses, each with the logits
 /// after it; the state of the rows after the last kept guess is cut away.
+/// Refuses scores with a NaN or +∞ in them (−∞ is a masked token).
+fn finite(logits: &[f32], position: usize) -> Result<(), ModelError> {
+    if logits.iter().any(|l| l.is_nan() || *l == f32::INFINITY) {
+        Err(ModelError::NonFiniteLogits { position })
+    } else {
+        Ok(())
+    }
+}
+
 fn verify(
     session: &mut Session<'_>,
     sampler: &Sampler,
@@ -333,6 +342,7 @@ fn verify(
     let mut kept = Vec::new();
     let mut before = &first;
     for (j, (guess, after)) in guesses.iter().zip(rows).enumerate() {
+        finite(before, next + j)?;
         if sampler.sample(before, next + j) != *guess {
             break;
         }
@@ -524,6 +534,7 @@ pub fn generate_drafted(
         if tokens.len() >= settings.max_tokens {
             break FinishReason::MaxTokens;
         }
+        finite(&logits, tokens.len())?;
         let id = if constraint.active() && splitter.writing_answer() {
             let mut held = logits.clone();
             constraint.mask(&mut held, splitter.may_open_reasoning());

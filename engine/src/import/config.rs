@@ -40,6 +40,18 @@ pub fn config_json(
     )?;
     put(&mut c, "num_experts_per_tok", json!(used));
     let layers = m.u64("block_count", "it counts the layers")?;
+    // Every layer has tensors of its own: a count past the file's tensors
+    // is not this file's.
+    let tensors = ckpt.names().count() as u64;
+    if layers > tensors {
+        return Err(ImportError::Invalid {
+            path: file.path.clone(),
+            what: format!(
+                "{}.block_count is {layers}, more layers than the model's {tensors} tensors could hold",
+                arch.key()
+            ),
+        });
+    }
     match arch {
         Arch::Qwen3Moe => qwen3moe(&m, &mut c, experts, layers, ckpt)?,
         Arch::Deepseek2 => deepseek2(&m, &mut c, experts)?,

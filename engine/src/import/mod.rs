@@ -15,6 +15,7 @@ mod tokenizer;
 
 use std::path::{Path, PathBuf};
 
+use crate::model::config::MAX_CONFIG_SIZE;
 use crate::weights::SafetensorsCheckpoint;
 use crate::weights::gguf::{GgufError, GgufFile, GgufValue};
 
@@ -24,6 +25,8 @@ pub use names::supported_types;
 const EXTENSION: &str = "gguf";
 /// Split files name their part as `-NNNNN-of-MMMMM.gguf`.
 const SPLIT_DIGITS: usize = 5;
+/// The most parts a split name can number (`-99999-of-99999`).
+const MAX_SPLIT_PARTS: u64 = 99_999;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
@@ -157,6 +160,14 @@ fn part_paths(first: &GgufFile) -> Result<Vec<PathBuf>, ImportError> {
     if count <= 1 {
         return Ok(vec![path.clone()]);
     }
+    if count > MAX_SPLIT_PARTS {
+        return Err(ImportError::Invalid {
+            path: path.clone(),
+            what: format!(
+                "split.count is {count}; split names have {SPLIT_DIGITS} digits, so at most {MAX_SPLIT_PARTS} parts"
+            ),
+        });
+    }
     let no = number("split.no")?.unwrap_or(0);
     if no != 0 {
         return Err(ImportError::Invalid {
@@ -214,13 +225,19 @@ impl Meta<'_> {
         self.file.metadata.get(&self.key(name))
     }
 
+    /// A size or count, bounded as `config.json`'s are: a block count of
+    /// 10^9 once had the importer build a list of 10^9 layers before any
+    /// check, and the failed allocation aborted the process.
     pub fn u64_opt(&self, name: &str) -> Result<Option<u64>, ImportError> {
         match self.get(name) {
             None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .map(Some)
-                .ok_or_else(|| self.bad(name, v, "an unsigned integer")),
+            Some(v) => match v.as_u64() {
+                None => Err(self.bad(name, v, "an unsigned integer")),
+                Some(n) if n > MAX_CONFIG_SIZE as u64 => {
+                    Err(self.bad(name, v, "a size no model exceeds (at most 2^24)"))
+                }
+                Some(n) => Ok(Some(n)),
+            },
         }
     }
 
@@ -232,12 +249,19 @@ impl Meta<'_> {
         })
     }
 
+    /// A finite float: JSON has no NaN, so a NaN `rope.freq_base` once
+    /// became a null in the config and silently the default base.
     pub fn f64_opt(&self, name: &str) -> Result<Option<f64>, ImportError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(GgufValue::F32(v)) => Ok(Some(f64::from(*v))),
-            Some(GgufValue::F64(v)) => Ok(Some(*v)),
-            Some(v) => Err(self.bad(name, v, "a float")),
+        let v = match self.get(name) {
+            None => return Ok(None),
+            Some(GgufValue::F32(v)) => f64::from(*v),
+            Some(GgufValue::F64(v)) => *v,
+            Some(v) => return Err(self.bad(name, v, "a float")),
+        };
+        if v.is_finite() {
+            Ok(Some(v))
+        } else {
+            Err(self.bad(name, &GgufValue::F64(v), "a finite number"))
         }
     }
 

@@ -200,6 +200,22 @@ impl RawConfig {
         Ok(self.f64_opt(name)?.unwrap_or(default))
     }
 
+    /// A number that must be finite and above zero (an epsilon, a scaling
+    /// factor): `rms_norm_eps: -1` or a YaRN `factor` of 0 once loaded and
+    /// answered with garbage.
+    pub fn positive_f64_or(&self, name: &str, default: f64) -> Result<f64, ConfigError> {
+        self.positive_f64(name, self.f64_or(name, default)?)
+    }
+
+    /// `value` of field `name`, if it is finite and above zero.
+    pub fn positive_f64(&self, name: &str, value: f64) -> Result<f64, ConfigError> {
+        if value.is_finite() && value > 0.0 {
+            Ok(value)
+        } else {
+            Err(self.invalid(name, format!("{value} must be a positive number")))
+        }
+    }
+
     pub fn bool_or(&self, name: &str, default: bool) -> Result<bool, ConfigError> {
         match self.get(name) {
             None => Ok(default),
@@ -338,6 +354,13 @@ impl RawConfig {
             Some(f) => f,
             None => self.f64_or("partial_rotary_factor", 1.0)?,
         };
+        // A share of each head's dimensions: it sizes the rotation tables.
+        if !(partial_rotary_factor > 0.0 && partial_rotary_factor <= 1.0) {
+            return Err(self.invalid(
+                "partial_rotary_factor",
+                format!("{partial_rotary_factor} must lie in (0, 1]"),
+            ));
+        }
         let rope_type = match sub.str_opt("rope_type")? {
             Some(t) => t.to_string(),
             None => sub.str_opt("type")?.unwrap_or("default").to_string(),
@@ -346,9 +369,11 @@ impl RawConfig {
         let kind = match rope_type.as_str() {
             "default" => RopeKind::Default,
             "linear" => RopeKind::Linear {
-                factor: sub
-                    .f64_opt("factor")?
-                    .ok_or_else(|| sub.missing(&format!("{field}.factor")))?,
+                factor: sub.positive_f64(
+                    &format!("{field}.factor"),
+                    sub.f64_opt("factor")?
+                        .ok_or_else(|| sub.missing(&format!("{field}.factor")))?,
+                )?,
             },
             "yarn" => {
                 let original = match sub.usize_any(&["original_max_position_embeddings"])? {
@@ -366,13 +391,21 @@ impl RawConfig {
                         max_pos as f64 / original as f64
                     }
                 };
+                let finite = |name: &str| -> Result<Option<f64>, ConfigError> {
+                    match sub.f64_opt(name)? {
+                        Some(v) if !v.is_finite() => {
+                            Err(sub.invalid(&format!("{field}.{name}"), "must be finite"))
+                        }
+                        v => Ok(v),
+                    }
+                };
                 RopeKind::Yarn {
-                    factor,
-                    attention_factor: sub.f64_opt("attention_factor")?,
-                    mscale: sub.f64_opt("mscale")?,
-                    mscale_all_dim: sub.f64_opt("mscale_all_dim")?,
-                    beta_fast: truthy_or(sub.f64_opt("beta_fast")?, 32.0),
-                    beta_slow: truthy_or(sub.f64_opt("beta_slow")?, 1.0),
+                    factor: sub.positive_f64(&format!("{field}.factor"), factor)?,
+                    attention_factor: finite("attention_factor")?,
+                    mscale: finite("mscale")?,
+                    mscale_all_dim: finite("mscale_all_dim")?,
+                    beta_fast: truthy_or(finite("beta_fast")?, 32.0),
+                    beta_slow: truthy_or(finite("beta_slow")?, 1.0),
                     original_max_position_embeddings: original,
                     truncate: sub.bool_or("truncate", true)?,
                 }

@@ -50,6 +50,12 @@ pub enum ModelError {
     TokenOutOfRange { id: u32, vocab_size: usize },
     #[error("no input tokens")]
     EmptyInput,
+    /// NaN or +∞ among the scores: broken weights or settings. Sampling
+    /// them once answered id 0 over and over, with exit code 0.
+    #[error(
+        "the model's scores for answer token {position} are not numbers (NaN or +inf): its weights or settings are broken, so the answer stops here"
+    )]
+    NonFiniteLogits { position: usize },
     #[error("saved sequence state does not fit this model: {0}")]
     StateMismatch(String),
     #[error("internal error: {0}")]
@@ -87,7 +93,7 @@ impl CommonConfig {
             vocab_size: raw.positive("vocab_size")?,
             hidden_size: raw.positive("hidden_size")?,
             num_layers: raw.positive("num_hidden_layers")?,
-            rms_norm_eps: raw.f64_or("rms_norm_eps", default_eps)?,
+            rms_norm_eps: raw.positive_f64_or("rms_norm_eps", default_eps)?,
             tie_word_embeddings: raw.bool_or("tie_word_embeddings", false)?,
             tie_if_head_missing: false,
             eos_token_ids,

@@ -24,6 +24,13 @@ pub enum TokenizerError {
     Invalid { path: PathBuf, reason: String },
     #[error("tokenizing failed: {0}")]
     Encode(String),
+    /// The pre-tokenizer's regular expression gave up on a text (Oniguruma
+    /// stops a search past its backtracking limit, and the tokenizers crate
+    /// panics on that error).
+    #[error(
+        "{path}: the pre-tokenizer's pattern gave up on this text ({reason}); this tokenizer.json cannot read it"
+    )]
+    PatternGaveUp { path: PathBuf, reason: String },
     #[error("decoding failed: {0}")]
     Decode(String),
     #[error(
@@ -39,6 +46,15 @@ pub enum TokenizerError {
     Template(#[from] TemplateError),
     #[error(transparent)]
     Encoder(#[from] encoders::EncoderError),
+}
+
+/// The message a panic carried.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "no message".into())
 }
 
 /// How a conversation becomes prompt text.
@@ -192,9 +208,14 @@ impl TextTokenizer {
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
         match &self.inner {
             Vocabulary::Hf(t) => {
-                let enc = t
-                    .encode(text, add_special_tokens)
-                    .map_err(|e| TokenizerError::Encode(e.to_string()))?;
+                let encoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    t.encode(text, add_special_tokens)
+                }))
+                .map_err(|panic| TokenizerError::PatternGaveUp {
+                    path: self.dir.join(TOKENIZER_FILE),
+                    reason: panic_text(&*panic),
+                })?;
+                let enc = encoded.map_err(|e| TokenizerError::Encode(e.to_string()))?;
                 Ok(enc.get_ids().to_vec())
             }
             Vocabulary::Tiktoken(t) => t.encode(text),

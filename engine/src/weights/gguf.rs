@@ -25,6 +25,10 @@ const DEFAULT_ALIGNMENT: u64 = 32;
 const MAX_DIMS: u32 = 4;
 /// Nesting of arrays inside arrays accepted in metadata.
 const MAX_ARRAY_DEPTH: u32 = 2;
+/// Longest metadata array read: a vocabulary's tokens or merges run to a few
+/// hundred thousand; each item becomes a value tens of bytes wide, so a
+/// count checked only against the bytes left could still ask for tens of GB.
+const MAX_ARRAY_LEN: u64 = 1 << 24;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
@@ -240,6 +244,7 @@ impl GgufFile {
                 len,
             });
         }
+        spans_agree(&tensors, alignment, r.len).map_err(|w| r.invalid(w))?;
         Ok(Self {
             path: path.to_path_buf(),
             version,
@@ -347,6 +352,11 @@ impl<R: Read> Reader<'_, R> {
                 }
                 let item = self.u32(&format!("the item type of {what}"))?;
                 let count = self.u64(&format!("the length of {what}"))?;
+                if count > MAX_ARRAY_LEN {
+                    return Err(self.invalid(format!(
+                        "{what} has {count} items; arrays here hold at most {MAX_ARRAY_LEN}"
+                    )));
+                }
                 // Every item takes at least one byte (strings eight).
                 self.fits(
                     count,
@@ -377,13 +387,45 @@ impl<R: Read> Reader<'_, R> {
         }
         let mut shape = Vec::with_capacity(dims as usize);
         for _ in 0..dims {
-            shape.push(self.u64(&format!("the shape of `{name}`"))?);
+            let size = self.u64(&format!("the shape of `{name}`"))?;
+            // A zero makes any other dimension free: `[10^9, 0, 64]` fits
+            // in no bytes and would name 10^9 experts.
+            if size == 0 {
+                return Err(self.invalid(format!("tensor `{name}` has a dimension of 0")));
+            }
+            shape.push(size);
         }
         shape.reverse();
         let ggml_type = GgmlType(self.u32(&format!("the type of `{name}`"))?);
         let offset = self.u64(&format!("the data offset of `{name}`"))?;
         Ok((name, shape, ggml_type, offset))
     }
+}
+
+/// Writers lay tensors out one after another, each padded to the
+/// alignment, the last one up to the end of the file: a tensor whose type
+/// says fewer bytes than its place holds by a whole alignment or more, or
+/// more than it holds, has the wrong type (a Q4_K tensor retyped as IQ3_S
+/// once loaded and computed garbage).
+fn spans_agree(tensors: &[GgufTensor], alignment: u64, file_len: u64) -> Result<(), String> {
+    let mut by_offset: Vec<&GgufTensor> = tensors.iter().collect();
+    by_offset.sort_by_key(|t| t.offset);
+    for (i, t) in by_offset.iter().enumerate() {
+        let Some(len) = t.len else { continue };
+        let (end, until) = match by_offset.get(i + 1) {
+            Some(next) => (next.offset, format!("`{}`", next.name)),
+            None => (file_len, "the end of the file".to_string()),
+        };
+        let span = end - t.offset;
+        if len > span || span - len >= alignment {
+            return Err(format!(
+                "tensor `{}`: its type {} says {len} bytes, but its data spans {span} (to {until})",
+                t.name,
+                t.ggml_type.name()
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
