@@ -710,3 +710,29 @@ fn help_offers_only_the_options_that_mean_something() {
     let submit = help(&["jobs", "submit", "--help"]);
     assert!(submit.contains("Higher runs sooner"), "{submit}");
 }
+
+/// A tokenizer.json whose pattern backtracks without end on the prompt:
+/// `run` says so and exits 1, with no panic report (it once exited 101).
+#[test]
+fn a_tokenizer_pattern_that_gives_up_is_an_error_not_a_panic() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    let src = support::fixture("deepseek_v3_released");
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), model.join(entry.file_name())).unwrap();
+    }
+    let path = model.join("tokenizer.json");
+    let mut json: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    json["pre_tokenizer"] = serde_json::json!({
+        "type": "Split", "pattern": { "Regex": "(a+)+$" }, "behavior": "Isolated", "invert": false,
+    });
+    std::fs::write(&path, json.to_string()).unwrap();
+    let prompt = format!("{}b", "a".repeat(5000));
+    let out = longhaul(&["run", "--model", model.to_str().unwrap(), "--prompt", &prompt]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("tokenizer.json") && err.contains("gave up"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

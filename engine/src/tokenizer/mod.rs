@@ -48,6 +48,30 @@ pub enum TokenizerError {
     Encoder(#[from] encoders::EncoderError),
 }
 
+thread_local! {
+    /// Whether this thread is inside [`caught`], whose panic is an error.
+    static CATCHING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, returning its panic as `Err` without the panic report the
+/// default hook prints (a backtrace in the service's log for what is an
+/// error of the input). Other threads' panics are reported as before.
+fn caught<T>(f: impl FnOnce() -> T) -> Result<T, Box<dyn std::any::Any + Send>> {
+    static QUIET_HOOK: std::sync::Once = std::sync::Once::new();
+    QUIET_HOOK.call_once(|| {
+        let report = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !CATCHING.with(std::cell::Cell::get) {
+                report(info);
+            }
+        }));
+    });
+    CATCHING.with(|c| c.set(true));
+    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    CATCHING.with(|c| c.set(false));
+    out
+}
+
 /// The message a panic carried.
 fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
     panic
@@ -208,9 +232,7 @@ impl TextTokenizer {
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
         match &self.inner {
             Vocabulary::Hf(t) => {
-                let encoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    t.encode(text, add_special_tokens)
-                }))
+                let encoded = caught(|| t.encode(text, add_special_tokens))
                 .map_err(|panic| TokenizerError::PatternGaveUp {
                     path: self.dir.join(TOKENIZER_FILE),
                     reason: panic_text(&*panic),
