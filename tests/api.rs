@@ -1150,5 +1150,41 @@ fn hostile_model_files_are_refused_and_the_service_answers_on() {
     assert_eq!(failed["state"], "failed", "{failed}");
     let error = failed["error"].as_str().unwrap_or_default();
     assert!(error.contains("qwen3moe.block_count"), "{error}");
+    // A 3 GiB generation_config.json (sparse: it takes no disk) is not read:
+    // listings show no sampling defaults, and the job says which file.
+    let huge = dir.path().join("huge");
+    std::fs::create_dir(&huge).unwrap();
+    for entry in std::fs::read_dir(fixture(FIXTURE)).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), huge.join(entry.file_name())).unwrap();
+    }
+    let config = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(huge.join("generation_config.json"))
+        .unwrap();
+    config.set_len(3 << 30).unwrap();
+    s.add_model("huge", &huge);
+    for _ in 0..2 {
+        let models = s.get("/api/models");
+        let listed = models["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == "huge")
+            .cloned()
+            .unwrap_or_default();
+        assert!(listed["sampling"].is_null(), "{listed}");
+    }
+    let id = s.post("/api/jobs", json!({ "model": "huge", "prompt": "hi" }))["id"]
+        .as_i64()
+        .unwrap();
+    let failed = s.wait_final(id, WAIT);
+    let error = failed["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("generation_config.json") && error.contains("at most"),
+        "{error}"
+    );
     assert_eq!(s.call("GET", "/api/health", None).0, 200);
 }

@@ -730,9 +730,109 @@ fn a_tokenizer_pattern_that_gives_up_is_an_error_not_a_panic() {
     });
     std::fs::write(&path, json.to_string()).unwrap();
     let prompt = format!("{}b", "a".repeat(5000));
-    let out = longhaul(&["run", "--model", model.to_str().unwrap(), "--prompt", &prompt]);
+    let out = longhaul(&[
+        "run",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        &prompt,
+    ]);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("tokenizer.json") && err.contains("gave up"), "{err}");
+    assert!(
+        err.contains("tokenizer.json") && err.contains("gave up"),
+        "{err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
+}
+
+/// A chat template that doubles a string until its fuel runs out stays
+/// within a memory limit: the fuel bounds what its strings take (once
+/// 3.2 GB, an abort under a 1.5 GB limit); `run` says the template ran out.
+#[test]
+fn a_template_that_doubles_a_string_stays_within_memory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    for entry in std::fs::read_dir(support::fixture("deepseek_v3_released")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), model.join(entry.file_name())).unwrap();
+    }
+    std::fs::write(
+        model.join("chat_template.jinja"),
+        "{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+    )
+    .unwrap();
+    let script = format!(
+        "ulimit -v 1500000; exec '{}' run --model '{}' --chat --prompt hi --max-tokens 1",
+        support::longhaul().display(),
+        model.display()
+    );
+    let out = Command::new("sh").arg("-c").arg(&script).output().unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("ran out of fuel"), "{err}");
+}
+
+/// A change made to a manifest.
+type Damage = Box<dyn Fn(&mut Value)>;
+
+/// Manifests edited by hand or by damage that once hung or fooled
+/// `pack --verify` and the engine: an expert pointed at another's record
+/// (its checksum covers bytes, not whose they are), a record with no bytes
+/// (a read of nothing never completes), a resident file that is
+/// `/dev/zero` or a FIFO (a read that never ends or never begins). Each is
+/// refused, in seconds, saying what is wrong.
+#[test]
+fn damaged_manifests_are_refused_at_once() {
+    let dir = fixtures()
+        .into_iter()
+        .find(|d| d.ends_with("deepseek_v3_released"))
+        .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let drives = drive_folders(tmp.path(), 2);
+    let pack = tmp.path().join("pack");
+    // Compressed (the default for these F32 records), as `stored_len` needs.
+    let out = pack_cli(&dir, &pack, &drives, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let manifest = pack.join("longhaul-pack.json");
+    let original: Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    let fifo = tmp.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let cases: Vec<(Damage, &str)> = vec![
+        (
+            Box::new(|m| {
+                let records = &mut m["experts"]["layers"][0]["records"];
+                records[1] = records[0].clone();
+            }),
+            "share bytes",
+        ),
+        (
+            Box::new(|m| {
+                let record = &mut m["experts"]["layers"][0]["records"][1];
+                record["stored_len"] = serde_json::json!(0);
+                record["segments"] = serde_json::json!([]);
+            }),
+            "empty record",
+        ),
+        (
+            Box::new(|m| m["resident"]["path"] = serde_json::json!("/dev/zero")),
+            "not a regular file",
+        ),
+        (
+            Box::new(move |m| m["resident"]["path"] = serde_json::json!(fifo)),
+            "not a regular file",
+        ),
+    ];
+    for (damage, says) in cases {
+        let mut m = original.clone();
+        damage(&mut m);
+        std::fs::write(&manifest, m.to_string()).unwrap();
+        let out = longhaul(&["pack", "--verify", pack.to_str().unwrap()]);
+        let said = format!("{}{}", stderr(&out), String::from_utf8_lossy(&out.stdout));
+        assert!(!out.status.success(), "{says}: {said}");
+        assert!(said.contains(says), "{says}: {said}");
+    }
 }

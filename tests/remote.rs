@@ -137,3 +137,84 @@ fn a_remote_chat_answer_starts_over_after_a_restart() {
         "a greedy answer started over is the same answer"
     );
 }
+
+/// A server that answers a stream with keep-alive comments only, forever.
+fn stalling_server() -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            std::thread::spawn(move || {
+                let mut request = [0u8; 65536];
+                let _ = conn.read(&mut request);
+                let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n";
+                if conn.write_all(head.as_bytes()).is_err() {
+                    return;
+                }
+                while conn.write_all(b": keep-alive\n\n").is_ok() {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            });
+        }
+    });
+    url
+}
+
+/// A remote stream that sends keep-alives and nothing else holds the
+/// runner no longer: cancel frees it at once for the next job, a stall past
+/// the limit pauses the job saying why, and the service stops when asked
+/// (it once answered `cancelled` while every later job stayed queued).
+#[test]
+fn a_remote_stream_that_stalls_neither_wedges_the_queue_nor_the_stop() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = synth_model(tmp.path());
+    let s = Service::start_env(
+        &tmp.path().join("data"),
+        &[],
+        &[("LONGHAUL_FAULTS", "remote-stall-ms=2000")],
+    );
+    s.add_model("local", &model);
+    // A remote model naming this very service is refused outright.
+    for url in [
+        s.url.clone(),
+        format!("{}/v1/", s.url.replace("127.0.0.1", "localhost")),
+    ] {
+        let (status, err) = s.call(
+            "POST",
+            "/api/models",
+            Some(&json!({ "name": "self", "url": url, "remote_model": "m" })),
+        );
+        assert_eq!(status, 400, "{url}: {err}");
+        assert!(err.to_string().contains("this service itself"), "{err}");
+    }
+    s.post(
+        "/api/models",
+        json!({ "name": "stalls", "url": stalling_server(), "remote_model": "m" }),
+    );
+    let ask = |model: &str| {
+        s.post(
+            "/api/jobs",
+            json!({ "model": model, "prompt": "Audit", "max_tokens": 4 }),
+        )["id"]
+            .as_i64()
+            .unwrap()
+    };
+    let stalled = ask("stalls");
+    s.wait_state(stalled, "running", WAIT);
+    s.post(&format!("/api/jobs/{stalled}/cancel"), json!({}));
+    let next = ask("local");
+    let done = s.wait_final(next, Duration::from_secs(30));
+    assert_eq!(done["state"], "done", "the queue went on: {done}");
+    // Left alone, the stall is a fault: the job pauses with the reason.
+    let stalled = ask("stalls");
+    let paused = s.wait_state(stalled, "paused", Duration::from_secs(30));
+    let reason = paused["pause_reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("keep-alives"), "{paused}");
+    // Stopping while a stalled stream is read ends the service promptly.
+    s.post(&format!("/api/jobs/{stalled}/resume"), json!({}));
+    s.wait_state(stalled, "running", WAIT);
+    let stopped = s.terminate(Duration::from_secs(20));
+    assert!(stopped.is_some(), "the service did not stop");
+}

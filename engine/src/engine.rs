@@ -600,7 +600,8 @@ fn read_generation_config(dir: &Path) -> Result<Option<serde_json::Value>, Engin
         path: path.clone(),
         reason,
     };
-    let text = std::fs::read_to_string(&path).map_err(|e| invalid(e.to_string()))?;
+    let text = crate::regular::read_text(&path, crate::regular::SETTINGS_LIMIT)
+        .map_err(|e| invalid(e.to_string()))?;
     serde_json::from_str(&text)
         .map(Some)
         .map_err(|e| invalid(format!("not valid JSON: {e}")))
@@ -678,7 +679,10 @@ fn pack_key(path: &Path, manifest: &Manifest) -> ModelKey {
     // How the experts are stored (a quantised pack computes other values)
     // and each record's checksum.
     identity.extend(serde_json::to_vec(&manifest.experts).unwrap_or_default());
-    identity.extend(std::fs::read(path.join(CONFIG_FILE)).unwrap_or_default());
+    identity.extend(
+        crate::regular::read(&path.join(CONFIG_FILE), crate::regular::SETTINGS_LIMIT)
+            .unwrap_or_default(),
+    );
     ModelKey::new(&identity)
 }
 
@@ -698,7 +702,7 @@ fn files_key(files: &[PathBuf]) -> ModelKey {
         identity.extend_from_slice(&size.to_le_bytes());
         identity.extend_from_slice(&modified.to_le_bytes());
         if size <= SMALL_IDENTITY_FILE {
-            identity.extend(std::fs::read(path).unwrap_or_default());
+            identity.extend(crate::regular::read(path, SMALL_IDENTITY_FILE).unwrap_or_default());
         }
     }
     ModelKey::new(&identity)

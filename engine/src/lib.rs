@@ -36,6 +36,7 @@ mod engine;
 mod locate;
 pub mod memory;
 pub mod private;
+mod regular;
 mod toolcall;
 pub mod tools;
 

@@ -112,3 +112,33 @@ fn chat_template_json_is_read_after_the_tokenizers_own() {
         .to_string();
     assert!(err.contains("chat_template.json"), "{err}");
 }
+
+/// The fuel that bounds a template's work and memory leaves every real
+/// template room for a long agent session: 1,000 messages of 2 KiB each,
+/// with every fixture's own template.
+#[test]
+fn every_fixture_template_renders_a_long_conversation_within_its_fuel() {
+    let text = "word ".repeat(400);
+    let messages: Vec<ChatMessage> = (0..1000)
+        .map(|i| ChatMessage {
+            role: if i % 2 == 0 { "user" } else { "assistant" }.to_string(),
+            content: text.clone(),
+            extra: serde_json::Map::new(),
+        })
+        .collect();
+    let mut rendered = 0;
+    for entry in std::fs::read_dir(common::fixtures_dir()).unwrap() {
+        let dir = entry.unwrap().path();
+        let Ok(tok) = TextTokenizer::from_dir(&dir) else {
+            continue;
+        };
+        match tok.render_chat(&messages, true) {
+            Ok(prompt) => assert!(prompt.len() > 1000 * 2000, "{}", dir.display()),
+            Err(e) if e.to_string().contains("no chat template") => continue,
+            // Templates that refuse a conversation's shape say so by name.
+            Err(e) => assert!(!e.to_string().contains("fuel"), "{}: {e}", dir.display()),
+        }
+        rendered += 1;
+    }
+    assert!(rendered >= 10, "{rendered} templates");
+}

@@ -16,6 +16,8 @@
 //!   with EIO.
 //! - `prompt-delay-ms=N`: the runner waits N ms at each report of prompt
 //!   reading (a long prompt, so its phase can be seen and photographed).
+//! - `remote-stall-ms=N`: a remote model's stream that makes no progress
+//!   for N ms is a fault (instead of the default few minutes).
 //! - `pack-delay-ms=N`: a pack written through the service waits N ms at
 //!   each progress report (a slow pack, so its phases can be watched).
 
@@ -107,6 +109,14 @@ pub fn on_output() {
     if let Some(ms) = value("token-delay-ms").and_then(|v| v.parse().ok()) {
         std::thread::sleep(std::time::Duration::from_millis(ms));
     }
+}
+
+/// How long a remote stream may go without progress, when
+/// `remote-stall-ms` sets it (tests: seconds, not minutes).
+pub fn remote_stall() -> Option<std::time::Duration> {
+    value("remote-stall-ms")
+        .and_then(|v| v.parse().ok())
+        .map(std::time::Duration::from_millis)
 }
 
 /// Waits as `prompt-delay-ms` asks, once per report of prompt reading.

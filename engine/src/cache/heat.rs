@@ -38,7 +38,8 @@ impl HeatMap {
 
     /// Loads a pack's heat file; a missing or unreadable one gives an empty map.
     pub fn load(pack: &Path) -> Self {
-        let Ok(text) = std::fs::read_to_string(Self::path(pack)) else {
+        let Ok(text) = crate::regular::read_text(&Self::path(pack), crate::regular::LARGE_LIMIT)
+        else {
             return Self::default();
         };
         match serde_json::from_str::<HeatFile>(&text) {

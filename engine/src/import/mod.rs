@@ -345,7 +345,9 @@ impl ModelSource {
     /// The text of auxiliary file `name`, when the source has it.
     pub fn aux_text(&self, name: &str) -> Option<String> {
         match &self.gguf {
-            None => std::fs::read_to_string(self.path.join(name)).ok(),
+            None => {
+                crate::regular::read_text(&self.path.join(name), crate::regular::LARGE_LIMIT).ok()
+            }
             Some(m) => m
                 .aux_files()
                 .into_iter()

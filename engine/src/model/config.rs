@@ -60,7 +60,7 @@ pub struct RawConfig {
 
 impl RawConfig {
     pub fn read(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        let text = crate::regular::read_text(path, crate::regular::SETTINGS_LIMIT).map_err(|source| ConfigError::Io {
             path: path.to_path_buf(),
             source,
         })?;

@@ -54,7 +54,11 @@ pub struct DriveShare {
 /// when its config cannot be read.
 pub fn describe(dir: &Path, manifest: &Manifest) -> Option<PackDetails> {
     let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).ok()?).ok()?;
+        serde_json::from_str(
+            &crate::regular::read_text(&dir.join("config.json"), crate::regular::SETTINGS_LIMIT)
+                .ok()?,
+        )
+        .ok()?;
     let spec = crate::model::ModelSpec::read(&dir.join("config.json")).ok();
     let resident_path = if manifest.resident.path.is_absolute() {
         manifest.resident.path.clone()

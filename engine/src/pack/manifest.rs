@@ -174,10 +174,12 @@ impl Segment {
 impl Manifest {
     pub fn read(pack: &Path) -> Result<Self, PackError> {
         let path = pack.join(MANIFEST_FILE);
-        let text = std::fs::read_to_string(&path).map_err(|source| PackError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        let text = crate::regular::read_text(&path, crate::regular::LARGE_LIMIT).map_err(
+            |source| PackError::Io {
+                path: path.clone(),
+                source,
+            },
+        )?;
         Self::parse(&path, &text)
     }
 
@@ -262,7 +264,21 @@ impl Manifest {
                         record.len
                     )));
                 }
+                if record.stored() == 0 {
+                    return Err(bad(format!("{}: an empty record", where_())));
+                }
                 for segments in record.placements() {
+                    // A read of nothing never completes: a record with no
+                    // segments once left its reader waiting for good.
+                    if segments.is_empty() || segments.iter().any(|s| s.len == 0) {
+                        return Err(bad(format!(
+                            "{}: a placement with no bytes in a segment",
+                            where_()
+                        )));
+                    }
+                    if segments.iter().any(|s| s.offset.checked_add(s.len).is_none()) {
+                        return Err(bad(format!("{}: a segment's end overflows", where_())));
+                    }
                     if segments.iter().map(|s| s.len).sum::<u64>() != record.stored() {
                         return Err(bad(format!(
                             "{}: segments do not add up to the record length",
@@ -280,6 +296,32 @@ impl Manifest {
                 }
             }
         }
+        self.no_shared_bytes().map_err(bad)
+    }
+
+    /// Refuses two records whose placements share bytes. A record's
+    /// checksum covers its bytes, not which expert it is: a manifest
+    /// pointing expert 1 at expert 0's record passed `pack --verify` and
+    /// computed with the wrong weights.
+    fn no_shared_bytes(&self) -> Result<(), String> {
+        let mut pieces: Vec<(usize, &str, u64, u64, usize, usize)> = Vec::new();
+        for layer in &self.experts.layers {
+            for (id, record) in layer.records.iter().enumerate() {
+                for s in record.placements().flatten() {
+                    pieces.push((s.drive, &s.file, s.offset, s.offset + s.len, layer.layer, id));
+                }
+            }
+        }
+        pieces.sort_unstable();
+        for pair in pieces.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            if (a.0, a.1) == (b.0, b.1) && a.3 > b.2 {
+                return Err(format!(
+                    "layer {} expert {} and layer {} expert {} share bytes of {} on drive {}",
+                    a.4, a.5, b.4, b.5, a.1, a.0
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -290,7 +332,7 @@ const HASH_CHUNK: usize = 8 * 1024 * 1024;
 /// Size and xxh3-128 (32 hex digits) of a whole file, read in chunks;
 /// `progress` gets the bytes of each chunk.
 pub fn hash_file(path: &Path, mut progress: impl FnMut(u64)) -> std::io::Result<(u64, String)> {
-    let mut file = std::fs::File::open(path)?;
+    let mut file = crate::regular::open(path)?;
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     let mut buf = vec![0u8; HASH_CHUNK];
     let mut size = 0;

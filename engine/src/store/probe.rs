@@ -45,7 +45,8 @@ impl ProbeReport {
 
     /// The pack's last probe, if it has one that reads.
     pub fn load(pack: &Path) -> Option<Self> {
-        let text = std::fs::read_to_string(pack.join(PROBE_FILE)).ok()?;
+        let text =
+            crate::regular::read_text(&pack.join(PROBE_FILE), crate::regular::SETTINGS_LIMIT).ok()?;
         serde_json::from_str(&text).ok()
     }
 }

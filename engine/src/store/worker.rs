@@ -6,8 +6,8 @@
 //! segments go through a reused aligned bounce buffer and one copy.
 
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -199,11 +199,7 @@ impl Reader<'_> {
 
 fn open(ctx: &Context, path: &Path) -> std::io::Result<Handle> {
     if ctx.direct_io {
-        match OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(path)
-        {
+        match crate::regular::open_with(path, libc::O_DIRECT) {
             Ok(file) => return Ok(Handle { file, direct: true }),
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => warn_buffered(ctx, path),
             Err(e) => return Err(e),
@@ -214,7 +210,7 @@ fn open(ctx: &Context, path: &Path) -> std::io::Result<Handle> {
 
 fn open_buffered(path: &Path) -> std::io::Result<Handle> {
     Ok(Handle {
-        file: File::open(path)?,
+        file: crate::regular::open(path)?,
         direct: false,
     })
 }

@@ -19,9 +19,12 @@ use serde::{Deserialize, Serialize};
 
 use super::python;
 
-/// Instructions a template may execute; generous for real templates
-/// (thousands of messages), fatal for runaway loops.
-const TEMPLATE_FUEL: u64 = 50_000_000;
+/// Instructions a template may execute. minijinja also charges a unit of
+/// fuel per 64 bytes a string operation makes, so this bounds memory too:
+/// at 50,000,000 a template doubling a string reached 3.2 GB before fuel
+/// ran out; at this, 512 MiB. Every fixture's template renders a
+/// 1,000-message conversation with room to spare (`engine/tests/templates.rs`).
+const TEMPLATE_FUEL: u64 = 8_000_000;
 /// Largest prompt text a template may produce.
 const MAX_RENDERED_BYTES: usize = 64 * 1024 * 1024;
 

@@ -128,7 +128,7 @@ impl TextTokenizer {
         let config_path = dir.join(TOKENIZER_CONFIG_FILE);
         let config = if config_path.is_file() {
             let text =
-                std::fs::read_to_string(&config_path).map_err(|source| TokenizerError::Io {
+                crate::regular::read_text(&config_path, crate::regular::SETTINGS_LIMIT).map_err(|source| TokenizerError::Io {
                     path: config_path.clone(),
                     source,
                 })?;
@@ -142,7 +142,7 @@ impl TextTokenizer {
         let template_path = dir.join(CHAT_TEMPLATE_FILE);
         let template = if template_path.is_file() {
             Some(
-                std::fs::read_to_string(&template_path).map_err(|source| TokenizerError::Io {
+                crate::regular::read_text(&template_path, crate::regular::SETTINGS_LIMIT).map_err(|source| TokenizerError::Io {
                     path: template_path.clone(),
                     source,
                 })?,
@@ -169,7 +169,7 @@ impl TextTokenizer {
                 dir: dir.to_path_buf(),
             });
         }
-        let bytes = std::fs::read(&path).map_err(|source| TokenizerError::Io {
+        let bytes = crate::regular::read(&path, crate::regular::LARGE_LIMIT).map_err(|source| TokenizerError::Io {
             path: path.clone(),
             source,
         })?;
@@ -408,7 +408,8 @@ impl TextStream<'_> {
 
 /// `model_type` of the folder's `config.json`, if it states one.
 fn model_type(dir: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
+    let text =
+        crate::regular::read_text(&dir.join("config.json"), crate::regular::SETTINGS_LIMIT).ok()?;
     let value: Value = serde_json::from_str(&text).ok()?;
     value.get("model_type")?.as_str().map(str::to_string)
 }
@@ -423,7 +424,7 @@ fn legacy_template(dir: &Path) -> Result<Option<String>, TokenizerError> {
         path: path.clone(),
         reason,
     };
-    let text = std::fs::read_to_string(&path).map_err(|source| TokenizerError::Io {
+    let text = crate::regular::read_text(&path, crate::regular::SETTINGS_LIMIT).map_err(|source| TokenizerError::Io {
         path: path.clone(),
         source,
     })?;

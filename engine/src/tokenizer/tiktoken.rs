@@ -221,7 +221,7 @@ fn read_limited(path: &Path) -> Result<String, TokenizerError> {
             ),
         });
     }
-    std::fs::read_to_string(path).map_err(io)
+    crate::regular::read_text(path, MAX_FILE_BYTES).map_err(io)
 }
 
 /// Whether the folder's `tokenization_kimi.py` is Kimi-Linear's, which
@@ -230,7 +230,7 @@ fn two_more_reserved(dir: &Path) -> Result<bool, TokenizerError> {
     let path = dir.join(KIMI_TOKENIZER_CODE);
     match std::fs::metadata(&path) {
         Ok(m) if m.is_file() && m.len() <= MAX_FILE_BYTES => {
-            let code = std::fs::read_to_string(&path)
+            let code = crate::regular::read_text(&path, MAX_FILE_BYTES)
                 .map_err(|source| TokenizerError::Io { path, source })?;
             Ok(code.contains(TWO_MORE_RESERVED))
         }

@@ -112,7 +112,7 @@ impl SafetensorsCheckpoint {
 fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>, WeightsError> {
     let index_path = dir.join(INDEX_FILE);
     if index_path.is_file() {
-        let text = std::fs::read_to_string(&index_path).map_err(|source| WeightsError::Io {
+        let text = crate::regular::read_text(&index_path, crate::regular::LARGE_LIMIT).map_err(|source| WeightsError::Io {
             path: index_path.clone(),
             source,
         })?;

@@ -10,7 +10,6 @@
 //! reads blocks where they lie.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
@@ -162,7 +161,7 @@ impl GgufFile {
             path: path.to_path_buf(),
             source,
         };
-        let file = File::open(path).map_err(io)?;
+        let file = crate::regular::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         Self::parse(path, BufReader::new(file), len)
     }

@@ -198,7 +198,7 @@ pub struct SafetensorsFile {
 impl SafetensorsFile {
     /// Opens `path` and validates its header against the file's size.
     pub fn open(path: &Path) -> Result<Self, WeightsError> {
-        let file = File::open(path).map_err(|source| WeightsError::Io {
+        let file = crate::regular::open(path).map_err(|source| WeightsError::Io {
             path: path.to_path_buf(),
             source,
         })?;
@@ -255,7 +255,7 @@ impl SafetensorsFile {
         path: &Path,
         tensors: BTreeMap<String, TensorInfo>,
     ) -> Result<Self, WeightsError> {
-        let file = File::open(path).map_err(|source| WeightsError::Io {
+        let file = crate::regular::open(path).map_err(|source| WeightsError::Io {
             path: path.to_path_buf(),
             source,
         })?;

@@ -133,9 +133,16 @@ pub struct AppState {
     stopping: tokio::sync::watch::Receiver<bool>,
     /// The dashboard's history, kept across the night and restarts.
     pub history: Arc<Mutex<crate::history::History>>,
+    /// What listing each model read from its files, until they change.
+    pub listings: Arc<models::Listings>,
 }
 
 impl AppState {
+    /// Where this service listens, as `http://ADDR:PORT`.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
     /// Ends `stream` when the service begins to stop: a graceful shutdown
     /// waits for every response to end, and an event stream never would.
     pub fn until_stopping<S>(&self, stream: S) -> impl Stream<Item = S::Item> + use<S>
@@ -592,6 +599,10 @@ fn open_queue(data_dir: &crate::data_dir::DataDir) -> Result<Queue, ServeError> 
 
 /// How long open requests may take to end once the service begins to stop.
 const DRAIN_LIMIT: Duration = Duration::from_secs(5);
+/// How long stopping waits for the runner to finish its job's step.
+const RUNNER_STOP_LIMIT: Duration = Duration::from_secs(10);
+/// How often stopping looks whether the runner has.
+const RUNNER_STOP_POLL: Duration = Duration::from_millis(20);
 
 /// Opens the data dir and queue, recovers interrupted jobs, starts the runner
 /// and serves until `shutdown` resolves. `ready` gets the bound address.
@@ -636,6 +647,7 @@ pub async fn serve(
         history: Arc::new(Mutex::new(crate::history::History::open(Some(
             config.data_dir.join(crate::history::HISTORY_FILE),
         )))),
+        listings: Arc::default(),
     };
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
@@ -682,7 +694,22 @@ pub async fn serve(
     if let Ok(mut h) = history.lock() {
         h.flush();
     }
-    let _ = tokio::task::spawn_blocking(move || handle.join()).await;
+    // The runner stops at its next cancellation point; one stuck in a read
+    // that never returns must not keep the service from stopping.
+    // Polled rather than joined on a blocking thread: the async runtime
+    // waits for its blocking threads when it ends, and would wait for a
+    // stuck runner too.
+    let began = std::time::Instant::now();
+    while !handle.is_finished() && began.elapsed() < RUNNER_STOP_LIMIT {
+        tokio::time::sleep(RUNNER_STOP_POLL).await;
+    }
+    if handle.is_finished() {
+        let _ = handle.join();
+    } else {
+        tracing::warn!(
+            "the runner had not stopped {RUNNER_STOP_LIMIT:?} after the stop began; stopping without it (its job resumes at the next start)"
+        );
+    }
     served.map_err(|source| ServeError::Io {
         path: config.data_dir,
         source,

@@ -1,6 +1,7 @@
 //! `/api/models`: registering checkpoints, packs and remote servers.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -49,11 +50,21 @@ pub async fn add_model(
                 path: std::fs::canonicalize(&path).unwrap_or(path),
             }
         }
-        (None, Some(url)) => ModelKind::Remote {
-            url,
-            api_key: body.api_key,
-            remote_model: body.remote_model.unwrap_or_else(|| body.name.clone()),
-        },
+        (None, Some(url)) => {
+            if names_this_service(&url, app.address()) {
+                return Err(ApiError::bad_param(
+                    "url",
+                    format!(
+                        "{url} is this service itself: its jobs would wait behind the job that waits for them"
+                    ),
+                ));
+            }
+            ModelKind::Remote {
+                url,
+                api_key: body.api_key,
+                remote_model: body.remote_model.unwrap_or_else(|| body.name.clone()),
+            }
+        }
         _ => {
             return Err(ApiError::bad_request(
                 "give either `path` (a checkpoint or pack here) or `url` (a remote server)",
@@ -74,10 +85,73 @@ pub async fn add_model(
     ))
 }
 
+/// Whether `url` names the service at `address` (`http://127.0.0.1:PORT`),
+/// under any of the loopback names, with or without `/v1`.
+fn names_this_service(url: &str, address: &str) -> bool {
+    let Some(port) = address.rsplit(':').next() else {
+        return false;
+    };
+    let url = url.trim_end_matches('/');
+    let url = url.strip_suffix("/v1").unwrap_or(url);
+    ["127.0.0.1", "localhost", "[::1]"]
+        .iter()
+        .any(|host| url == format!("http://{host}:{port}"))
+}
+
 pub async fn list_models(State(app): State<AppState>) -> ApiResult<Json<Value>> {
-    let models = app.blocking(|q| q.models()).await?;
-    let listed: Vec<Value> = models.iter().map(with_weights).collect();
+    let listings = Arc::clone(&app.listings);
+    // Reading the files is blocking work: off the async threads, and only
+    // for models whose files changed since they were last listed (a 1 GiB
+    // manifest once took 3.3 s and 1 GB on every listing).
+    let listed = app
+        .blocking(move |q| {
+            Ok(q.models()?
+                .iter()
+                .map(|m| listings.of(m))
+                .collect::<Vec<_>>())
+        })
+        .await?;
     Ok(Json(json!({ "models": listed })))
+}
+
+/// When a model's listing was read: each file it reads, by size and
+/// modification time (a missing file counts as such).
+type Stamp = Vec<Option<(u64, std::time::SystemTime)>>;
+
+/// The models' listings, each kept until the files it was read from change.
+#[derive(Default)]
+pub struct Listings(std::sync::Mutex<std::collections::HashMap<String, (Stamp, Value)>>);
+
+impl Listings {
+    /// `model`'s listing, read again only when its files changed.
+    fn of(&self, model: &ModelEntry) -> Value {
+        let ModelKind::Local { path } = &model.kind else {
+            return with_weights(model);
+        };
+        let stamp: Stamp = [
+            "generation_config.json",
+            "config.json",
+            longhaul_engine::tools::MANIFEST_FILE,
+        ]
+        .iter()
+        .map(|f| {
+            let meta = std::fs::metadata(path.join(f)).ok()?;
+            Some((meta.len(), meta.modified().ok()?))
+        })
+        .collect();
+        let key = format!("{}\0{}", model.name, path.display());
+        if let Ok(cached) = self.0.lock()
+            && let Some((at, listed)) = cached.get(&key)
+            && *at == stamp
+        {
+            return listed.clone();
+        }
+        let listed = with_weights(model);
+        if let Ok(mut cached) = self.0.lock() {
+            cached.insert(key, (stamp, listed.clone()));
+        }
+        listed
+    }
 }
 
 /// A model as listed, with how a pack stores its weights: the experts'

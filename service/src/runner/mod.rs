@@ -767,6 +767,7 @@ impl Runner {
                     url,
                     api_key: api_key.as_deref(),
                     remote_model,
+                    stop: &|| self.control.should_stop(),
                 }
                 .run(job, sink),
             },

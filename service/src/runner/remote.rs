@@ -4,9 +4,18 @@
 //! (the text is appended to the prompt of `/v1/completions`); a chat answer
 //! cannot be continued from part of it through the OpenAI API, so such a job
 //! starts over and its log says so.
+//!
+//! The stream is read on a thread of its own and handed over line by line,
+//! so the runner keeps its cancellation points while it waits: a server
+//! that sent only keep-alive comments (or a remote URL naming this very
+//! service) once held the runner for good, and cancel answered `cancelled`
+//! while every later job stayed queued. Progress is text, usage or a
+//! finish; a stream without any for [`STALL_LIMIT`] is a fault, which
+//! pauses the job for a retry.
 
 use std::io::BufRead;
-use std::time::Duration;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use longhaul_engine::{Flow, Phase};
 use serde_json::{Value, json};
@@ -17,11 +26,63 @@ use crate::queue::{Input, Runnable};
 /// How long connecting and waiting for the response headers may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a stream may go without progress: a big model's server may
+/// read a long prompt for minutes, sending only keep-alives meanwhile.
+const STALL_LIMIT: Duration = Duration::from_secs(900);
+/// How often the runner looks whether it should stop while it waits.
+const STOP_POLL: Duration = Duration::from_millis(100);
+/// Lines the reader holds for the runner.
+const LINES_BUFFERED: usize = 256;
 
 pub struct RemoteBackend<'a> {
     pub url: &'a str,
     pub api_key: Option<&'a str>,
     pub remote_model: &'a str,
+    /// Whether the runner should stop (cancel, pause, shutdown).
+    pub stop: &'a dyn Fn() -> bool,
+}
+
+/// What the reader hands over: a line, or how the stream ended.
+enum Read {
+    Line(String),
+    Broke(String),
+}
+
+/// The outcome of a job stopped before its end.
+fn stopped() -> Outcome {
+    Outcome {
+        finish_reason: "stopped",
+        prompt_tokens: 0,
+        usage: Usage::default(),
+        reported_tokens: None,
+        state_refused: None,
+        prefix_reused: (0, 0),
+        prefix_refused: None,
+        speculation: None,
+    }
+}
+
+/// Reads `body`'s lines on a thread of its own. The thread ends with the
+/// stream, or at the next line once the runner has stopped listening.
+fn read_lines(body: impl std::io::Read + Send + 'static) -> Result<mpsc::Receiver<Read>, RunError> {
+    let (tx, rx) = mpsc::sync_channel(LINES_BUFFERED);
+    std::thread::Builder::new()
+        .name("remote-stream".into())
+        .spawn(move || {
+            for line in std::io::BufReader::new(body).lines() {
+                let read = line.map_or_else(|e| Read::Broke(e.to_string()), Read::Line);
+                let broke = matches!(read, Read::Broke(_));
+                if tx.send(read).is_err() || broke {
+                    return;
+                }
+            }
+        })
+        .map_err(|e| {
+            RunError::Fault(format!(
+                "cannot start a thread to read the remote stream: {e}"
+            ))
+        })?;
+    Ok(rx)
 }
 
 /// Whether a job with this input can continue from committed text remotely.
@@ -109,16 +170,38 @@ impl RemoteBackend<'_> {
                 RunError::Failed(error)
             });
         }
-        let reader = std::io::BufReader::new(response.into_body().into_reader());
+        let lines = read_lines(response.into_body().into_reader())?;
+        let stall = crate::faults::remote_stall().unwrap_or(STALL_LIMIT);
+        let mut progress = Instant::now();
         let mut finish = "length";
         let mut remote_id = None;
         let mut reported = None;
         let mut prompt_tokens = 0;
-        for line in reader.lines() {
-            let line = line.map_err(|e| RunError::Fault(format!("remote stream broke: {e}")))?;
+        loop {
+            if (self.stop)() {
+                self.cancel_remote(remote_id.as_deref());
+                return Ok(stopped());
+            }
+            if progress.elapsed() > stall {
+                self.cancel_remote(remote_id.as_deref());
+                return Err(RunError::Fault(format!(
+                    "remote server {} sent nothing but keep-alives for {} s",
+                    self.url,
+                    stall.as_secs()
+                )));
+            }
+            let line = match lines.recv_timeout(STOP_POLL) {
+                Ok(Read::Line(line)) => line,
+                Ok(Read::Broke(e)) => {
+                    return Err(RunError::Fault(format!("remote stream broke: {e}")));
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            };
             let Some(data) = line.strip_prefix("data:").map(str::trim) else {
                 continue;
             };
+            progress = Instant::now();
             if data == "[DONE]" {
                 break;
             }
@@ -160,16 +243,7 @@ impl RemoteBackend<'_> {
             });
             if flow == Flow::Stop {
                 self.cancel_remote(remote_id.as_deref());
-                return Ok(Outcome {
-                    finish_reason: "stopped",
-                    prompt_tokens: 0,
-                    usage: Usage::default(),
-                    reported_tokens: None,
-                    state_refused: None,
-                    prefix_reused: (0, 0),
-                    prefix_refused: None,
-                    speculation: None,
-                });
+                return Ok(stopped());
             }
         }
         Ok(Outcome {
