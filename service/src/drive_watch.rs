@@ -6,7 +6,7 @@
 //! USB device does not reliably notify a watcher of a folder on it, while a
 //! check of the folder always tells.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +17,7 @@ use crate::runner::Runner;
 pub const CHECK_INTERVAL: Duration = Duration::from_secs(2);
 /// Start of the pause reason this watcher writes.
 const MISSING: &str = "drive missing: ";
+const UNREADABLE: &str = "drive unreadable: ";
 
 /// Drive folders of the local pack registered as `model`, if it is one.
 fn drives_of(runner: &Runner, model: &str) -> Vec<PathBuf> {
@@ -37,14 +38,11 @@ fn drives_of(runner: &Runner, model: &str) -> Vec<PathBuf> {
 pub fn check(runner: &Runner) {
     if let Some(id) = runner.control.running()
         && let Ok(job) = runner.queue.job(id)
-        && let Some(gone) = drives_of(runner, &job.model)
-            .into_iter()
-            .find(|d| !d.is_dir())
+        && let Some(problem) = drives_of(runner, &job.model)
+            .iter()
+            .find_map(|d| drive_problem(d))
     {
-        let reason = format!(
-            "{MISSING}{} is not there (unplugged or unmounted?); resume when it is back",
-            gone.display()
-        );
+        let reason = format!("{problem}; resume when it is back");
         if runner
             .queue
             .pause(id, PauseCause::DriveMissing, &reason)
@@ -71,12 +69,29 @@ pub fn check(runner: &Runner) {
                 _ => false,
             }
     }) {
-        if drives_of(runner, &job.model).iter().all(|d| d.is_dir()) {
+        if drives_of(runner, &job.model)
+            .iter()
+            .all(|d| drive_problem(d).is_none())
+        {
             let reason = "its drives are back: resume to continue";
             if runner.queue.set_pause_reason(job.id, reason).is_ok() {
                 runner.announce_queue();
             }
         }
+    }
+}
+
+/// What is wrong with drive folder `path`, if anything: gone (unplugged,
+/// unmounted) or there but unreadable, which are told apart (an unreadable
+/// drive was once reported as unplugged).
+fn drive_problem(path: &Path) -> Option<String> {
+    match std::fs::read_dir(path) {
+        Ok(_) => None,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(format!(
+            "{MISSING}{} is not there (unplugged or unmounted?)",
+            path.display()
+        )),
+        Err(e) => Some(format!("{UNREADABLE}{} cannot be read ({e})", path.display())),
     }
 }
 
@@ -91,4 +106,22 @@ pub fn spawn(runner: Arc<Runner>) -> std::io::Result<()> {
             }
         })
         .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_drive_that_is_gone_and_one_that_cannot_be_read_are_told_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(drive_problem(dir.path()), None);
+        let gone = drive_problem(&dir.path().join("gone")).unwrap_or_default();
+        assert!(gone.contains("is not there"), "{gone}");
+        // A folder no one can open (a symlink loop: root reads through modes).
+        let looped = dir.path().join("loop");
+        std::os::unix::fs::symlink(&looped, &looped).unwrap();
+        let unreadable = drive_problem(&looped).unwrap_or_default();
+        assert!(unreadable.contains("cannot be read"), "{unreadable}");
+    }
 }
