@@ -1188,3 +1188,84 @@ fn hostile_model_files_are_refused_and_the_service_answers_on() {
     );
     assert_eq!(s.call("GET", "/api/health", None).0, 200);
 }
+
+/// Files under `root` whose names a pack writer gives its extents and
+/// resident weights.
+fn pack_files(root: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if name.starts_with("experts-") || name.starts_with("resident.") {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// Packs through the service hold their name from the start and leave
+/// nothing behind that did not finish: of four packs of one name one
+/// starts; a service killed mid-pack lists it as failed at the next start,
+/// with its partial files gone and the name free to pack again.
+#[test]
+fn a_pack_holds_its_name_and_an_interrupted_one_leaves_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let source = support::synth_model(tmp.path());
+    let drives: Vec<std::path::PathBuf> = (0..2)
+        .map(|i| {
+            let d = tmp.path().join(format!("drive{i}"));
+            std::fs::create_dir(&d).unwrap();
+            d
+        })
+        .collect();
+    let data = tmp.path().join("data");
+    let slow = [("LONGHAUL_FAULTS", "pack-delay-ms=150")];
+    let s = Service::start_env(&data, &[], &slow);
+    let body = json!({ "name": "packed", "source": source, "drives": drives });
+    let statuses: Vec<u16> = std::thread::scope(|scope| {
+        let calls: Vec<_> = (0..4)
+            .map(|_| scope.spawn(|| s.call("POST", "/api/packs", Some(&body)).0))
+            .collect();
+        calls.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let started = statuses.iter().filter(|&&c| c == 202).count();
+    assert_eq!(started, 1, "{statuses:?}");
+    assert!(statuses.iter().all(|&c| c == 202 || c == 409), "{statuses:?}");
+    // Killed once the pack has written to the drives.
+    let began = std::time::Instant::now();
+    while pack_files(tmp.path()).is_empty() {
+        assert!(began.elapsed() < WAIT, "nothing written");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    s.kill();
+    let s = Service::start_env(&data, &[], &slow);
+    let packs = s.get("/api/packs");
+    let task = &packs["packs"][0];
+    assert_eq!(task["state"], "failed", "{packs}");
+    assert!(
+        task["error"].as_str().unwrap_or_default().contains("interrupted"),
+        "{packs}"
+    );
+    assert_eq!(pack_files(tmp.path()), Vec::<std::path::PathBuf>::new());
+    assert!(!data.join("packs/packed").exists());
+    // The name is free: the same pack, left alone, finishes.
+    let (status, _) = s.call("POST", "/api/packs", Some(&body));
+    assert_eq!(status, 202);
+    let began = std::time::Instant::now();
+    loop {
+        let packs = s.get("/api/packs");
+        let last = packs["packs"].as_array().unwrap().last().cloned().unwrap();
+        if last["state"] == "done" {
+            break;
+        }
+        assert_ne!(last["state"], "failed", "{last}");
+        assert!(began.elapsed() < WAIT, "{last}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(s.get("/api/models").to_string().contains("\"packed\""));
+}

@@ -48,6 +48,15 @@ pub fn copy(from: &Path, to: &Path) -> io::Result<()> {
     io::copy(&mut File::open(from)?, &mut create(to)?).map(drop)
 }
 
+/// Creates folder `path` (its parent must exist), private to its owner;
+/// fails if it exists, so it can reserve a name.
+pub fn create_dir(path: &Path) -> io::Result<()> {
+    let mut builder = DirBuilder::new();
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, DIR_MODE);
+    builder.create(path)
+}
+
 /// Creates `path` and its missing parents, private to their owner.
 pub fn create_dir_all(path: &Path) -> io::Result<()> {
     let mut builder = DirBuilder::new();

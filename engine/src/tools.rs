@@ -17,8 +17,9 @@ pub use crate::pack::details::{DriveShare, PackDetails, describe as describe_pac
 pub use crate::pack::encoding::Quantization;
 pub use crate::pack::verify::verify_pack;
 pub use crate::pack::{
-    DEFAULT_ALIGNMENT, DEFAULT_SPLIT_THRESHOLD, MANIFEST_FILE, Manifest, PackError, PackOptions,
-    PackPhase, PackProgress, PackSummary, is_pack, pack_matches_source, write_pack,
+    DEFAULT_ALIGNMENT, DEFAULT_SPLIT_THRESHOLD, Discarded, MANIFEST_FILE, Manifest, PackError,
+    PackOptions, PackPhase, PackProgress, PackSummary, discard_unfinished, is_pack,
+    pack_matches_source, write_pack,
 };
 pub use crate::pilot::PilotCounters;
 pub use crate::store::probe::{ProbeReport, probe};

@@ -91,7 +91,10 @@ fn drive_problem(path: &Path) -> Option<String> {
             "{MISSING}{} is not there (unplugged or unmounted?)",
             path.display()
         )),
-        Err(e) => Some(format!("{UNREADABLE}{} cannot be read ({e})", path.display())),
+        Err(e) => Some(format!(
+            "{UNREADABLE}{} cannot be read ({e})",
+            path.display()
+        )),
     }
 }
 

@@ -3,6 +3,7 @@
 
 pub mod compress;
 pub mod details;
+mod discard;
 pub mod encoding;
 mod layout;
 pub mod manifest;
@@ -12,6 +13,7 @@ mod writer;
 
 use std::path::PathBuf;
 
+pub use discard::{Discarded, discard_unfinished};
 pub use layout::{ExpertTensors, Part};
 pub use manifest::{MANIFEST_FILE, Manifest};
 pub use writer::{

@@ -184,7 +184,7 @@ impl AppState {
 
     /// Where packs made from the UI keep their manifests.
     pub fn packs_dir(&self) -> PathBuf {
-        self.data_dir.join("packs")
+        self.data_dir.join(PACKS_DIR)
     }
 
     pub fn latest_metrics(&self) -> Option<MetricsEvent> {
@@ -599,6 +599,8 @@ fn open_queue(data_dir: &crate::data_dir::DataDir) -> Result<Queue, ServeError> 
 
 /// How long open requests may take to end once the service begins to stop.
 const DRAIN_LIMIT: Duration = Duration::from_secs(5);
+/// The data dir's folder of packs made through the service.
+const PACKS_DIR: &str = "packs";
 /// How long stopping waits for the runner to finish its job's step.
 const RUNNER_STOP_LIMIT: Duration = Duration::from_secs(10);
 /// How often stopping looks whether the runner has.
@@ -642,7 +644,9 @@ pub async fn serve(
         ui_dir: config.ui_dir.clone(),
         data_dir: config.data_dir.clone(),
         address: String::new(),
-        packer: Arc::new(crate::packing::Packer::default()),
+        packer: Arc::new(crate::packing::Packer::recover(
+            &config.data_dir.join(PACKS_DIR),
+        )),
         stopping: stop_rx.clone(),
         history: Arc::new(Mutex::new(crate::history::History::open(Some(
             config.data_dir.join(crate::history::HISTORY_FILE),

@@ -265,12 +265,12 @@ pub async fn start_pack(
         ),
     };
     let out = app.packs_dir().join(&name);
-    if out.exists() {
-        return Err(ApiError::bad_param(
-            "name",
-            format!("{} already exists; choose another name", out.display()),
-        ));
-    }
+    crate::packing::Packer::reserve(&name, &body.source, &out, &body.drives).map_err(
+        |e| match e {
+            crate::packing::ReserveError::Taken(_) => ApiError::conflict(e.to_string()),
+            crate::packing::ReserveError::Io { .. } => ApiError::internal(e.to_string()),
+        },
+    )?;
     let task = app.packer.start(
         crate::packing::PackRequest {
             name,
