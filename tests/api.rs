@@ -1235,7 +1235,10 @@ fn a_pack_holds_its_name_and_an_interrupted_one_leaves_nothing() {
     });
     let started = statuses.iter().filter(|&&c| c == 202).count();
     assert_eq!(started, 1, "{statuses:?}");
-    assert!(statuses.iter().all(|&c| c == 202 || c == 409), "{statuses:?}");
+    assert!(
+        statuses.iter().all(|&c| c == 202 || c == 409),
+        "{statuses:?}"
+    );
     // Killed once the pack has written to the drives.
     let began = std::time::Instant::now();
     while pack_files(tmp.path()).is_empty() {
@@ -1248,7 +1251,10 @@ fn a_pack_holds_its_name_and_an_interrupted_one_leaves_nothing() {
     let task = &packs["packs"][0];
     assert_eq!(task["state"], "failed", "{packs}");
     assert!(
-        task["error"].as_str().unwrap_or_default().contains("interrupted"),
+        task["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("interrupted"),
         "{packs}"
     );
     assert_eq!(pack_files(tmp.path()), Vec::<std::path::PathBuf>::new());
