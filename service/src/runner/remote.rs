@@ -9,9 +9,9 @@
 //! so the runner keeps its cancellation points while it waits: a server
 //! that sent only keep-alive comments (or a remote URL naming this very
 //! service) once held the runner for good, and cancel answered `cancelled`
-//! while every later job stayed queued. Progress is text, usage or a
-//! finish; a stream without any for [`STALL_LIMIT`] is a fault, which
-//! pauses the job for a retry.
+//! while every later job stayed queued. Progress is a `data:` chunk; a
+//! stream of nothing but keep-alive comments for [`STALL_LIMIT`] is a
+//! fault, which pauses the job for a retry.
 
 use std::io::BufRead;
 use std::sync::mpsc;
