@@ -1120,19 +1120,9 @@ fn hostile_model_files_are_refused_and_the_service_answers_on() {
     gguf[at..at + 4].copy_from_slice(&1_000_000_000u32.to_le_bytes());
     let hostile = dir.path().join("hostile.gguf");
     std::fs::write(&hostile, &gguf).unwrap();
-    let tokenizer = dir.path().join("pattern");
-    std::fs::create_dir(&tokenizer).unwrap();
-    for entry in std::fs::read_dir(fixture(FIXTURE)).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), tokenizer.join(entry.file_name())).unwrap();
-    }
-    let path = tokenizer.join("tokenizer.json");
-    let mut json: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    json["pre_tokenizer"] = json!({
-        "type": "Split", "pattern": { "Regex": "(a+)+$" }, "behavior": "Isolated", "invert": false,
-    });
-    std::fs::write(&path, json.to_string()).unwrap();
-    let prompt = format!("{}b", "a".repeat(5000));
+    let tokenizer = support::copy_fixture(FIXTURE, &dir.path().join("pattern"));
+    support::give_backtracking_pattern(&tokenizer);
+    let prompt = support::backtracking_prompt();
     s.add_model("hostile", &hostile);
     s.add_model("pattern", &tokenizer);
     // The pattern gives up on this prompt: refused before anything is queued.
@@ -1152,12 +1142,7 @@ fn hostile_model_files_are_refused_and_the_service_answers_on() {
     assert!(error.contains("qwen3moe.block_count"), "{error}");
     // A 3 GiB generation_config.json (sparse: it takes no disk) is not read:
     // listings show no sampling defaults, and the job says which file.
-    let huge = dir.path().join("huge");
-    std::fs::create_dir(&huge).unwrap();
-    for entry in std::fs::read_dir(fixture(FIXTURE)).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), huge.join(entry.file_name())).unwrap();
-    }
+    let huge = support::copy_fixture(FIXTURE, &dir.path().join("huge"));
     let config = std::fs::OpenOptions::new()
         .write(true)
         .create(true)

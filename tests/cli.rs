@@ -716,20 +716,9 @@ fn help_offers_only_the_options_that_mean_something() {
 #[test]
 fn a_tokenizer_pattern_that_gives_up_is_an_error_not_a_panic() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = tmp.path().join("model");
-    std::fs::create_dir(&model).unwrap();
-    let src = support::fixture("deepseek_v3_released");
-    for entry in std::fs::read_dir(&src).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), model.join(entry.file_name())).unwrap();
-    }
-    let path = model.join("tokenizer.json");
-    let mut json: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    json["pre_tokenizer"] = serde_json::json!({
-        "type": "Split", "pattern": { "Regex": "(a+)+$" }, "behavior": "Isolated", "invert": false,
-    });
-    std::fs::write(&path, json.to_string()).unwrap();
-    let prompt = format!("{}b", "a".repeat(5000));
+    let model = support::copy_fixture("deepseek_v3_released", &tmp.path().join("model"));
+    support::give_backtracking_pattern(&model);
+    let prompt = support::backtracking_prompt();
     let out = longhaul(&[
         "run",
         "--model",
@@ -752,12 +741,7 @@ fn a_tokenizer_pattern_that_gives_up_is_an_error_not_a_panic() {
 #[test]
 fn a_template_that_doubles_a_string_stays_within_memory() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = tmp.path().join("model");
-    std::fs::create_dir(&model).unwrap();
-    for entry in std::fs::read_dir(support::fixture("deepseek_v3_released")).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), model.join(entry.file_name())).unwrap();
-    }
+    let model = support::copy_fixture("deepseek_v3_released", &tmp.path().join("model"));
     std::fs::write(
         model.join("chat_template.jinja"),
         "{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",

@@ -425,16 +425,7 @@ fn scores_that_are_not_numbers_stop_the_answer_with_an_error() {
     }
     join(&weights(&dir), &header, &data);
     let engine = Engine::open(&dir).unwrap();
-    let settings = longhaul_engine::GenerationSettings {
-        max_tokens: 4,
-        sampling: longhaul_engine::SamplingParams::default(),
-        stop_strings: Vec::new(),
-        eos_token_ids: Vec::new(),
-        speculation: longhaul_engine::generate::Speculation::Off,
-        output: Default::default(),
-        keep_special_tokens: false,
-        answer_starts: Vec::new(),
-    };
+    let settings = common::greedy_settings(4, Vec::new());
     let err = engine
         .generate(&[1, 2, 3], &settings, |_| longhaul_engine::Flow::Continue)
         .err()

@@ -8,9 +8,7 @@ use std::path::{Path, PathBuf};
 
 use common::{LOGIT_TOLERANCE, max_abs_diff};
 use longhaul_engine::Engine;
-use longhaul_engine::generate::{
-    FinishReason, Flow, Generation, GenerationSettings, SamplingParams,
-};
+use longhaul_engine::generate::{FinishReason, Flow, Generation};
 use longhaul_engine::model::{LogitsFor, load_checkpoint};
 use longhaul_engine::tokenizer::ChatMessage;
 use serde::Deserialize;
@@ -51,16 +49,7 @@ fn teacher_forced(dir: &Path, ids: &[u32]) -> Vec<Vec<f32>> {
 }
 
 fn greedy(engine: &Engine, prompt: &[u32], max_tokens: usize) -> Generation {
-    let settings = GenerationSettings {
-        max_tokens,
-        sampling: SamplingParams::default(),
-        stop_strings: Vec::new(),
-        eos_token_ids: engine.eos_token_ids().to_vec(),
-        speculation: longhaul_engine::generate::Speculation::Off,
-        output: Default::default(),
-        keep_special_tokens: false,
-        answer_starts: Vec::new(),
-    };
+    let settings = common::greedy_settings(max_tokens, engine.eos_token_ids().to_vec());
     engine
         .generate(prompt, &settings, |_| Flow::Continue)
         .unwrap()
@@ -148,16 +137,7 @@ fn a_long_prompt_reports_its_reading_and_can_be_stopped_between_passes() {
         .cycle()
         .take(3 * PROMPT_CHUNK + 5)
         .collect();
-    let settings = GenerationSettings {
-        max_tokens: 4,
-        sampling: SamplingParams::default(),
-        stop_strings: Vec::new(),
-        eos_token_ids: Vec::new(),
-        speculation: longhaul_engine::generate::Speculation::Off,
-        output: Default::default(),
-        keep_special_tokens: false,
-        answer_starts: Vec::new(),
-    };
+    let settings = common::greedy_settings(4, Vec::new());
     let mut seen = Vec::new();
     let whole = engine
         .generate_resumed(&prompt, &[], &[], &settings, |p| {

@@ -12,14 +12,8 @@ const GREEDY_TOKENS: usize = 32;
 /// answer laid out as `output`.
 fn greedy(engine: &Engine, output: longhaul_engine::OutputFormat) -> GenerationSettings {
     GenerationSettings {
-        max_tokens: GREEDY_TOKENS,
-        sampling: SamplingParams::default(),
-        stop_strings: Vec::new(),
-        eos_token_ids: engine.eos_token_ids().to_vec(),
-        speculation: longhaul_engine::generate::Speculation::Off,
         output,
-        keep_special_tokens: false,
-        answer_starts: Vec::new(),
+        ..common::greedy_settings(GREEDY_TOKENS, engine.eos_token_ids().to_vec())
     }
 }
 

@@ -98,6 +98,32 @@ pub fn assert_private(path: &Path) {
     }
 }
 
+/// A copy of fixture `name`'s folder at `dest`, to change without touching it.
+pub fn copy_fixture(name: &str, dest: &Path) -> PathBuf {
+    std::fs::create_dir_all(dest).unwrap();
+    for entry in std::fs::read_dir(fixture(name)).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dest.join(entry.file_name())).unwrap();
+    }
+    dest.to_path_buf()
+}
+
+/// Gives the model folder `dir` a pre-tokenizer pattern that backtracks
+/// without end on [`backtracking_prompt`], as a hostile tokenizer.json may.
+pub fn give_backtracking_pattern(dir: &Path) {
+    let path = dir.join("tokenizer.json");
+    let mut json: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    json["pre_tokenizer"] = serde_json::json!({
+        "type": "Split", "pattern": { "Regex": "(a+)+$" }, "behavior": "Isolated", "invert": false,
+    });
+    std::fs::write(&path, json.to_string()).unwrap();
+}
+
+/// The prompt that sets off [`give_backtracking_pattern`]'s pattern.
+pub fn backtracking_prompt() -> String {
+    format!("{}b", "a".repeat(5000))
+}
+
 pub fn expected(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(fixture(name).join("expected.json")).unwrap())
         .unwrap()

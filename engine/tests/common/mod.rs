@@ -75,3 +75,21 @@ pub fn pack_on_two_drives(dir: &Path, tmp: &Path) -> PathBuf {
     .expect("pack the fixture");
     pack
 }
+
+/// Greedy decoding of at most `max_tokens`, ending at `eos_token_ids`: no
+/// stop strings, no guessing ahead, the answer laid out plainly.
+pub fn greedy_settings(
+    max_tokens: usize,
+    eos_token_ids: Vec<u32>,
+) -> longhaul_engine::GenerationSettings {
+    longhaul_engine::GenerationSettings {
+        max_tokens,
+        sampling: longhaul_engine::SamplingParams::default(),
+        stop_strings: Vec::new(),
+        eos_token_ids,
+        speculation: longhaul_engine::generate::Speculation::Off,
+        output: Default::default(),
+        keep_special_tokens: false,
+        answer_starts: Vec::new(),
+    }
+}
