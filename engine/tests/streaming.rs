@@ -506,6 +506,22 @@ fn metrics_snapshots_report_drive_rates_and_latencies() {
     let stats = || engine.stats().unwrap();
     let mut sampler = longhaul_engine::MetricsSampler::new(&stats());
     engine.logits(&[1, 2, 3, 4]).unwrap();
+    // Prefetches issued for a next layer may land after the pass returns
+    // (under load, after the next sample): wait until the drives are idle.
+    let waited = std::time::Instant::now();
+    let mut read = stats().drive_bytes();
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let now = stats().drive_bytes();
+        if now == read {
+            break;
+        }
+        read = now;
+        assert!(
+            waited.elapsed().as_secs() < 10,
+            "the drives never went idle"
+        );
+    }
     let m = sampler.sample(&stats());
     assert_eq!(m.drives.len(), 2);
     for d in &m.drives {
