@@ -1193,6 +1193,53 @@ fn pack_files(root: &std::path::Path) -> Vec<std::path::PathBuf> {
     found
 }
 
+/// A pack that fails on a full drive leaves nothing on the drives, says
+/// why, and frees its name.
+#[test]
+fn a_pack_that_fills_its_drive_leaves_nothing_and_says_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let source = support::synth_model(tmp.path());
+    let drives: Vec<std::path::PathBuf> = (0..2)
+        .map(|i| {
+            let d = tmp.path().join(format!("drive{i}"));
+            std::fs::create_dir(&d).unwrap();
+            d
+        })
+        .collect();
+    let data = tmp.path().join("data");
+    // Room for a few records, not the whole pack.
+    let full = [("LONGHAUL_FAULTS", "pack-enospc-after=65536")];
+    let s = Service::start_env(&data, &[], &full);
+    let body = json!({ "name": "packed", "source": source, "drives": drives });
+    let (status, _) = s.call("POST", "/api/packs", Some(&body));
+    assert_eq!(status, 202);
+    let task = wait_for_pack(&s);
+    assert_eq!(task["state"], "failed", "{task}");
+    let error = task["error"].as_str().unwrap_or_default();
+    assert!(error.contains("no space left"), "{task}");
+    assert!(error.contains("experts-"), "names the file: {task}");
+    assert_eq!(pack_files(tmp.path()), Vec::<std::path::PathBuf>::new());
+    assert!(!data.join("packs/packed").exists());
+    assert!(!data.join("packs/.packed.packing").exists());
+    // The name is free again.
+    let (status, _) = s.call("POST", "/api/packs", Some(&body));
+    assert_eq!(status, 202);
+}
+
+/// The last pack task, once it has stopped.
+fn wait_for_pack(s: &Service) -> serde_json::Value {
+    let began = std::time::Instant::now();
+    loop {
+        let packs = s.get("/api/packs");
+        let last = packs["packs"].as_array().unwrap().last().cloned().unwrap();
+        if last["state"] == "done" || last["state"] == "failed" {
+            return last;
+        }
+        assert!(began.elapsed() < WAIT, "{last}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Packs through the service hold their name from the start and leave
 /// nothing behind that did not finish: of four packs of one name one
 /// starts; a service killed mid-pack lists it as failed at the next start,
@@ -1247,16 +1294,7 @@ fn a_pack_holds_its_name_and_an_interrupted_one_leaves_nothing() {
     // The name is free: the same pack, left alone, finishes.
     let (status, _) = s.call("POST", "/api/packs", Some(&body));
     assert_eq!(status, 202);
-    let began = std::time::Instant::now();
-    loop {
-        let packs = s.get("/api/packs");
-        let last = packs["packs"].as_array().unwrap().last().cloned().unwrap();
-        if last["state"] == "done" {
-            break;
-        }
-        assert_ne!(last["state"], "failed", "{last}");
-        assert!(began.elapsed() < WAIT, "{last}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let last = wait_for_pack(&s);
+    assert_eq!(last["state"], "done", "{last}");
     assert!(s.get("/api/models").to_string().contains("\"packed\""));
 }

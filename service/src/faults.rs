@@ -20,6 +20,8 @@
 //!   for N ms is a fault (instead of the default few minutes).
 //! - `pack-delay-ms=N`: a pack written through the service waits N ms at
 //!   each progress report (a slow pack, so its phases can be watched).
+//! - `pack-enospc-after=BYTES`: a pack written through the service fails
+//!   as on a full drive once it has written BYTES of experts.
 
 use std::sync::OnceLock;
 
@@ -131,6 +133,11 @@ pub fn on_pack_progress() {
     if let Some(ms) = value("pack-delay-ms").and_then(|v| v.parse().ok()) {
         std::thread::sleep(std::time::Duration::from_millis(ms));
     }
+}
+
+/// Where `pack-enospc-after` makes a pack's drives full.
+pub fn pack_room() -> Option<u64> {
+    value("pack-enospc-after").and_then(|v| v.parse().ok())
 }
 
 #[cfg(test)]

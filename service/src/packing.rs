@@ -224,6 +224,7 @@ impl Packer {
             let started = Instant::now();
             let mut opts = PackOptions::new(req.source.clone(), out.clone(), req.drives.clone());
             opts.quantization = req.quantization;
+            opts.fail_writes_after = crate::faults::pack_room();
             // Rates and ETAs are per phase: each phase counts its own bytes.
             let phase_start = std::cell::Cell::new((PackPhase::HashingSource, started));
             let report = |p: PackProgress| {

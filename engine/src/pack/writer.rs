@@ -59,6 +59,10 @@ pub struct PackOptions {
     /// Compress float records losslessly where that saves space (see
     /// [`super::compress`]).
     pub compress: bool,
+    /// A failure point: expert writes past this many bytes in all fail as
+    /// on a full drive, so the cleanup after a failed pack runs in tests.
+    /// `None` for every user.
+    pub fail_writes_after: Option<u64>,
 }
 
 impl PackOptions {
@@ -76,6 +80,7 @@ impl PackOptions {
             quantization: None,
             resident_quantization: None,
             compress: true,
+            fail_writes_after: None,
         }
     }
 }
@@ -268,11 +273,15 @@ pub fn write_pack(
                 .to_string(),
         ));
     }
+    let room = opts
+        .fail_writes_after
+        .map(|bytes| std::rc::Rc::new(std::cell::Cell::new(bytes)));
     let mut writers: Vec<ExtentWriter> = drive_dirs
         .iter()
         .enumerate()
         .map(|(drive, dir)| {
             ExtentWriter::new(drive, dir.clone(), opts.alignment, opts.extent_file_bytes)
+                .with_room(room.clone())
         })
         .collect();
     let mut layers = Vec::with_capacity(plans.len());
@@ -483,6 +492,9 @@ struct ExtentWriter {
     next_index: usize,
     current: Option<(String, BufWriter<File>, u64)>,
     finished: Vec<(PathBuf, PathBuf)>,
+    /// Bytes left before writes fail ([`PackOptions::fail_writes_after`]),
+    /// shared by every drive's writer.
+    room: Option<std::rc::Rc<std::cell::Cell<u64>>>,
 }
 
 impl ExtentWriter {
@@ -495,8 +507,15 @@ impl ExtentWriter {
             next_index: 0,
             current: None,
             finished: Vec::new(),
+            room: None,
         }
     }
+
+    fn with_room(mut self, room: Option<std::rc::Rc<std::cell::Cell<u64>>>) -> Self {
+        self.room = room;
+        self
+    }
+
 
     fn write(&mut self, bytes: &[u8]) -> Result<Segment, PackError> {
         let full = matches!(&self.current, Some((_, _, at)) if *at > 0 && at + bytes.len() as u64 > self.max_bytes);
@@ -521,8 +540,11 @@ impl ExtentWriter {
             source,
         };
         let offset = *at;
-        file.write_all(bytes).map_err(io)?;
         let padded = (bytes.len() as u64).next_multiple_of(self.alignment);
+        if let Some(room) = &self.room {
+            claim(room, padded).map_err(io)?;
+        }
+        file.write_all(bytes).map_err(io)?;
         file.write_all(&vec![0u8; (padded - bytes.len() as u64) as usize])
             .map_err(io)?;
         *at += padded;
@@ -548,6 +570,15 @@ impl ExtentWriter {
         self.close_current()?;
         Ok(self.finished)
     }
+}
+
+/// Takes `bytes` from the room left, or fails as a full drive does.
+fn claim(room: &std::cell::Cell<u64>, bytes: u64) -> std::io::Result<()> {
+    let left = room.get().checked_sub(bytes).ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::StorageFull, "no space left on device")
+    })?;
+    room.set(left);
+    Ok(())
 }
 
 fn sync(file: BufWriter<File>, path: &Path) -> Result<(), PackError> {
