@@ -69,14 +69,20 @@ class Service:
                 raise RuntimeError(f"job {id} stayed {job['state']}")
             time.sleep(poll)
 
-    def peak_rss_mib(self):
+    def _status_mib(self, field):
         try:
             for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
+                if line.startswith(field):
                     return round(int(line.split()[1]) / 1024, 1)
         except OSError:
             return None
         return None
+
+    def peak_rss_mib(self):
+        return self._status_mib("VmHWM:")
+
+    def rss_mib(self):
+        return self._status_mib("VmRSS:")
 
     def stop(self):
         self.proc.terminate()

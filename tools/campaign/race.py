@@ -34,8 +34,13 @@ def body(prompt):
 
 def act(s, rng, ids, prompts, lock):
     """One random action on one of the jobs; returns (action, status, answer)."""
+    # The running job a third of the time, so actions meet the runner as
+    # well as the queue; else one of the newest, or one that never was.
+    running = []
+    if rng.random() < 0.35:
+        running = [j["id"] for j in s.request("GET", "/api/jobs")["jobs"] if j["state"] == "running"]
     with lock:
-        id = rng.choice(ids[-12:]) if rng.random() > 0.03 else 999_999
+        id = rng.choice(running or ids[-12:]) if rng.random() > 0.03 else 999_999
     kind = rng.choice(["cancel", "pause", "resume", "resume", "move", "delete",
                        "show", "export", "submit", "bogus"])
     if kind in ("cancel", "pause", "resume", "bogus"):
@@ -88,6 +93,7 @@ def main():
             def worker(n):
                 rng = random.Random(a.seed * 1000 + n)
                 for _ in range(a.actions // a.threads):
+                    time.sleep(rng.random() * 0.08)
                     try:
                         results.append(act(s, rng, ids, prompts, lock))
                     except Exception as e:  # no answer at all
@@ -119,10 +125,11 @@ def main():
                     break
                 time.sleep(0.2)
             states = collections.Counter(j["state"] for j in jobs)
-            changed = 0
+            changed, resumed = 0, 0
             for j in jobs:
                 full = s.job(j["id"])
                 prompt = prompts.get(j["id"])
+                resumed += full["state"] == "done" and full["stats"]["resumes"] > 0
                 if full["state"] == "done" and prompt and full["output"] != reference[prompt]:
                     changed += 1
                     problems.append(f"job {j['id']} finished with other text than its prompt gives")
@@ -144,6 +151,7 @@ def main():
             "by_action": {k: dict(collections.Counter(st for kk, st, _ in results if kk == k))
                           for k in sorted({k for k, _, _ in results})},
             "jobs_after": dict(states), "done_with_other_text": changed,
+            "done_after_a_pause_or_stop": resumed,
             "integrity_check": integrity, "peak_rss_MiB": rss,
             "problems": problems[:20],
         }, indent=1))
