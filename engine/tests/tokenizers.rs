@@ -169,6 +169,33 @@ fn a_kimi_folder_as_published_chats_from_the_folder_and_a_pack() {
     }
 }
 
+/// A tokenizer.json whose decoder's JSON is broken (a stray byte before a
+/// key) makes the tokenizers crate panic rather than fail: it is refused
+/// with an error naming the file.
+#[test]
+fn a_broken_decoder_is_an_error_not_a_crash() {
+    let dir = common::fixtures_dir().join("qwen3_moe_released");
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("tokenizer.json")).unwrap()).unwrap();
+    json["decoder"] = serde_json::json!({ "type": "ByteLevel", "marker": true });
+    let text = json.to_string();
+    let broken = text.replacen("\"marker\"", "x \"trim_offsets\"", 1);
+    assert_ne!(text, broken);
+    let err = TextTokenizer::from_parts(
+        dir.as_path(),
+        broken.as_bytes(),
+        &serde_json::Value::Null,
+        None,
+    )
+    .err()
+    .map(|e| e.to_string())
+    .unwrap_or_default();
+    assert!(
+        err.contains("tokenizer.json") && err.contains("cannot be read"),
+        "{err}"
+    );
+}
+
 /// A pre-tokenizer pattern that backtracks without end, as a hostile or
 /// broken tokenizer.json may hold: the text that sets it off is refused
 /// with an error naming the file, and the tokenizer goes on reading others.

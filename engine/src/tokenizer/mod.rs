@@ -185,12 +185,15 @@ impl TextTokenizer {
         config: &Value,
         template: Option<String>,
     ) -> Result<Self, TokenizerError> {
-        let inner = tokenizers::Tokenizer::from_bytes(tokenizer_json).map_err(|e| {
-            TokenizerError::Invalid {
-                path: origin.join(TOKENIZER_FILE),
-                reason: e.to_string(),
-            }
-        })?;
+        let invalid = |reason| TokenizerError::Invalid {
+            path: origin.join(TOKENIZER_FILE),
+            reason,
+        };
+        // The tokenizers crate panics on some malformed parts (a decoder
+        // whose JSON breaks off: `expect("Helper")`) instead of failing.
+        let inner = caught(|| tokenizers::Tokenizer::from_bytes(tokenizer_json))
+            .map_err(|panic| invalid(format!("cannot be read: {}", panic_text(&*panic))))?
+            .map_err(|e| invalid(e.to_string()))?;
         Self::with_vocabulary(origin, Vocabulary::Hf(Box::new(inner)), config, template)
     }
 
