@@ -516,7 +516,6 @@ impl ExtentWriter {
         self
     }
 
-
     fn write(&mut self, bytes: &[u8]) -> Result<Segment, PackError> {
         let full = matches!(&self.current, Some((_, _, at)) if *at > 0 && at + bytes.len() as u64 > self.max_bytes);
         if full {
