@@ -154,14 +154,19 @@ fn a_failing_drive_pauses_the_job_until_it_is_back() {
     for (path, bytes) in saved {
         std::fs::write(path, bytes).unwrap();
     }
-    s.post(&format!("/api/jobs/{id}/resume"), json!({}));
+    // Retried by itself once the drive reads again.
     let done = s.wait_final(id, WAIT);
     assert_eq!(done["state"], "done", "{}", done["error"]);
     assert_eq!(done["output"], reference["output"]);
 }
 
+/// A drive that fails with EIO mid-job pauses that job, holds the queue's
+/// other jobs of the model (they do not start onto the failing drive and
+/// pause in turn), is retried with backoff while it fails, and once the
+/// drive reads again every job finishes by itself with the text of an
+/// uninterrupted run.
 #[test]
-fn drive_io_errors_mid_job_pause_it_and_resume_finishes_it_exactly() {
+fn drive_io_errors_hold_the_queue_and_a_retry_finishes_it_exactly() {
     let tmp = tempfile::tempdir().unwrap();
     let packed = pack(tmp.path(), &synth_model(tmp.path()));
     let eio = tmp.path().join("eio");
@@ -173,22 +178,45 @@ fn drive_io_errors_mid_job_pause_it_and_resume_finishes_it_exactly() {
     );
     s.add_model("packed", &packed);
     let body = json!({ "model": "packed", "prompt": "Audit this design", "max_tokens": 60, "temperature": 0.8, "seed": 9 });
-    let id = s.post("/api/jobs", body.clone())["id"].as_i64().unwrap();
-    s.wait_output(id, WAIT);
+    let ids: Vec<i64> = (0..3)
+        .map(|_| s.post("/api/jobs", body.clone())["id"].as_i64().unwrap())
+        .collect();
+    s.wait_output(ids[0], WAIT);
     std::fs::write(&eio, b"").unwrap();
-    let paused = s.wait_state(id, "paused", WAIT);
+    let paused = s.wait_state(ids[0], "paused", WAIT);
     let reason = paused["pause_reason"].as_str().unwrap();
     assert!(
         reason.contains("storage fault") && reason.contains("Input/output error"),
         "{reason}"
     );
+    // Past the first retry (after 2 s), which meets the fault again.
+    std::thread::sleep(Duration::from_millis(3500));
+    let first = s.get(&format!("/api/jobs/{}", ids[0]));
+    assert_eq!(first["state"], "paused", "{first}");
+    assert!(
+        first["pause_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("retrying by itself in 4 s")),
+        "the second wait is twice the first: {first}"
+    );
+    for id in &ids[1..] {
+        let held = s.get(&format!("/api/jobs/{id}"));
+        assert_eq!(held["state"], "queued", "held, not started: {held}");
+    }
     std::fs::remove_file(&eio).unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    s.post(&format!("/api/jobs/{id}/resume"), json!({}));
-    let done = s.wait_final(id, WAIT);
-    assert_eq!(done["state"], "done", "{}", done["error"]);
+    let texts: Vec<serde_json::Value> = ids
+        .iter()
+        .map(|&id| {
+            let done = s.wait_final(id, WAIT);
+            assert_eq!(done["state"], "done", "{}", done["error"]);
+            done["output"].clone()
+        })
+        .collect();
+    assert!(texts.iter().all(|t| *t == texts[0]));
+    let log = s.get(&format!("/api/jobs/{}", ids[0]))["log"].to_string();
+    assert!(log.contains("retrying by itself (attempt 2)"), "{log}");
     let again = s.post("/api/jobs", body)["id"].as_i64().unwrap();
-    assert_eq!(done["output"], s.wait_final(again, WAIT)["output"]);
+    assert_eq!(texts[0], s.wait_final(again, WAIT)["output"]);
 }
 
 #[test]
@@ -218,7 +246,7 @@ fn a_preview_counts_the_prompt_and_lists_skipped_files() {
 }
 
 #[test]
-fn an_unplugged_drive_pauses_the_running_job_and_its_return_is_announced() {
+fn an_unplugged_drive_pauses_the_running_job_and_it_resumes_when_the_drive_is_back() {
     let tmp = tempfile::tempdir().unwrap();
     let packed = pack(tmp.path(), &synth_model(tmp.path()));
     let s = Service::start_with(&tmp.path().join("data"), &["--budget", "0"]);
@@ -246,23 +274,15 @@ fn an_unplugged_drive_pauses_the_running_job_and_its_return_is_announced() {
         "{reason}"
     );
     assert_eq!(s.get("/api/drives")["drives"][1]["present"], false);
-    std::fs::rename(&away, &drive).unwrap();
-    let started = std::time::Instant::now();
-    loop {
-        let j = s.get(&format!("/api/jobs/{id}"));
-        if j["pause_reason"]
+    let waiting = s.get(&format!("/api/jobs/{id}"));
+    assert!(
+        waiting["pause_reason"]
             .as_str()
-            .is_some_and(|r| r.contains("drives are back"))
-        {
-            break;
-        }
-        assert!(
-            started.elapsed() < WAIT,
-            "the return is never announced: {j}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    s.post(&format!("/api/jobs/{id}/resume"), json!({}));
+            .is_some_and(|r| r.ends_with("retrying by itself when the drive is back")),
+        "{waiting}"
+    );
+    std::fs::rename(&away, &drive).unwrap();
+    // No one presses Resume.
     s.wait_state(id, "running", WAIT);
     s.post(&format!("/api/jobs/{id}/cancel"), json!({}));
 }

@@ -1,7 +1,6 @@
 //! Watching the drives of the running job's pack. A drive that disappears
 //! (unplugged, unmounted) pauses the job at once with that reason, before a
-//! read fails on it; when the drive is back the job's reason says so and the
-//! user can resume it. The folders are checked rather than watched through
+//! read fails on it; when the drive is back the job resumes by itself. The folders are checked rather than watched through
 //! file-system notifications, because an unmount or a vanished USB device
 //! does not reliably notify a watcher of a folder on it, while a check of
 //! the folder always tells.
@@ -11,22 +10,19 @@
 //! `tools/campaign/faults.py`, where checks every 2 s took 1.1–1.7 s, as
 //! extent files already open kept reading). Each
 //! check opens one folder per drive; the pack's drive list is read from its
-//! manifest once and again only when the manifest changes. Paused jobs are
-//! checked for their drives' return every [`RETURN_INTERVAL`], as that
-//! walks the whole queue.
+//! manifest once and again only when the manifest changes. Each round also
+//! retries the jobs paused on their drives ([`crate::fault_retry`]).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::queue::{JobState, ModelKind, PauseCause};
+use crate::queue::{ModelKind, PauseCause};
 use crate::runner::Runner;
 
 /// How often the running job's drive folders are checked.
 pub const CHECK_INTERVAL: Duration = Duration::from_millis(250);
-/// How often paused jobs' drives are checked for their return.
-pub const RETURN_INTERVAL: Duration = Duration::from_secs(2);
 /// Start of the pause reason this watcher writes.
 const MISSING: &str = "drive missing: ";
 const UNREADABLE: &str = "drive unreadable: ";
@@ -74,7 +70,7 @@ fn check_running(runner: &Runner, drives: &mut Drives) {
             .iter()
             .find_map(|d| drive_problem(d))
     {
-        let reason = format!("{problem}; resume when it is back");
+        let reason = problem;
         if runner
             .queue
             .pause(id, PauseCause::DriveMissing, &reason)
@@ -83,38 +79,6 @@ fn check_running(runner: &Runner, drives: &mut Drives) {
             runner.control.stop_job(id);
             let _ = runner.queue.log(id, &format!("paused: {reason}"));
             runner.announce_queue();
-        }
-    }
-}
-
-/// Says so on jobs paused for a missing or failing drive once all their
-/// drives are there again.
-fn check_returns(runner: &Runner, drives: &mut Drives) {
-    let Ok(jobs) = runner.queue.list() else {
-        return;
-    };
-    for job in jobs.iter().filter(|j| {
-        j.state == JobState::Paused
-            && match j.pause_cause {
-                Some(PauseCause::DriveMissing) => true,
-                // The engine reports a read fault as text: one that names a
-                // missing folder is a drive that went away mid-read.
-                Some(PauseCause::ReadFault) => j
-                    .pause_reason
-                    .as_deref()
-                    .is_some_and(|r| r.contains("missing")),
-                _ => false,
-            }
-    }) {
-        if drives
-            .of(runner, &job.model)
-            .iter()
-            .all(|d| drive_problem(d).is_none())
-        {
-            let reason = "its drives are back: resume to continue";
-            if runner.queue.set_pause_reason(job.id, reason).is_ok() {
-                runner.announce_queue();
-            }
         }
     }
 }
@@ -136,19 +100,23 @@ fn drive_problem(path: &Path) -> Option<String> {
     }
 }
 
-/// Checks the drives for as long as the runner lives.
+/// Checks the drives, and retries the jobs paused on them, for as long as
+/// the runner lives.
 pub fn spawn(runner: Arc<Runner>) -> std::io::Result<()> {
-    let returns_every = (RETURN_INTERVAL.as_millis() / CHECK_INTERVAL.as_millis()).max(1);
     std::thread::Builder::new()
         .name("longhaul-drive-watch".into())
         .spawn(move || {
             let mut drives = Drives::default();
-            for round in 1u128.. {
+            let mut retries = crate::fault_retry::Retries::default();
+            loop {
                 std::thread::sleep(CHECK_INTERVAL);
                 check_running(&runner, &mut drives);
-                if round % returns_every == 0 {
-                    check_returns(&runner, &mut drives);
-                }
+                retries.tick(&runner, &mut |model| {
+                    drives
+                        .of(&runner, model)
+                        .iter()
+                        .all(|d| drive_problem(d).is_none())
+                });
             }
         })
         .map(|_| ())

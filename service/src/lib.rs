@@ -7,6 +7,7 @@ pub mod client;
 pub mod data_dir;
 pub mod drive_watch;
 pub mod events;
+pub mod fault_retry;
 pub mod faults;
 pub mod history;
 pub mod http;

@@ -23,7 +23,9 @@ const bin =
 const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium";
 const WAIT = 120_000;
 const demoModel = join(uiDir, "../assets/longhaul-demo-moe");
-const PACK_FAULTS = "pack-delay-ms=15";
+// Packs report slowly enough to watch each phase; drive reads fail with
+// EIO while the file `eio` exists in the scratch root.
+const faults = () => `pack-delay-ms=15,store-eio-while=${join(root, "eio")}`;
 
 let root, service, browser, page, url, token, packPath;
 
@@ -73,7 +75,7 @@ before(async () => {
   // Packs written through it report slowly enough to watch each phase.
   service = spawn(bin, ["serve", "--data-dir", data, "--port", "0", "--budget", "2M", "--ui-dir", join(uiDir, "dist")], {
     stdio: "ignore",
-    env: { ...process.env, LONGHAUL_FAULTS: PACK_FAULTS },
+    env: { ...process.env, LONGHAUL_FAULTS: faults() },
   });
   url = await waitFor(() => existsSync(join(data, "endpoint")) && readFileSync(join(data, "endpoint"), "utf8").trim(), "the service");
   token = readFileSync(join(data, "token"), "utf8").trim();
@@ -385,6 +387,57 @@ test("banner: a paused queue says so with Resume, and a removed drive names the 
   await page.waitForSelector("#banner", { state: "hidden", timeout: 15_000 });
 });
 
+test("a failing drive holds the queue: its task retries by itself, the next waits, and both finish", async () => {
+  await page.goto(`${url}/#/tasks`);
+  const first = await api("POST", "/api/jobs", { model: "demo", title: "Fault first", prompt: "Audit the drives", max_tokens: 900, temperature: 0 });
+  const next = await api("POST", "/api/jobs", { model: "demo", title: "Fault next", prompt: "Audit the cache", max_tokens: 20, temperature: 0 });
+  await waitFor(async () => (await api("GET", `/api/jobs/${first.id}`)).tokens > 0, "the task to write");
+  const eio = join(root, "eio");
+  writeFileSync(eio, "");
+  try {
+    await page.waitForSelector("#banner:has-text('Fault first')", { timeout: 20_000 });
+    await page.waitForSelector("#banner:has-text('retrying by itself in')", { timeout: 10_000 });
+    assert.match(await page.textContent("#banner"), /storage fault.*Input\/output error.*retrying by itself in \d+ s/s);
+    // Past the first retry: the next task still waits in line instead of
+    // starting onto the failing drive.
+    await sleep(3_000);
+    assert.equal((await api("GET", `/api/jobs/${next.id}`)).state, "queued");
+    await page.waitForSelector("#jobs li.job:has(a:text('Fault next')) :text('in line')");
+    await shot("banner-fault-retrying");
+  } finally {
+    rmSync(eio, { force: true });
+  }
+  // No one presses Resume.
+  for (const id of [first.id, next.id]) {
+    await waitFor(async () => (await api("GET", `/api/jobs/${id}`)).state === "done", `task ${id} to finish`);
+  }
+  await page.waitForSelector("#banner", { state: "hidden", timeout: 15_000 });
+});
+
+test("Resume all resumes every paused task at once", async () => {
+  await api("POST", "/api/queue/pause");
+  const ids = [];
+  for (const title of ["Held one", "Held two"]) {
+    const job = await api("POST", "/api/jobs", { model: "demo", title, prompt: "Name the risks", max_tokens: 8, temperature: 0 });
+    await api("POST", `/api/jobs/${job.id}/pause`);
+    ids.push(job.id);
+  }
+  await page.goto(`${url}/#/tasks`);
+  const paused = (await api("GET", "/api/jobs")).jobs.filter((j) => j.state === "paused").length;
+  assert.ok(paused >= 2);
+  await page.waitForSelector(`#resume-all:has-text('Resume all ${paused} paused')`, { timeout: 15_000 });
+  await shot("tasks-resume-all");
+  await page.click("#resume-all");
+  for (const id of ids) {
+    await waitFor(async () => (await api("GET", `/api/jobs/${id}`)).state !== "paused", `task ${id} to leave its pause`, 10_000);
+  }
+  await page.waitForSelector("#resume-all", { state: "hidden" });
+  assert.equal((await api("GET", "/api/queue")).paused, false, "the queue is resumed too");
+  for (const id of ids) {
+    await waitFor(async () => (await api("GET", `/api/jobs/${id}`)).state === "done", `task ${id} to finish`);
+  }
+});
+
 test("a refused token says so, and opening the printed address in the same tab connects", async () => {
   await page.goto(`${url}/#token=0123abcd`);
   await page.waitForSelector("#conn:has-text('token refused')", { timeout: 15_000 });
@@ -475,7 +528,7 @@ test("after the service comes back, the open views recover without a reload", as
   await shot("service-down");
   service = spawn(bin, ["serve", "--data-dir", data, "--port", port, "--budget", "2M", "--ui-dir", join(uiDir, "dist")], {
     stdio: "ignore",
-    env: { ...process.env, LONGHAUL_FAULTS: PACK_FAULTS },
+    env: { ...process.env, LONGHAUL_FAULTS: faults() },
   });
   await page.waitForSelector("#conn:has-text('connected')", { timeout: 30_000 });
   await page.waitForSelector("#new-task", { timeout: 15_000 });

@@ -1,6 +1,7 @@
 // The status banner under the header: what needs the user while they are
 // away from the view that would show it — the service down, the token
-// refused, the queue held, the data dir full, a task paused by a drive.
+// refused, the queue held, the data dir full, a task paused by a drive
+// (which retries by itself: its reason says when).
 
 import { get, Job, post, TOKEN_REFUSED } from "./api";
 import { toast } from "./dom";
@@ -48,6 +49,9 @@ function lines(): string[] {
       `<span>Task <a href="#/job/${h.id}">${esc(h.title)}</a> is paused: ${esc(h.reason)}</span> <button class="small secondary" data-banner="resume-job" data-id="${h.id}">Resume</button>`,
     );
   }
+  if (queue.held.length + (queue.paused ? 1 : 0) >= 2) {
+    out.push(`<span>Resume the queue and every paused task at once.</span> <button class="small" data-banner="resume-all">Resume all</button>`);
+  }
   return out;
 }
 
@@ -79,6 +83,7 @@ export function mount(box: HTMLElement): void {
     b.disabled = true;
     try {
       if (b.dataset.banner === "resume-queue") await post("/api/queue/resume");
+      else if (b.dataset.banner === "resume-all") await post("/api/queue/resume-all");
       else await post<Job>(`/api/jobs/${b.dataset.id}/resume`);
     } catch (e) {
       toast((e as Error).message, "error");

@@ -456,9 +456,14 @@ pub async fn queue_act(
     let paused = match action.as_str() {
         "pause" => true,
         "resume" => false,
+        "resume-all" => {
+            // The queue and every paused job, whatever paused it.
+            app.blocking(|q| q.resume_all()).await?;
+            false
+        }
         other => {
             return Err(ApiError::not_found(format!(
-                "no queue action `{other}`; use pause or resume"
+                "no queue action `{other}`; use pause, resume or resume-all"
             )));
         }
     };

@@ -480,14 +480,11 @@ pub fn router(app: AppState) -> Router {
 async fn sample_metrics(app: AppState) {
     let mut sampler: Option<(PathBuf, longhaul_engine::MetricsSampler)> = None;
     let mut tick = tokio::time::interval(METRICS_INTERVAL);
-    let mut last_running: Option<i64> = None;
     loop {
         tick.tick().await;
-        let running = app.runner.control.running();
-        if let Some(id) = last_running.filter(|id| running != Some(*id)) {
+        for id in app.runner.control.take_stopped() {
             mark_interruption(&app, id).await;
         }
-        last_running = running;
         let Some((path, engine)) = app.runner.loaded.current() else {
             continue;
         };

@@ -127,6 +127,15 @@ pub struct Runnable {
     pub stats: Option<JobStats>,
 }
 
+/// A job paused on a failing read or a missing drive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DrivePause {
+    pub id: i64,
+    pub model: String,
+    pub cause: PauseCause,
+    pub reason: Option<String>,
+}
+
 pub struct Queue {
     conn: Mutex<Connection>,
 }
@@ -215,12 +224,17 @@ impl Queue {
     }
 
     /// The next job to run: interrupted ones first (they hold a model's
-    /// half-written answer), then by priority, then queue order.
+    /// half-written answer), then by priority, then queue order. A model
+    /// with a job paused on a failing read or a missing drive is held: its
+    /// other jobs wait rather than start onto the same drives and pause in
+    /// turn, until that job is retried and runs, or is cancelled.
     pub fn next_runnable(&self) -> Result<Option<Runnable>, QueueError> {
         let conn = self.lock()?;
         let id: Option<i64> = conn
             .query_row(
                 "SELECT id FROM jobs WHERE state IN ('interrupted', 'queued')
+                 AND model NOT IN (SELECT model FROM jobs WHERE state = 'paused'
+                                   AND pause_cause IN ('read_fault', 'drive_missing'))
                  ORDER BY state = 'interrupted' DESC, priority DESC, position LIMIT 1",
                 [],
                 |r| r.get(0),
@@ -385,14 +399,34 @@ impl Queue {
     }
 
     pub fn resume(&self, id: i64) -> Result<(), QueueError> {
-        self.write("resume a job", |tx| {
-            Self::transition(tx, id, Transition::Resume)?;
-            tx.execute(
-                "UPDATE jobs SET pause_reason = NULL, pause_cause = NULL WHERE id = ?1",
-                params![id],
-            )
-            .map_err(sql("clearing the pause reason"))?;
-            Ok(())
+        self.write("resume a job", |tx| Self::resume_in(tx, id))
+    }
+
+    fn resume_in(tx: &Transaction, id: i64) -> Result<(), QueueError> {
+        Self::transition(tx, id, Transition::Resume)?;
+        tx.execute(
+            "UPDATE jobs SET pause_reason = NULL, pause_cause = NULL WHERE id = ?1",
+            params![id],
+        )
+        .map_err(sql("clearing the pause reason"))?;
+        Ok(())
+    }
+
+    /// Resumes every paused job, whatever paused it; returns their ids.
+    pub fn resume_all(&self) -> Result<Vec<i64>, QueueError> {
+        self.write("resume every paused job", |tx| {
+            let ids: Vec<i64> = {
+                let mut stmt = tx
+                    .prepare("SELECT id FROM jobs WHERE state = 'paused' ORDER BY id")
+                    .map_err(sql("finding paused jobs"))?;
+                stmt.query_map([], |r| r.get(0))
+                    .and_then(|rows| rows.collect())
+                    .map_err(sql("finding paused jobs"))?
+            };
+            for &id in &ids {
+                Self::resume_in(tx, id)?;
+            }
+            Ok(ids)
         })
     }
 
@@ -447,6 +481,40 @@ impl Queue {
     }
 
     /// Ids of the jobs waiting to run, in the order they will run.
+    /// Jobs paused on a failing read or a missing drive, which are retried
+    /// by themselves, oldest first.
+    pub fn paused_on_drives(&self) -> Result<Vec<DrivePause>, QueueError> {
+        let conn = self.lock()?;
+        let mut stmt = conn
+            .prepare(
+                "SELECT id, model, pause_cause, pause_reason FROM jobs WHERE state = 'paused'
+                 AND pause_cause IN ('read_fault', 'drive_missing') ORDER BY id",
+            )
+            .map_err(sql("finding jobs paused on their drives"))?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, Option<String>>(3)?,
+                ))
+            })
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(sql("finding jobs paused on their drives"))?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(id, model, cause, reason)| {
+                PauseCause::parse(&cause).map(|cause| DrivePause {
+                    id,
+                    model,
+                    cause,
+                    reason,
+                })
+            })
+            .collect())
+    }
+
     pub fn waiting(&self) -> Result<Vec<i64>, QueueError> {
         waiting_order(&*self.lock()?)
     }

@@ -308,3 +308,52 @@ fn a_paused_job_keeps_its_cause_until_it_resumes() {
         assert_eq!(PauseCause::parse(c.as_str()), Some(c));
     }
 }
+
+/// A job paused on its drives holds its model's other jobs (they would
+/// start onto the same failing drives), not other models' jobs, and the
+/// hold ends when that job resumes or is cancelled. Resume all resumes
+/// every paused job, whatever paused it.
+#[test]
+fn a_job_paused_on_its_drives_holds_its_model_and_resume_all_frees_every_job() {
+    let (_dir, q) = queue();
+    q.add_model(&ModelEntry {
+        name: "other".into(),
+        kind: ModelKind::Local {
+            path: "/models/other".into(),
+        },
+        created_ms: 0,
+    })
+    .unwrap();
+    let first = q.submit(&new_job("first", 0)).unwrap().id;
+    let second = q.submit(&new_job("second", 0)).unwrap().id;
+    let elsewhere = q
+        .submit(&NewJob {
+            model: "other".into(),
+            ..new_job("elsewhere", 0)
+        })
+        .unwrap()
+        .id;
+    q.start(first).unwrap();
+    for cause in [PauseCause::ReadFault, PauseCause::DriveMissing] {
+        q.pause(first, cause, "storage fault: EIO").unwrap();
+        assert_eq!(q.next_runnable().unwrap().map(|j| j.id), Some(elsewhere));
+        let held = q.paused_on_drives().unwrap();
+        assert_eq!(held.len(), 1);
+        assert_eq!((held[0].id, held[0].cause), (first, cause));
+        q.resume(first).unwrap();
+        assert_eq!(q.next_runnable().unwrap().map(|j| j.id), Some(first));
+        q.start(first).unwrap();
+    }
+    // A person's pause holds nothing else.
+    q.pause(first, PauseCause::User, "asked").unwrap();
+    assert_eq!(q.next_runnable().unwrap().map(|j| j.id), Some(second));
+    assert!(q.paused_on_drives().unwrap().is_empty());
+    q.start(second).unwrap();
+    q.pause(second, PauseCause::ReadFault, "storage fault: EIO")
+        .unwrap();
+    assert_eq!(q.resume_all().unwrap(), vec![first, second]);
+    for id in [first, second] {
+        let job = q.job(id).unwrap();
+        assert_eq!((job.state, job.pause_cause), (JobState::Queued, None));
+    }
+}

@@ -160,7 +160,15 @@ struct ControlState {
     wake: bool,
     /// Why the data dir cannot be written, while that lasts.
     storage_fault: Option<String>,
+    /// Jobs that stopped running since [`Control::take_stopped`] was last
+    /// asked (however briefly they ran: a drive fault can stop a job
+    /// within its first second).
+    stopped: Vec<i64>,
 }
+
+/// The most stopped jobs remembered for [`Control::take_stopped`] (a
+/// reader that never comes does not make the list grow).
+const STOPPED_KEPT: usize = 256;
 
 /// How the rest of the service steers the runner.
 #[derive(Default)]
@@ -178,6 +186,11 @@ impl Control {
         let out = f(&mut s);
         self.changed.notify_all();
         out
+    }
+
+    /// The jobs that stopped running since the last call, oldest first.
+    pub fn take_stopped(&self) -> Vec<i64> {
+        self.with(|s| std::mem::take(&mut s.stopped))
     }
 
     /// Something was queued or changed: look again.
@@ -720,6 +733,9 @@ impl Runner {
         self.control.with(|s| {
             s.running = None;
             s.stop_running = false;
+            if s.stopped.len() < STOPPED_KEPT {
+                s.stopped.push(id);
+            }
         });
         // The last event carries no text and the committed output: `offset`
         // is its length (a watcher holding another length re-reads the

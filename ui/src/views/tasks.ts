@@ -213,11 +213,13 @@ const confirming = new Set<number>();
 export async function render(root: HTMLElement): Promise<() => void> {
   root.innerHTML = `<div class="two-col"><div id="form-slot"><div class="card loading">Loading models…</div></div>
     <section class="card" id="queue"><div class="queue-head"><h2>Queue</h2>
+    <button type="button" class="small secondary" id="resume-all" hidden>Resume all</button>
     <input id="search" type="search" placeholder="Search tasks  ( / )" aria-label="Search tasks" /></div>
     <ul id="jobs" class="jobs"><li class="loading">Loading…</li></ul></section></div>`;
   const slot = root.querySelector("#form-slot") as HTMLElement;
   const list = root.querySelector("#jobs") as HTMLElement;
   const search = root.querySelector("#search") as HTMLInputElement;
+  const resumeAll = root.querySelector("#resume-all") as HTMLButtonElement;
   let jobs: Job[] = [];
 
   let models: Model[] = [];
@@ -230,6 +232,10 @@ export async function render(root: HTMLElement): Promise<() => void> {
   const f = root.querySelector("#new-task") as HTMLFormElement | null;
 
   const draw = () => {
+    // Several paused tasks (a night of drive faults) resume with one click.
+    const paused = jobs.filter((j) => j.state === "paused").length;
+    resumeAll.hidden = paused < 2;
+    resumeAll.textContent = `Resume all ${paused} paused`;
     const q = search.value.trim().toLowerCase();
     const shown = jobs.filter((j) => !q || j.title.toLowerCase().includes(q) || j.model.toLowerCase().includes(q));
     const active = shown.filter((j) => ACTIVE.has(j.state)).sort((a, b) => (a.queue_position ?? 0) - (b.queue_position ?? 0));
@@ -253,6 +259,17 @@ export async function render(root: HTMLElement): Promise<() => void> {
   await refresh();
 
   search.addEventListener("input", draw);
+  resumeAll.addEventListener("click", async () => {
+    resumeAll.disabled = true;
+    try {
+      await post("/api/queue/resume-all");
+      await refresh();
+    } catch (e) {
+      toast((e as Error).message, "error");
+    } finally {
+      resumeAll.disabled = false;
+    }
+  });
   list.addEventListener("click", async (ev) => {
     const b = (ev.target as HTMLElement).closest("button[data-act]") as HTMLButtonElement | null;
     if (!b) return;
