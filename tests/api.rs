@@ -771,7 +771,8 @@ fn an_empty_queue_database_is_reported_at_start() {
 /// A job must fit the model's context (`max_position_embeddings`, 64 for
 /// the fixture): an explicit `max_tokens` that does not fit and a prompt
 /// that leaves no room are refused with the numbers; without `max_tokens`
-/// the default is cut to what the context leaves. Preview shows the context.
+/// the answer may take all the context leaves, and a `max_tokens` sent as a
+/// cap is cut to fit. Preview shows the context.
 #[test]
 fn jobs_that_cannot_fit_the_context_are_refused_with_the_numbers() {
     let (_tmp, s) = started();
@@ -811,6 +812,32 @@ fn jobs_that_cannot_fit_the_context_are_refused_with_the_numbers() {
     assert_eq!(
         job["request"]["settings"]["max_tokens"].as_u64(),
         Some(64 - prompt),
+        "{job}"
+    );
+    // A max_tokens sent as a cap (a follow-up keeping its task's length)
+    // is cut to fit instead of refused.
+    let job = s.post(
+        "/api/jobs",
+        json!({ "model": "tiny", "prompt": "Draft", "max_tokens": 70, "fit_max_tokens": true }),
+    );
+    assert_eq!(
+        job["request"]["settings"]["max_tokens"].as_u64(),
+        Some(64 - prompt),
+        "{job}"
+    );
+    // Unset, max_tokens is all the context leaves, past the old default
+    // of 1,024 where the context is longer.
+    let tmp = tempfile::tempdir().unwrap();
+    let wide = support::copy_fixture(FIXTURE, &tmp.path().join("wide"));
+    let config = wide.join("config.json");
+    let mut c: Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    c["max_position_embeddings"] = json!(5000);
+    std::fs::write(&config, c.to_string()).unwrap();
+    s.add_model("wide", &wide);
+    let job = s.post("/api/jobs", json!({ "model": "wide", "prompt": "Draft" }));
+    assert_eq!(
+        job["request"]["settings"]["max_tokens"].as_u64(),
+        Some(5000 - prompt),
         "{job}"
     );
     // The OpenAI endpoints are admitted the same way: refused with the

@@ -497,6 +497,14 @@ test("the morning view: every task with its figures, filters, and the next step 
   const turns = follow.request.input.messages;
   assert.deepEqual(turns.map((m) => m.role).slice(-3), ["user", "assistant", "user"]);
   assert.equal(turns[turns.length - 1].content, "Which part is riskiest?");
+  // A follow-up on a long answer cannot keep its task's max tokens within
+  // the demo's 1,024-token context: it takes what the context leaves.
+  const long = jobs.find((j) => j.title === "Long audit" && j.state === "done");
+  assert.ok(long, "the long task of an earlier test");
+  page.once("dialog", (d) => d.accept("Summarise it"));
+  await page.click(`table.report tr[data-id="${long.id}"] button[data-act=follow]`);
+  const fitted = await waitFor(async () => (await api("GET", "/api/jobs")).jobs.find((j) => j.title.startsWith("Long audit: Summarise")), "the fitted follow-up");
+  assert.ok(fitted.request.settings.max_tokens < long.request.settings.max_tokens, JSON.stringify(fitted.request.settings));
   // Duplicate and edit opens the form filled in.
   await page.click(`table.report tr[data-id="${source.id}"] button[data-act=edit]`);
   await page.waitForSelector("#new-task");
@@ -521,6 +529,12 @@ test("after the service comes back, the open views recover without a reload", as
   await down;
   await page.waitForSelector("#conn:has-text('reconnecting')", { timeout: 15_000 });
   await page.waitForSelector("#banner:has-text('not answering')");
+  // What was live is greyed and stamped with its age, and the title no
+  // longer claims a running task's progress.
+  await page.waitForSelector("body.stale");
+  await page.waitForSelector("#conn:has-text('figures from')", { timeout: 5_000 });
+  assert.match(await page.textContent("#conn"), /reconnecting… · figures from \d+ s ago/);
+  assert.equal(await page.title(), "Longhaul (not connected)");
   // A view opened while the service is down shows why.
   await page.click("nav a[data-view=drives]");
   await page.click("nav a[data-view=tasks]");
@@ -531,6 +545,7 @@ test("after the service comes back, the open views recover without a reload", as
     env: { ...process.env, LONGHAUL_FAULTS: faults() },
   });
   await page.waitForSelector("#conn:has-text('connected')", { timeout: 30_000 });
+  assert.equal(await page.$$eval("body.stale", (b) => b.length), 0, "fresh again");
   await page.waitForSelector("#new-task", { timeout: 15_000 });
   await page.waitForSelector("#banner", { state: "hidden" });
   await page.waitForSelector("#jobs li.job, #jobs li.empty", { timeout: 15_000 });

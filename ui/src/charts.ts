@@ -23,10 +23,27 @@ function drawMarks(u: uPlot): void {
     ctx.lineTo(x, u.bbox.top + u.bbox.height);
     ctx.stroke();
   }
+  // Time with no figures (the service stopped or unreachable): shaded.
+  // The times of real samples (not the empty points `columns` puts in gaps).
+  const real = Array.from(u.data[0]).filter((_, i) => u.data.slice(1).some((col) => col[i] != null));
+  const outages = gaps(real).filter(([a, b]) => b >= min && a <= max);
+  ctx.fillStyle = getComputedStyle(document.documentElement).getPropertyValue("--line").trim() || "#e2e0db";
+  ctx.globalAlpha = 0.6;
+  ctx.setLineDash([]);
+  for (const [a, b] of outages) {
+    const x0 = u.valToPos(Math.max(a, min), "x", true);
+    const x1 = u.valToPos(Math.min(b, max), "x", true);
+    ctx.fillRect(x0, u.bbox.top, Math.max(1, x1 - x0), u.bbox.height);
+  }
   ctx.restore();
   const shown = store.marks.filter((m) => m.t >= min && m.t <= max);
+  const when = (t: number) => new Date(t * 1000).toLocaleTimeString();
   u.root.dataset.marks = String(shown.length);
-  u.root.title = shown.map((m) => `${new Date(m.t * 1000).toLocaleTimeString()} ${m.text}`).join("\n");
+  u.root.dataset.gaps = String(outages.length);
+  u.root.title = [
+    ...shown.map((m) => `${when(m.t)} ${m.text}`),
+    ...outages.map(([a, b]) => `${when(a)}–${when(b)} no figures: the service was stopped or not answering`),
+  ].join("\n");
 }
 
 export const COLORS = ["#2f7dd1", "#d1792f", "#3aa35b", "#b04ac9", "#c9a227", "#c94a4a", "#4ac9c0", "#7a7a7a"];
@@ -62,7 +79,7 @@ export function chart(
       { stroke: ink, grid: { stroke: grid } },
       { stroke: ink, grid: { stroke: grid }, label: yLabel, size: 70, ...(format ? { values: (_u: uPlot, vals: number[]) => vals.map(format) } : {}) },
     ],
-    series: [{}, ...series.map((s) => ({ label: s.label, stroke: s.color, width: s.dash ? 1 : 2, dash: s.dash, spanGaps: true }))],
+    series: [{}, ...series.map((s) => ({ label: s.label, stroke: s.color, width: s.dash ? 1 : 2, dash: s.dash, spanGaps: false }))],
     // The y range in use, on the element: what the axis reads, for tests and tools.
     hooks: {
       setScale: [(u: uPlot, key: string) => key === "y" && (el.dataset.yMax = String(u.scales.y.max ?? ""))],
@@ -74,7 +91,43 @@ export function chart(
   return new uPlot(opts, [[], ...series.map(() => [])], el);
 }
 
+/** Samples further apart than this many times their usual spacing (every
+ * second live, every minute in the week's history) leave a gap: time nobody
+ * measured, as the service was stopped or not answering. */
+export const GAP_FACTOR = 5;
+
+/** The usual spacing of sorted times: their median step. */
+function step(times: ArrayLike<number>): number {
+  const d: number[] = [];
+  for (let i = 1; i < times.length; i++) d.push(times[i] - times[i - 1]);
+  d.sort((a, b) => a - b);
+  return d.length ? d[Math.floor(d.length / 2)] : Infinity;
+}
+
+/** The gaps in a chart's time column: [from, to] pairs. */
+function gaps(times: ArrayLike<number>): [number, number][] {
+  const limit = GAP_FACTOR * step(times);
+  const out: [number, number][] = [];
+  for (let i = 1; i < times.length; i++) {
+    if (times[i] - times[i - 1] > limit) out.push([times[i - 1], times[i]]);
+  }
+  return out;
+}
+
+/** Columns for uPlot, with an empty point inside each gap so lines break
+ * there instead of sloping through time nobody measured. */
 export function columns(samples: Sample[], pick: ((s: Sample) => number | null)[]): uPlot.AlignedData {
-  return [samples.map((s) => s.t), ...pick.map((f) => samples.map(f))] as uPlot.AlignedData;
+  const rows: (Sample | null)[] = [];
+  const times: number[] = [];
+  const limit = GAP_FACTOR * step(samples.map((s) => s.t));
+  samples.forEach((s, i) => {
+    if (i > 0 && s.t - samples[i - 1].t > limit) {
+      rows.push(null);
+      times.push((samples[i - 1].t + s.t) / 2);
+    }
+    rows.push(s);
+    times.push(s.t);
+  });
+  return [times, ...pick.map((f) => rows.map((r) => (r ? f(r) : null)))] as uPlot.AlignedData;
 }
 

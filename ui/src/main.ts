@@ -141,8 +141,29 @@ document.addEventListener("keydown", (e) => {
 
 // Connection state, and notifications when a task ends.
 let wasConnected = false;
+/** When the figures on screen were last fresh: a metrics sample, a task's
+ * progress, or the page's own load. */
+let lastLive = Date.now();
+store.onMetrics(() => (lastLive = Date.now()));
+store.onJob(() => (lastLive = Date.now()));
+/** How old the figures on screen are, while they cannot be refreshed. */
+function staleness(): string {
+  const s = Math.round((Date.now() - lastLive) / 1000);
+  return ` · figures from ${s < 90 ? `${s} s` : `${Math.round(s / 60)} min`} ago`;
+}
+const STALE_TICK_MS = 1000;
+setInterval(() => {
+  if (!store.connected && store.connection !== "connecting") showConnection();
+}, STALE_TICK_MS);
+function showConnection(): void {
+  const word = { connected: "connected", reconnecting: "reconnecting…", rejected: "token refused", connecting: "connecting…" }[store.connection];
+  conn.textContent = store.connected ? word : word + staleness();
+  // Live figures are greyed while they cannot be refreshed (see style.css).
+  document.body.classList.toggle("stale", !store.connected && store.connection !== "connecting");
+  if (!store.connected) document.title = "Longhaul (not connected)";
+}
 store.onStatus(() => {
-  conn.textContent = { connected: "connected", reconnecting: "reconnecting…", rejected: "token refused", connecting: "connecting…" }[store.connection];
+  showConnection();
   conn.classList.toggle("down", !store.connected);
   // Back after an outage: a view that could not load tries again.
   if (store.connected && !wasConnected && view.querySelector(".error")) void route();

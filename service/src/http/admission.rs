@@ -41,6 +41,10 @@ pub struct Ask {
     /// Whether `settings.max_tokens` was asked for: a default is cut to what
     /// the context leaves, an explicit ask that does not fit is refused.
     pub explicit_max_tokens: bool,
+    /// An unset `max_tokens` takes all the context leaves (Longhaul's own
+    /// jobs, which end at the model's end of answer) rather than the
+    /// default; where the context is not known the default stays.
+    pub fill_context: bool,
     /// Switches for the chat template or prompt encoder.
     pub chat_args: Map<String, Value>,
     /// Tools offered to the model; a model that shows no tool-call format
@@ -64,6 +68,7 @@ impl Ask {
             attachments: Vec::new(),
             settings,
             explicit_max_tokens: false,
+            fill_context: false,
             chat_args: Map::new(),
             tools: Vec::new(),
             forced_call: None,
@@ -152,12 +157,14 @@ pub async fn admit(app: &AppState, ask: Ask) -> ApiResult<Admitted> {
         .map_err(|e| ApiError::internal(e.to_string()))??;
         (tool_format, found) = (format, true);
         if let Counted::Exact(ids) = counted {
-            request.settings.max_tokens = fit_answer(
-                ids.len(),
-                request.settings.max_tokens,
-                ask.explicit_max_tokens,
-                context,
-            )?;
+            let asked = match context {
+                Some(c) if ask.fill_context && !ask.explicit_max_tokens && ids.len() < c => {
+                    c - ids.len()
+                }
+                _ => request.settings.max_tokens,
+            };
+            request.settings.max_tokens =
+                fit_answer(ids.len(), asked, ask.explicit_max_tokens, context)?;
             prompt_ids = Some(ids);
         }
     }

@@ -105,7 +105,13 @@ pub struct SubmitBody {
     attachments: Option<Vec<PathBuf>>,
     title: Option<String>,
     priority: Option<i64>,
+    /// Unset: all the model's context leaves after the prompt.
     max_tokens: Option<usize>,
+    /// `max_tokens` is a cap, cut to what the context leaves, instead of
+    /// an ask refused when it does not fit (a follow-up keeps its task's
+    /// length where it can).
+    #[serde(default)]
+    fit_max_tokens: bool,
     temperature: Option<f32>,
     top_p: Option<f32>,
     top_k: Option<usize>,
@@ -231,7 +237,8 @@ pub async fn submit(
         input,
         attachments: body.attachments.unwrap_or_default(),
         settings,
-        explicit_max_tokens: body.max_tokens.is_some(),
+        explicit_max_tokens: body.max_tokens.is_some() && !body.fit_max_tokens,
+        fill_context: body.max_tokens.is_none(),
         chat_args: body.chat_template_kwargs.unwrap_or_default(),
         tools: Vec::new(),
         forced_call: None,

@@ -285,6 +285,11 @@ export async function render(root: HTMLElement, id: number): Promise<() => void>
   const off = store.onJob((p) => {
     if (p.id !== id || p.offset === null) return;
     const reasoningAt = p.reasoning_offset ?? reasoningBytes;
+    // A new state (queued → running) redraws the badge and the actions.
+    if (p.state !== job.state && !["done", "failed", "cancelled", "paused"].includes(p.state)) {
+      void reload();
+      return;
+    }
     if (p.offset === outputBytes && reasoningAt === reasoningBytes) {
       output += p.delta;
       outputBytes += utf8.encode(p.delta).length;

@@ -40,6 +40,9 @@ function messagesOf(j: Job): { role: string; content: string }[] {
   return [{ role: "user", content: attached + (i.prompt ?? "") }];
 }
 
+/** A follow-up question typed but not yet queued (offered again after a refusal). */
+let unsent = "";
+
 function settingsOf(j: Job): Record<string, unknown> {
   const s = j.request.settings;
   return { max_tokens: s.max_tokens, temperature: s.temperature, top_p: s.top_p, top_k: s.top_k ?? undefined, seed: s.seed, stop: s.stop.length ? s.stop : undefined };
@@ -51,19 +54,21 @@ function rerun(j: Job): Record<string, unknown> {
   return { model: j.model, title: `${j.title} (again)`, ...input, ...settingsOf(j) };
 }
 
-/** More of the answer: a plain prompt continues its own text; a chat is asked to go on. */
+/** More of the answer: a plain prompt continues its own text; a chat is asked to go on.
+ * The task's max tokens is a cap, cut to what the longer prompt leaves. */
 function continuation(j: Job, output: string): Record<string, unknown> {
-  const base = { model: j.model, title: `${j.title} (continued)`, ...settingsOf(j) };
+  const base = { model: j.model, title: `${j.title} (continued)`, ...settingsOf(j), fit_max_tokens: true };
   if (!j.request.input.messages) return { ...base, prompt: messagesOf(j)[0].content + output };
   return { ...base, messages: [...messagesOf(j), { role: "assistant", content: output }, { role: "user", content: "Continue exactly where you stopped." }] };
 }
 
-/** A question about the answer, in the same conversation. */
+/** A question about the answer, in the same conversation (its max tokens a cap, as for a continuation). */
 function followUp(j: Job, output: string, question: string): Record<string, unknown> {
   return {
     model: j.model,
     title: `${j.title}: ${question.slice(0, 40)}`,
     ...settingsOf(j),
+    fit_max_tokens: true,
     messages: [...messagesOf(j), { role: "assistant", content: output }, { role: "user", content: question }],
   };
 }
@@ -197,11 +202,14 @@ export async function render(root: HTMLElement): Promise<() => void> {
         if (act === "rerun") body = rerun(full);
         else if (act === "continue") body = continuation(full, full.output ?? "");
         else {
-          const q = prompt("Ask about this answer:");
+          const q = prompt("Ask about this answer:", unsent);
           if (!q?.trim()) return;
+          // Kept until it is queued: a refusal does not lose what was typed.
+          unsent = q;
           body = followUp(full, full.output ?? "", q.trim());
         }
         const made = await post<Job>("/api/jobs", body);
+        if (act === "follow") unsent = "";
         toast(`Queued “${made.title}”`);
       }
       await refresh();

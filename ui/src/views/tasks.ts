@@ -30,7 +30,7 @@ function form(models: Model[]): string {
       <textarea name="attachments" rows="2" placeholder="/home/me/project/src"></textarea></label>
     <p class="hint" id="token-count" aria-live="polite"></p>
     <div class="grid3">
-      <label data-field="max_tokens">Max tokens <input name="max_tokens" type="number" min="1" value="2048" /></label>
+      <label data-field="max_tokens">Max tokens <input name="max_tokens" type="number" min="1" placeholder="all the context leaves" /></label>
       <label data-field="priority" title="Higher runs sooner; equal priorities run in the order queued">Priority (higher runs sooner) <input name="priority" type="number" value="0" /></label>
       <label data-field="seed">Seed <input name="seed" type="number" min="0" placeholder="0" /></label>
     </div>
@@ -320,6 +320,9 @@ export async function render(root: HTMLElement): Promise<() => void> {
       field("temperature").placeholder = d ? String(d.temperature) : "0 (greedy)";
       field("top_p").placeholder = d ? String(d.top_p) : "1";
       field("top_k").placeholder = d?.top_k != null ? String(d.top_k) : "off";
+      // Empty, the answer may take all the context leaves after the prompt.
+      const context = m?.details?.context_length;
+      field("max_tokens").placeholder = context ? `all the context leaves (of ${context.toLocaleString()})` : "all the context leaves";
       for (const n of ["temperature", "top_p", "top_k"]) field(n).disabled = greedy;
       note.textContent = greedy
         ? "Greedy: the same prompt always gives the same answer."
