@@ -137,3 +137,61 @@ fn the_supervisor_uses_a_service_already_running_on_its_data_dir_on_another_port
     let endpoint = std::fs::read_to_string(data.join("endpoint")).unwrap();
     assert_eq!(endpoint.trim(), running.url);
 }
+
+/// A task paused by a fault needs the user: the tray turns red and says
+/// which task and why, even with notifications of endings turned off, and
+/// tells it once. The pause's typed cause decides, not its wording.
+#[test]
+fn a_task_paused_by_a_missing_drive_turns_the_tray_red_and_is_told_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pack = tmp.path().join("pack");
+    let packed = support::pack_over_three_drives(
+        &synth_model(tmp.path()),
+        tmp.path(),
+        "p",
+        &pack,
+        &["--split-threshold", "4K"],
+    );
+    assert!(packed.status.success(), "{packed:?}");
+    let data = tmp.path().join("data");
+    let service = support::Service::start_with(&data, &["--budget", "0"]);
+    service.add_model("packed", &pack);
+    let sup = Supervisor::start(config(&data)).unwrap();
+    let client = longhaul_service::client::Client::new(&data, None).unwrap();
+    client
+        .put::<serde_json::Value>("/api/preferences", &json!({ "notify_when_done": false }))
+        .unwrap();
+    let job = service.post(
+        "/api/jobs",
+        json!({ "model": "packed", "prompt": "Audit", "max_tokens": 20000, "title": "drive audit" }),
+    );
+    let id = job["id"].as_i64().unwrap();
+    wait_for("the job to write", || {
+        service.get(&format!("/api/jobs/{id}"))["tokens"].as_u64() > Some(0)
+    });
+    let _ = sup.status();
+    let drive = tmp.path().join("p-d1");
+    let away = tmp.path().join("p-d1-away");
+    std::fs::rename(&drive, &away).unwrap();
+    service.wait_state(id, "paused", Duration::from_secs(60));
+    let status = sup.status();
+    assert_eq!(status.state, TrayState::Error, "{}", status.text);
+    assert!(
+        status
+            .text
+            .contains("“drive audit” is paused: drive missing"),
+        "{}",
+        status.text
+    );
+    assert_eq!(
+        status.ended,
+        vec![(id, "drive audit".to_string(), "paused".to_string())]
+    );
+    assert!(sup.status().ended.is_empty(), "told once");
+    std::fs::rename(&away, &drive).unwrap();
+    service.wait_state(id, "running", Duration::from_secs(60));
+    service.post(&format!("/api/jobs/{id}/cancel"), json!({}));
+    wait_for("the tray to leave red", || {
+        sup.status().state != TrayState::Error
+    });
+}

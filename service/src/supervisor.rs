@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::client::{Client, ENDPOINT_FILE};
+use crate::queue::PauseCause;
 
 /// How long a starting service may take to answer.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -58,7 +59,10 @@ pub struct TrayStatus {
     pub text: String,
     /// A few characters beside the tray icon: the state, and the share done.
     pub title: String,
-    /// Jobs that ended since the previous status: (id, title, state).
+    /// Whether the queue is paused (the menu offers to resume it).
+    pub queue_paused: bool,
+    /// Jobs that ended since the previous status, and jobs newly paused by
+    /// a fault that needs the user: (id, title, state); see [`notice`].
     pub ended: Vec<(i64, String, String)>,
 }
 
@@ -82,6 +86,25 @@ fn log_path(data_dir: &Path) -> PathBuf {
 
 fn percent(done: u64, total: u64) -> u64 {
     100 * done.min(total) / total.max(1)
+}
+
+/// Whether job `j` is paused by a fault (a drive, a server, a full disk)
+/// rather than by a person: the pause the tray turns red for.
+fn needs_you(j: &Value) -> bool {
+    j["state"] == "paused"
+        && j["pause_cause"]
+            .as_str()
+            .and_then(PauseCause::parse)
+            .is_some_and(PauseCause::is_fault)
+}
+
+/// The notification for a job of `title` that reached `state`.
+pub fn notice(title: &str, state: &str) -> String {
+    match state {
+        "done" => format!("Finished: {title}"),
+        "failed" => format!("Failed: {title}"),
+        _ => format!("Paused, needs you: {title}"),
+    }
 }
 
 /// The running job's share done: of its prompt while it reads it, then of
@@ -278,6 +301,7 @@ impl Supervisor {
                 state: TrayState::Error,
                 text: "Longhaul: the service is not answering".into(),
                 title: "!".into(),
+                queue_paused: false,
                 ended: Vec::new(),
             };
         };
@@ -288,7 +312,8 @@ impl Supervisor {
                     continue;
                 };
                 let before = seen.insert(id, state.to_string());
-                if matches!(state, "done" | "failed") && before.as_deref() != Some(state) {
+                let told = matches!(state, "done" | "failed") || needs_you(j);
+                if told && before.as_deref() != Some(state) {
                     ended.push((
                         id,
                         j["title"].as_str().unwrap_or("").to_string(),
@@ -304,7 +329,20 @@ impl Supervisor {
             .and_then(Result::ok)
             .and_then(|m| m["metrics"]["tokens_per_second"].as_f64());
         self.hold_awake(running.is_some());
-        let (state, text) = if queue["paused"] == true {
+        // What needs the user comes first, even while another task runs.
+        let faulted = jobs.iter().find(|j| needs_you(j));
+        let (state, text) = if let Some(fault) = queue["storage_fault"].as_str() {
+            (TrayState::Error, format!("Longhaul: held: {fault}"))
+        } else if let Some(j) = faulted {
+            (
+                TrayState::Error,
+                format!(
+                    "Longhaul: “{}” is paused: {}",
+                    j["title"].as_str().unwrap_or(""),
+                    j["pause_reason"].as_str().unwrap_or("a fault")
+                ),
+            )
+        } else if queue["paused"] == true {
             (
                 TrayState::Paused,
                 format!("Longhaul: queue paused, {waiting} waiting"),
@@ -323,16 +361,6 @@ impl Supervisor {
                     running_line(j, rate)
                 ),
             )
-        } else if jobs.iter().any(|j| {
-            j["state"] == "paused"
-                && j["pause_reason"]
-                    .as_str()
-                    .is_some_and(|r| r.contains("fault"))
-        }) {
-            (
-                TrayState::Error,
-                "Longhaul: a task is paused by a drive or server fault".into(),
-            )
         } else {
             (
                 TrayState::Idle,
@@ -345,7 +373,8 @@ impl Supervisor {
             .and_then(Result::ok)
             .is_none_or(|p| p["notify_when_done"] != false);
         if !notify {
-            ended.clear();
+            // Pauses that need the user are told whatever the preference.
+            ended.retain(|(_, _, state)| state == "paused");
         }
         let title = match &state {
             TrayState::Idle => String::new(),
@@ -359,6 +388,7 @@ impl Supervisor {
             state,
             text,
             title,
+            queue_paused: queue["paused"] == true,
             ended,
         }
     }

@@ -149,12 +149,16 @@ fn main() -> anyhow::Result<()> {
             move |app| {
                 #[cfg(target_os = "macos")]
                 app.set_activation_policy(tauri::ActivationPolicy::Accessory);
+                // The status as the menu's first line: tray tooltips are not
+                // shown everywhere (Linux).
+                let line = MenuItem::with_id(app, "status", "Longhaul", false, None::<&str>)?;
                 let open = MenuItem::with_id(app, "open", "Open Longhaul", true, None::<&str>)?;
                 let new = MenuItem::with_id(app, "new", "New task…", true, None::<&str>)?;
                 let pause = MenuItem::with_id(app, "pause", "Pause queue", true, None::<&str>)?;
                 let quit = MenuItem::with_id(app, "quit", "Quit Longhaul", true, None::<&str>)?;
                 let sep = PredefinedMenuItem::separator(app)?;
-                let menu = Menu::with_items(app, &[&open, &new, &pause, &sep, &quit])?;
+                let top = PredefinedMenuItem::separator(app)?;
+                let menu = Menu::with_items(app, &[&line, &top, &open, &new, &pause, &sep, &quit])?;
                 let icon = tray_icon(&TrayState::Idle)?;
                 let on_menu = Arc::clone(&sup);
                 let tray = TrayIconBuilder::with_id(TRAY_ID)
@@ -166,7 +170,7 @@ fn main() -> anyhow::Result<()> {
                             "open" => open_window(app, &on_menu, ""),
                             "new" => open_window(app, &on_menu, "new"),
                             "pause" => {
-                                let paused = on_menu.status().state == TrayState::Paused;
+                                let paused = on_menu.status().queue_paused;
                                 if let Err(e) = on_menu.set_queue_paused(!paused) {
                                     tracing::error!("cannot change the queue: {e}");
                                 }
@@ -207,17 +211,14 @@ fn main() -> anyhow::Result<()> {
                         }
                         let _ = tray.set_tooltip(Some(&status.text));
                         let _ = tray.set_title(Some(&status.title));
-                        let _ = pause.set_text(if status.state == TrayState::Paused {
+                        let _ = line.set_text(&status.text);
+                        let _ = pause.set_text(if status.queue_paused {
                             "Resume queue"
                         } else {
                             "Pause queue"
                         });
                         for (_, title, state) in status.ended {
-                            let body = if state == "done" {
-                                format!("Finished: {title}")
-                            } else {
-                                format!("Failed: {title}")
-                            };
+                            let body = longhaul_service::supervisor::notice(&title, &state);
                             if let Err(e) = handle
                                 .notification()
                                 .builder()
