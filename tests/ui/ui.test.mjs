@@ -521,6 +521,46 @@ test("the morning view: every task with its figures, filters, and the next step 
   assert.equal(gone.status, 404);
 });
 
+test("opened after tasks ended, Longhaul lands on what happened while you were away", async () => {
+  // A tab opened fresh (closing one counts as seen), the last visit given.
+  const visit = async (lastSeen) => {
+    const ctx = await browser.newContext({ viewport: { width: 1360, height: 900 } });
+    await ctx.addInitScript(([t, seen]) => {
+      localStorage.setItem("longhaul.token", t);
+      localStorage.setItem("longhaul.lastSeen", seen);
+    }, [token, String(lastSeen)]);
+    const p = await ctx.newPage();
+    await p.goto(`${url}/`);
+    return [ctx, p];
+  };
+  const [ctx, p] = await visit(1);
+  try {
+    await p.waitForFunction(() => location.hash === "#/report", null, { timeout: 15_000 });
+    await p.waitForSelector("#away:not([hidden]) .away-counts");
+    const jobs = (await api("GET", "/api/jobs")).jobs;
+    const count = (state) => jobs.filter((j) => j.state === state && j.finished_ms).length;
+    const tokens = jobs.filter((j) => j.finished_ms).reduce((n, j) => n + j.tokens, 0);
+    const counts = await p.textContent("#away .away-counts");
+    assert.match(counts, new RegExp(`^${count("done")} done · ${count("failed")} failed · \\d+ paused · ${count("cancelled")} cancelled · ${tokens.toLocaleString("en-US")} tokens written`), counts);
+    await p.screenshot({ path: join(artifacts, "morning-landing.png"), fullPage: true });
+    // Most work first: the biggest task leads.
+    await p.selectOption('#report-filters select[name="order"]', "work");
+    const work = (j) => j.tokens + (j.stats?.prompt_tokens ?? 0);
+    const first = await p.$eval("table.report tbody tr[data-id]", (r) => Number(r.dataset.id));
+    assert.equal(work(jobs.find((j) => j.id === first)), Math.max(...jobs.map(work)));
+  } finally {
+    await ctx.close();
+  }
+  // A visit with nothing new since opens the tasks as before.
+  const [later, q] = await visit(Date.now() + 3_600_000);
+  try {
+    await q.waitForSelector("#new-task", { timeout: 15_000 });
+    assert.equal(await q.evaluate(() => location.hash), "");
+  } finally {
+    await later.close();
+  }
+});
+
 test("after the service comes back, the open views recover without a reload", async () => {
   const port = new URL(url).port;
   const data = join(root, "data");

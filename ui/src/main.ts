@@ -187,13 +187,33 @@ store.onJob(async (p) => {
   try {
     const j = await get<Job>(`/api/jobs/${p.id}`);
     const text = p.state === "done" ? `Finished: ${j.title}` : `Failed: ${j.title}`;
-    if (settings.notificationsOn()) new Notification("Longhaul", { body: text });
+    if (settings.notificationsOn()) {
+      // Clicked, a notification opens its task.
+      const n = new Notification("Longhaul", { body: text });
+      n.onclick = () => {
+        window.focus();
+        location.hash = `#/job/${p.id}`;
+      };
+    }
     toast(text, p.state === "done" ? "info" : "error");
   } catch {
     // The list will show it.
   }
 });
 
+/** Opened with no view named: land on the night's results when tasks
+ * ended since the last visit. */
+async function landing(): Promise<void> {
+  if (location.hash || !token()) return;
+  try {
+    const jobs = (await get<{ jobs: Job[] }>("/api/jobs")).jobs;
+    if (report.endedSinceLastVisit(jobs).length > 0 && !location.hash) location.hash = "#/report";
+  } catch {
+    // The Tasks view says why the service cannot be read.
+  }
+}
+
 banner.mount(document.getElementById("banner") as HTMLElement);
 if (token()) store.start();
 void route();
+void landing();

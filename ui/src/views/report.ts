@@ -132,10 +132,56 @@ function row(j: Job): string {
   </tr>`;
 }
 
+/** Where the last visit ended (ms), kept across tabs and restarts. */
+const LAST_SEEN_KEY = "longhaul.lastSeen";
+/** How often a visible page counts as seen. */
+const SEEN_EVERY_MS = 60_000;
+
+/** When the user last had Longhaul in front of them, before this visit. */
+export const lastVisit = Number(localStorage.getItem(LAST_SEEN_KEY) ?? 0);
+const seen = () => localStorage.setItem(LAST_SEEN_KEY, String(Date.now()));
+document.addEventListener("visibilitychange", () => document.visibilityState === "hidden" && seen());
+window.addEventListener("pagehide", seen);
+setInterval(() => document.visibilityState === "visible" && seen(), SEEN_EVERY_MS);
+
+/** Jobs that ended since the last visit. */
+export function endedSinceLastVisit(jobs: Job[]): Job[] {
+  return jobs.filter((j) => (j.finished_ms ?? 0) > lastVisit);
+}
+
+/** A job's size of work: its tokens, read and written. */
+function work(j: Job): number {
+  return j.tokens + (j.stats?.prompt_tokens ?? 0);
+}
+
+/** The "while you were away" summary; false when nothing happened. */
+function drawAway(box: HTMLElement, jobs: Job[]): boolean {
+  const ended = endedSinceLastVisit(jobs);
+  const paused = jobs.filter((j) => j.state === "paused");
+  if (!lastVisit || (ended.length === 0 && paused.length === 0)) return false;
+  const count = (state: string) => ended.filter((j) => j.state === state).length;
+  const starts = ended.map((j) => j.started_ms ?? j.created_ms);
+  const ends = ended.map((j) => j.finished_ms ?? 0);
+  const span = ended.length ? `${time(Math.min(...starts))} – ${time(Math.max(...ends))} (${duration((Math.max(...ends) - Math.min(...starts)) / 1000)})` : "";
+  const tokens = ended.reduce((n, j) => n + j.tokens, 0);
+  const failures = ended.filter((j) => j.state === "failed");
+  const act = (j: Job, a: string, label: string) => `<button class="small secondary" data-act="${a}" data-id="${j.id}">${label}</button>`;
+  box.className = "card away";
+  box.innerHTML = `<h3>While you were away <span class="hint">since ${time(lastVisit)}</span></h3>
+    <p class="away-counts"><b>${count("done")}</b> done · <b>${count("failed")}</b> failed · <b>${paused.length}</b> paused · <b>${count("cancelled")}</b> cancelled · ${tokens.toLocaleString()} tokens written${span ? ` · ${span}` : ""}</p>
+    <ul class="away-list">${[
+      ...failures.map((j) => `<li><a href="#/job/${j.id}">${esc(j.title)}</a> failed: ${esc(j.error ?? "no reason recorded")} ${act(j, "rerun", "Re-run")}</li>`),
+      ...paused.map((j) => `<li><a href="#/job/${j.id}">${esc(j.title)}</a> is paused: ${esc(j.pause_reason ?? "")} ${act(j, "resume", "Resume")}</li>`),
+    ].join("")}</ul>`;
+  return true;
+}
+
 export async function render(root: HTMLElement): Promise<() => void> {
   root.innerHTML = `<section class="card">
     <div class="queue-head"><h2>Tasks overnight</h2><span class="hint" id="report-sum"></span></div>
+    <div id="away" hidden></div>
     <form id="report-filters" class="row" aria-label="Filter the tasks">
+      <label class="inline">Order <select name="order"><option value="time">newest first</option><option value="work">most work first</option></select></label>
       <label class="inline">State <select name="state"><option value="">any</option>
         ${["done", "failed", "cancelled", "paused", "running", "queued", "interrupted"].map((s) => `<option>${s}</option>`).join("")}</select></label>
       <label class="inline">Model <select name="model"><option value="">any</option></select></label>
@@ -152,8 +198,11 @@ export async function render(root: HTMLElement): Promise<() => void> {
   const field = (n: string) => (filters.elements.namedItem(n) as HTMLInputElement).value;
   let jobs: Job[] = [];
 
+  const away = root.querySelector("#away") as HTMLElement;
   const draw = () => {
-    const shown = jobs.filter((j) => {
+    away.hidden = !drawAway(away, jobs);
+    const order = field("order");
+    const shown = [...jobs].sort((a, b) => (order === "work" ? work(b) - work(a) : 0)).filter((j) => {
       const at = day(j.started_ms ?? j.created_ms);
       return (!field("state") || j.state === field("state")) && (!field("model") || j.model === field("model")) && (!field("from") || at >= field("from")) && (!field("to") || at <= field("to"));
     });
@@ -180,7 +229,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
   filters.addEventListener("input", draw);
   filters.addEventListener("change", draw);
 
-  rows.addEventListener("click", async (ev) => {
+  root.addEventListener("click", async (ev) => {
     const b = (ev.target as HTMLElement).closest("button[data-act]") as HTMLButtonElement | null;
     if (!b) return;
     const j = jobs.find((x) => x.id === Number(b.dataset.id));
@@ -192,7 +241,9 @@ export async function render(root: HTMLElement): Promise<() => void> {
         location.hash = "#/tasks";
         return;
       }
-      if (act === "delete") {
+      if (act === "resume") {
+        await post(`/api/jobs/${j.id}/resume`);
+      } else if (act === "delete") {
         if (!confirm(`Delete “${j.title}” and its output for good?`)) return;
         await del(`/api/jobs/${j.id}`);
         toast(`Deleted “${j.title}”`);
