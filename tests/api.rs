@@ -402,7 +402,10 @@ fn openai_clients_get_openai_answers_through_the_queue() {
         ("tool_choice", json!("required")),
         ("response_format", json!({ "type": "json_object" })),
         ("n", json!(2)),
-        ("frequency_penalty", json!(0.5)),
+        // Out of OpenAI's range.
+        ("frequency_penalty", json!(2.5)),
+        ("presence_penalty", json!(-3)),
+        ("repetition_penalty", json!(0)),
     ] {
         let mut body = json!({ "model": "tiny", "messages": messages });
         body[field] = value;
@@ -411,6 +414,41 @@ fn openai_clients_get_openai_answers_through_the_queue() {
         assert_eq!(err["error"]["param"], field);
         assert_eq!(err["error"]["type"], "invalid_request_error");
     }
+    // Penalties are honoured (engine/tests/penalties.rs checks the
+    // answers), and kept with the job.
+    let mut body = json!({ "model": "tiny", "messages": messages, "max_tokens": 4 });
+    body["frequency_penalty"] = json!(0.5);
+    body["presence_penalty"] = json!(0.25);
+    body["repetition_penalty"] = json!(1.2);
+    let (status, answer) = s.call("POST", "/v1/chat/completions", Some(&body));
+    assert_eq!(status, 200, "{answer}");
+    let job = s.post(
+        "/api/jobs",
+        json!({ "model": "tiny", "prompt": "Draft", "max_tokens": 4, "repetition_penalty": 1.3, "frequency_penalty": -0.5 }),
+    );
+    let settings = &job["request"]["settings"];
+    assert_eq!(
+        (
+            settings["repetition_penalty"].as_f64(),
+            settings["frequency_penalty"].as_f64(),
+            settings["presence_penalty"].as_f64()
+        ),
+        (Some(1.3), Some(-0.5), Some(0.0)),
+        "{settings}"
+    );
+    // The list shows the numbers as given, not widened from f32
+    // (1.2999999523162842).
+    let listed = s.get("/api/jobs");
+    let listed = listed["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["id"] == job["id"])
+        .unwrap();
+    assert_eq!(
+        listed["request"]["settings"]["repetition_penalty"],
+        json!(1.3)
+    );
 }
 
 #[test]

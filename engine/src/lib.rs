@@ -46,8 +46,8 @@ pub use generate::bridge::TextBridge;
 pub use generate::channels::OutputFormat;
 pub use generate::speculate::{DraftModel, Drafter, PromptLookup};
 pub use generate::{
-    FinishReason, Flow, Generation, GenerationSettings, GenerationStats, PROMPT_CHUNK, Phase,
-    Piece, SamplingParams, Session, Speculation, SpeculationStats,
+    FinishReason, Flow, Generation, GenerationSettings, GenerationStats, MAX_OPENAI_PENALTY,
+    PROMPT_CHUNK, Phase, Piece, SamplingParams, Session, Speculation, SpeculationStats,
 };
 pub use memory::{MemoryPlan, MemorySettings};
 pub use metrics::{DriveMetrics, EngineStats, MetricsSampler, MetricsSnapshot};

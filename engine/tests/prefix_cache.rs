@@ -281,6 +281,7 @@ fn an_engine_with_a_cache_answers_a_repeated_prompt_with_the_same_tokens() {
                 top_k: None,
                 top_p: 1.0,
                 seed: 7,
+                ..Default::default()
             },
             stop_strings: Vec::new(),
             eos_token_ids: Vec::new(),

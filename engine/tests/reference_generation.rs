@@ -104,6 +104,7 @@ fn seeded_sampling_is_reproducible_and_differs_across_seeds() {
                 top_k: Some(50),
                 top_p: 0.95,
                 seed,
+                ..Default::default()
             },
             stop_strings: Vec::new(),
             eos_token_ids: Vec::new(),
@@ -206,6 +207,17 @@ fn resumes_exactly(engine: &Engine) {
             top_k: Some(40),
             top_p: 0.95,
             seed: 11,
+            ..Default::default()
+        },
+        // Penalties count the answer from before the resume.
+        SamplingParams {
+            temperature: 0.9,
+            top_k: Some(40),
+            top_p: 0.95,
+            seed: 11,
+            repetition_penalty: 1.2,
+            frequency_penalty: 0.3,
+            presence_penalty: 0.2,
         },
     ] {
         let mut settings = GenerationSettings {

@@ -95,6 +95,9 @@ const SAMPLED: SamplingParams = SamplingParams {
     top_k: Some(40),
     top_p: 0.95,
     seed: 7,
+    repetition_penalty: 1.0,
+    frequency_penalty: 0.0,
+    presence_penalty: 0.0,
 };
 
 fn generate(

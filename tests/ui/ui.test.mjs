@@ -438,6 +438,35 @@ test("Resume all resumes every paused task at once", async () => {
   }
 });
 
+test("an answer stuck in a loop is pointed out in Results, and penalties are set in the form", async () => {
+  // A penalty below 1 favours what was written: the demo loops on a phrase.
+  const looped = await api("POST", "/api/jobs", { model: "demo", title: "Looping", prompt: "Audit the cache", max_tokens: 160, temperature: 0, repetition_penalty: 0.5 });
+  await waitFor(async () => (await api("GET", `/api/jobs/${looped.id}`)).state === "done", "the looping task");
+  await page.goto(`${url}/#/job/${looped.id}`);
+  await page.waitForSelector(".loop-warning", { timeout: 15_000 });
+  assert.match(await page.textContent(".loop-warning"), /repeats “the same as” \d+ times/);
+  await shot("results-loop");
+  // The same task from the form with a repetition penalty above 1.
+  await page.goto(`${url}/#/tasks`);
+  await page.waitForSelector("#new-task");
+  await page.fill('#new-task input[name="title"]', "Penalised");
+  await page.check('#new-task input[value="prompt"]');
+  await page.fill('#new-task textarea[name="prompt"]', "Audit the cache");
+  await page.fill('#new-task input[name="max_tokens"]', "160");
+  await page.check('#new-task input[name="greedy"]');
+  await page.fill('#new-task input[name="repetition_penalty"]', "1.3");
+  await page.click("#new-task button[type=submit]");
+  const job = await waitFor(async () => (await api("GET", "/api/jobs")).jobs.find((j) => j.title === "Penalised"), "the penalised task");
+  assert.equal(job.request.settings.repetition_penalty, 1.3);
+  const done = await waitFor(async () => {
+    const j = await api("GET", `/api/jobs/${job.id}`);
+    return j.state === "done" && j;
+  }, "the penalised task to finish");
+  await page.goto(`${url}/#/job/${done.id}`);
+  await page.waitForSelector("#output");
+  assert.equal(await page.$$eval(".loop-warning", (e) => e.length), 0, "no loop: " + done.output.slice(-120));
+});
+
 test("a refused token says so, and opening the printed address in the same tab connects", async () => {
   await page.goto(`${url}/#token=0123abcd`);
   await page.waitForSelector("#conn:has-text('token refused')", { timeout: 15_000 });

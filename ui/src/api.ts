@@ -86,6 +86,10 @@ export interface Settings {
   sampling_from?: string;
   /** Guessing ahead: auto, lookup or off (the answer is the same). */
   speculate?: string;
+  /** transformers' repetition penalty (1: off), OpenAI's frequency and presence penalties (0: off). */
+  repetition_penalty?: number;
+  frequency_penalty?: number;
+  presence_penalty?: number;
 }
 
 export interface JobStats {

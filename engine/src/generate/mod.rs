@@ -16,7 +16,7 @@ use serde::Serialize;
 use crate::model::{Decoder, LogitsFor, ModelError, SequenceState};
 use crate::prefix::PrefixUse;
 use crate::tokenizer::{TextTokenizer, TokenizerError};
-pub use sampling::{Sampler, SamplingError, SamplingParams};
+pub use sampling::{MAX_OPENAI_PENALTY, Sampler, SamplingError, SamplingParams, Seen};
 pub use speculate::{Speculation, SpeculationStats};
 use stop::{Scan, StopScanner};
 
@@ -327,6 +327,7 @@ fn verify(
     id: u32,
     guesses: &[u32],
     next: usize,
+    mut seen: Option<&mut Seen>,
 ) -> Result<(Vec<f32>, Vec<KeptGuess>), ModelError> {
     session.mark();
     let base = session.len();
@@ -343,11 +344,19 @@ fn verify(
     let mut before = &first;
     for (j, (guess, after)) in guesses.iter().zip(rows).enumerate() {
         finite(before, next + j)?;
-        if sampler.sample(before, next + j) != *guess {
+        // Each guess is drawn as plain decoding would: after the guesses before it.
+        if sampler.sample_seen(before, next + j, seen.as_deref()) != *guess {
             break;
+        }
+        if let Some(s) = seen.as_deref_mut() {
+            s.push(*guess);
         }
         kept.push((*guess, after));
         before = &kept[kept.len() - 1].1;
+    }
+    // The kept guesses join the answer when they are sampled again.
+    if let Some(s) = seen {
+        kept.iter().for_each(|(g, _)| s.pop(*g));
     }
     session.truncate(base + 1 + kept.len())?;
     Ok((first, kept))
@@ -524,6 +533,11 @@ pub fn generate_drafted(
         context.extend_from_slice(prompt);
         context.extend_from_slice(&tokens);
     }
+    // What the penalties look at, kept as the answer grows (none when off).
+    let mut seen = settings
+        .sampling
+        .penalizes()
+        .then(|| Seen::new(prompt, &tokens));
     let finish_reason = loop {
         if cancelled {
             break FinishReason::Cancelled;
@@ -538,14 +552,17 @@ pub fn generate_drafted(
         let id = if constraint.active() && splitter.writing_answer() {
             let mut held = logits.clone();
             constraint.mask(&mut held, splitter.may_open_reasoning());
-            sampler.sample(&held, tokens.len())
+            sampler.sample_seen(&held, tokens.len(), seen.as_ref())
         } else {
-            sampler.sample(&logits, tokens.len())
+            sampler.sample_seen(&logits, tokens.len(), seen.as_ref())
         };
         if settings.eos_token_ids.contains(&id) || splitter.ends(id) {
             break FinishReason::Eos;
         }
         tokens.push(id);
+        if let Some(s) = &mut seen {
+            s.push(id);
+        }
         if drafter.is_some() {
             context.push(id);
         }
@@ -623,7 +640,8 @@ pub fn generate_drafted(
             gate.record_step(fed.elapsed());
             stats.speculation.plain_steps += 1;
         } else {
-            let (after, kept) = verify(&mut session, &sampler, id, &guesses, tokens.len())?;
+            let (after, kept) =
+                verify(&mut session, &sampler, id, &guesses, tokens.len(), seen.as_mut())?;
             logits = after;
             ahead.extend(kept);
             gate.record_verify(kind, guesses.len(), ahead.len(), step.elapsed());

@@ -1,5 +1,14 @@
 //! Choosing the next token from logits: greedy, or seeded sampling with
-//! temperature, top-k and top-p (nucleus) filtering.
+//! temperature, top-k and top-p (nucleus) filtering, after the penalties a
+//! request asks for: transformers' `repetition_penalty` (over the prompt
+//! and the answer, a positive logit divided by it and a negative one
+//! multiplied, as `RepetitionPenaltyLogitsProcessor`) and then OpenAI's
+//! `frequency_penalty` and `presence_penalty` (over the answer so far,
+//! `logit - frequency × count - presence × (count > 0)`, as vLLM computes
+//! them), each in f32 in that order, so greedy answers equal those
+//! references token for token (`engine/tests/penalties.rs`).
+
+use std::collections::{HashMap, HashSet};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -13,6 +22,14 @@ pub struct SamplingParams {
     /// Keep the smallest set of tokens whose probability reaches `top_p`.
     pub top_p: f32,
     pub seed: u64,
+    /// 1 is off; above 1 discourages any token already in the prompt or
+    /// the answer, below 1 encourages it.
+    pub repetition_penalty: f32,
+    /// 0 is off; taken off a token's logit once per time it is in the
+    /// answer so far (OpenAI: −2 to 2).
+    pub frequency_penalty: f32,
+    /// 0 is off; taken off the logit of every token in the answer so far.
+    pub presence_penalty: f32,
 }
 
 impl Default for SamplingParams {
@@ -22,9 +39,16 @@ impl Default for SamplingParams {
             top_k: None,
             top_p: 1.0,
             seed: 0,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
         }
     }
 }
+
+/// The most a frequency or presence penalty may be, either way (OpenAI's
+/// range).
+pub const MAX_OPENAI_PENALTY: f32 = 2.0;
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum SamplingError {
@@ -34,6 +58,10 @@ pub enum SamplingError {
     TopP(f32),
     #[error("top-k must be at least 1")]
     TopK,
+    #[error("repetition penalty must be a finite number > 0 (1 is off), got {0}")]
+    RepetitionPenalty(f32),
+    #[error("{name} must be a number from -2 to 2 (0 is off), got {value}")]
+    OpenAiPenalty { name: &'static str, value: f32 },
 }
 
 impl SamplingParams {
@@ -47,7 +75,57 @@ impl SamplingParams {
         if self.top_k == Some(0) {
             return Err(SamplingError::TopK);
         }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return Err(SamplingError::RepetitionPenalty(self.repetition_penalty));
+        }
+        for (name, value) in [
+            ("frequency penalty", self.frequency_penalty),
+            ("presence penalty", self.presence_penalty),
+        ] {
+            if value.is_nan() || value.abs() > MAX_OPENAI_PENALTY {
+                return Err(SamplingError::OpenAiPenalty { name, value });
+            }
+        }
         Ok(())
+    }
+
+    /// Whether any penalty is on.
+    pub fn penalizes(&self) -> bool {
+        self.repetition_penalty != 1.0 || self.frequency_penalty != 0.0 || self.presence_penalty != 0.0
+    }
+}
+
+/// What the penalties look at: the prompt's tokens, and how often each
+/// token is in the answer so far.
+#[derive(Debug, Clone, Default)]
+pub struct Seen {
+    prompt: HashSet<u32>,
+    answer: HashMap<u32, u32>,
+}
+
+impl Seen {
+    pub fn new(prompt: &[u32], answer: &[u32]) -> Self {
+        let mut seen = Self {
+            prompt: prompt.iter().copied().collect(),
+            answer: HashMap::new(),
+        };
+        answer.iter().for_each(|&id| seen.push(id));
+        seen
+    }
+
+    /// The answer grew by `id`.
+    pub fn push(&mut self, id: u32) {
+        *self.answer.entry(id).or_insert(0) += 1;
+    }
+
+    /// Takes back a [`Seen::push`] of `id` (a guess that was only tried).
+    pub fn pop(&mut self, id: u32) {
+        if let Some(n) = self.answer.get_mut(&id) {
+            *n -= 1;
+            if *n == 0 {
+                self.answer.remove(&id);
+            }
+        }
     }
 }
 
@@ -65,6 +143,42 @@ impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Self, SamplingError> {
         params.validate()?;
         Ok(Self { params })
+    }
+
+    /// The token for position `step` of the answer after the penalties
+    /// over `seen` (`None` when no penalty is on).
+    pub fn sample_seen(&self, logits: &[f32], step: usize, seen: Option<&Seen>) -> u32 {
+        match seen.filter(|_| self.params.penalizes()) {
+            None => self.sample(logits, step),
+            Some(seen) => {
+                let mut penalized = logits.to_vec();
+                self.penalize(&mut penalized, seen);
+                self.sample(&penalized, step)
+            }
+        }
+    }
+
+    fn penalize(&self, logits: &mut [f32], seen: &Seen) {
+        let r = self.params.repetition_penalty;
+        if r != 1.0 {
+            let repeated = seen
+                .prompt
+                .iter()
+                .chain(seen.answer.keys().filter(|id| !seen.prompt.contains(id)));
+            for &id in repeated {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l = if *l < 0.0 { *l * r } else { *l / r };
+                }
+            }
+        }
+        let (f, p) = (self.params.frequency_penalty, self.params.presence_penalty);
+        if f != 0.0 || p != 0.0 {
+            for (&id, &n) in &seen.answer {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l = (*l - f * n as f32) - p;
+                }
+            }
+        }
     }
 
     /// The token for position `step` of the answer (0 for the first).
@@ -140,6 +254,7 @@ mod tests {
             top_k: None,
             top_p: 0.9,
             seed: 42,
+            ..Default::default()
         };
         let a = Sampler::new(params.clone()).unwrap();
         let b = Sampler::new(params).unwrap();
@@ -165,6 +280,34 @@ mod tests {
             top_k: Some(0),
             ..Default::default()
         }));
+        for (r, f, p) in [(0.0, 0.0, 0.0), (f32::NAN, 0.0, 0.0), (1.0, 2.5, 0.0), (1.0, 0.0, -3.0), (1.0, f32::NAN, 0.0)] {
+            assert!(bad(SamplingParams {
+                repetition_penalty: r,
+                frequency_penalty: f,
+                presence_penalty: p,
+                ..Default::default()
+            }));
+        }
+    }
+
+    #[test]
+    fn penalties_follow_their_definitions() {
+        let params = SamplingParams {
+            repetition_penalty: 2.0,
+            frequency_penalty: 0.5,
+            presence_penalty: 0.25,
+            ..Default::default()
+        };
+        let s = Sampler::new(params).unwrap();
+        // Token 1 in the prompt, token 2 twice in the answer, token 3 in both.
+        let seen = Seen::new(&[1, 3], &[2, 2, 3]);
+        let mut logits = vec![1.0, 4.0, -2.0, 3.0, 0.5];
+        s.penalize(&mut logits, &seen);
+        assert_eq!(logits, vec![1.0, 2.0, (-4.0 - 1.0) - 0.25, (1.5 - 0.5) - 0.25, 0.5]);
+        let mut tried = seen.clone();
+        tried.push(4);
+        tried.pop(4);
+        assert_eq!(tried.answer, seen.answer);
     }
 
     proptest! {
@@ -175,7 +318,7 @@ mod tests {
             p in 0.05f32..1.0,
             seed in any::<u64>(),
         ) {
-            let s = Sampler::new(SamplingParams { temperature: 1.0, top_k: Some(k), top_p: p, seed }).unwrap();
+            let s = Sampler::new(SamplingParams { temperature: 1.0, top_k: Some(k), top_p: p, seed, ..Default::default() }).unwrap();
             let token = s.sample(&logits, 0) as usize;
             let rank = logits.iter().filter(|&&l| l > logits[token]).count();
             prop_assert!(rank < k, "token ranked {rank} with top-k {k}");

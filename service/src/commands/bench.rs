@@ -410,6 +410,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             top_k: None,
             top_p: args.top_p,
             seed: args.seed,
+            ..Default::default()
         };
         sampling.validate().context("invalid sampling settings")?;
         let run = super::bench_guess::Run {

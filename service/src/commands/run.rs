@@ -50,6 +50,18 @@ pub struct RunArgs {
     /// Random seed for sampling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Discourage tokens already in the prompt or the answer, as
+    /// transformers' repetition_penalty (1 is off).
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    /// Taken off a token's logit per time it is in the answer (OpenAI's
+    /// frequency_penalty, -2 to 2).
+    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
+    frequency_penalty: f32,
+    /// Taken off the logit of every token in the answer (OpenAI's
+    /// presence_penalty, -2 to 2).
+    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
+    presence_penalty: f32,
     /// Stop when this text appears (repeatable); it is not printed.
     #[arg(long = "stop")]
     stop: Vec<String>,
@@ -83,6 +95,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         top_k: args.top_k,
         top_p: args.top_p,
         seed: args.seed,
+        repetition_penalty: args.repetition_penalty,
+        frequency_penalty: args.frequency_penalty,
+        presence_penalty: args.presence_penalty,
     };
     sampling.validate().context("invalid sampling settings")?;
     let prefix = args

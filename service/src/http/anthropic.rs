@@ -257,7 +257,7 @@ pub async fn messages(
         top_k: body.top_k,
         seed: None,
         stop: body.stop_sequences,
-        speculate: None,
+        ..SettingsBody::default()
     }
     .into_settings(model_sampling(&app, &body.model).await)?;
     let ask = Ask {

@@ -35,6 +35,9 @@ pub struct SettingsBody {
     pub seed: Option<u64>,
     pub stop: Option<Vec<String>>,
     pub speculate: Option<Speculate>,
+    pub repetition_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
 }
 
 /// Where sampling defaults come from, as a job records it.
@@ -61,6 +64,9 @@ impl SettingsBody {
             seed: self.seed.unwrap_or(d.seed),
             stop: self.stop.unwrap_or_default(),
             speculate: self.speculate.unwrap_or_default(),
+            repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
+            frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
+            presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
             sampling_from: model
                 .filter(|_| {
                     self.temperature.is_none() || self.top_p.is_none() || self.top_k.is_none()
@@ -84,6 +90,23 @@ impl SettingsBody {
         }
         if s.top_k == Some(0) {
             return Err(ApiError::bad_param("top_k", "top_k must be at least 1"));
+        }
+        if !(s.repetition_penalty.is_finite() && s.repetition_penalty > 0.0) {
+            return Err(ApiError::bad_param(
+                "repetition_penalty",
+                "repetition_penalty must be a number > 0 (1 is off; above 1 discourages repeats)",
+            ));
+        }
+        for (name, value) in [
+            ("frequency_penalty", s.frequency_penalty),
+            ("presence_penalty", s.presence_penalty),
+        ] {
+            if value.is_nan() || value.abs() > longhaul_engine::MAX_OPENAI_PENALTY {
+                return Err(ApiError::bad_param(
+                    name,
+                    format!("{name} must be a number from -2 to 2 (0 is off)"),
+                ));
+            }
         }
         if s.stop.iter().any(String::is_empty) {
             return Err(ApiError::bad_param(
@@ -117,6 +140,11 @@ pub struct SubmitBody {
     top_k: Option<usize>,
     seed: Option<u64>,
     stop: Option<Vec<String>>,
+    /// transformers' repetition penalty (1: off) and OpenAI's frequency and
+    /// presence penalties (0: off).
+    repetition_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
     /// Guessing ahead: `auto` (the default), `lookup` or `off`; the answer
     /// is the same either way.
     speculate: Option<Speculate>,
@@ -153,6 +181,9 @@ impl SubmitBody {
             seed: self.seed,
             stop: self.stop.clone(),
             speculate: self.speculate,
+            repetition_penalty: self.repetition_penalty,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
         }
         .into_settings(defaults)
     }
@@ -292,10 +323,17 @@ fn shown(app: &AppState, mut job: JobView) -> ShownJob {
     }
 }
 
-pub async fn list(State(app): State<AppState>) -> ApiResult<Json<Value>> {
+/// `GET /api/jobs`'s answer, serialized as it is typed: through a JSON
+/// value, an f32 setting such as 0.7 would read 0.699999988079071.
+#[derive(Serialize)]
+pub struct JobList {
+    jobs: Vec<ShownJob>,
+}
+
+pub async fn list(State(app): State<AppState>) -> ApiResult<Json<JobList>> {
     let jobs = app.blocking(|q| q.list()).await?;
-    let jobs: Vec<ShownJob> = jobs.into_iter().map(|j| shown(&app, j)).collect();
-    Ok(Json(json!({ "jobs": jobs })))
+    let jobs = jobs.into_iter().map(|j| shown(&app, j)).collect();
+    Ok(Json(JobList { jobs }))
 }
 
 pub async fn show(

@@ -52,6 +52,10 @@ pub struct ChatBody {
     /// Longhaul's own: how the answer guesses ahead (`auto`, `lookup`,
     /// `off`); the answer is the same either way.
     speculate: Option<Speculate>,
+    frequency_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+    /// vLLM's extension: transformers' repetition penalty.
+    repetition_penalty: Option<f32>,
     /// Switches for the model's chat template or prompt encoder, as vLLM
     /// and llama.cpp's server take them (`enable_thinking`, `thinking`, …).
     chat_template_kwargs: Option<Map<String, Value>>,
@@ -153,6 +157,10 @@ pub struct CompletionBody {
     /// Longhaul's own: how the answer guesses ahead (`auto`, `lookup`,
     /// `off`); the answer is the same either way.
     speculate: Option<Speculate>,
+    frequency_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+    /// vLLM's extension: transformers' repetition penalty.
+    repetition_penalty: Option<f32>,
     #[serde(default)]
     stream: bool,
     stream_options: Option<StreamOptions>,
@@ -171,7 +179,6 @@ fn refuse_unsupported(other: &Map<String, Value>, n: Option<u32>) -> Result<(), 
         let harmless = value.is_null()
             || INERT_FIELDS.contains(&key.as_str())
             || match key.as_str() {
-                "frequency_penalty" | "presence_penalty" => value.as_f64() == Some(0.0),
                 "logprobs" | "echo" => value.as_bool() == Some(false),
                 "best_of" => value.as_u64() == Some(1),
                 "parallel_tool_calls" => true,
@@ -261,6 +268,9 @@ pub async fn chat_completions(
         seed: seed(body.seed),
         stop: stop_list(body.stop),
         speculate: body.speculate,
+        repetition_penalty: body.repetition_penalty,
+        frequency_penalty: body.frequency_penalty,
+        presence_penalty: body.presence_penalty,
     }
     .into_settings(model_sampling(&app, &body.model).await)?;
     let include_usage = body.stream_options.is_some_and(|o| o.include_usage);
@@ -304,6 +314,9 @@ pub async fn completions(
         seed: seed(body.seed),
         stop: stop_list(body.stop),
         speculate: body.speculate,
+        repetition_penalty: body.repetition_penalty,
+        frequency_penalty: body.frequency_penalty,
+        presence_penalty: body.presence_penalty,
     }
     .into_settings(model_sampling(&app, &body.model).await)?;
     let include_usage = body.stream_options.is_some_and(|o| o.include_usage);

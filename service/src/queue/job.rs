@@ -176,6 +176,19 @@ pub struct Settings {
     /// `off`. The answer is the same either way.
     #[serde(default)]
     pub speculate: Speculate,
+    /// transformers' `repetition_penalty`: 1 is off.
+    #[serde(default = "no_repetition_penalty")]
+    pub repetition_penalty: f32,
+    /// OpenAI's `frequency_penalty`: 0 is off.
+    #[serde(default)]
+    pub frequency_penalty: f32,
+    /// OpenAI's `presence_penalty`: 0 is off.
+    #[serde(default)]
+    pub presence_penalty: f32,
+}
+
+fn no_repetition_penalty() -> f32 {
+    1.0
 }
 
 /// How a job guesses ahead (see the engine's speculative decoding).
@@ -202,6 +215,9 @@ impl Default for Settings {
             stop: Vec::new(),
             sampling_from: None,
             speculate: Speculate::Auto,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
         }
     }
 }

@@ -98,7 +98,7 @@ function task(j: Job): string {
   const s = j.request.settings;
   return `<details class="card"><summary>Task and settings (${s.temperature === 0 ? "greedy" : `temperature ${s.temperature}, top-p ${s.top_p}`})</summary>
     <pre class="task">${esc(text)}</pre>
-    <p class="hint">max_tokens ${s.max_tokens} · temperature ${s.temperature} · top_p ${s.top_p} · top_k ${s.top_k ?? "off"} · seed ${s.seed}${s.stop.length ? ` · stop ${esc(JSON.stringify(s.stop))}` : ""}${j.request.attachments ? ` · ${j.request.attachments.length} characters attached` : ""}${s.sampling_from ? ` · sampling left unset came from ${esc(s.sampling_from)}` : ""}${s.speculate ? ` · guessing ahead ${esc(s.speculate)}` : ""}</p>
+    <p class="hint">max_tokens ${s.max_tokens} · temperature ${s.temperature} · top_p ${s.top_p} · top_k ${s.top_k ?? "off"} · seed ${s.seed}${s.stop.length ? ` · stop ${esc(JSON.stringify(s.stop))}` : ""}${j.request.attachments ? ` · ${j.request.attachments.length} characters attached` : ""}${s.sampling_from ? ` · sampling left unset came from ${esc(s.sampling_from)}` : ""}${s.speculate ? ` · guessing ahead ${esc(s.speculate)}` : ""}${(s.repetition_penalty ?? 1) !== 1 ? ` · repetition penalty ${s.repetition_penalty}` : ""}${s.frequency_penalty ? ` · frequency penalty ${s.frequency_penalty}` : ""}${s.presence_penalty ? ` · presence penalty ${s.presence_penalty}` : ""}</p>
     <p class="hint">Created ${when(j.created_ms)} · started ${when(j.started_ms)} · finished ${when(j.finished_ms)}</p>
     ${j.log ? `<pre class="log">${esc(j.log)}</pre>` : ""}
   </details>`;
@@ -116,6 +116,38 @@ function emptyNote(j: Job): string {
   if (j.state === "running" && j.live?.prompt) return "Reading the prompt; the answer starts when it is read.";
   if (j.state === "running") return "Starting…";
   return "No output yet.";
+}
+
+/** The fewest repeats of one line, or of one short stretch of text, that
+ * make an answer look stuck in a loop. */
+const LOOP_REPEATS = 8;
+/** The longest stretch checked for repeating without line breaks. */
+const LOOP_PERIOD = 80;
+
+/** What an answer repeats at its end, when it looks stuck in a loop. */
+export function loopOf(output: string): { text: string; times: number } | null {
+  const lines = output.split("\n").map((l) => l.trim()).filter(Boolean);
+  let run = 1;
+  for (let i = lines.length - 1; i > 0 && lines[i] === lines[i - 1]; i--) run++;
+  if (lines.length && run >= LOOP_REPEATS) return { text: lines[lines.length - 1], times: run };
+  const tail = output.trimEnd();
+  for (let p = 1; p <= LOOP_PERIOD; p++) {
+    const unit = tail.slice(tail.length - p);
+    let times = 1;
+    while (tail.length >= (times + 1) * p && tail.slice(tail.length - (times + 1) * p, tail.length - times * p) === unit) times++;
+    if (times >= LOOP_REPEATS && unit.trim()) return { text: unit.trim(), times };
+  }
+  return null;
+}
+
+/** A warning when the answer repeats itself, with the way out. */
+function loopNote(output: string, j: Job): string {
+  const loop = loopOf(output);
+  if (!loop) return "";
+  const shown = loop.text.length > 60 ? `${loop.text.slice(0, 60)}…` : loop.text;
+  const penalized = (j.request.settings.repetition_penalty ?? 1) !== 1 || (j.request.settings.frequency_penalty ?? 0) !== 0;
+  const advice = penalized ? "raise its penalties or sample (temperature above 0)" : "re-run it with a repetition penalty (1.1–1.3) or a frequency penalty, or sample (temperature above 0)";
+  return `<p class="reason loop-warning">This answer repeats “${esc(shown)}” ${loop.times} times at its end: the model is looping. To avoid it, ${advice}.</p>`;
 }
 
 export async function render(root: HTMLElement, id: number): Promise<() => void> {
@@ -158,6 +190,7 @@ export async function render(root: HTMLElement, id: number): Promise<() => void>
         <p class="hint">${esc(job.model)}${job.finish_reason ? ` · finished by ${esc(job.finish_reason)}` : ""}</p>
         ${job.pause_reason ? `<p class="reason">${esc(job.pause_reason)}</p>` : ""}
         ${job.error ? `<p class="reason error">${esc(job.error)}</p>` : ""}
+        ${loopNote(output, job)}
         ${statsGrid(job)}
         <div class="row">
           ${controls}

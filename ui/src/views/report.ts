@@ -45,7 +45,18 @@ let unsent = "";
 
 function settingsOf(j: Job): Record<string, unknown> {
   const s = j.request.settings;
-  return { max_tokens: s.max_tokens, temperature: s.temperature, top_p: s.top_p, top_k: s.top_k ?? undefined, seed: s.seed, stop: s.stop.length ? s.stop : undefined };
+  return {
+    max_tokens: s.max_tokens,
+    temperature: s.temperature,
+    top_p: s.top_p,
+    top_k: s.top_k ?? undefined,
+    seed: s.seed,
+    stop: s.stop.length ? s.stop : undefined,
+    speculate: s.speculate,
+    repetition_penalty: s.repetition_penalty,
+    frequency_penalty: s.frequency_penalty,
+    presence_penalty: s.presence_penalty,
+  };
 }
 
 /** The same task again: same input (attachments as they were read), same settings. */

@@ -42,6 +42,11 @@ function form(models: Model[]): string {
         <label data-field="top_p">Top-p <input name="top_p" type="number" step="0.01" min="0" max="1" /></label>
         <label data-field="top_k">Top-k <input name="top_k" type="number" min="1" /></label>
       </div>
+      <div class="grid3" title="Against an answer that loops: tokens already written (and, for repetition, in the prompt) are made less likely">
+        <label data-field="repetition_penalty">Repetition penalty <input name="repetition_penalty" type="number" step="0.05" min="0.05" placeholder="1 (off)" /></label>
+        <label data-field="frequency_penalty">Frequency penalty <input name="frequency_penalty" type="number" step="0.1" min="-2" max="2" placeholder="0 (off)" /></label>
+        <label data-field="presence_penalty">Presence penalty <input name="presence_penalty" type="number" step="0.1" min="-2" max="2" placeholder="0 (off)" /></label>
+      </div>
       <label data-field="stop">Stop at (one string per line) <textarea name="stop" rows="1"></textarea></label>
       <label data-field="speculate" title="Guesses are verified against the model: the answer is the same either way">Guess ahead
         <select name="speculate"><option value="auto">automatically, while it pays</option><option value="lookup">always, from earlier text</option><option value="off">never</option></select></label>
@@ -101,6 +106,9 @@ function body(f: HTMLFormElement): Record<string, unknown> {
     seed: num("seed"),
     stop: stop.length ? stop : undefined,
     speculate: v("speculate") || undefined,
+    repetition_penalty: num("repetition_penalty"),
+    frequency_penalty: num("frequency_penalty"),
+    presence_penalty: num("presence_penalty"),
     priority: num("priority"),
   };
 }
@@ -146,7 +154,7 @@ function jobRow(j: Job): string {
 }
 
 /** Form fields a preset keeps: the settings, not the task itself. */
-const PRESET_FIELDS = ["model", "system", "chat_args", "max_tokens", "priority", "seed", "temperature", "top_p", "top_k", "stop", "speculate"];
+const PRESET_FIELDS = ["model", "system", "chat_args", "max_tokens", "priority", "seed", "temperature", "top_p", "top_k", "stop", "speculate", "repetition_penalty", "frequency_penalty", "presence_penalty"];
 const PRESETS_KEY = "longhaul.presets";
 
 function presets(): Record<string, Record<string, string>> {
