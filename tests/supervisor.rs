@@ -190,6 +190,16 @@ fn a_task_paused_by_a_missing_drive_turns_the_tray_red_and_is_told_once() {
     assert!(sup.status().ended.is_empty(), "told once");
     std::fs::rename(&away, &drive).unwrap();
     service.wait_state(id, "running", Duration::from_secs(60));
+    // The tray looks while it runs, as its loop does every second.
+    assert_ne!(sup.status().state, TrayState::Error);
+    // Paused again (a retry meeting the fault again): not told again.
+    std::fs::rename(&drive, &away).unwrap();
+    service.wait_state(id, "paused", Duration::from_secs(60));
+    let again = sup.status();
+    assert_eq!(again.state, TrayState::Error);
+    assert!(again.ended.is_empty(), "told once: {:?}", again.ended);
+    std::fs::rename(&away, &drive).unwrap();
+    service.wait_state(id, "running", Duration::from_secs(60));
     service.post(&format!("/api/jobs/{id}/cancel"), json!({}));
     wait_for("the tray to leave red", || {
         sup.status().state != TrayState::Error

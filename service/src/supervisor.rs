@@ -72,6 +72,9 @@ pub struct Supervisor {
     client: Mutex<Option<Client>>,
     /// Last seen state of each job, to notice endings.
     seen: Mutex<HashMap<i64, String>>,
+    /// Jobs whose fault pause was told, until they end: a job retried by
+    /// itself may pause again every few minutes, and is told once.
+    told_paused: Mutex<std::collections::HashSet<i64>>,
     awake: Mutex<Option<Child>>,
     /// `longhaul demo`, while it runs on the first start.
     demo: Mutex<Option<Child>>,
@@ -153,6 +156,7 @@ impl Supervisor {
             child: Mutex::new(None),
             client: Mutex::new(None),
             seen: Mutex::new(HashMap::new()),
+            told_paused: Mutex::new(std::collections::HashSet::new()),
             awake: Mutex::new(None),
             demo: Mutex::new(None),
         };
@@ -312,8 +316,18 @@ impl Supervisor {
                     continue;
                 };
                 let before = seen.insert(id, state.to_string());
-                let told = matches!(state, "done" | "failed") || needs_you(j);
-                if told && before.as_deref() != Some(state) {
+                let pause_untold = needs_you(j)
+                    && self
+                        .told_paused
+                        .lock()
+                        .is_ok_and(|mut told| told.insert(id));
+                if matches!(state, "done" | "failed" | "cancelled")
+                    && let Ok(mut told) = self.told_paused.lock()
+                {
+                    told.remove(&id);
+                }
+                let ending = matches!(state, "done" | "failed") && before.as_deref() != Some(state);
+                if ending || pause_untold {
                     ended.push((
                         id,
                         j["title"].as_str().unwrap_or("").to_string(),
