@@ -3,8 +3,9 @@
 (`--budget 0`, so every expert is read from the drives): an I/O error,
 a missing drive, an unreadable drive, truncated extent files, and a slow
 drive. Each fault comes once the job is writing; the tool measures how
-long the job takes to pause and what it says, repairs the fault, resumes
-the job and compares its text with an uninterrupted run. A slow drive must
+long the job takes to pause and what it says, repairs the fault, measures
+how long the job takes to resume by itself (no one presses Resume), and
+compares its text with an uninterrupted run. A slow drive must
 not pause the job, only slow it. Standard library only; loopback only.
 
     python3 tools/campaign/faults.py PATH/TO/longhaul MODEL_DIR [--rounds 3]
@@ -89,10 +90,13 @@ def one(s, ctx, name, reference):
     if job["state"] != "paused":
         return {"fault": name, "state": job["state"], "error": job.get("error")}
     reason = job.get("pause_reason")
-    time.sleep(0.3)  # the drive watcher sees the repair
-    s.request("POST", f"/api/jobs/{id}/resume", {})
-    done = s.wait(id, ENDED, limit=300)
+    repaired = time.monotonic()
+    # No one presses Resume: the job retries by itself once its drive reads.
+    back = s.wait(id, ("running",) + ENDED, limit=600, poll=0.02)
+    back_after = time.monotonic() - repaired
+    done = s.wait(id, ENDED, limit=600)
     return {"fault": name, "paused_after_s": round(to_pause, 3), "reason": reason,
+            "back_by_itself_after_s": round(back_after, 2) if back["state"] != "failed" else None,
             "state": done["state"], "identical": done["output"] == reference}
 
 
@@ -149,6 +153,7 @@ def main():
             "identical_on_resume": sum(1 for r in mine if r.get("identical")),
             "pause_s_median": round(statistics.median(times), 3) if times else None,
             "pause_s_max": max(times) if times else None,
+            "back_by_itself_s_max": max((r.get("back_by_itself_after_s") or 0 for r in mine), default=None),
             "reason": next((r.get("reason") for r in mine if r.get("reason")), None),
         }
     print(json.dumps({"summary": summary, "slow": rows[-1]}, indent=1))
