@@ -820,3 +820,31 @@ fn damaged_manifests_are_refused_at_once() {
         assert!(said.contains(says), "{says}: {said}");
     }
 }
+
+/// Drive folders on one device are named when packing and probing:
+/// striping over them reads no faster than one.
+#[test]
+fn drive_folders_on_one_device_are_named_when_packing_and_probing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let source = support::synth_model(tmp.path());
+    let pack = tmp.path().join("pack");
+    let out = support::pack_over_three_drives(&source, tmp.path(), "same", &pack, &[]);
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("same-d0")
+            && stderr.contains("same-d2")
+            && stderr
+                .contains("are on one device: striping over them reads no faster than one of them"),
+        "{stderr}"
+    );
+    let probed = std::process::Command::new(support::longhaul())
+        .args(["drives", "probe", "--model"])
+        .arg(&pack)
+        .args(["--bytes", "1M"])
+        .output()
+        .unwrap();
+    assert!(probed.status.success(), "{probed:?}");
+    let stdout = String::from_utf8_lossy(&probed.stdout);
+    assert!(stdout.contains("are on one device"), "{stdout}");
+}

@@ -5,6 +5,7 @@
 pub mod attach;
 pub mod client;
 pub mod data_dir;
+pub mod devices;
 pub mod drive_watch;
 pub mod events;
 pub mod fault_retry;

@@ -50,6 +50,10 @@ pub fn run(args: DrivesArgs) -> anyhow::Result<()> {
                     );
                 }
                 println!("all drives at once: {:.1} MB/s", report.aggregate_mb_per_s);
+                let folders: Vec<_> = report.drives.iter().map(|d| d.path.clone()).collect();
+                for warning in longhaul_service::devices::warnings(&folders) {
+                    println!("note: {warning}; the figure for all at once is that device's own");
+                }
             }
             Ok(())
         }

@@ -151,6 +151,9 @@ pub fn run(args: PackArgs) -> anyhow::Result<()> {
             .map(|(key, _)| key)
             .collect();
     }
+    for warning in longhaul_service::devices::warnings(&args.drives) {
+        eprintln!("warning: {warning}");
+    }
     let summary = write_pack_showing_progress(&opts, progress_bar());
     let summary = summary.with_context(|| format!("cannot pack {}", args.source.display()))?;
     if args.json {
