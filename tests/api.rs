@@ -1258,19 +1258,24 @@ fn pack_files(root: &std::path::Path) -> Vec<std::path::PathBuf> {
     found
 }
 
+/// Two empty drive folders under `root`.
+fn two_drive_folders(root: &std::path::Path) -> Vec<std::path::PathBuf> {
+    (0..2)
+        .map(|i| {
+            let d = root.join(format!("drive{i}"));
+            std::fs::create_dir(&d).unwrap();
+            d
+        })
+        .collect()
+}
+
 /// A pack that fails on a full drive leaves nothing on the drives, says
 /// why, and frees its name.
 #[test]
 fn a_pack_that_fills_its_drive_leaves_nothing_and_says_why() {
     let tmp = tempfile::tempdir().unwrap();
     let source = support::synth_model(tmp.path());
-    let drives: Vec<std::path::PathBuf> = (0..2)
-        .map(|i| {
-            let d = tmp.path().join(format!("drive{i}"));
-            std::fs::create_dir(&d).unwrap();
-            d
-        })
-        .collect();
+    let drives = two_drive_folders(tmp.path());
     let data = tmp.path().join("data");
     // Room for a few records, not the whole pack.
     let full = [("LONGHAUL_FAULTS", "pack-enospc-after=65536")];
@@ -1313,13 +1318,7 @@ fn wait_for_pack(s: &Service) -> serde_json::Value {
 fn a_pack_holds_its_name_and_an_interrupted_one_leaves_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let source = support::synth_model(tmp.path());
-    let drives: Vec<std::path::PathBuf> = (0..2)
-        .map(|i| {
-            let d = tmp.path().join(format!("drive{i}"));
-            std::fs::create_dir(&d).unwrap();
-            d
-        })
-        .collect();
+    let drives = two_drive_folders(tmp.path());
     let data = tmp.path().join("data");
     let slow = [("LONGHAUL_FAULTS", "pack-delay-ms=150")];
     let s = Service::start_env(&data, &[], &slow);

@@ -64,9 +64,10 @@ impl Drives {
 /// Pauses the running job if a drive of its pack is gone.
 fn check_running(runner: &Runner, drives: &mut Drives) {
     if let Some(id) = runner.control.running()
-        && let Ok(job) = runner.queue.job(id)
+        // Four times a second: the model alone, not the job and its output.
+        && let Ok(model) = runner.queue.model_of(id)
         && let Some(problem) = drives
-            .of(runner, &job.model)
+            .of(runner, &model)
             .iter()
             .find_map(|d| drive_problem(d))
     {

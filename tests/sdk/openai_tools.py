@@ -124,13 +124,19 @@ def refusals(client: openai.OpenAI) -> None:
     ask = {"model": MODEL, "messages": [{"role": "user", "content": QUESTION}], "tools": TOOLS}
     for extra, param in [({"tool_choice": {"type": "function", "function": {"name": "delete_all"}}}, "tool_choice"),
                          ({"response_format": {"type": "json_object"}}, "response_format"),
-                         ({"messages": [{"role": "user", "content": "word " * 5000}]}, "max_tokens")]:
+                         ({"messages": [{"role": "user", "content": "word " * 5000}]}, "max_tokens"),
+                         ({"frequency_penalty": 2.5}, "frequency_penalty")]:
         try:
             client.chat.completions.create(**{**ask, **extra})
         except openai.BadRequestError as e:
             assert e.body["param"] == param, e.body
         else:
             raise AssertionError(f"{extra} was accepted")
+    # Penalties in range are honoured, repetition_penalty as vLLM's extra field.
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "What is 2 plus 3?"}],
+                                       frequency_penalty=0.5, presence_penalty=0.2,
+                                       extra_body={"repetition_penalty": 1.1}, max_tokens=8)
+    assert r.choices[0].message.content, r
 
 
 FLAT_TOOLS = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],

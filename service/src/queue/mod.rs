@@ -652,6 +652,16 @@ impl Queue {
     }
 
     /// One job with its output.
+    /// The model job `id` runs on, without reading the rest of the job
+    /// (its output may be long).
+    pub fn model_of(&self, id: i64) -> Result<String, QueueError> {
+        let conn = self.lock()?;
+        conn.query_row("SELECT model FROM jobs WHERE id = ?1", [id], |r| r.get(0))
+            .optional()
+            .map_err(sql("reading a job's model"))?
+            .ok_or(QueueError::NoSuchJob(id))
+    }
+
     pub fn job(&self, id: i64) -> Result<JobView, QueueError> {
         let mut view = {
             let conn = self.lock()?;
