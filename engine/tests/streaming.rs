@@ -331,10 +331,16 @@ fn injected_io_errors_short_and_slow_reads_fail_cleanly_and_change_no_answer() {
         "slow drives change nothing"
     );
     faults.set_delay(std::time::Duration::ZERO);
+    let mut sampler = longhaul_engine::MetricsSampler::new(&engine.stats().unwrap());
     faults.set_io_error(true);
     let err = engine.logits(ids).unwrap_err();
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert!(err.is_storage_fault(), "{err}");
+    // Failed reads are errors with no latency: the figure is for reads that
+    // returned data, and none did.
+    let m = sampler.sample(&engine.stats().unwrap());
+    assert!(m.drives.iter().map(|d| d.errors).sum::<u64>() > 0, "{m:?}");
+    assert!(m.drives.iter().all(|d| d.latency_p50_ms.is_none()), "{m:?}");
     let text = err.to_string();
     assert!(
         text.contains("Input/output error") && text.contains("drive"),

@@ -23,6 +23,8 @@ pub struct DriveMetrics {
     pub mb_per_s: f64,
     /// Share of the time since the previous sample the drive was reading.
     pub busy_share: f64,
+    /// Measured over the reads that finished since the previous sample;
+    /// `None` when none did.
     pub latency_p50_ms: Option<f64>,
     pub latency_p90_ms: Option<f64>,
     pub latency_p99_ms: Option<f64>,
@@ -66,6 +68,11 @@ impl MetricsSampler {
             .map(|(i, d)| {
                 let before = self.last.1.get(i).map_or(0, |p| p.bytes);
                 let busy_before = self.last.1.get(i).map_or(0, |p| p.busy_micros);
+                let reads_before = self.last.1.get(i).map_or(0, |p| p.latency.recorded);
+                let q = d
+                    .latency
+                    .quantiles_ms_since(reads_before, &[0.5, 0.9, 0.99]);
+                let at = |k: usize| q.as_ref().map(|v| v[k]);
                 DriveMetrics {
                     path: d.path.clone(),
                     bytes: d.bytes,
@@ -74,9 +81,9 @@ impl MetricsSampler {
                     mb_per_s: d.bytes.saturating_sub(before) as f64 / 1e6 / seconds,
                     busy_share: (d.busy_micros.saturating_sub(busy_before) as f64 / 1e6 / seconds)
                         .min(1.0),
-                    latency_p50_ms: d.latency_quantile_ms(0.5),
-                    latency_p90_ms: d.latency_quantile_ms(0.9),
-                    latency_p99_ms: d.latency_quantile_ms(0.99),
+                    latency_p50_ms: at(0),
+                    latency_p90_ms: at(1),
+                    latency_p99_ms: at(2),
                 }
             })
             .collect();
@@ -91,24 +98,5 @@ impl MetricsSampler {
             cache,
             stall_seconds: stats.stall_seconds,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::store::DriveSnapshot;
-
-    #[test]
-    fn latency_quantiles_come_from_power_of_two_buckets() {
-        let mut buckets = vec![0; 32];
-        buckets[10] = 90; // under 1.024 ms
-        buckets[14] = 10; // under 16.384 ms
-        let d = DriveSnapshot {
-            latency_buckets: buckets,
-            ..Default::default()
-        };
-        assert_eq!(d.latency_quantile_ms(0.5), Some(1.024));
-        assert_eq!(d.latency_quantile_ms(0.99), Some(16.384));
-        assert_eq!(DriveSnapshot::default().latency_quantile_ms(0.5), None);
     }
 }

@@ -12,6 +12,7 @@
 
 pub use faults::StoreFaults;
 pub mod faults;
+pub mod latency;
 pub mod probe;
 mod queue;
 mod worker;
@@ -165,21 +166,13 @@ pub struct DriveCounters {
     pub errors: AtomicU64,
     /// Bytes queued or being read, for choosing between copies of a record.
     pub pending: AtomicU64,
-    /// Read latencies: bucket `i` counts reads that took under 2^i µs.
-    pub latency: [AtomicU64; LATENCY_BUCKETS],
+    /// Times of the last successful reads.
+    pub latency: latency::LatencyWindow,
     /// Wall time with at least one read in progress on this drive.
     activity: Mutex<Activity>,
 }
 
-/// Latency buckets: powers of two of microseconds, up to about 36 minutes.
-pub const LATENCY_BUCKETS: usize = 32;
-
 impl DriveCounters {
-    pub fn record_latency(&self, micros: u64) {
-        let bucket = (u64::BITS - micros.leading_zeros()) as usize;
-        self.latency[bucket.min(LATENCY_BUCKETS - 1)].fetch_add(1, Ordering::Relaxed);
-    }
-
     fn busy(&self) -> Duration {
         self.activity
             .lock()
@@ -199,27 +192,8 @@ pub struct DriveSnapshot {
     pub busy_micros: u64,
     /// Bytes asked of the drive and not yet read.
     pub pending_bytes: u64,
-    /// Reads per latency bucket (see [`DriveCounters::latency`]).
-    pub latency_buckets: Vec<u64>,
-}
-impl DriveSnapshot {
-    /// The read latency below which `q` (0–1) of reads completed, in
-    /// milliseconds (the upper edge of its power-of-two bucket).
-    pub fn latency_quantile_ms(&self, q: f64) -> Option<f64> {
-        let total: u64 = self.latency_buckets.iter().sum();
-        if total == 0 {
-            return None;
-        }
-        let target = (q.clamp(0.0, 1.0) * total as f64).ceil().max(1.0) as u64;
-        let mut seen = 0;
-        for (i, n) in self.latency_buckets.iter().enumerate() {
-            seen += n;
-            if seen >= target {
-                return Some((1u64 << i) as f64 / 1000.0);
-            }
-        }
-        None
-    }
+    /// The last successful reads' times (see [`latency`]).
+    pub latency: latency::Latencies,
 }
 
 struct Drive {
@@ -373,12 +347,7 @@ impl DriveStore {
                 errors: d.counters.errors.load(Ordering::Relaxed),
                 busy_micros: d.counters.busy().as_micros() as u64,
                 pending_bytes: d.counters.pending.load(Ordering::Relaxed),
-                latency_buckets: d
-                    .counters
-                    .latency
-                    .iter()
-                    .map(|b| b.load(Ordering::Relaxed))
-                    .collect(),
+                latency: d.counters.latency.copy(),
             })
             .collect()
     }

@@ -56,12 +56,15 @@ pub(super) fn run(ctx: Context) {
         let result = reader.read(&read);
         activity(&ctx.any, Activity::stop);
         activity(&c.activity, Activity::stop);
-        c.record_latency(started.elapsed().as_micros() as u64);
+        let took = started.elapsed().as_micros() as u64;
         c.pending.fetch_sub(read.request.len, Ordering::Relaxed);
         match &result {
             Ok(()) => {
                 c.bytes.fetch_add(read.request.len, Ordering::Relaxed);
                 c.reads.fetch_add(1, Ordering::Relaxed);
+                // Only reads that returned data have a latency: a failed one
+                // may fail at once, and is counted as an error instead.
+                c.latency.record(took);
             }
             Err(_) => {
                 c.errors.fetch_add(1, Ordering::Relaxed);
