@@ -106,6 +106,10 @@ fn drives_metrics_and_events_show_a_streaming_model_at_work() {
     assert_eq!(drives.len(), 2, "{listed}");
     for d in drives {
         assert_eq!(d["present"], true);
+        assert_eq!(d["status"], "present", "{d}");
+        assert_eq!(d["errors"], 0, "{d}");
+        // Both folders are in one temporary directory: one device.
+        assert_eq!(d["same_device"].as_array().map(Vec::len), Some(1), "{d}");
         assert!(d["model_bytes"].as_u64().unwrap() > 0);
         assert!(d["total_bytes"].as_u64().unwrap() >= d["free_bytes"].as_u64().unwrap());
         assert_eq!(d["models"], json!(["packed"]));
@@ -203,6 +207,20 @@ fn drive_io_errors_hold_the_queue_and_a_retry_finishes_it_exactly() {
         let held = s.get(&format!("/api/jobs/{id}"));
         assert_eq!(held["state"], "queued", "held, not started: {held}");
     }
+    // The drives view shows the fault: reads failing, counted, and no
+    // latency for reads that returned nothing.
+    let listed = s.get("/api/drives");
+    let drives = listed["drives"].as_array().unwrap();
+    assert!(
+        drives
+            .iter()
+            .any(|d| d["status"] == "errors" && d["errors"].as_u64() > Some(0)),
+        "{listed}"
+    );
+    assert!(
+        drives.iter().all(|d| d["latency_p50_ms"].is_null()),
+        "{listed}"
+    );
     std::fs::remove_file(&eio).unwrap();
     let texts: Vec<serde_json::Value> = ids
         .iter()
@@ -322,4 +340,88 @@ fn the_dashboard_history_outlives_the_tab_and_the_service() {
     let minutes = after["minutes"].as_array().unwrap();
     assert!(!minutes.is_empty(), "{after}");
     assert!(minutes.iter().all(|m| m["seconds"].as_f64().unwrap() > 0.0));
+}
+
+#[test]
+fn drive_health_comes_from_the_disk_warns_when_it_changes_and_outlives_a_restart() {
+    // Under the build's own directory, on a real disk (a tmpfs has none).
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let packed = pack(tmp.path(), &synth_model(tmp.path()));
+    let reading = tmp.path().join("reading.json");
+    support::set_health(&reading, "nvme.json");
+    let smartctl = support::fake_smartctl(tmp.path(), &reading);
+    let data = tmp.path().join("data");
+    let env = [("LONGHAUL_SMARTCTL", smartctl.as_str())];
+    let s = Service::start_env(&data, &[], &env);
+    s.add_model("packed", &packed);
+    let listed = s.post("/api/drives/health", json!({}));
+    let drives = listed["drives"].as_array().unwrap();
+    assert_eq!(drives.len(), 2, "{listed}");
+    for d in drives {
+        let disk = &d["disk"];
+        assert!(
+            disk["device"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("/dev/")),
+            "{d}"
+        );
+        assert!(disk["link"].is_string(), "{d}");
+        assert_eq!(disk["health"]["model"], "Samsung SSD 990 PRO 2TB", "{d}");
+        assert_eq!(disk["health"]["temperature_c"], 47);
+        assert_eq!(disk["health"]["percentage_used"], 3);
+        assert_eq!(disk["warnings"], json!([]));
+    }
+    assert_eq!(s.get("/api/queue")["health_warnings"], json!([]));
+    // A hot night with new errors.
+    support::set_health(&reading, "nvme-hot-errors.json");
+    let listed = s.post("/api/drives/health", json!({}));
+    let disk = &listed["drives"][0]["disk"];
+    let kinds: Vec<&str> = disk["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["failing", "new_errors", "hot", "throttled"],
+        "{disk}"
+    );
+    let temps: Vec<i64> = disk["temperatures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p[1].as_i64().unwrap())
+        .collect();
+    assert_eq!(temps, [47, 79]);
+    let queue = s.get("/api/queue");
+    let told = queue["health_warnings"].as_array().unwrap();
+    assert_eq!(told.len(), 4, "{queue}");
+    assert!(
+        told.iter()
+            .all(|w| w["text"].as_str().unwrap().starts_with("/dev/")),
+        "{queue}"
+    );
+    drop(s);
+    // The readings are kept: a new service shows them before reading again.
+    let s = Service::start_env(&data, &[], &env);
+    let listed = s.get("/api/drives");
+    assert_eq!(
+        listed["drives"][0]["disk"]["temperatures"]
+            .as_array()
+            .map(Vec::len),
+        Some(2),
+        "{listed}"
+    );
+    // A drive that hides its health says why.
+    support::set_health(&reading, "usb-hidden.json");
+    let listed = s.post("/api/drives/health", json!({}));
+    let disk = &listed["drives"][0]["disk"];
+    assert!(disk["health"].is_null(), "{disk}");
+    assert!(
+        disk["unavailable"]
+            .as_str()
+            .is_some_and(|w| w.contains("USB bridge")),
+        "{disk}"
+    );
 }

@@ -205,3 +205,40 @@ fn a_task_paused_by_a_missing_drive_turns_the_tray_red_and_is_told_once() {
         sup.status().state != TrayState::Error
     });
 }
+
+#[test]
+fn a_drive_that_warns_is_told_once_and_one_failing_turns_the_tray_red() {
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let pack = tmp.path().join("pack");
+    let packed =
+        support::pack_over_three_drives(&synth_model(tmp.path()), tmp.path(), "p", &pack, &[]);
+    assert!(packed.status.success(), "{packed:?}");
+    let reading = tmp.path().join("reading.json");
+    support::set_health(&reading, "nvme.json");
+    let smartctl = support::fake_smartctl(tmp.path(), &reading);
+    let data = tmp.path().join("data");
+    let service = support::Service::start_env(&data, &[], &[("LONGHAUL_SMARTCTL", &smartctl)]);
+    service.add_model("packed", &pack);
+    let sup = Supervisor::start(config(&data)).unwrap();
+    service.post("/api/drives/health", json!({}));
+    let calm = sup.status();
+    assert_eq!(calm.state, TrayState::Idle, "{}", calm.text);
+    assert!(calm.health.is_empty(), "{:?}", calm.health);
+    support::set_health(&reading, "nvme-hot-errors.json");
+    service.post("/api/drives/health", json!({}));
+    let hot = sup.status();
+    assert_eq!(hot.state, TrayState::Error, "{}", hot.text);
+    assert!(hot.text.contains("says it is failing"), "{}", hot.text);
+    assert_eq!(hot.health.len(), 4, "{:?}", hot.health);
+    assert!(
+        hot.health.iter().any(|n| n.contains("runs hot: 79 °C")),
+        "{:?}",
+        hot.health
+    );
+    assert!(sup.status().health.is_empty(), "told once");
+    // Cooled down and no new errors: the tray leaves red.
+    support::set_health(&reading, "nvme.json");
+    service.post("/api/drives/health", json!({}));
+    let again = sup.status();
+    assert_eq!(again.state, TrayState::Idle, "{}", again.text);
+}

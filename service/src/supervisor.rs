@@ -64,6 +64,8 @@ pub struct TrayStatus {
     /// Jobs that ended since the previous status, and jobs newly paused by
     /// a fault that needs the user: (id, title, state); see [`notice`].
     pub ended: Vec<(i64, String, String)>,
+    /// Drive health warnings not told before ("/dev/nvme0 runs hot: 79 °C").
+    pub health: Vec<String>,
 }
 
 pub struct Supervisor {
@@ -75,6 +77,10 @@ pub struct Supervisor {
     /// Jobs whose fault pause was told, until they end: a job retried by
     /// itself may pause again every few minutes, and is told once.
     told_paused: Mutex<std::collections::HashSet<i64>>,
+    /// Drive warnings told, by device and kind, while they last: a drive
+    /// that stays hot all night is told once, and again if it cools and
+    /// heats up later.
+    told_health: Mutex<std::collections::HashSet<(String, String)>>,
     awake: Mutex<Option<Child>>,
     /// `longhaul demo`, while it runs on the first start.
     demo: Mutex<Option<Child>>,
@@ -157,6 +163,7 @@ impl Supervisor {
             client: Mutex::new(None),
             seen: Mutex::new(HashMap::new()),
             told_paused: Mutex::new(std::collections::HashSet::new()),
+            told_health: Mutex::new(std::collections::HashSet::new()),
             awake: Mutex::new(None),
             demo: Mutex::new(None),
         };
@@ -307,6 +314,7 @@ impl Supervisor {
                 title: "!".into(),
                 queue_paused: false,
                 ended: Vec::new(),
+                health: Vec::new(),
             };
         };
         let mut ended = Vec::new();
@@ -345,6 +353,16 @@ impl Supervisor {
         self.hold_awake(running.is_some());
         // What needs the user comes first, even while another task runs.
         let faulted = jobs.iter().find(|j| needs_you(j));
+        let warnings = queue["health_warnings"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let health = self.untold_health(&warnings);
+        // A drive that says it is failing or logs new errors needs the user;
+        // heat and wear are told, and shown after the queue's state.
+        let alarming = warnings
+            .iter()
+            .find(|w| matches!(w["kind"].as_str(), Some("failing" | "new_errors")));
         let (state, text) = if let Some(fault) = queue["storage_fault"].as_str() {
             (TrayState::Error, format!("Longhaul: held: {fault}"))
         } else if let Some(j) = faulted {
@@ -354,6 +372,14 @@ impl Supervisor {
                     "Longhaul: “{}” is paused: {}",
                     j["title"].as_str().unwrap_or(""),
                     j["pause_reason"].as_str().unwrap_or("a fault")
+                ),
+            )
+        } else if let Some(w) = alarming {
+            (
+                TrayState::Error,
+                format!(
+                    "Longhaul: {}",
+                    w["text"].as_str().unwrap_or("a drive warns")
                 ),
             )
         } else if queue["paused"] == true {
@@ -381,6 +407,10 @@ impl Supervisor {
                 format!("Longhaul: idle, {waiting} waiting"),
             )
         };
+        let text = match (alarming, warnings.first()) {
+            (None, Some(w)) => format!("{text} · {}", w["text"].as_str().unwrap_or("")),
+            _ => text,
+        };
         // Endings are only told when the user wants them told.
         let notify = self
             .with_client(|c| c.get::<Value>("/api/preferences"))
@@ -404,7 +434,29 @@ impl Supervisor {
             title,
             queue_paused: queue["paused"] == true,
             ended,
+            health,
         }
+    }
+
+    /// The drive warnings among `warnings` not told yet; forgets those that
+    /// ended, so that they are told again if they come back.
+    fn untold_health(&self, warnings: &[Value]) -> Vec<String> {
+        let Ok(mut told) = self.told_health.lock() else {
+            return Vec::new();
+        };
+        let key = |w: &Value| {
+            (
+                w["device"].as_str().unwrap_or("").to_string(),
+                w["kind"].as_str().unwrap_or("").to_string(),
+            )
+        };
+        let now: std::collections::HashSet<_> = warnings.iter().map(key).collect();
+        told.retain(|k| now.contains(k));
+        warnings
+            .iter()
+            .filter(|w| told.insert(key(w)))
+            .map(|w| format!("Drive: {}", w["text"].as_str().unwrap_or("")))
+            .collect()
     }
 
     /// Keeps the machine from sleeping while `hold` (a job runs), and lets it

@@ -217,8 +217,10 @@ fn main() -> anyhow::Result<()> {
                         } else {
                             "Pause queue"
                         });
-                        for (_, title, state) in status.ended {
-                            let body = longhaul_service::supervisor::notice(&title, &state);
+                        let told = status.ended.iter().map(|(_, title, state)| {
+                            longhaul_service::supervisor::notice(title, state)
+                        });
+                        for body in told.chain(status.health) {
                             if let Err(e) = handle
                                 .notification()
                                 .builder()

@@ -434,3 +434,23 @@ pub fn follow_events(s: &Service) -> mpsc::Receiver<(String, Value)> {
     });
     rx
 }
+
+/// A stand-in for smartctl that prints what `reading` holds (a recorded
+/// output from `service/tests/fixtures/health`, copied in by [`set_health`]),
+/// whatever device it is asked for. Returns the command to give the service
+/// as `LONGHAUL_SMARTCTL`.
+pub fn fake_smartctl(dir: &Path, reading: &Path) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let script = dir.join("smartctl");
+    std::fs::write(&script, format!("#!/bin/sh\ncat '{}'\n", reading.display())).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script.to_str().unwrap().to_string()
+}
+
+/// Makes the fake smartctl print the recorded output `name`.
+pub fn set_health(reading: &Path, name: &str) {
+    let recorded = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../service/tests/fixtures/health")
+        .join(name);
+    std::fs::copy(&recorded, reading).unwrap();
+}

@@ -1,8 +1,11 @@
-//! `longhaul drives probe`: measure a pack's drives.
+//! `longhaul drives probe`: measure a pack's drives; `longhaul drives
+//! health`: what the disks under them say of themselves.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
+
+use longhaul_service::health;
 
 use super::size::parse_size;
 
@@ -24,6 +27,15 @@ enum DrivesCommand {
         bytes: u64,
         #[arg(long, default_value_t = 2)]
         queue_depth: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Each disk under a pack's drives (or under folders): how it is
+    /// attached, its temperature, wear and error counts, from smartctl.
+    Health {
+        /// Packs (their drive folders are read) or folders.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -57,5 +69,37 @@ pub fn run(args: DrivesArgs) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        DrivesCommand::Health { paths, json } => health(&paths, json),
     }
+}
+
+/// The drive folders of a pack, or the folder itself.
+fn folders_of(path: &Path) -> Vec<PathBuf> {
+    match longhaul_engine::tools::Manifest::read(path) {
+        Ok(m) => m.drives,
+        Err(_) => vec![path.to_path_buf()],
+    }
+}
+
+fn health(paths: &[PathBuf], json: bool) -> anyhow::Result<()> {
+    for p in paths {
+        if !p.exists() {
+            anyhow::bail!("{} does not exist", p.display());
+        }
+    }
+    let folders: Vec<PathBuf> = paths.iter().flat_map(|p| folders_of(p)).collect();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let drives = health::monitor::survey(&folders, now);
+    if json {
+        println!("{}", serde_json::to_string(&drives)?);
+        return Ok(());
+    }
+    for d in &drives {
+        for line in health::describe(d) {
+            println!("{line}");
+        }
+    }
+    Ok(())
 }

@@ -551,6 +551,8 @@ pub async fn queue_status(State(app): State<AppState>) -> ApiResult<Json<Value>>
         "running": running,
         "waiting": waiting,
         "held": held,
+        // What the disks under the packs warn of: hot, worn, new errors.
+        "health_warnings": super::drives::health_warnings(&app),
     })))
 }
 

@@ -11,6 +11,7 @@ pub mod admission;
 pub mod anthropic;
 pub mod conn;
 pub mod content;
+pub mod drives;
 pub mod error;
 pub mod follow;
 pub mod jobs;
@@ -135,6 +136,8 @@ pub struct AppState {
     pub history: Arc<Mutex<crate::history::History>>,
     /// What listing each model read from its files, until they change.
     pub listings: Arc<models::Listings>,
+    /// The disks' health readings, kept across restarts.
+    pub health: Arc<crate::health::HealthMonitor>,
 }
 
 impl AppState {
@@ -424,7 +427,8 @@ pub fn router(app: AppState) -> Router {
         .route("/api/jobs/{id}/{action}", post(jobs::act))
         .route("/api/queue", get(jobs::queue_status))
         .route("/api/queue/{action}", post(jobs::queue_act))
-        .route("/api/drives", get(system::list_drives))
+        .route("/api/drives", get(drives::list_drives))
+        .route("/api/drives/health", post(drives::refresh_health))
         .route("/api/heat/{model}", get(system::heat))
         .route("/api/info", get(info))
         .route("/api/metrics", get(system::metrics))
@@ -476,6 +480,12 @@ pub fn router(app: AppState) -> Router {
         .with_state(app)
 }
 
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 /// Publishes engine metrics once a second while a model is loaded.
 async fn sample_metrics(app: AppState) {
     let mut sampler: Option<(PathBuf, longhaul_engine::MetricsSampler)> = None;
@@ -496,6 +506,7 @@ async fn sample_metrics(app: AppState) {
             sampler.as_mut().map(|(_, m)| m.sample(s))
         });
         let budget = stats.map_or(0, |s| s.cache.budget_bytes);
+        app.runner.loaded.observe_errors(Some(&engine));
         let event = MetricsEvent {
             model: path.display().to_string(),
             running_job: app.runner.control.running(),
@@ -507,11 +518,8 @@ async fn sample_metrics(app: AppState) {
         if let Ok(mut m) = app.metrics.lock() {
             *m = Some(event.clone());
         }
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
         if let Ok(mut h) = app.history.lock() {
-            h.record(&event, now);
+            h.record(&event, unix_now());
         }
         app.events.publish(Event::Metrics(Box::new(event)));
     }
@@ -649,6 +657,7 @@ pub async fn serve(
             config.data_dir.join(crate::history::HISTORY_FILE),
         )))),
         listings: Arc::default(),
+        health: Arc::new(crate::health::HealthMonitor::open(&config.data_dir)),
     };
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
@@ -668,6 +677,7 @@ pub async fn serve(
         tracing::warn!("{e}");
     }
     tokio::spawn(sample_metrics(app.clone()));
+    tokio::spawn(drives::watch_health(app.clone()));
     let history = Arc::clone(&app.history);
     ready(addr, &token);
     let listener = conn::Guarded::new(listener, conn::Limits::default());

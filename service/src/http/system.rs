@@ -1,8 +1,7 @@
-//! `/api/drives`, `/api/metrics` and `/api/events`: what the dashboards draw.
+//! `/api/metrics` and `/api/events`: what the dashboards draw; and the
+//! preferences the desktop app and the web UI share.
 
-use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use axum::Json;
@@ -19,117 +18,6 @@ use crate::queue::ModelKind;
 
 /// How often an idle event stream sends a keep-alive comment.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
-
-#[derive(Debug, Serialize)]
-pub struct DriveView {
-    pub path: PathBuf,
-    /// Whether the folder is there now.
-    pub present: bool,
-    pub free_bytes: Option<u64>,
-    pub total_bytes: Option<u64>,
-    /// Bytes of registered models' packs stored in this folder.
-    pub model_bytes: u64,
-    /// Which models have data here.
-    pub models: Vec<String>,
-    pub mb_per_s: Option<f64>,
-    /// The drive's read rate at the last `longhaul drives probe` (or bench).
-    pub ceiling_mb_per_s: Option<f64>,
-    pub latency_p50_ms: Option<f64>,
-    pub errors: Option<u64>,
-}
-
-/// Free and total bytes of the file system holding `path`.
-#[cfg(unix)]
-pub fn space(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a valid NUL-terminated path and `s` a writable statvfs.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut s) };
-    if rc != 0 {
-        return None;
-    }
-    let block = s.f_frsize as u64;
-    Some((s.f_bavail as u64 * block, s.f_blocks as u64 * block))
-}
-
-#[cfg(not(unix))]
-pub fn space(_path: &Path) -> Option<(u64, u64)> {
-    None
-}
-
-fn folder_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .filter_map(Result::ok)
-                .filter_map(|e| e.metadata().ok())
-                .filter(|m| m.is_file())
-                .map(|m| m.len())
-                .sum()
-        })
-        .unwrap_or(0)
-}
-
-/// Every drive folder of every registered pack, with space and live figures.
-pub fn drives(app: &AppState) -> Vec<DriveView> {
-    let models = app.queue.models().unwrap_or_default();
-    let mut by_path: BTreeMap<PathBuf, DriveView> = BTreeMap::new();
-    for m in models {
-        let ModelKind::Local { path } = &m.kind else {
-            continue;
-        };
-        let Ok(manifest) = longhaul_engine::tools::Manifest::read(path) else {
-            continue;
-        };
-        let probe = longhaul_engine::tools::ProbeReport::load(path);
-        for dir in &manifest.drives {
-            let ceiling = probe
-                .as_ref()
-                .and_then(|p| p.drives.iter().find(|d| d.path == *dir))
-                .map(|d| d.mb_per_s);
-            let present = dir.is_dir();
-            let view = by_path.entry(dir.clone()).or_insert_with(|| {
-                let sp = space(dir);
-                DriveView {
-                    path: dir.clone(),
-                    present,
-                    free_bytes: sp.map(|s| s.0),
-                    total_bytes: sp.map(|s| s.1),
-                    model_bytes: 0,
-                    models: Vec::new(),
-                    mb_per_s: None,
-                    ceiling_mb_per_s: None,
-                    latency_p50_ms: None,
-                    errors: None,
-                }
-            });
-            view.ceiling_mb_per_s = view.ceiling_mb_per_s.or(ceiling);
-            view.model_bytes += folder_bytes(dir);
-            view.models.push(m.name.clone());
-        }
-    }
-    if let Some(latest) = app.latest_metrics()
-        && let Some(engine) = &latest.engine
-    {
-        for d in &engine.drives {
-            if let Some(v) = by_path.get_mut(&d.path) {
-                v.mb_per_s = Some(d.mb_per_s);
-                v.latency_p50_ms = d.latency_p50_ms;
-                v.errors = Some(d.errors);
-            }
-        }
-    }
-    by_path.into_values().collect()
-}
-
-pub async fn list_drives(State(app): State<AppState>) -> ApiResult<Json<Value>> {
-    let app2 = app.clone();
-    let drives = tokio::task::spawn_blocking(move || drives(&app2))
-        .await
-        .unwrap_or_default();
-    Ok(Json(json!({ "drives": drives })))
-}
 
 pub async fn metrics(State(app): State<AppState>) -> Json<Value> {
     Json(json!({

@@ -2,6 +2,7 @@
 //! replaced when a job needs another model.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use longhaul_engine::StreamingOptions;
@@ -9,18 +10,51 @@ use longhaul_engine::memory::MemorySettings;
 use longhaul_engine::{Engine, EngineError, EngineOptions, OutputFormat, PrefixCache};
 use longhaul_engine::{FinishReason, GenerationSettings, Phase, SamplingParams, Speculation};
 
+use crate::drive_errors::ErrorLedger;
+
 use super::{Outcome, Produced, RunError, Sink, Usage};
 use crate::queue::{DriveBytes, Input, PromptInput, Runnable, Speculate};
 
 /// The loaded model, shared with the metrics sampler.
 #[derive(Default)]
 pub struct LoadedModel {
-    pub slot: Mutex<Option<(PathBuf, Arc<Engine>)>>,
+    slot: Mutex<Option<(PathBuf, Arc<Engine>)>>,
+    /// Counts loads, so that each engine's drive counters are told apart.
+    loads: AtomicUsize,
+    /// Read errors per drive over every load.
+    pub errors: ErrorLedger,
 }
 
 impl LoadedModel {
     pub fn current(&self) -> Option<(PathBuf, Arc<Engine>)> {
         self.slot.lock().ok().and_then(|s| s.clone())
+    }
+
+    /// Puts `next` in place of the loaded model, counting the outgoing
+    /// engine's drive errors first.
+    pub fn replace(&self, next: Option<(PathBuf, Arc<Engine>)>) {
+        let Ok(mut slot) = self.slot.lock() else {
+            return;
+        };
+        if slot.is_some() {
+            self.observe_errors(slot.as_ref().map(|(_, e)| e));
+        }
+        if next.is_some() {
+            self.loads.fetch_add(1, Ordering::Relaxed);
+        }
+        *slot = next;
+    }
+
+    /// Takes in the loaded engine's drive errors (the metrics sampler does,
+    /// once a second).
+    pub fn observe_errors(&self, engine: Option<&Arc<Engine>>) {
+        if let Some(stats) = engine.and_then(|e| e.stats()) {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            self.errors
+                .observe(self.loads.load(Ordering::Relaxed), &stats.drives, now);
+        }
     }
 }
 
@@ -48,9 +82,7 @@ impl LocalBackend {
             return Ok(e);
         }
         // Let go of the old model before loading the next: RAM holds one.
-        if let Ok(mut slot) = self.loaded.slot.lock() {
-            *slot = None;
-        }
+        self.loaded.replace(None);
         let options = EngineOptions {
             streaming: self.streaming.clone(),
             memory: self.memory,
@@ -65,9 +97,8 @@ impl LocalBackend {
             }
         })?;
         let engine = Arc::new(engine);
-        if let Ok(mut slot) = self.loaded.slot.lock() {
-            *slot = Some((path.to_path_buf(), Arc::clone(&engine)));
-        }
+        self.loaded
+            .replace(Some((path.to_path_buf(), Arc::clone(&engine))));
         Ok(engine)
     }
 

@@ -697,9 +697,7 @@ impl Runner {
             }
             (Err(RunError::Fault(reason)), None) => {
                 // Reload on resume, so the drives are checked afresh.
-                if let Ok(mut slot) = self.loaded.slot.lock() {
-                    *slot = None;
-                }
+                self.loaded.replace(None);
                 let _ = self.queue.commit(id, &pending_output);
                 let _ = self.queue.save_stats(id, &stats);
                 let _ = self.queue.log(id, &format!("paused: {reason}"));
