@@ -1281,8 +1281,14 @@ fn a_pack_that_fills_its_drive_leaves_nothing_and_says_why() {
     let full = [("LONGHAUL_FAULTS", "pack-enospc-after=65536")];
     let s = Service::start_env(&data, &[], &full);
     let body = json!({ "name": "packed", "source": source, "drives": drives });
-    let (status, _) = s.call("POST", "/api/packs", Some(&body));
+    let (status, started) = s.call("POST", "/api/packs", Some(&body));
     assert_eq!(status, 202);
+    // Both folders are in one temporary directory: striping buys nothing.
+    let warned = started["warnings"].as_array().unwrap();
+    assert!(
+        warned.len() == 1 && warned[0].as_str().unwrap().contains("are on one device"),
+        "{started}"
+    );
     let task = wait_for_pack(&s);
     assert_eq!(task["state"], "failed", "{task}");
     let error = task["error"].as_str().unwrap_or_default();

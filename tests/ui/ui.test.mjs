@@ -6,7 +6,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, execFileSync } from "node:child_process";
-import { mkdtempSync, mkdirSync, readFileSync, existsSync, rmSync, renameSync, writeFileSync } from "node:fs";
+import { copyFileSync, mkdtempSync, mkdirSync, readFileSync, existsSync, rmSync, renameSync, writeFileSync } from "node:fs";
 import { tmpdir, homedir } from "node:os";
 import { join, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -26,8 +26,15 @@ const demoModel = join(uiDir, "../assets/longhaul-demo-moe");
 // Packs report slowly enough to watch each phase; drive reads fail with
 // EIO while the file `eio` exists in the scratch root.
 const faults = () => `pack-delay-ms=15,store-eio-while=${join(root, "eio")}`;
+// smartctl outputs the service's stand-in smartctl prints (see setHealth).
+const healthFixtures = join(here, "../../service/tests/fixtures/health");
 
 let root, service, browser, page, url, token, packPath;
+
+/** Makes the stand-in smartctl print the recorded output `name`. */
+function setHealth(name) {
+  copyFileSync(join(healthFixtures, name), join(root, "health.json"));
+}
 
 function sleep(ms) {
   return new Promise((r) => setTimeout(r, ms));
@@ -71,11 +78,14 @@ before(async () => {
   // The probe the dashboard draws as each drive's ceiling.
   execFileSync(bin, ["drives", "probe", "--model", packPath, "--bytes", "1M"], { stdio: "ignore" });
   const data = join(root, "data");
+  // Disk health comes from a stand-in smartctl printing recorded outputs.
+  setHealth("nvme.json");
+  writeFileSync(join(root, "smartctl"), `#!/bin/sh\ncat '${join(root, "health.json")}'\n`, { mode: 0o755 });
   // A budget of a few experts (of 192): most lookups read from the drives.
   // Packs written through it report slowly enough to watch each phase.
   service = spawn(bin, ["serve", "--data-dir", data, "--port", "0", "--budget", "2M", "--ui-dir", join(uiDir, "dist")], {
     stdio: "ignore",
-    env: { ...process.env, LONGHAUL_FAULTS: faults() },
+    env: { ...process.env, LONGHAUL_FAULTS: faults(), LONGHAUL_SMARTCTL: join(root, "smartctl") },
   });
   url = await waitFor(() => existsSync(join(data, "endpoint")) && readFileSync(join(data, "endpoint"), "utf8").trim(), "the service");
   token = readFileSync(join(data, "token"), "utf8").trim();
@@ -385,6 +395,35 @@ test("banner: a paused queue says so with Resume, and a removed drive names the 
   }
   await api("POST", `/api/jobs/${job.id}/cancel`);
   await page.waitForSelector("#banner", { state: "hidden", timeout: 15_000 });
+});
+
+test("disk health: each disk's figures and link, a hot night's warnings in the view and the banner, and why a hidden disk says nothing", async () => {
+  await page.goto(`${url}/#/drives`);
+  await page.click("#read-health");
+  await page.waitForSelector(".disk:has-text('Samsung SSD 990 PRO 2TB')");
+  const card = await page.textContent(".disk");
+  assert.match(card, /Temperature\s*47 °C/);
+  assert.match(card, /Endurance used\s*3 %/);
+  assert.match(card, /Unsafe shutdowns\s*27/);
+  // Every folder of both packs is in one temporary directory: one disk, and each row says so.
+  assert.equal(await page.locator(".disk").count(), 1);
+  assert.equal(await page.locator("#drives .hint.warn", { hasText: "On one device with" }).count(), 4);
+  setHealth("nvme-hot-errors.json");
+  await page.click("#read-health");
+  await page.waitForSelector(".disk.warned li[data-kind=hot]:has-text('79 °C')");
+  assert.equal(await page.locator(".disk li[data-kind=failing]", { hasText: "temperature past a threshold" }).count(), 1);
+  assert.equal(await page.locator(".disk li[data-kind=new_errors]", { hasText: "2 new media errors" }).count(), 1);
+  assert.equal(await page.locator(".disk svg.spark").count(), 1, "the day's temperatures are drawn");
+  await page.waitForSelector("#banner:has-text('runs hot: 79 °C')", { timeout: 15_000 });
+  await shot("drives-health-warnings");
+  setHealth("usb-hidden.json");
+  await page.click("#read-health");
+  await page.waitForSelector(".disk:has-text('No health')");
+  assert.match(await page.textContent(".disk"), /USB bridge \(USB id 0x152d:0x0578 \(0x214\)\) that does not pass the drive's health through/);
+  await page.waitForSelector("#banner:has-text('runs hot')", { state: "detached", timeout: 15_000 });
+  await shot("drives-health-hidden");
+  setHealth("nvme.json");
+  await api("POST", "/api/drives/health");
 });
 
 test("a failing drive holds the queue: its task retries by itself, the next waits, and both finish", async () => {

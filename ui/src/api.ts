@@ -264,6 +264,8 @@ export interface PromptProgress {
 
 export interface Drive {
   path: string;
+  /** Present, missing, or present with reads failing in the last two minutes. */
+  status: "present" | "missing" | "errors";
   present: boolean;
   free_bytes: number | null;
   total_bytes: number | null;
@@ -271,8 +273,53 @@ export interface Drive {
   models: string[];
   mb_per_s: number | null;
   ceiling_mb_per_s: number | null;
+  /** Measured over the reads of the last second; null when none finished. */
   latency_p50_ms: number | null;
-  errors: number | null;
+  latency_p90_ms: number | null;
+  latency_p99_ms: number | null;
+  /** Failed reads since the service started. */
+  errors: number;
+  last_error_seconds_ago: number | null;
+  /** Other drive folders on the same device. */
+  same_device: string[];
+  disk: Disk | null;
+}
+
+/** The disk under a drive folder, and what it says of itself. */
+export interface Disk {
+  device: string | null;
+  link: string | null;
+  via: string[];
+  checked_at: number;
+  health: DiskHealth | null;
+  /** Why there is no health reading. */
+  unavailable: string | null;
+  warnings: { kind: string; text: string }[];
+  /** [seconds since the epoch, °C] over the last day. */
+  temperatures: [number, number][];
+}
+
+export interface DiskHealth {
+  device: string;
+  model: string | null;
+  serial: string | null;
+  firmware: string | null;
+  protocol: string | null;
+  through: string | null;
+  passed: boolean | null;
+  critical_warning: number | null;
+  temperature_c: number | null;
+  percentage_used: number | null;
+  available_spare: number | null;
+  available_spare_threshold: number | null;
+  media_errors: number | null;
+  error_log_entries: number | null;
+  reallocated: number | null;
+  crc_errors: number | null;
+  unsafe_shutdowns: number | null;
+  power_on_hours: number | null;
+  warning_temp_minutes: number | null;
+  critical_temp_minutes: number | null;
 }
 
 /** The event stream's state: open, trying again, or refused for the token. */

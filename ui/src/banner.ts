@@ -1,7 +1,7 @@
 // The status banner under the header: what needs the user while they are
 // away from the view that would show it — the service down, the token
 // refused, the queue held, the data dir full, a task paused by a drive
-// (which retries by itself: its reason says when).
+// (which retries by itself: its reason says when), a disk that warns.
 
 import { get, Job, post, TOKEN_REFUSED } from "./api";
 import { toast } from "./dom";
@@ -14,6 +14,8 @@ interface QueueStatus {
   running: number | null;
   waiting: number;
   held: { id: number; title: string; reason: string }[];
+  /** What the disks under the packs warn of (see the Drives view). */
+  health_warnings?: { device: string; kind: string; text: string }[];
 }
 
 /** Queue state is read again this often, besides on every queue event. */
@@ -48,6 +50,9 @@ function lines(): string[] {
     out.push(
       `<span>Task <a href="#/job/${h.id}">${esc(h.title)}</a> is paused: ${esc(h.reason)}</span> <button class="small secondary" data-banner="resume-job" data-id="${h.id}">Resume</button>`,
     );
+  }
+  for (const w of queue.health_warnings ?? []) {
+    out.push(`<span>Drive ${esc(w.text)}.</span> <a class="button small secondary" href="#/drives">Drives</a>`);
   }
   if (queue.held.length + (queue.paused ? 1 : 0) >= 2) {
     out.push(`<span>Resume the queue and every paused task at once.</span> <button class="small" data-banner="resume-all">Resume all</button>`);

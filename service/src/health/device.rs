@@ -57,7 +57,7 @@ impl std::fmt::Display for Link {
             Link::Usb { speed: None } => write!(f, "USB"),
             Link::Thunderbolt => write!(f, "Thunderbolt"),
             Link::Sata => write!(f, "SATA"),
-            Link::Virtual { what } => write!(f, "{what} (a virtual disk)"),
+            Link::Virtual { what } => write!(f, "virtual disk ({what})"),
             Link::Other { what } => write!(f, "{what}"),
         }
     }

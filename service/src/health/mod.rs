@@ -104,7 +104,7 @@ pub fn describe(d: &DriveHealth) -> Vec<String> {
         .as_ref()
         .and_then(|h| h.model.clone())
         .map_or(String::new(), |m| format!(" — {m}"));
-    let link = d.link.as_ref().map_or(String::new(), |l| format!(" ({l})"));
+    let link = d.link.as_ref().map_or(String::new(), |l| format!(" · {l}"));
     let mut lines = vec![format!("{name}{model}{link}")];
     if d.device.is_some() {
         lines.push(format!("  folders: {}", folders.join(", ")));

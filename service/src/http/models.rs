@@ -264,6 +264,8 @@ pub async fn start_pack(
             })?,
         ),
     };
+    // Folders on one device pack, but striping over them buys nothing.
+    let warnings = crate::devices::warnings(&body.drives);
     let out = app.packs_dir().join(&name);
     crate::packing::Packer::reserve(&name, &body.source, &out, &body.drives).map_err(
         |e| match e {
@@ -281,7 +283,9 @@ pub async fn start_pack(
         out,
         app.queue.clone(),
     );
-    Ok((StatusCode::ACCEPTED, Json(json!(task))))
+    let mut view = json!(task);
+    view["warnings"] = json!(warnings);
+    Ok((StatusCode::ACCEPTED, Json(view)))
 }
 
 /// `GET /api/packs`: packings started here, with their progress.

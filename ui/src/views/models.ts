@@ -184,7 +184,8 @@ export async function render(root: HTMLElement): Promise<() => void> {
       experts: v("experts") || undefined,
     };
     try {
-      const started = await post<PackTask>("/api/packs", body);
+      const started = await post<PackTask & { warnings?: string[] }>("/api/packs", body);
+      for (const w of started.warnings ?? []) toast(w, "error");
       // Counted as running until a poll says otherwise, however fast it ends.
       seen.set(started.id, "running");
       packForm.reset();
