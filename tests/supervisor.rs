@@ -49,6 +49,7 @@ fn the_supervisor_starts_restarts_and_reports_the_service() {
     assert!(url.ends_with(&format!("/#token={}", token.trim())), "{url}");
     let status = sup.status();
     assert_eq!(status.state, TrayState::Idle, "{}", status.text);
+    assert_eq!(sup.quit_question(), None, "nothing runs: Quit asks nothing");
 
     let client = longhaul_service::client::Client::new(&data, None).unwrap();
     let model = synth_model(tmp.path());
@@ -65,6 +66,12 @@ fn the_supervisor_starts_restarts_and_reports_the_service() {
             .get::<serde_json::Value>(&format!("/api/jobs/{id}"))
             .is_ok_and(|j| j["tokens"].as_u64() > Some(0))
     });
+    let question = sup.quit_question().expect("Quit asks while a task runs");
+    assert!(
+        question.contains("“nightly audit” is running")
+            && question.contains("goes on from where it stopped"),
+        "{question}"
+    );
     let status = sup.status();
     assert!(
         status.text.contains("nightly audit") && status.text.contains("of 2500 tokens"),

@@ -529,6 +529,28 @@ impl Supervisor {
         self.awake.lock().map(|a| a.is_some()).unwrap_or(false)
     }
 
+    /// What Quit asks first when it would stop a running task (the service
+    /// is this supervisor's and a task runs); `None` when Quit stops
+    /// nothing that is working.
+    pub fn quit_question(&self) -> Option<String> {
+        if !self.child.lock().is_ok_and(|c| c.is_some()) {
+            return None;
+        }
+        let jobs = self.jobs()?;
+        let running = jobs.iter().find(|j| j["state"] == "running")?;
+        let waiting = jobs.iter().filter(|j| j["state"] == "queued").count();
+        let after = match waiting {
+            0 => String::new(),
+            1 => " One more task waits.".into(),
+            n => format!(" {n} more tasks wait."),
+        };
+        Some(format!(
+            "“{}” is running: {}. Quitting stops it; it goes on from where it stopped, with the same text, when Longhaul starts again.{after}",
+            running["title"].as_str().unwrap_or(""),
+            running_line(running, None)
+        ))
+    }
+
     /// Stops the service if this supervisor started it (jobs resume next time).
     pub fn shutdown(&self) {
         self.hold_awake(false);

@@ -2,7 +2,8 @@
 //! `longhaul-service` starts and watches the service and sums up the queue;
 //! this shell draws the tray, opens the service's web UI in a window, and
 //! shows notifications. Closing the window never stops a job; Quit stops the
-//! service, and running jobs resume at the next start.
+//! service (asking first while a job runs), and running jobs resume at the
+//! next start.
 
 #![cfg_attr(not(debug_assertions), windows_subsystem = "windows")]
 
@@ -16,6 +17,7 @@ use longhaul_service::supervisor::{Supervisor, SupervisorConfig, TrayState};
 use tauri::menu::{Menu, MenuItem, PredefinedMenuItem};
 use tauri::tray::TrayIconBuilder;
 use tauri::{AppHandle, DragDropEvent, Manager, WebviewUrl, WebviewWindowBuilder, WindowEvent};
+use tauri_plugin_dialog::{DialogExt, MessageDialogButtons, MessageDialogKind};
 use tauri_plugin_notification::NotificationExt;
 
 /// The tray icon for each state of the queue.
@@ -131,6 +133,31 @@ fn open_window(app: &AppHandle, sup: &Supervisor, route: &str) -> tauri::Result<
     Ok(())
 }
 
+/// Quits, first asking when that would stop a running task.
+fn quit_asking(app: &AppHandle, sup: &Arc<Supervisor>) {
+    let Some(question) = sup.quit_question() else {
+        sup.shutdown();
+        app.exit(0);
+        return;
+    };
+    let (app, sup) = (app.clone(), Arc::clone(sup));
+    app.clone()
+        .dialog()
+        .message(question)
+        .title("Quit Longhaul?")
+        .kind(MessageDialogKind::Warning)
+        .buttons(MessageDialogButtons::OkCancelCustom(
+            "Quit".into(),
+            "Keep running".into(),
+        ))
+        .show(move |quit| {
+            if quit {
+                sup.shutdown();
+                app.exit(0);
+            }
+        });
+}
+
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -144,6 +171,7 @@ fn main() -> anyhow::Result<()> {
     }
     let app = tauri::Builder::default()
         .plugin(tauri_plugin_notification::init())
+        .plugin(tauri_plugin_dialog::init())
         .setup({
             let sup = Arc::clone(&sup);
             move |app| {
@@ -177,8 +205,7 @@ fn main() -> anyhow::Result<()> {
                                 Ok(())
                             }
                             "quit" => {
-                                on_menu.shutdown();
-                                app.exit(0);
+                                quit_asking(app, &on_menu);
                                 Ok(())
                             }
                             _ => Ok(()),
