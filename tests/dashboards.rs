@@ -264,6 +264,37 @@ fn a_preview_counts_the_prompt_and_lists_skipped_files() {
 }
 
 #[test]
+fn a_preview_forecasts_ram_and_time_from_the_probed_drives_then_from_finished_tasks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let packed = pack(tmp.path(), &synth_model(tmp.path()));
+    let s = Service::start_with(&tmp.path().join("data"), &["--budget", "0"]);
+    s.add_model("packed", &packed);
+    let body = json!({ "model": "packed", "prompt": "Audit the storage layer", "max_tokens": 40 });
+    let before = &s.post("/api/jobs/preview", body.clone())["forecast"];
+    assert_eq!(before["basis"], "none", "{before}");
+    assert!(before["ram_bytes"].as_u64() > Some(0), "{before}");
+    assert!(before["read_bytes_per_token"].as_u64() > Some(0), "{before}");
+    assert!(before["total_seconds"].is_null(), "{before}");
+    assert!(before["words"].as_str().unwrap().contains("probe"), "{before}");
+    let probed = Command::new(support::longhaul())
+        .args(["drives", "probe", "--bytes", "1M", "--model"])
+        .arg(&packed)
+        .output()
+        .unwrap();
+    assert!(probed.status.success(), "{probed:?}");
+    let drives = &s.post("/api/jobs/preview", body.clone())["forecast"];
+    assert_eq!(drives["basis"], "probed_drives", "{drives}");
+    assert!(drives["first_token_seconds"].as_f64() > Some(0.0), "{drives}");
+    assert!(drives["total_seconds"].as_f64() > drives["first_token_seconds"].as_f64(), "{drives}");
+    let id = s.post("/api/jobs", body.clone())["id"].as_i64().unwrap();
+    let done = s.wait_final(id, WAIT);
+    assert_eq!(done["state"], "done");
+    let measured = &s.post("/api/jobs/preview", body)["forecast"];
+    assert_eq!(measured["basis"], "measured", "{measured}");
+    assert_eq!(measured["tokens_per_second"], done["stats"]["tokens_per_second"], "{measured}");
+}
+
+#[test]
 fn an_unplugged_drive_pauses_the_running_job_and_it_resumes_when_the_drive_is_back() {
     let tmp = tempfile::tempdir().unwrap();
     let packed = pack(tmp.path(), &synth_model(tmp.path()));

@@ -20,7 +20,7 @@ pub const RUNTIME_BYTES: u64 = 128 << 20;
 pub const HEADROOM_SHARE: f64 = 0.03;
 /// The attention cache grows by appending, which briefly holds the old and
 /// the new copy.
-const KV_COPIES: u64 = 2;
+pub const KV_COPIES: u64 = 2;
 
 /// The default limit: the cgroup's when one is set (the page cache counts
 /// against it, and expert reads bypass the page cache), otherwise a share of

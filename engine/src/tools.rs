@@ -40,3 +40,14 @@ pub fn context_length(path: &std::path::Path) -> Option<usize> {
     };
     spec.common().context_length
 }
+
+/// The attention state a model folder or pack keeps per token of context
+/// (and its fixed part), read without loading the model.
+pub fn state_bytes(path: &std::path::Path) -> Option<crate::memory::StateBytes> {
+    let spec = if crate::import::is_gguf(path) {
+        crate::import::ModelSource::open(path).ok()?.spec().ok()?
+    } else {
+        crate::model::ModelSpec::read(&path.join("config.json")).ok()?
+    };
+    Some(spec.state_bytes())
+}

@@ -11,6 +11,7 @@ pub mod drive_watch;
 pub mod events;
 pub mod fault_retry;
 pub mod faults;
+pub mod forecast;
 pub mod health;
 pub mod history;
 pub mod http;

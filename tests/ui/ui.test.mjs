@@ -178,6 +178,9 @@ test("tasks: bad input is explained inline, a task is queued and finishes", asyn
   await page.fill('input[name="max_tokens"]', "300");
   await page.click("#count");
   await page.waitForSelector("#token-count:not(.warn):has-text('prompt tokens')");
+  // Before queueing: the RAM, the first token and the end, from the demo pack's probed drives or its finished tasks.
+  await page.waitForSelector("#forecast:has-text('needs about')");
+  assert.match(await page.textContent("#forecast"), /Forecast: needs about [\d.]+ [KMG]iB of RAM, first token in .+, done in .+ \((from the medians|at least)/);
   await page.click("#submit");
   await page.waitForSelector("#jobs li.job a:text('Storage engine draft')");
   await page.waitForSelector("#jobs li.job[data-state=done]", { timeout: WAIT });

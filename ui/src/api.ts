@@ -285,6 +285,17 @@ export interface Drive {
   disk: Disk | null;
 }
 
+/** Before queueing: RAM, first token and end, and what they rest on. */
+export interface Forecast {
+  ram_bytes: number;
+  first_token_seconds: number | null;
+  total_seconds: number | null;
+  tokens_per_second: number | null;
+  read_bytes_per_token: number | null;
+  basis: "measured" | "probed_drives" | "none";
+  words: string;
+}
+
 /** The disk under a drive folder, and what it says of itself. */
 export interface Disk {
   device: string | null;

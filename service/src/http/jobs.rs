@@ -15,7 +15,8 @@ use super::error::{ApiError, ApiResult};
 use super::{ApiJson, ApiPath, AppState};
 use crate::events::JobProgress;
 use crate::queue::{
-    Input, JobState, JobView, Message, ModelKind, PauseCause, Request, Settings, Speculate,
+    Input, JobState, JobView, Message, ModelEntry, ModelKind, PauseCause, Request, Settings,
+    Speculate,
 };
 use longhaul_engine::tools::SamplingDefaults;
 
@@ -564,6 +565,9 @@ pub async fn preview(
 ) -> ApiResult<Json<Value>> {
     // The same fields as a submission, checked the same way.
     let settings = body.settings(model_sampling(&app, &body.model).await)?;
+    // Without max_tokens (or with it as a cap), the answer may fill the context.
+    let fills = body.max_tokens.is_none() || body.fit_max_tokens;
+    let body_max = body.max_tokens;
     let model_name = body.model.clone();
     let model = app.blocking(move |q| q.model(&model_name)).await?;
     let input = match body.messages.filter(|m| !m.is_empty()) {
@@ -572,7 +576,14 @@ pub async fn preview(
     };
     let chat_args = body.chat_template_kwargs.unwrap_or_default();
     let attached = read_attachments(body.attachments.unwrap_or_default()).await?;
+    let finished = app.blocking(|q| q.list()).await?;
+    let budget = match app.latest_metrics() {
+        // The loaded model's planned budget, when it is this one.
+        Some(m) if Some(m.model.as_str()) == model_path(&model).as_deref() => m.budget_bytes,
+        _ => app.runner.expert_budget(),
+    };
     let result = tokio::task::spawn_blocking(move || -> Result<Value, ApiError> {
+        let inputs = forecast_inputs(&model, budget, &finished);
         let skipped: Vec<Value> = attached
             .skipped
             .iter()
@@ -588,8 +599,16 @@ pub async fn preview(
             forced_call: None,
         };
         let counted = count_prompt(&model, &request)?;
+        let left = context_of(&model).map(|c| c.saturating_sub(counted.tokens()));
+        let answer = match (fills, left) {
+            (true, Some(left)) if body_max.is_none_or(|m| m > left) => left,
+            _ => settings.max_tokens,
+        };
+        let forecast = crate::forecast::forecast(&inputs, counted.tokens(), answer);
         Ok(json!({
             "prompt_tokens": counted.tokens(),
+            // RAM, time to the first token and to the end, before queueing.
+            "forecast": forecast,
             "estimate": matches!(counted, Counted::Estimate(_)),
             "context_tokens": context_of(&model),
             "attachment_files": attached.files,
@@ -603,4 +622,71 @@ pub async fn preview(
     .await
     .map_err(|e| ApiError::internal(e.to_string()))??;
     Ok(Json(result))
+}
+
+fn model_path(model: &ModelEntry) -> Option<String> {
+    match &model.kind {
+        ModelKind::Local { path } => Some(path.display().to_string()),
+        ModelKind::Remote { .. } => None,
+    }
+}
+
+/// What a forecast for `model` rests on: its pack's shape and probed
+/// drives, and the speeds of its finished tasks (`jobs`, newest first).
+fn forecast_inputs(model: &ModelEntry, budget: u64, jobs: &[JobView]) -> crate::forecast::Inputs {
+    use crate::forecast::{ExpertShape, Finished, Inputs};
+    let finished = jobs
+        .iter()
+        .filter(|j| j.model == model.name && j.state == JobState::Done)
+        .filter_map(|j| j.stats.as_ref())
+        .filter(|s| s.generated_tokens > 0)
+        .filter_map(|s| {
+            Some(Finished {
+                prompt_tokens: s.prompt_tokens,
+                time_to_first_token_s: s.time_to_first_token_s?,
+                tokens_per_second: s.tokens_per_second,
+            })
+        })
+        .collect();
+    let ModelKind::Local { path } = &model.kind else {
+        return Inputs {
+            finished,
+            ..Inputs::default()
+        };
+    };
+    let state = longhaul_engine::tools::state_bytes(path);
+    let details = longhaul_engine::tools::Manifest::read(path)
+        .ok()
+        .and_then(|m| longhaul_engine::tools::describe_pack(path, &m));
+    let Some(d) = details else {
+        // Not a pack: every weight is loaded into RAM.
+        let resident_bytes = std::fs::read_dir(path)
+            .map(|r| {
+                r.filter_map(Result::ok)
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0);
+        return Inputs {
+            resident_bytes,
+            state,
+            finished,
+            ..Inputs::default()
+        };
+    };
+    Inputs {
+        resident_bytes: d.resident_bytes,
+        budget_bytes: budget,
+        state,
+        experts: d.experts_per_token.map(|per_token| ExpertShape {
+            total_bytes: d.expert_bytes,
+            layers: d.expert_layers,
+            per_layer: d.experts_per_layer,
+            per_token,
+        }),
+        drives_mb_per_s: longhaul_engine::tools::ProbeReport::load(path)
+            .map(|p| p.aggregate_mb_per_s),
+        finished,
+    }
 }

@@ -297,6 +297,12 @@ pub struct Runner {
 }
 
 impl Runner {
+    /// RAM for each model's cached experts, as configured (a memory limit
+    /// plans it per model when the model loads).
+    pub fn expert_budget(&self) -> u64 {
+        self.config.streaming.budget_bytes
+    }
+
     pub fn new(queue: Arc<Queue>, events: Events, config: RunnerConfig) -> Self {
         Self {
             queue,

@@ -1,9 +1,9 @@
 // Tasks: submit a long-form task, and the queue with progress, speed, ETA,
 // place in line, and the controls to reorder, pause, resume and cancel.
 
-import { ApiError, get, Job, Model, post } from "../api";
+import { ApiError, Forecast, get, Job, Model, post } from "../api";
 import { clearFormErrors, showFormError, stateBadge, toast } from "../dom";
-import { duration, esc, phaseLine, rate } from "../format";
+import { bytes, duration, esc, phaseLine, rate } from "../format";
 import { store } from "../store";
 import { Draft, DRAFT_KEY } from "./report";
 
@@ -29,6 +29,7 @@ function form(models: Model[]): string {
     <label data-field="attachments">Attach files or folders on this machine (one path per line; in the desktop app, drop them on the window)
       <textarea name="attachments" rows="2" placeholder="/home/me/project/src"></textarea></label>
     <p class="hint" id="token-count" aria-live="polite"></p>
+    <p class="hint" id="forecast" aria-live="polite"></p>
     <div class="grid3">
       <label data-field="max_tokens">Max tokens <input name="max_tokens" type="number" min="1" placeholder="all the context leaves" /></label>
       <label data-field="priority" title="Higher runs sooner; equal priorities run in the order queued">Priority (higher runs sooner) <input name="priority" type="number" value="0" /></label>
@@ -53,7 +54,7 @@ function form(models: Model[]): string {
       <p class="hint" id="sampling-note"></p>
     </fieldset>
     <div class="row">
-      <button type="button" id="count" class="secondary">Count tokens</button>
+      <button type="button" id="count" class="secondary">Count and estimate</button>
       <button type="submit" id="submit" ${models.length === 0 ? "disabled" : ""}>Queue task</button>
     </div>
   </form>`;
@@ -363,6 +364,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
     showSystem();
     const count = root.querySelector("#count") as HTMLButtonElement;
     const counted = root.querySelector("#token-count") as HTMLElement;
+    const forecastLine = root.querySelector("#forecast") as HTMLElement;
     count.addEventListener("click", async () => {
       clearFormErrors(f);
       try {
@@ -373,9 +375,10 @@ export async function render(root: HTMLElement): Promise<() => void> {
           context_tokens: number | null;
           attachment_files: string[];
           skipped: { path: string; reason: string }[];
+          forecast: Forecast;
         }>(
           "/api/jobs/preview",
-          { model: b.model, prompt: b.prompt, messages: b.messages, attachments: b.attachments, chat_template_kwargs: b.chat_template_kwargs },
+          { model: b.model, prompt: b.prompt, messages: b.messages, attachments: b.attachments, chat_template_kwargs: b.chat_template_kwargs, max_tokens: b.max_tokens },
         );
         const skipped = p.skipped.length ? ` · skipped ${p.skipped.map((s) => `${s.path} (${s.reason})`).join(", ")}` : "";
         const context = p.context_tokens ? ` of the model's ${p.context_tokens}-token context` : "";
@@ -389,6 +392,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
         } else if (!p.estimate && asked > room) {
           counted.textContent += ` — with max tokens ${asked} it does not fit: at most ${room}`;
         }
+        forecastLine.textContent = forecastWords(p.forecast);
       } catch (e) {
         showFormError(f, e);
       }
@@ -455,4 +459,13 @@ export async function render(root: HTMLElement): Promise<() => void> {
     offJob();
     document.removeEventListener("keydown", onKey);
   };
+}
+
+/** A forecast in one line: the RAM, the first token, the end, and what it rests on. */
+function forecastWords(f: Forecast): string {
+  const ram = `needs about ${bytes(f.ram_bytes)} of RAM`;
+  if (f.total_seconds == null) return `Forecast: ${ram}; ${f.words}.`;
+  const first = f.first_token_seconds == null ? "" : `, first token in ${duration(f.first_token_seconds)}`;
+  const speed = f.tokens_per_second == null ? "" : ` at ${f.tokens_per_second.toFixed(2)} tok/s`;
+  return `Forecast: ${ram}${first}, done in ${duration(f.total_seconds)}${speed} (${f.words}).`;
 }
