@@ -1368,3 +1368,56 @@ fn a_pack_holds_its_name_and_an_interrupted_one_leaves_nothing() {
     assert_eq!(last["state"], "done", "{last}");
     assert!(s.get("/api/models").to_string().contains("\"packed\""));
 }
+
+/// Removing a pack's model can delete its files: its folder and its extents
+/// on every drive, leaving what else the drives hold.
+#[test]
+fn removing_a_pack_with_its_files_deletes_them_and_nothing_else() {
+    let tmp = tempfile::tempdir().unwrap();
+    let source = support::synth_model(tmp.path());
+    let pack = tmp.path().join("pack");
+    let packed = support::pack_over_three_drives(&source, tmp.path(), "p", &pack, &[]);
+    assert!(packed.status.success(), "{packed:?}");
+    let drives = longhaul_engine::tools::Manifest::read(&pack)
+        .unwrap()
+        .drives;
+    let keep = drives[0].join("notes.txt");
+    std::fs::write(&keep, "mine").unwrap();
+    let s = Service::start(&tmp.path().join("data"));
+    s.add_model("packed", &pack);
+    s.add_model("folder", &source);
+    let (status, err) = s.call("DELETE", "/api/models/folder?files=true", None);
+    assert_eq!(status, 400, "{err}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("is not a pack"),
+        "{err}"
+    );
+    assert!(
+        source.join("config.json").exists(),
+        "a checkpoint folder is never deleted"
+    );
+    let (status, gone) = s.call("DELETE", "/api/models/packed?files=true", None);
+    assert_eq!(status, 200, "{gone}");
+    assert!(gone["removed_bytes"].as_u64() > Some(0), "{gone}");
+    assert!(
+        gone["removed_files"].as_u64() >= Some(3),
+        "an extent per drive at least: {gone}"
+    );
+    assert!(!pack.exists());
+    assert_eq!(std::fs::read_to_string(&keep).unwrap(), "mine");
+    for d in &drives[1..] {
+        assert!(!d.exists(), "{} emptied and removed", d.display());
+    }
+    let (status, _) = s.call("GET", "/api/models", None);
+    assert_eq!(status, 200);
+    assert!(
+        s.get("/api/models")["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["name"] != "packed")
+    );
+}

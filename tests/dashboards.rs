@@ -273,9 +273,15 @@ fn a_preview_forecasts_ram_and_time_from_the_probed_drives_then_from_finished_ta
     let before = &s.post("/api/jobs/preview", body.clone())["forecast"];
     assert_eq!(before["basis"], "none", "{before}");
     assert!(before["ram_bytes"].as_u64() > Some(0), "{before}");
-    assert!(before["read_bytes_per_token"].as_u64() > Some(0), "{before}");
+    assert!(
+        before["read_bytes_per_token"].as_u64() > Some(0),
+        "{before}"
+    );
     assert!(before["total_seconds"].is_null(), "{before}");
-    assert!(before["words"].as_str().unwrap().contains("probe"), "{before}");
+    assert!(
+        before["words"].as_str().unwrap().contains("probe"),
+        "{before}"
+    );
     let probed = Command::new(support::longhaul())
         .args(["drives", "probe", "--bytes", "1M", "--model"])
         .arg(&packed)
@@ -284,14 +290,23 @@ fn a_preview_forecasts_ram_and_time_from_the_probed_drives_then_from_finished_ta
     assert!(probed.status.success(), "{probed:?}");
     let drives = &s.post("/api/jobs/preview", body.clone())["forecast"];
     assert_eq!(drives["basis"], "probed_drives", "{drives}");
-    assert!(drives["first_token_seconds"].as_f64() > Some(0.0), "{drives}");
-    assert!(drives["total_seconds"].as_f64() > drives["first_token_seconds"].as_f64(), "{drives}");
+    assert!(
+        drives["first_token_seconds"].as_f64() > Some(0.0),
+        "{drives}"
+    );
+    assert!(
+        drives["total_seconds"].as_f64() > drives["first_token_seconds"].as_f64(),
+        "{drives}"
+    );
     let id = s.post("/api/jobs", body.clone())["id"].as_i64().unwrap();
     let done = s.wait_final(id, WAIT);
     assert_eq!(done["state"], "done");
     let measured = &s.post("/api/jobs/preview", body)["forecast"];
     assert_eq!(measured["basis"], "measured", "{measured}");
-    assert_eq!(measured["tokens_per_second"], done["stats"]["tokens_per_second"], "{measured}");
+    assert_eq!(
+        measured["tokens_per_second"], done["stats"]["tokens_per_second"],
+        "{measured}"
+    );
 }
 
 #[test]

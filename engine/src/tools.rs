@@ -18,7 +18,7 @@ pub use crate::pack::encoding::Quantization;
 pub use crate::pack::verify::verify_pack;
 pub use crate::pack::{
     DEFAULT_ALIGNMENT, DEFAULT_SPLIT_THRESHOLD, Discarded, MANIFEST_FILE, Manifest, PackError,
-    PackOptions, PackPhase, PackProgress, PackSummary, discard_unfinished, is_pack,
+    PackOptions, PackPhase, PackProgress, PackSummary, discard_pack, discard_unfinished, is_pack,
     pack_matches_source, write_pack,
 };
 pub use crate::pilot::PilotCounters;

@@ -743,3 +743,116 @@ test("dark theme follows the system, with input borders at 3:1 or more in both t
     }
   }
 });
+
+/** Text in the page whose contrast with what is behind it is under WCAG AA
+ * (4.5:1, or 3:1 for large text), and buttons and links with no name. */
+async function accessibilityProblems(p) {
+  return p.evaluate(() => {
+    const parse = (c) => {
+      const m = c.match(/[\d.]+/g);
+      if (!m) return null;
+      const [r, g, b, a = 1] = m.map(Number);
+      return { r, g, b, a };
+    };
+    const lum = ({ r, g, b }) =>
+      [r, g, b]
+        .map((v) => {
+          v /= 255;
+          return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
+        })
+        .reduce((s, v, i) => s + v * [0.2126, 0.7152, 0.0722][i], 0);
+    const behind = (el) => {
+      for (let e = el; e; e = e.parentElement) {
+        const c = parse(getComputedStyle(e).backgroundColor);
+        if (c && c.a > 0.5) return c;
+      }
+      return { r: 255, g: 255, b: 255, a: 1 };
+    };
+    const out = [];
+    for (const el of document.querySelectorAll("body *")) {
+      if (el.closest("[hidden], svg, .uplot, .skip, :disabled")) continue;
+      const st = getComputedStyle(el);
+      if (st.visibility === "hidden" || st.display === "none" || el.getClientRects().length === 0) continue;
+      if ((el.tagName === "BUTTON" || el.tagName === "A") && !(el.getAttribute("aria-label") || el.textContent.trim())) {
+        out.push(`${el.tagName} without a name: ${el.outerHTML.slice(0, 80)}`);
+      }
+      if (![...el.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim())) continue;
+      const fg = parse(st.color);
+      const bg = behind(el);
+      const [a, b] = [lum(fg), lum(bg)];
+      const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+      const size = parseFloat(st.fontSize);
+      const need = size >= 24 || (Number(st.fontWeight) >= 700 && size >= 18.66) ? 3 : 4.5;
+      if (ratio < need) out.push(`${el.tagName}.${el.className} “${el.textContent.trim().slice(0, 40)}” ${st.color} on ${JSON.stringify(bg)}: ${ratio.toFixed(2)}:1`);
+    }
+    return out;
+  });
+}
+
+test("every view meets AA contrast in both themes, names every button, and has a heading and a skip link", async () => {
+  for (const scheme of ["light", "dark"]) {
+    const ctx = await browser.newContext({ viewport: { width: 1360, height: 900 }, colorScheme: scheme });
+    try {
+      const p = await ctx.newPage();
+      await p.goto(`${url}/#token=${token}`);
+      await p.waitForSelector("#new-task");
+      assert.equal(await p.textContent("h1"), "Longhaul");
+      await p.keyboard.press("Tab");
+      assert.equal(await p.evaluate(() => document.activeElement?.textContent), "Skip to content");
+      await p.keyboard.press("Enter");
+      assert.equal(await p.evaluate(() => document.activeElement?.id), "view", "the skip link moves focus to the view");
+      for (const v of ["tasks", "report", "dashboard", "drives", "models", "settings"]) {
+        await p.click(`nav a[data-view=${v}]`);
+        await p.waitForSelector(`nav a[data-view=${v}][aria-current=page]`);
+        await sleep(600);
+        const problems = await accessibilityProblems(p);
+        assert.deepEqual(problems, [], `${scheme} ${v}`);
+      }
+    } finally {
+      await ctx.close();
+    }
+  }
+});
+
+test("removing a pack asks whether its files go too, and deleting them leaves the drives clean", async () => {
+  const drives = [0, 1].map((i) => join(root, `rm-drive${i}`));
+  drives.forEach((d) => mkdirSync(d));
+  const out = join(root, "rm-pack");
+  execFileSync(bin, ["pack", demoModel, "--out", out, "--drives", drives.join(","), "--split-threshold", "4K"], { stdio: "ignore" });
+  await api("POST", "/api/models", { name: "to-remove", path: out });
+  await page.goto(`${url}/#/models`);
+  await page.click("button[data-remove='to-remove']");
+  await page.waitForSelector("button[data-confirm-remove='to-remove'][data-files=true]");
+  assert.match(await page.textContent(".remove-row:has(button[data-confirm-remove='to-remove'])"), /Remove, keep its files.*Remove and delete its pack \([\d.]+ [KMG]iB on its drives\).*Keep/s);
+  await shot("models-remove-ask");
+  await page.click("button[data-confirm-remove='to-remove'][data-files=true]");
+  await page.waitForSelector(".toast:has-text('Removed to-remove and deleted')");
+  assert.equal(existsSync(out), false, "the pack folder is gone");
+  for (const d of drives) assert.equal(existsSync(join(d, "rm-pack")), false, `${d} holds none of it`);
+  assert.equal((await api("GET", "/api/models")).models.some((m) => m.name === "to-remove"), false);
+});
+
+test("at 800 px the queue comes first and nothing scrolls sideways", async () => {
+  const ctx = await browser.newContext({ viewport: { width: 800, height: 700 } });
+  try {
+    const p = await ctx.newPage();
+    await p.goto(`${url}/#token=${token}`);
+    await p.waitForSelector("#queue");
+    await p.waitForSelector("#new-task");
+    const [queueTop, formTop] = await p.evaluate(() => [
+      document.querySelector("#queue").getBoundingClientRect().top,
+      document.querySelector("#new-task").getBoundingClientRect().top,
+    ]);
+    assert.ok(queueTop < 700 && queueTop < formTop, `the queue at ${queueTop} px, the form at ${formTop} px`);
+    for (const v of ["tasks", "report", "dashboard", "drives", "models", "settings"]) {
+      await p.click(`nav a[data-view=${v}]`);
+      await p.waitForSelector(`nav a[data-view=${v}][aria-current=page]`);
+      await sleep(500);
+      const wide = await p.evaluate(() => document.documentElement.scrollWidth);
+      assert.ok(wide <= 800, `${v} is ${wide} px wide at 800`);
+      if (v === "tasks") await p.screenshot({ path: join(artifacts, "tasks-800.png"), fullPage: false });
+    }
+  } finally {
+    await ctx.close();
+  }
+});

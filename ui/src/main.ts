@@ -29,15 +29,21 @@ adoptToken();
 
 const app = document.getElementById("app") as HTMLElement;
 app.innerHTML = `
+  <a class="skip" href="#view" id="skip">Skip to content</a>
   <header class="top">
-    <a class="brand" href="#/tasks">Longhaul</a>
-    <nav>${VIEWS.map(([id, label]) => `<a href="#/${id}" data-view="${id}">${label}</a>`).join("")}</nav>
+    <h1 class="brand-h"><a class="brand" href="#/tasks">Longhaul</a></h1>
+    <nav aria-label="Views">${VIEWS.map(([id, label]) => `<a href="#/${id}" data-view="${id}">${label}</a>`).join("")}</nav>
     <span id="conn" class="conn" title="Connection to the service">connecting…</span>
   </header>
   <div id="banner" class="banner" role="status" aria-live="polite" hidden></div>
-  <main id="view"></main>
+  <main id="view" tabindex="-1"></main>
   <div id="toasts" class="toasts" aria-live="polite"></div>`;
 const view = document.getElementById("view") as HTMLElement;
+// The skip link moves focus to the view without touching the hash route.
+document.getElementById("skip")?.addEventListener("click", (ev) => {
+  ev.preventDefault();
+  view.focus();
+});
 const conn = document.getElementById("conn") as HTMLElement;
 
 let cleanup: () => void = () => {};
@@ -55,7 +61,12 @@ async function route(): Promise<void> {
   cleanup = () => {};
   const mine = ++generation;
   const tab = name === "job" || name === "new" ? "tasks" : name;
-  document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", (a as HTMLElement).dataset.view === tab));
+  document.querySelectorAll("nav a").forEach((a) => {
+    const here = (a as HTMLElement).dataset.view === tab;
+    a.classList.toggle("active", here);
+    if (here) a.setAttribute("aria-current", "page");
+    else a.removeAttribute("aria-current");
+  });
   const container = document.createElement("div");
   container.className = `view view-${name}`;
   view.replaceChildren(container);

@@ -36,28 +36,57 @@ pub fn discard_unfinished(out: &Path, drives: &[PathBuf]) -> io::Result<Discarde
     let mut gone = Discarded::default();
     if let Some(name) = out.file_name() {
         for drive in drives {
-            let dir = drive.join(name);
-            let Ok(entries) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                let path = entry.path();
-                let ours = entry.file_name().to_str().is_some_and(written_by_packing);
-                if ours && entry.file_type().is_ok_and(|t| t.is_file()) {
-                    let bytes = entry.metadata().map_or(0, |m| m.len());
-                    std::fs::remove_file(&path)?;
-                    gone.files += 1;
-                    gone.bytes += bytes;
-                }
-            }
-            // Left in place when it holds anything the writer did not make.
-            let _ = std::fs::remove_dir(&dir);
+            discard_drive_files(&drive.join(name), &mut gone)?;
         }
     }
     match std::fs::remove_dir_all(out) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(gone),
     }
+}
+
+/// Removes a finished pack the user asked to delete with its model: the
+/// writer's files in each drive folder its manifest names (each folder too,
+/// once empty: anything else in it stays), then the pack folder.
+pub fn discard_pack(out: &Path) -> Result<Discarded, crate::pack::PackError> {
+    let manifest = super::Manifest::read(out)?;
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| crate::pack::PackError::Io { path, source }
+    };
+    let mut gone = Discarded::default();
+    for dir in &manifest.drives {
+        discard_drive_files(dir, &mut gone).map_err(io(dir))?;
+    }
+    gone.bytes += folder_bytes(out);
+    std::fs::remove_dir_all(out).map_err(io(out))?;
+    Ok(gone)
+}
+
+fn folder_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|r| r.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
+        .unwrap_or(0)
+}
+
+/// The writer's files in `dir`, and `dir` once empty.
+fn discard_drive_files(dir: &Path, gone: &mut Discarded) -> io::Result<()> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let ours = entry.file_name().to_str().is_some_and(written_by_packing);
+        if ours && entry.file_type().is_ok_and(|t| t.is_file()) {
+            let bytes = entry.metadata().map_or(0, |m| m.len());
+            std::fs::remove_file(&path)?;
+            gone.files += 1;
+            gone.bytes += bytes;
+        }
+    }
+    // Left in place when it holds anything the writer did not make.
+    let _ = std::fs::remove_dir(dir);
+    Ok(())
 }
 
 #[cfg(test)]

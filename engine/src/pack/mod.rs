@@ -13,7 +13,7 @@ mod writer;
 
 use std::path::PathBuf;
 
-pub use discard::{Discarded, discard_unfinished};
+pub use discard::{Discarded, discard_pack, discard_unfinished};
 pub use layout::{ExpertTensors, Part};
 pub use manifest::{MANIFEST_FILE, Manifest};
 pub use writer::{

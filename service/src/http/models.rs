@@ -194,12 +194,62 @@ fn with_weights(model: &ModelEntry) -> Value {
     v
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoveQuery {
+    /// Also delete the pack's files: its folder and its extents on every drive.
+    #[serde(default)]
+    files: bool,
+}
+
+/// `DELETE /api/models/{name}`: unregisters the model; with `?files=true`,
+/// a pack's files go too (refused while one of its tasks runs).
 pub async fn remove_model(
     State(app): State<AppState>,
     Path(name): Path<String>,
-) -> ApiResult<StatusCode> {
+    axum::extract::Query(query): axum::extract::Query<RemoveQuery>,
+) -> ApiResult<axum::response::Response> {
+    use axum::response::IntoResponse;
+    let look = name.clone();
+    let model = app.blocking(move |q| q.model(&look)).await?;
+    let pack = match &model.kind {
+        ModelKind::Local { path } if query.files => {
+            if !longhaul_engine::tools::is_pack(path) {
+                return Err(ApiError::bad_param(
+                    "files",
+                    format!(
+                        "{} is not a pack: only a pack's files are deleted with it",
+                        path.display()
+                    ),
+                ));
+            }
+            Some(path.clone())
+        }
+        _ => None,
+    };
+    if let Some(path) = &pack
+        && app.runner.loaded.current().is_some_and(|(p, _)| p == *path)
+        && app.runner.control.running().is_some()
+    {
+        return Err(ApiError::conflict(format!(
+            "a task of {name} is running: pause or cancel it before deleting its pack"
+        )));
+    }
     app.blocking(move |q| q.remove_model(&name)).await?;
-    Ok(StatusCode::NO_CONTENT)
+    let Some(path) = pack else {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    };
+    // Let go of the engine reading it before its files go.
+    if app.runner.loaded.current().is_some_and(|(p, _)| p == path) {
+        app.runner.loaded.replace(None);
+    }
+    let gone = tokio::task::spawn_blocking(move || longhaul_engine::tools::discard_pack(&path))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(|e| {
+            ApiError::internal(format!("the model is removed, but not all its files: {e}"))
+        })?;
+    Ok(Json(json!({ "removed_files": gone.files, "removed_bytes": gone.bytes })).into_response())
 }
 
 #[derive(Debug, Deserialize)]

@@ -104,7 +104,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
               (m) => `<li><div><b>${esc(m.name)}</b> <span class="badge">${m.kind}</span></div>
               <div class="hint"><code>${esc(m.path ?? m.url ?? "")}</code>${m.remote_model ? ` · ${esc(m.remote_model)}` : ""} · added ${when(m.created_ms)}</div>
               ${m.details ? details(m.details) : ""}
-              <button class="small secondary" data-remove="${esc(m.name)}">Remove</button></li>`,
+              <div class="row remove-row"><button class="small secondary" data-remove="${esc(m.name)}" data-pack="${m.details ? bytes(m.details.expert_bytes + m.details.resident_bytes) : ""}">Remove</button></div></li>`,
             )
             .join("")
         : `<li class="empty">No models yet. Add a Hugging Face checkpoint folder, a pack made with <code>longhaul pack</code>, or a remote OpenAI-compatible server.</li>`;
@@ -136,12 +136,30 @@ export async function render(root: HTMLElement): Promise<() => void> {
     }
   });
   list.addEventListener("click", async (ev) => {
-    const b = (ev.target as HTMLElement).closest("button[data-remove]") as HTMLButtonElement | null;
-    if (!b) return;
-    const name = b.dataset.remove ?? "";
-    if (!confirm(`Remove ${name}? Its files stay where they are.`)) return;
+    const target = ev.target as HTMLElement;
+    const b = target.closest("button[data-remove]") as HTMLButtonElement | null;
+    if (b) {
+      // Asked in place: what goes, and whether the pack's files go with it.
+      const name = b.dataset.remove ?? "";
+      const pack = b.dataset.pack ?? "";
+      const row = b.parentElement as HTMLElement;
+      row.innerHTML = `<span class="confirm">Remove ${esc(name)}?</span>
+        <button class="small secondary" data-confirm-remove="${esc(name)}" data-files="false">${pack ? "Remove, keep its files" : "Remove (its files stay)"}</button>
+        ${pack ? `<button class="small" data-confirm-remove="${esc(name)}" data-files="true">Remove and delete its pack (${esc(pack)} on its drives)</button>` : ""}
+        <button class="small secondary" data-keep>Keep</button>`;
+      return;
+    }
+    if (target.closest("button[data-keep]")) {
+      await refresh();
+      return;
+    }
+    const c = target.closest("button[data-confirm-remove]") as HTMLButtonElement | null;
+    if (!c) return;
+    const name = c.dataset.confirmRemove ?? "";
+    const files = c.dataset.files === "true";
     try {
-      await del(`/api/models/${encodeURIComponent(name)}`);
+      const r = await del<{ removed_bytes?: number } | null>(`/api/models/${encodeURIComponent(name)}${files ? "?files=true" : ""}`);
+      toast(files && r?.removed_bytes != null ? `Removed ${name} and deleted ${bytes(r.removed_bytes)} of pack files` : `Removed ${name}`);
       await refresh();
     } catch (e) {
       toast((e as Error).message, "error");

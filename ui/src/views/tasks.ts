@@ -131,9 +131,10 @@ function jobRow(j: Job): string {
   const place = j.queue_position ? `#${j.queue_position} in line` : "";
   const reason = j.pause_reason && ["paused", "interrupted"].includes(j.state) ? `<span class="reason">${esc(j.pause_reason)}</span>` : "";
   const err = j.error ? `<span class="reason error">${esc(j.error)}</span>` : "";
-  const act = (a: string, label: string) => `<button class="small secondary" data-act="${a}" data-id="${j.id}">${label}</button>`;
+  const act = (a: string, label: string, name?: string) =>
+    `<button class="small secondary" data-act="${a}" data-id="${j.id}"${name ? ` aria-label="${name}" title="${name}"` : ""}>${label}</button>`;
   const actions = [
-    j.state === "queued" ? act("up", "↑") + act("down", "↓") : "",
+    j.state === "queued" ? act("up", "↑", `Move ${esc(j.title)} up the queue`) + act("down", "↓", `Move ${esc(j.title)} down the queue`) : "",
     ["queued", "running", "interrupted"].includes(j.state) ? act("pause", "Pause") : "",
     j.state === "paused" ? act("resume", "Resume") : "",
     ACTIVE.has(j.state) && !confirming.has(j.id) ? act("cancel", "Cancel") : "",
@@ -250,7 +251,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
     const active = shown.filter((j) => ACTIVE.has(j.state)).sort((a, b) => (a.queue_position ?? 0) - (b.queue_position ?? 0));
     const finished = shown.filter((j) => !ACTIVE.has(j.state));
     if (jobs.length === 0) {
-      list.innerHTML = `<li class="empty">No tasks yet. Describe one on the left; it runs in the background and its result waits here.</li>`;
+      list.innerHTML = `<li class="empty">No tasks yet. Describe one under New task; it runs in the background and its result waits here.</li>`;
     } else if (shown.length === 0) {
       list.innerHTML = `<li class="empty">No task matches “${esc(q)}”.</li>`;
     } else {
