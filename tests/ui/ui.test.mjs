@@ -6,6 +6,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, execFileSync } from "node:child_process";
+import { createServer } from "node:http";
 import { copyFileSync, mkdtempSync, mkdirSync, readFileSync, existsSync, rmSync, renameSync, writeFileSync } from "node:fs";
 import { tmpdir, homedir } from "node:os";
 import { join, dirname } from "node:path";
@@ -46,7 +47,8 @@ async function api(method, path, body) {
     headers: { Authorization: `Bearer ${token}`, "Content-Type": "application/json" },
     body: body === undefined ? undefined : JSON.stringify(body),
   });
-  return res.json();
+  const text = await res.text();
+  return text ? JSON.parse(text) : null;
 }
 
 async function waitFor(check, what, timeout = WAIT) {
@@ -854,5 +856,43 @@ test("at 800 px the queue comes first and nothing scrolls sideways", async () =>
     }
   } finally {
     await ctx.close();
+  }
+});
+
+test("results: code blocks are coloured by their language and tables are ruled", async () => {
+  // A remote OpenAI-compatible server answering with Markdown.
+  const answer = "Here is the fix:\n\n```rust\nfn main() {\n    let n: u32 = 42; // the answer\n    println!(\"{n}\");\n}\n```\n\n| drive | MB/s |\n|---|---|\n| ssd0 | 3100 |\n| ssd1 | 2950 |\n";
+  const server = createServer((req, res) => {
+    if (req.url.startsWith("/v1/models")) {
+      res.writeHead(200, { "Content-Type": "application/json" });
+      res.end(JSON.stringify({ object: "list", data: [{ id: "md", object: "model" }] }));
+      return;
+    }
+    req.resume();
+    req.on("end", () => {
+      res.writeHead(200, { "Content-Type": "text/event-stream" });
+      const chunk = (delta, finish = null) => `data: ${JSON.stringify({ id: "c1", object: "chat.completion.chunk", choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`;
+      res.write(chunk({ role: "assistant", content: answer }));
+      res.write(chunk({}, "stop"));
+      res.end("data: [DONE]\n\n");
+    });
+  });
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  try {
+    await api("POST", "/api/models", { name: "markdown-server", url: `http://127.0.0.1:${server.address().port}`, remote_model: "md" });
+    const job = await api("POST", "/api/jobs", { model: "markdown-server", title: "Markdown answer", prompt: "Show the fix", max_tokens: 200 });
+    await waitFor(async () => (await api("GET", `/api/jobs/${job.id}`)).state === "done", "the remote task to finish");
+    await page.goto(`${url}/#/job/${job.id}`);
+    await page.waitForSelector("#output pre code.hljs .hljs-keyword");
+    assert.deepEqual(await page.$$eval("#output .hljs-keyword", (k) => k.map((e) => e.textContent)), ["fn", "let"]);
+    assert.equal(await page.textContent("#output .hljs-comment"), "// the answer");
+    const border = await page.$eval("#output td", (td) => getComputedStyle(td).borderTopStyle + " " + getComputedStyle(td).borderTopWidth);
+    assert.equal(border, "solid 1px");
+    assert.equal(await page.locator("#output tbody tr").count(), 2);
+    await shot("results-code-table");
+    assert.deepEqual(await accessibilityProblems(page), [], "coloured code meets AA too");
+  } finally {
+    server.close();
+    await api("DELETE", "/api/models/markdown-server");
   }
 });

@@ -1,5 +1,5 @@
-// Results: one job's output rendered as sanitised Markdown, live while it
-// runs, with its statistics, copy and export, and its controls.
+// Results: one job's output rendered as sanitised Markdown (code coloured
+// by language, tables ruled), live while it runs, with its statistics, copy and export, and its controls.
 
 import DOMPurify from "dompurify";
 import { marked } from "marked";
@@ -8,6 +8,7 @@ import { get, Job, post, withToken } from "../api";
 import { stateBadge, toast } from "../dom";
 import { bytes, duration, esc, guessLine, percent, phaseLine, rate, when } from "../format";
 import { chart, COLORS, columns } from "../charts";
+import { highlightCode } from "../code";
 import { Sample, store } from "../store";
 
 function markdown(text: string): string {
@@ -222,6 +223,7 @@ export async function render(root: HTMLElement, id: number): Promise<() => void>
   const decorate = () => {
     const out = root.querySelector("#output");
     if (!out) return;
+    highlightCode(out);
     addCopyButtons(out);
     const n = highlight(out, query);
     const found = root.querySelector("#found");
