@@ -653,9 +653,11 @@ test("after the service comes back, the open views recover without a reload", as
   await page.click("nav a[data-view=tasks]");
   await page.waitForSelector("#form-slot .error");
   await shot("service-down");
+  // Down for longer than five of the charts' one-second steps: a gap they must break at.
+  await sleep(7_000);
   service = spawn(bin, ["serve", "--data-dir", data, "--port", port, "--budget", "2M", "--ui-dir", join(uiDir, "dist")], {
     stdio: "ignore",
-    env: { ...process.env, LONGHAUL_FAULTS: faults() },
+    env: { ...process.env, LONGHAUL_FAULTS: faults(), LONGHAUL_SMARTCTL: join(root, "smartctl") },
   });
   await page.waitForSelector("#conn:has-text('connected')", { timeout: 30_000 });
   assert.equal(await page.$$eval("body.stale", (b) => b.length), 0, "fresh again");
@@ -663,6 +665,17 @@ test("after the service comes back, the open views recover without a reload", as
   await page.waitForSelector("#banner", { state: "hidden" });
   await page.waitForSelector("#jobs li.job, #jobs li.empty", { timeout: 15_000 });
   assert.equal(await page.$$eval("#jobs li.error", (e) => e.length), 0, "the task list is back");
+  // A task after the restart loads the model again; the charts break across
+  // the outage instead of drawing a line through time nobody measured.
+  const after = await api("POST", "/api/jobs", { model: "demo", title: "After the outage", prompt: "Audit the cache", max_tokens: 30, temperature: 0 });
+  await waitFor(async () => (await api("GET", `/api/jobs/${after.id}`)).state === "done", "the task after the restart");
+  await page.click("nav a[data-view=dashboard]");
+  await waitFor(
+    async () => (await page.$$eval(".uplot[data-gaps]", (us) => us.map((u) => Number(u.dataset.gaps)))).some((n) => n >= 1),
+    "a chart to mark the outage",
+    30_000,
+  );
+  await shot("dashboard-outage");
 });
 
 test("the task form shows the model's own sampling and keeps greedy one click away", async () => {
