@@ -2,7 +2,8 @@
 //! web UI (which connects to the service's event stream), the first start
 //! runs the demo through the queue, the tray comes up without errors, and a
 //! screenshot of the screen while a long prompt is read is kept in
-//! `ui/test-artifacts/desktop.png`.
+//! `ui/test-artifacts/desktop.png`; a second, once a disk under the demo's
+//! pack warns (a stand-in smartctl's hot night), in `desktop-health.png`.
 
 mod support;
 
@@ -74,16 +75,48 @@ fn api(base: &str, token: &str, path: &str) -> Option<serde_json::Value> {
 
 /// Queues a task through the API; its id.
 fn submit(base: &str, token: &str, body: &serde_json::Value) -> Option<i64> {
+    post(base, token, "/api/jobs", body)?["id"].as_i64()
+}
+
+fn post(
+    base: &str,
+    token: &str,
+    path: &str,
+    body: &serde_json::Value,
+) -> Option<serde_json::Value> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(Duration::from_secs(5)))
+        .timeout_global(Some(Duration::from_secs(30)))
         .build()
         .into();
     let mut response = agent
-        .post(format!("{base}/api/jobs"))
+        .post(format!("{base}{path}"))
         .header("Authorization", &format!("Bearer {token}"))
         .send_json(body)
         .ok()?;
-    response.body_mut().read_json::<serde_json::Value>().ok()?["id"].as_i64()
+    response.body_mut().read_json().ok()
+}
+
+/// Photographs display `display` into `shot` and checks it is not blank.
+fn photograph(display: u32, shot: &Path) {
+    let status = Command::new("import")
+        .args(["-display", &format!(":{display}"), "-window", "root"])
+        .arg(shot)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let spread = Command::new("convert")
+        .arg(shot)
+        .args(["-format", "%[fx:standard_deviation]", "info:"])
+        .output()
+        .unwrap();
+    let spread: f64 = String::from_utf8_lossy(&spread.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0.0);
+    assert!(
+        spread > 0.05,
+        "the screen is nearly blank (deviation {spread})"
+    );
 }
 
 fn subscribers(base: &str, token: &str) -> Option<u64> {
@@ -112,13 +145,18 @@ fn the_desktop_app_shows_the_ui_and_starts_its_tray() {
         "the service binary is built beside the app: {}",
         service.display()
     );
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let data = tmp.path().join("data");
     let port = free_port();
     let display = free_display();
     let artifacts = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ui/test-artifacts");
     std::fs::create_dir_all(&artifacts).unwrap();
     let log_path = tmp.path().join("desktop.log");
+    // Disk health from a stand-in smartctl: the demo's pack folders are
+    // under the build's own directory, on a real disk.
+    let health = tmp.path().join("reading.json");
+    support::set_health(&health, "nvme.json");
+    let smartctl = support::fake_smartctl(tmp.path(), &health);
 
     let xvfb = Command::new("Xvfb")
         .args([
@@ -143,6 +181,7 @@ fn the_desktop_app_shows_the_ui_and_starts_its_tray() {
         .env("LONGHAUL_BIN", &service)
         .env("LONGHAUL_PORT", port.to_string())
         .env("LONGHAUL_DATA_DIR", &data)
+        .env("LONGHAUL_SMARTCTL", &smartctl)
         .env("XDG_DATA_HOME", tmp.path().join("xdg-data"))
         .env("XDG_CACHE_HOME", tmp.path().join("xdg-cache"))
         .env("XDG_CONFIG_HOME", tmp.path().join("xdg-config"))
@@ -221,26 +260,26 @@ fn the_desktop_app_shows_the_ui_and_starts_its_tray() {
         job["live"]["prompt"].is_object(),
         "the task is still reading its prompt at the picture: {job}"
     );
-    let shot = artifacts.join("desktop.png");
-    let status = Command::new("import")
-        .args(["-display", &format!(":{display}"), "-window", "root"])
-        .arg(&shot)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let spread = Command::new("convert")
-        .arg(&shot)
-        .args(["-format", "%[fx:standard_deviation]", "info:"])
-        .output()
-        .unwrap();
-    let spread: f64 = String::from_utf8_lossy(&spread.stdout)
-        .trim()
-        .parse()
-        .unwrap_or(0.0);
+    photograph(display, &artifacts.join("desktop.png"));
+    // A hot night on the disk under the demo's pack: the window's banner says so.
+    support::set_health(&health, "nvme-hot-errors.json");
+    let drives = post(
+        &base,
+        token.trim(),
+        "/api/drives/health",
+        &serde_json::json!({}),
+    )
+    .unwrap_or_default();
+    let warned = api(&base, token.trim(), "/api/queue").unwrap_or_default();
     assert!(
-        spread > 0.05,
-        "the screen is nearly blank (deviation {spread})"
+        warned["health_warnings"]
+            .as_array()
+            .is_some_and(|w| !w.is_empty()),
+        "{warned}\n{drives}"
     );
+    // The banner reads the queue every 10 s.
+    std::thread::sleep(Duration::from_secs(11));
+    photograph(display, &artifacts.join("desktop-health.png"));
 
     let log = log_text();
     assert!(log.contains("tray icon ready"), "log:\n{log}");
