@@ -1421,3 +1421,47 @@ fn removing_a_pack_with_its_files_deletes_them_and_nothing_else() {
             .all(|m| m["name"] != "packed")
     );
 }
+
+/// A task can name a draft model: another registered model on this machine
+/// guesses, the model verifies, and the answer is the one without it.
+#[test]
+fn a_draft_model_guesses_for_a_task_and_changes_nothing_in_its_answer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = support::synth_model(tmp.path());
+    let s = Service::start(&tmp.path().join("data"));
+    s.add_model("m", &model);
+    // The same weights as the draft: every guess is right.
+    s.add_model("d", &model);
+    let body = json!({ "model": "m", "prompt": "Audit the storage layer", "max_tokens": 48, "temperature": 0 });
+    let plain = s.post("/api/jobs", body.clone())["id"].as_i64().unwrap();
+    let plain = s.wait_final(plain, Duration::from_secs(120));
+    let mut drafted = body.clone();
+    drafted["draft_model"] = json!("d");
+    let job = s.post("/api/jobs", drafted.clone());
+    assert_eq!(job["request"]["settings"]["draft_model"], "d", "{job}");
+    let done = s.wait_final(job["id"].as_i64().unwrap(), Duration::from_secs(120));
+    assert_eq!(done["state"], "done", "{done}");
+    assert_eq!(
+        done["output"], plain["output"],
+        "the answer is the model's own"
+    );
+    let guessed = &done["stats"]["speculation"];
+    assert!(guessed["drafted"].as_u64() > Some(0), "{guessed}");
+    assert_eq!(
+        guessed["accepted"], guessed["drafted"],
+        "the model's own weights guess right: {guessed}"
+    );
+    for (draft, says) in [
+        ("m", "the model itself"),
+        ("nobody", "no model named `nobody`"),
+    ] {
+        drafted["draft_model"] = json!(draft);
+        let (status, err) = s.call("POST", "/api/jobs", Some(&drafted));
+        assert_eq!(status, 400, "{err}");
+        assert_eq!(err["error"]["param"], "draft_model", "{err}");
+        assert!(
+            err["error"]["message"].as_str().unwrap().contains(says),
+            "{err}"
+        );
+    }
+}

@@ -499,12 +499,26 @@ impl Engine {
         drafter: &mut dyn generate::speculate::Drafter,
         on_piece: impl FnMut(generate::Piece<'_>) -> Flow,
     ) -> Result<Generation, EngineError> {
+        self.generate_resumed_drafted(prompt_ids, &[], &[], settings, drafter, on_piece)
+    }
+
+    /// [`Engine::generate_resumed`] with guesses from `drafter`: a job
+    /// resumed after a pause guesses with its draft model as before.
+    pub fn generate_resumed_drafted(
+        &self,
+        prompt_ids: &[u32],
+        resumed: &[u32],
+        saved: &[Vec<u8>],
+        settings: &GenerationSettings,
+        drafter: &mut dyn generate::speculate::Drafter,
+        on_piece: impl FnMut(generate::Piece<'_>) -> Flow,
+    ) -> Result<Generation, EngineError> {
         Ok(generate::generate_drafted(
             &self.decoder,
             self.tokenizer()?,
             prompt_ids,
-            &[],
-            &[],
+            resumed,
+            saved,
             settings,
             Some(drafter),
             self.prefix_use(),

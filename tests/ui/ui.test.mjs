@@ -909,3 +909,34 @@ test("results: code blocks are coloured by their language and tables are ruled",
     await api("DELETE", "/api/models/markdown-server");
   }
 });
+
+test("a draft model is chosen in the task form, named in Results, and changes nothing in the answer", async () => {
+  await page.goto(`${url}/#/tasks`);
+  await page.waitForSelector("#new-task select[name=draft_model] option[value='packed-here']", { state: "attached" });
+  await page.selectOption('#new-task select[name="model"]', "demo");
+  await page.fill('input[name="title"]', "Drafted audit");
+  await page.fill('textarea[name="prompt"]', "Audit the storage layer");
+  await page.fill('input[name="temperature"]', "0");
+  await page.fill('input[name="max_tokens"]', "40");
+  // The same weights packed again guess for the demo model.
+  await page.selectOption('#new-task select[name="draft_model"]', "packed-here");
+  await page.click("#submit");
+  const job = await waitFor(async () => (await api("GET", "/api/jobs")).jobs.find((j) => j.title === "Drafted audit"), "the task");
+  assert.equal(job.request.settings.draft_model, "packed-here");
+  const done = await waitFor(async () => {
+    const j = await api("GET", `/api/jobs/${job.id}`);
+    return j.state === "done" && j;
+  }, "the drafted task to finish");
+  assert.ok(done.stats.speculation.drafted > 0, JSON.stringify(done.stats.speculation));
+  // The same chat without guessing at all.
+  const plain = await api("POST", "/api/jobs", { model: "demo", messages: done.request.input.messages, max_tokens: 40, temperature: 0, speculate: "off" });
+  const alone = await waitFor(async () => {
+    const j = await api("GET", `/api/jobs/${plain.id}`);
+    return j.state === "done" && j;
+  }, "the plain task");
+  assert.equal(done.output, alone.output, "the draft guesses; the model decides");
+  await page.goto(`${url}/#/job/${job.id}`);
+  await page.waitForSelector(".view-job .stats");
+  await page.click("text=Task and settings");
+  await page.waitForSelector("text=guessing ahead auto with draft model packed-here");
+});

@@ -86,6 +86,8 @@ export interface Settings {
   sampling_from?: string;
   /** Guessing ahead: auto, lookup or off (the answer is the same). */
   speculate?: string;
+  /** A model on this machine that guesses ahead for this one. */
+  draft_model?: string | null;
   /** transformers' repetition penalty (1: off), OpenAI's frequency and presence penalties (0: off). */
   repetition_penalty?: number;
   frequency_penalty?: number;

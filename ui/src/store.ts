@@ -118,9 +118,13 @@ class Store {
       const h = await get<{ recent: HistoryPoint[]; minutes: HistoryPoint[]; marks: Mark[] }>("/api/metrics/history");
       this.marks = h.marks;
       const recent = h.recent.map(fromHistory);
+      const oldest = recent.length ? recent[0].t : Infinity;
       const newest = recent.length ? recent[recent.length - 1].t : 0;
-      // Live samples that arrived while the history was on its way stay.
-      this.samples = [...recent, ...this.samples.filter((s) => s.t > newest)].slice(-HISTORY);
+      // Samples this page saw before the service's own (a service restarted
+      // keeps no per-second history: without them the outage would vanish
+      // from the charts), and live ones that arrived while the history was
+      // on its way, stay.
+      this.samples = [...this.samples.filter((s) => s.t < oldest), ...recent, ...this.samples.filter((s) => s.t > newest)].slice(-HISTORY);
       this.minutes = h.minutes.map(fromHistory);
       this.metricsListeners.forEach((l) => l());
     } catch {

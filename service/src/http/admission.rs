@@ -131,6 +131,33 @@ pub async fn read_attachments(paths: Vec<PathBuf>) -> ApiResult<Attachments> {
 /// Admits `ask`: the prompt assembled, counted and fitted to the model's
 /// context, then queued. A prompt that cannot fit is refused with its
 /// numbers and nothing is queued.
+/// A draft model must be another registered model on this machine.
+async fn check_draft(app: &AppState, model: &str, draft: Option<&str>) -> ApiResult<()> {
+    let Some(draft) = draft else {
+        return Ok(());
+    };
+    if draft == model {
+        return Err(ApiError::bad_param(
+            "draft_model",
+            format!(
+                "`{draft}` is the model itself: a draft model is a smaller one that guesses for it"
+            ),
+        ));
+    }
+    let name = draft.to_string();
+    match app.blocking(move |q| q.model(&name)).await {
+        Ok(m) if matches!(m.kind, ModelKind::Local { .. }) => Ok(()),
+        Ok(_) => Err(ApiError::bad_param(
+            "draft_model",
+            format!("`{draft}` is a remote server: a draft model runs on this machine"),
+        )),
+        Err(_) => Err(ApiError::bad_param(
+            "draft_model",
+            format!("no model named `{draft}` is registered"),
+        )),
+    }
+}
+
 pub async fn admit(app: &AppState, ask: Ask) -> ApiResult<Admitted> {
     let attached = read_attachments(ask.attachments).await?;
     let mut request = Request {
@@ -142,6 +169,7 @@ pub async fn admit(app: &AppState, ask: Ask) -> ApiResult<Admitted> {
         tools: ask.tools,
         forced_call: ask.forced_call,
     };
+    check_draft(app, &ask.model, request.settings.draft_model.as_deref()).await?;
     let name = ask.model.clone();
     // A model that is not registered is reported by the queue when it refuses the job.
     let (mut prompt_ids, mut tool_format, mut found) = (None, None, false);

@@ -36,6 +36,7 @@ pub struct SettingsBody {
     pub seed: Option<u64>,
     pub stop: Option<Vec<String>>,
     pub speculate: Option<Speculate>,
+    pub draft_model: Option<String>,
     pub repetition_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
     pub presence_penalty: Option<f32>,
@@ -65,6 +66,7 @@ impl SettingsBody {
             seed: self.seed.unwrap_or(d.seed),
             stop: self.stop.unwrap_or_default(),
             speculate: self.speculate.unwrap_or_default(),
+            draft_model: self.draft_model.filter(|m| !m.trim().is_empty()),
             repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
             frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
             presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
@@ -149,6 +151,8 @@ pub struct SubmitBody {
     /// Guessing ahead: `auto` (the default), `lookup` or `off`; the answer
     /// is the same either way.
     speculate: Option<Speculate>,
+    /// A registered local model that guesses ahead instead of prompt lookup.
+    draft_model: Option<String>,
     /// Switches for the model's chat template or prompt encoder
     /// (`enable_thinking`, `thinking`, `reasoning_effort`, …).
     chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
@@ -182,6 +186,7 @@ impl SubmitBody {
             seed: self.seed,
             stop: self.stop.clone(),
             speculate: self.speculate,
+            draft_model: self.draft_model.clone(),
             repetition_penalty: self.repetition_penalty,
             frequency_penalty: self.frequency_penalty,
             presence_penalty: self.presence_penalty,

@@ -271,6 +271,7 @@ pub async fn chat_completions(
         repetition_penalty: body.repetition_penalty,
         frequency_penalty: body.frequency_penalty,
         presence_penalty: body.presence_penalty,
+        draft_model: None,
     }
     .into_settings(model_sampling(&app, &body.model).await)?;
     let include_usage = body.stream_options.is_some_and(|o| o.include_usage);
@@ -317,6 +318,7 @@ pub async fn completions(
         repetition_penalty: body.repetition_penalty,
         frequency_penalty: body.frequency_penalty,
         presence_penalty: body.presence_penalty,
+        draft_model: None,
     }
     .into_settings(model_sampling(&app, &body.model).await)?;
     let include_usage = body.stream_options.is_some_and(|o| o.include_usage);

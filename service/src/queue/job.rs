@@ -176,6 +176,11 @@ pub struct Settings {
     /// `off`. The answer is the same either way.
     #[serde(default)]
     pub speculate: Speculate,
+    /// A registered local model that guesses ahead for this one (a small
+    /// model of the same family); prompt lookup when absent. The answer is
+    /// the same either way: every guess is verified.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_model: Option<String>,
     /// transformers' `repetition_penalty`: 1 is off.
     #[serde(default = "no_repetition_penalty")]
     pub repetition_penalty: f32,
@@ -215,6 +220,7 @@ impl Default for Settings {
             stop: Vec::new(),
             sampling_from: None,
             speculate: Speculate::Auto,
+            draft_model: None,
             repetition_penalty: 1.0,
             frequency_penalty: 0.0,
             presence_penalty: 0.0,

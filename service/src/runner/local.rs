@@ -23,6 +23,8 @@ pub struct LoadedModel {
     loads: AtomicUsize,
     /// Read errors per drive over every load.
     pub errors: ErrorLedger,
+    /// The draft model last used, kept loaded for the next job that asks.
+    draft: Mutex<Option<(PathBuf, Arc<Engine>)>>,
 }
 
 impl LoadedModel {
@@ -45,6 +47,30 @@ impl LoadedModel {
         *slot = next;
     }
 
+    /// The draft model at `path`, loaded into RAM (a draft is small: it is
+    /// read whole, not streamed) unless it already is.
+    pub fn draft(&self, path: &Path) -> Result<Arc<Engine>, RunError> {
+        let mut slot = self
+            .draft
+            .lock()
+            .map_err(|_| RunError::Failed("the draft model's slot is poisoned".into()))?;
+        if let Some((p, e)) = slot.as_ref()
+            && p == path
+        {
+            return Ok(Arc::clone(e));
+        }
+        *slot = None;
+        let engine = Engine::open(path).map_err(|e| {
+            RunError::Failed(format!(
+                "cannot load the draft model at {}: {e}",
+                path.display()
+            ))
+        })?;
+        let engine = Arc::new(engine);
+        *slot = Some((path.to_path_buf(), Arc::clone(&engine)));
+        Ok(engine)
+    }
+
     /// Takes in the loaded engine's drive errors (the metrics sampler does,
     /// once a second).
     pub fn observe_errors(&self, engine: Option<&Arc<Engine>>) {
@@ -59,6 +85,8 @@ impl LoadedModel {
 }
 
 pub struct LocalBackend {
+    /// The draft model's folder or pack, when the job asks for one.
+    pub draft: Option<PathBuf>,
     pub streaming: StreamingOptions,
     pub memory: Option<MemorySettings>,
     pub prefix: Option<Arc<PrefixCache>>,
@@ -152,26 +180,58 @@ impl LocalBackend {
                 Speculate::Off => Speculation::Off,
             },
         };
+        let draft = match (&self.draft, s.speculate) {
+            (Some(path), Speculate::Auto | Speculate::Lookup) => Some(self.loaded.draft(path)?),
+            _ => None,
+        };
         let before = counters(&engine);
         let usage = || counters(&engine).since(&before);
-        let generation = engine
-            .generate_resumed(&prompt, &job.committed_tokens, saved, &settings, |piece| {
-                let tokens: Vec<u32> = piece.token.into_iter().collect();
-                sink(Produced {
-                    phase: piece.phase,
-                    tokens: &tokens,
-                    count: tokens.len(),
-                    text: piece.text,
-                    reasoning: piece.reasoning,
-                    // Snapshots only of a session that holds just what was
-                    // reported (verified guesses may be fed ahead of it).
-                    state: (piece.settled || piece.phase != Phase::Answer)
-                        .then_some((piece.session, piece.prompt_len)),
-                    usage: Some(&usage),
-                    speculation: Some(piece.speculation),
-                })
+        let on_piece = |piece: longhaul_engine::Piece<'_>| {
+            let tokens: Vec<u32> = piece.token.into_iter().collect();
+            sink(Produced {
+                phase: piece.phase,
+                tokens: &tokens,
+                count: tokens.len(),
+                text: piece.text,
+                reasoning: piece.reasoning,
+                // Snapshots only of a session that holds just what was
+                // reported (verified guesses may be fed ahead of it).
+                state: (piece.settled || piece.phase != Phase::Answer)
+                    .then_some((piece.session, piece.prompt_len)),
+                usage: Some(&usage),
+                speculation: Some(piece.speculation),
             })
-            .map_err(engine_error)?;
+        };
+        let committed = &job.committed_tokens;
+        let generation = match &draft {
+            None => engine.generate_resumed(&prompt, committed, saved, &settings, on_piece),
+            Some(draft) => {
+                // The draft's guesses replace prompt lookup's.
+                let settings = GenerationSettings {
+                    speculation: Speculation::Off,
+                    ..settings.clone()
+                };
+                match (engine.tokenizer(), draft.tokenizer()) {
+                    (Ok(target), Ok(theirs)) if theirs.same_vocabulary(target) => {
+                        let mut d = longhaul_engine::DraftModel::new(draft.session());
+                        engine.generate_resumed_drafted(
+                            &prompt, committed, saved, &settings, &mut d, on_piece,
+                        )
+                    }
+                    // Another tokenizer: its guesses travel as text.
+                    (Ok(target), Ok(theirs)) => {
+                        let mut d =
+                            longhaul_engine::TextBridge::new(draft.session(), theirs, target);
+                        engine.generate_resumed_drafted(
+                            &prompt, committed, saved, &settings, &mut d, on_piece,
+                        )
+                    }
+                    // A draft whose tokenizer cannot be read guesses nothing.
+                    _ => engine.generate_resumed(&prompt, committed, saved, &settings, on_piece),
+                }
+            }
+        }
+        .map_err(engine_error)?;
         let usage = usage();
         if let Err(e) = engine.save_heat() {
             tracing::warn!("cannot save the heat histogram: {e}");

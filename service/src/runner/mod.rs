@@ -297,6 +297,20 @@ pub struct Runner {
 }
 
 impl Runner {
+    /// Where the job's draft model is, when it asks for one that is still
+    /// registered here (one removed since guesses nothing: the answer is the
+    /// same without it).
+    fn draft_path(&self, job: &Runnable) -> Option<PathBuf> {
+        let name = job.request.settings.draft_model.as_deref()?;
+        match self.queue.model(name).map(|m| m.kind) {
+            Ok(ModelKind::Local { path }) => Some(path),
+            _ => {
+                let _ = self.queue.log(job.id, &format!("the draft model `{name}` is no longer registered: guessing from earlier text instead"));
+                None
+            }
+        }
+    }
+
     /// RAM for each model's cached experts, as configured (a memory limit
     /// plans it per model when the model loads).
     pub fn expert_budget(&self) -> u64 {
@@ -773,6 +787,7 @@ impl Runner {
             Err(e) => Err(RunError::Failed(e.to_string())),
             Ok(entry) => match &entry.kind {
                 ModelKind::Local { path } => LocalBackend {
+                    draft: self.draft_path(job),
                     streaming: self.config.streaming.clone(),
                     memory: self.config.memory,
                     prefix: self.config.prefix.clone(),

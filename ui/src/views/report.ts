@@ -53,6 +53,7 @@ function settingsOf(j: Job): Record<string, unknown> {
     seed: s.seed,
     stop: s.stop.length ? s.stop : undefined,
     speculate: s.speculate,
+    draft_model: s.draft_model ?? undefined,
     repetition_penalty: s.repetition_penalty,
     frequency_penalty: s.frequency_penalty,
     presence_penalty: s.presence_penalty,

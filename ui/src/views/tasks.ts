@@ -11,6 +11,11 @@ const ACTIVE = new Set(["queued", "running", "paused", "interrupted"]);
 
 function form(models: Model[]): string {
   const options = models.map((m) => `<option value="${esc(m.name)}">${esc(m.name)}</option>`).join("");
+  // Any model on this machine may guess for another (the service refuses the model itself).
+  const drafts = models
+    .filter((m) => m.kind !== "remote")
+    .map((m) => `<option value="${esc(m.name)}">${esc(m.name)}</option>`)
+    .join("");
   return `
   <form id="new-task" class="card" novalidate>
     <div class="queue-head"><h2>New task</h2>
@@ -51,6 +56,8 @@ function form(models: Model[]): string {
       <label data-field="stop">Stop at (one string per line) <textarea name="stop" rows="1"></textarea></label>
       <label data-field="speculate" title="Guesses are verified against the model: the answer is the same either way">Guess ahead
         <select name="speculate"><option value="auto">automatically, while it pays</option><option value="lookup">always, from earlier text</option><option value="off">never</option></select></label>
+      <label data-field="draft_model" title="A smaller model on this machine guesses the next tokens; the model checks every guess, so the answer is the same">Draft model
+        <select name="draft_model"><option value="">none: guess from earlier text</option>${drafts}</select></label>
       <p class="hint" id="sampling-note"></p>
     </fieldset>
     <div class="row">
@@ -107,6 +114,7 @@ function body(f: HTMLFormElement): Record<string, unknown> {
     seed: num("seed"),
     stop: stop.length ? stop : undefined,
     speculate: v("speculate") || undefined,
+    draft_model: v("draft_model") || undefined,
     repetition_penalty: num("repetition_penalty"),
     frequency_penalty: num("frequency_penalty"),
     presence_penalty: num("presence_penalty"),
@@ -156,7 +164,7 @@ function jobRow(j: Job): string {
 }
 
 /** Form fields a preset keeps: the settings, not the task itself. */
-const PRESET_FIELDS = ["model", "system", "chat_args", "max_tokens", "priority", "seed", "temperature", "top_p", "top_k", "stop", "speculate", "repetition_penalty", "frequency_penalty", "presence_penalty"];
+const PRESET_FIELDS = ["model", "system", "chat_args", "max_tokens", "priority", "seed", "temperature", "top_p", "top_k", "stop", "speculate", "draft_model", "repetition_penalty", "frequency_penalty", "presence_penalty"];
 const PRESETS_KEY = "longhaul.presets";
 
 function presets(): Record<string, Record<string, string>> {
