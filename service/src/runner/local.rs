@@ -202,36 +202,12 @@ impl LocalBackend {
                 speculation: Some(piece.speculation),
             })
         };
-        let committed = &job.committed_tokens;
-        let generation = match &draft {
-            None => engine.generate_resumed(&prompt, committed, saved, &settings, on_piece),
-            Some(draft) => {
-                // The draft's guesses replace prompt lookup's.
-                let settings = GenerationSettings {
-                    speculation: Speculation::Off,
-                    ..settings.clone()
-                };
-                match (engine.tokenizer(), draft.tokenizer()) {
-                    (Ok(target), Ok(theirs)) if theirs.same_vocabulary(target) => {
-                        let mut d = longhaul_engine::DraftModel::new(draft.session());
-                        engine.generate_resumed_drafted(
-                            &prompt, committed, saved, &settings, &mut d, on_piece,
-                        )
-                    }
-                    // Another tokenizer: its guesses travel as text.
-                    (Ok(target), Ok(theirs)) => {
-                        let mut d =
-                            longhaul_engine::TextBridge::new(draft.session(), theirs, target);
-                        engine.generate_resumed_drafted(
-                            &prompt, committed, saved, &settings, &mut d, on_piece,
-                        )
-                    }
-                    // A draft whose tokenizer cannot be read guesses nothing.
-                    _ => engine.generate_resumed(&prompt, committed, saved, &settings, on_piece),
-                }
-            }
-        }
-        .map_err(engine_error)?;
+        let resumed = Resumed {
+            prompt: &prompt,
+            committed: &job.committed_tokens,
+            saved,
+        };
+        let generation = generate(&engine, draft.as_deref(), &resumed, &settings, on_piece)?;
         let usage = usage();
         if let Err(e) = engine.save_heat() {
             tracing::warn!("cannot save the heat histogram: {e}");
@@ -255,6 +231,62 @@ impl LocalBackend {
             prefix_refused: generation.stats.prefix_refused.clone(),
         })
     }
+}
+
+/// Where a generation starts: its prompt, the answer committed before a
+/// pause, and the attention state saved with it.
+struct Resumed<'a> {
+    prompt: &'a [u32],
+    committed: &'a [u32],
+    saved: &'a [Vec<u8>],
+}
+
+/// Generates with `draft` guessing when there is one — by token ids with the
+/// model's vocabulary, through text with another — else as `settings` say.
+fn generate(
+    engine: &Engine,
+    draft: Option<&Engine>,
+    r: &Resumed<'_>,
+    settings: &GenerationSettings,
+    on_piece: impl FnMut(longhaul_engine::Piece<'_>) -> longhaul_engine::Flow,
+) -> Result<longhaul_engine::Generation, RunError> {
+    let Some(draft) = draft else {
+        return engine
+            .generate_resumed(r.prompt, r.committed, r.saved, settings, on_piece)
+            .map_err(engine_error);
+    };
+    // The draft's guesses replace prompt lookup's.
+    let settings = GenerationSettings {
+        speculation: Speculation::Off,
+        ..settings.clone()
+    };
+    let generation = match (engine.tokenizer(), draft.tokenizer()) {
+        (Ok(target), Ok(theirs)) if theirs.same_vocabulary(target) => {
+            let mut d = longhaul_engine::DraftModel::new(draft.session());
+            engine.generate_resumed_drafted(
+                r.prompt,
+                r.committed,
+                r.saved,
+                &settings,
+                &mut d,
+                on_piece,
+            )
+        }
+        (Ok(target), Ok(theirs)) => {
+            let mut d = longhaul_engine::TextBridge::new(draft.session(), theirs, target);
+            engine.generate_resumed_drafted(
+                r.prompt,
+                r.committed,
+                r.saved,
+                &settings,
+                &mut d,
+                on_piece,
+            )
+        }
+        // A draft whose tokenizer cannot be read guesses nothing.
+        _ => engine.generate_resumed(r.prompt, r.committed, r.saved, &settings, on_piece),
+    };
+    generation.map_err(engine_error)
 }
 
 /// An engine's read and cache counters at one moment.
