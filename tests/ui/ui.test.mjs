@@ -301,23 +301,29 @@ test("settings and keyboard shortcuts", async () => {
 });
 
 test("cancel asks once more: Keep it leaves the task alone, End task ends it", async () => {
-  await page.fill("#search", "");
-  await page.fill('input[name="title"]', "Cancel me");
-  await page.fill('textarea[name="prompt"]', "Audit the cache");
-  await page.check('input[name="greedy"]');
-  await page.fill('input[name="max_tokens"]', "900");
-  await page.click("#submit");
-  const row = "#jobs li.job:has(a:text('Cancel me'))";
-  await page.waitForSelector(row);
-  await page.click(`${row} button[data-act=cancel]`);
-  await page.waitForSelector(`${row} .confirm:has-text('End it for good?')`);
-  await page.click(`${row} button[data-act=keep]`);
-  await page.waitForSelector(`${row} button[data-act=cancel]`);
-  const id = (await api("GET", "/api/jobs")).jobs.find((j) => j.title === "Cancel me").id;
-  assert.notEqual((await api("GET", `/api/jobs/${id}`)).state, "cancelled", "one click ends nothing");
-  await page.click(`${row} button[data-act=cancel]`);
-  await page.click(`${row} button[data-act=cancel-confirm]`);
-  await page.waitForSelector(`${row}[data-state=cancelled]`, { timeout: WAIT });
+  // Held in the queue, the task cannot finish while the question is asked.
+  await api("POST", "/api/queue/pause");
+  try {
+    await page.fill("#search", "");
+    await page.fill('input[name="title"]', "Cancel me");
+    await page.fill('textarea[name="prompt"]', "Audit the cache");
+    await page.check('input[name="greedy"]');
+    await page.fill('input[name="max_tokens"]', "900");
+    await page.click("#submit");
+    const row = "#jobs li.job:has(a:text('Cancel me'))";
+    await page.waitForSelector(row);
+    await page.click(`${row} button[data-act=cancel]`);
+    await page.waitForSelector(`${row} .confirm:has-text('End it for good?')`);
+    await page.click(`${row} button[data-act=keep]`);
+    await page.waitForSelector(`${row} button[data-act=cancel]`);
+    const id = (await api("GET", "/api/jobs")).jobs.find((j) => j.title === "Cancel me").id;
+    assert.notEqual((await api("GET", `/api/jobs/${id}`)).state, "cancelled", "one click ends nothing");
+    await page.click(`${row} button[data-act=cancel]`);
+    await page.click(`${row} button[data-act=cancel-confirm]`);
+    await page.waitForSelector(`${row}[data-state=cancelled]`, { timeout: WAIT });
+  } finally {
+    await api("POST", "/api/queue/resume");
+  }
 });
 
 test("a long prompt shows its reading in Tasks, Results, the Dashboard and the title within 2 s", async () => {
