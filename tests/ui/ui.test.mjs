@@ -587,6 +587,8 @@ test("the morning view: every task with its figures, filters, and the next step 
   // Duplicate and edit opens the form filled in.
   await page.click(`table.report tr[data-id="${source.id}"] button[data-act=edit]`);
   await page.waitForSelector("#new-task");
+  // Filled in once the form has its models and presets.
+  await page.waitForFunction(() => document.querySelector('#new-task input[name="title"]')?.value !== "", null, { timeout: 15_000 });
   assert.equal(await page.inputValue('input[name="title"]'), "Storage engine draft (copy)");
   assert.ok((await page.inputValue('textarea[name="prompt"]')).length > 0);
   // Delete, after a confirmation, an ended task.
@@ -612,6 +614,11 @@ test("opened after tasks ended, Longhaul lands on what happened while you were a
     await p.goto(`${url}/`);
     return [ctx, p];
   };
+  // The earlier test's follow-ups finish first: the figures compared below stay still.
+  await waitFor(async () => {
+    const q = await api("GET", "/api/queue");
+    return q.running === null && q.waiting === 0;
+  }, "the queue to drain");
   const [ctx, p] = await visit(1);
   try {
     await p.waitForFunction(() => location.hash === "#/report", null, { timeout: 15_000 });
