@@ -88,10 +88,7 @@ fn health(paths: &[PathBuf], json: bool) -> anyhow::Result<()> {
         }
     }
     let folders: Vec<PathBuf> = paths.iter().flat_map(|p| folders_of(p)).collect();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64());
-    let drives = health::monitor::survey(&folders, now);
+    let drives = health::monitor::survey(&folders, longhaul_service::queue::now_unix());
     if json {
         println!("{}", serde_json::to_string(&drives)?);
         return Ok(());

@@ -323,12 +323,26 @@ impl HealthMonitor {
 
     /// The disk under `folder`, when it was read.
     pub fn for_folder(&self, folder: &Path) -> Option<DriveHealth> {
+        self.with_folder(folder, DriveHealth::clone)
+    }
+
+    /// What `f` makes of each disk, read in place.
+    pub fn each<T>(&self, f: impl FnMut(&DriveHealth) -> T) -> Vec<T> {
+        self.drives
+            .lock()
+            .map(|d| d.iter().map(f).collect())
+            .unwrap_or_default()
+    }
+
+    /// What `f` makes of the disk under `folder`, read in place: the drives
+    /// view asks every 2 s, and a week of history is not copied for it.
+    pub fn with_folder<T>(&self, folder: &Path, f: impl FnOnce(&DriveHealth) -> T) -> Option<T> {
         self.drives
             .lock()
             .ok()?
             .iter()
-            .find(|d| d.folders.iter().any(|f| f == folder))
-            .cloned()
+            .find(|d| d.folders.iter().any(|x| x == folder))
+            .map(f)
     }
 }
 

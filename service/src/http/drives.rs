@@ -75,7 +75,7 @@ pub struct DiskView {
 }
 
 impl DiskView {
-    fn of(d: DriveHealth) -> Self {
+    fn of(d: &DriveHealth) -> Self {
         let newest = d.history.back().map_or(0.0, |r| r.t);
         let temperatures = d
             .history
@@ -84,22 +84,16 @@ impl DiskView {
             .filter_map(|r| Some((r.t, r.health.temperature_c?)))
             .collect();
         Self {
-            device: d.device,
-            link: d.link,
-            via: d.via,
+            device: d.device.clone(),
+            link: d.link.clone(),
+            via: d.via.clone(),
             checked_at: d.checked_at,
-            health: d.health,
+            health: d.health.clone(),
             unavailable: d.unavailable.as_ref().map(Unavailable::to_string),
-            warnings: d.warnings,
+            warnings: d.warnings.clone(),
             temperatures,
         }
     }
-}
-
-fn now_secs() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// Free and total bytes of the file system holding `path`.
@@ -122,7 +116,8 @@ pub fn space(_path: &Path) -> Option<(u64, u64)> {
     None
 }
 
-fn folder_bytes(dir: &Path) -> u64 {
+/// Bytes of the files directly in `dir`.
+pub fn folder_bytes(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .map(|entries| {
             entries
@@ -163,7 +158,7 @@ pub fn drives(app: &AppState) -> Vec<DriveView> {
         .and_then(|m| m.engine)
         .map(|e| e.drives.into_iter().map(|d| (d.path.clone(), d)).collect())
         .unwrap_or_default();
-    let now = now_secs();
+    let now = crate::queue::now_unix();
     folders
         .into_iter()
         .enumerate()
@@ -202,7 +197,7 @@ pub fn drives(app: &AppState) -> Vec<DriveView> {
                             .collect()
                     })
                     .unwrap_or_default(),
-                disk: app.health.for_folder(&dir).map(DiskView::of),
+                disk: app.health.with_folder(&dir, DiskView::of),
                 path: dir,
             }
         })
@@ -238,7 +233,7 @@ pub async fn refresh_health(State(app): State<AppState>) -> ApiResult<Json<Value
     let app2 = app.clone();
     let drives = tokio::task::spawn_blocking(move || {
         let folders: Vec<PathBuf> = pack_folders(&app2).into_keys().collect();
-        app2.health.refresh(&folders, now_secs());
+        app2.health.refresh(&folders, crate::queue::now_unix());
         drives(&app2)
     })
     .await
@@ -258,9 +253,11 @@ pub async fn watch_health(app: AppState) {
         let app2 = app.clone();
         let _ = tokio::task::spawn_blocking(move || {
             let folders: Vec<PathBuf> = pack_folders(&app2).into_keys().collect();
-            let unseen = folders.iter().any(|f| app2.health.for_folder(f).is_none());
+            let unseen = folders
+                .iter()
+                .any(|f| app2.health.with_folder(f, |_| ()).is_none());
             if !folders.is_empty() && (unseen || app2.health.due()) {
-                app2.health.refresh(&folders, now_secs());
+                app2.health.refresh(&folders, crate::queue::now_unix());
             }
         })
         .await;
@@ -269,20 +266,23 @@ pub async fn watch_health(app: AppState) {
 
 /// Every disk warning now, for the tray and the banner.
 pub fn health_warnings(app: &AppState) -> Vec<Value> {
+    // Read in place: the tray asks every second.
     app.health
-        .drives()
-        .into_iter()
-        .flat_map(|d| {
-            let name = d.device.clone().unwrap_or_default();
-            let folders = d.folders.clone();
-            d.warnings.into_iter().map(move |w| {
-                json!({
-                    "device": name,
-                    "folders": folders,
-                    "kind": w.kind,
-                    "text": format!("{name} {}", w.text),
+        .each(|d| {
+            let name = d.device.as_deref().unwrap_or_default();
+            d.warnings
+                .iter()
+                .map(|w| {
+                    json!({
+                        "device": name,
+                        "folders": d.folders,
+                        "kind": w.kind,
+                        "text": format!("{name} {}", w.text),
+                    })
                 })
-            })
+                .collect::<Vec<_>>()
         })
+        .into_iter()
+        .flatten()
         .collect()
 }

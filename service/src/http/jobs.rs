@@ -665,14 +665,7 @@ fn forecast_inputs(model: &ModelEntry, budget: u64, jobs: &[JobView]) -> crate::
         .and_then(|m| longhaul_engine::tools::describe_pack(path, &m));
     let Some(d) = details else {
         // Not a pack: every weight is loaded into RAM.
-        let resident_bytes = std::fs::read_dir(path)
-            .map(|r| {
-                r.filter_map(Result::ok)
-                    .filter_map(|e| e.metadata().ok())
-                    .map(|m| m.len())
-                    .sum()
-            })
-            .unwrap_or(0);
+        let resident_bytes = super::drives::folder_bytes(path);
         return Inputs {
             resident_bytes,
             state,

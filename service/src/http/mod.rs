@@ -480,12 +480,6 @@ pub fn router(app: AppState) -> Router {
         .with_state(app)
 }
 
-fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
-}
-
 /// Publishes engine metrics once a second while a model is loaded.
 async fn sample_metrics(app: AppState) {
     let mut sampler: Option<(PathBuf, longhaul_engine::MetricsSampler)> = None;
@@ -519,7 +513,7 @@ async fn sample_metrics(app: AppState) {
             *m = Some(event.clone());
         }
         if let Ok(mut h) = app.history.lock() {
-            h.record(&event, unix_now());
+            h.record(&event, crate::queue::now_unix());
         }
         app.events.publish(Event::Metrics(Box::new(event)));
     }
@@ -537,9 +531,7 @@ async fn mark_interruption(app: &AppState, id: i64) {
         crate::queue::JobState::Interrupted => ("interrupted", String::new()),
         _ => return,
     };
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64());
+    let t = crate::queue::now_unix();
     if let Ok(mut h) = app.history.lock() {
         h.mark(crate::history::Mark {
             t,

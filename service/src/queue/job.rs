@@ -329,6 +329,13 @@ impl Request {
 }
 
 /// Seconds since the epoch, now.
+/// Seconds since the Unix epoch, with their fraction (for figures over time).
+pub fn now_unix() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 pub fn now_seconds() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -26,7 +26,7 @@ pub const MAX_CRASHES: u32 = 3;
 pub use job::{
     DriveBytes, ForcedCall, Input, JobState, JobStats, JobView, Message, NewJob, Output,
     PauseCause, PromptInput, Request, Settings, Speculate, SpeculationTally, Transition,
-    now_seconds,
+    now_seconds, now_unix,
 };
 pub use models::{ModelEntry, ModelKind, name_problem};
 

@@ -75,9 +75,7 @@ impl LoadedModel {
     /// once a second).
     pub fn observe_errors(&self, engine: Option<&Arc<Engine>>) {
         if let Some(stats) = engine.and_then(|e| e.stats()) {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64());
+            let now = crate::queue::now_unix();
             self.errors
                 .observe(self.loads.load(Ordering::Relaxed), &stats.drives, now);
         }
@@ -260,32 +258,33 @@ fn generate(
         speculation: Speculation::Off,
         ..settings.clone()
     };
-    let generation = match (engine.tokenizer(), draft.tokenizer()) {
-        (Ok(target), Ok(theirs)) if theirs.same_vocabulary(target) => {
-            let mut d = longhaul_engine::DraftModel::new(draft.session());
-            engine.generate_resumed_drafted(
-                r.prompt,
-                r.committed,
-                r.saved,
-                &settings,
-                &mut d,
-                on_piece,
-            )
-        }
-        (Ok(target), Ok(theirs)) => {
-            let mut d = longhaul_engine::TextBridge::new(draft.session(), theirs, target);
-            engine.generate_resumed_drafted(
-                r.prompt,
-                r.committed,
-                r.saved,
-                &settings,
-                &mut d,
-                on_piece,
-            )
-        }
+    let (target, theirs) = match (engine.tokenizer(), draft.tokenizer()) {
+        (Ok(target), Ok(theirs)) => (target, theirs),
         // A draft whose tokenizer cannot be read guesses nothing.
-        _ => engine.generate_resumed(r.prompt, r.committed, r.saved, &settings, on_piece),
+        _ => {
+            return engine
+                .generate_resumed(r.prompt, r.committed, r.saved, &settings, on_piece)
+                .map_err(engine_error);
+        }
     };
+    // The same vocabulary guesses token ids; another's guesses travel as text.
+    let mut drafter: Box<dyn longhaul_engine::Drafter + '_> = if theirs.same_vocabulary(target) {
+        Box::new(longhaul_engine::DraftModel::new(draft.session()))
+    } else {
+        Box::new(longhaul_engine::TextBridge::new(
+            draft.session(),
+            theirs,
+            target,
+        ))
+    };
+    let generation = engine.generate_resumed_drafted(
+        r.prompt,
+        r.committed,
+        r.saved,
+        &settings,
+        drafter.as_mut(),
+        on_piece,
+    );
     generation.map_err(engine_error)
 }
 
