@@ -532,6 +532,24 @@ fn synth_pack_and_bench_report_consistent_figures() {
         assert!((0.0..=1.0).contains(&f(k)), "{k} = {}", f(k));
     }
     assert!(f("belady_hit_rate") + 1e-9 >= f("lru_replay_hit_rate"));
+    // Every candidate policy replayed on the run's own lookups, best first,
+    // each behind Belady by its regret.
+    let replays = &b["policy_replays"];
+    let candidates = replays["candidates"].as_array().unwrap();
+    assert_eq!(candidates.len(), 18, "{replays}");
+    let rates: Vec<f64> = candidates
+        .iter()
+        .map(|c| c["hit_rate"].as_f64().unwrap())
+        .collect();
+    assert!(rates.windows(2).all(|w| w[0] >= w[1]), "{rates:?}");
+    let belady = replays["belady_hit_rate"].as_f64().unwrap();
+    for c in candidates {
+        let regret = c["regret"].as_f64().unwrap();
+        assert!((belady - c["hit_rate"].as_f64().unwrap() - regret).abs() < 1e-9);
+        assert!(regret >= -1e-9, "{c}");
+    }
+    assert_eq!(b["policy"], "auto");
+    assert!(b["policy_in_use"].is_string());
     assert!(
         f("expert_bytes_per_token") > 0.0,
         "a 200K budget cannot hold 48 experts of 24K"
@@ -557,8 +575,16 @@ fn synth_pack_and_bench_report_consistent_figures() {
     assert!(
         lines
             .iter()
-            .all(|l| l["layer"].is_u64() && l["ids"].is_array())
+            .all(|l| l["layer"].is_u64() && l["ids"].is_array() && l["rows"].is_array())
     );
+    // The prompt's lookup says how many of its tokens took each expert.
+    let prompt_rows: u64 = lines[0]["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_u64().unwrap())
+        .sum();
+    assert_eq!(prompt_rows, 8 * 4, "8 prompt tokens, 4 experts each");
 
     let out = longhaul(&[
         "drives",

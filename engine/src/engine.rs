@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use candle_core::Tensor;
 use serde::Serialize;
 
-use crate::cache::{Lookup, StreamingExperts, StreamingOptions};
+use crate::cache::{PolicyReport, Routed, StreamingExperts, StreamingOptions};
 use crate::generate::channels::OutputFormat;
 use crate::generate::{self, Flow, GenerateError, Generation, GenerationSettings, Session};
 use crate::import::ModelSource;
@@ -366,11 +366,18 @@ impl Engine {
 
     /// The expert lookups recorded since the last call (with
     /// `StreamingOptions::record_trace`), leaving the record empty.
-    pub fn take_trace(&self) -> Vec<Lookup> {
+    pub fn take_trace(&self) -> Vec<Routed> {
         self.streaming
             .as_ref()
             .map(|s| s.take_trace())
             .unwrap_or_default()
+    }
+
+    /// Replays the pack's routing trace summary against every candidate
+    /// eviction policy now, and waits for the report (switching policy if
+    /// it is chosen automatically); `None` for a model in RAM.
+    pub fn replay_policies(&self) -> Option<PolicyReport> {
+        self.streaming.as_ref().and_then(|s| s.replay_now())
     }
 
     /// A new sequence on this model.
@@ -573,15 +580,33 @@ fn plan_memory(
     } else {
         2
     };
-    let plan = MemoryPlan::new(
-        m.limit_bytes,
-        manifest.resident.size,
-        m.context_tokens,
-        spec.state_bytes(),
-        (windows * streaming.window_bytes, prefix_ram),
-        smallest_expert,
-    )
-    .map_err(err)?;
+    let plan_with = |windows: u64| {
+        MemoryPlan::new(
+            m.limit_bytes,
+            manifest.resident.size,
+            m.context_tokens,
+            spec.state_bytes(),
+            (windows * streaming.window_bytes, prefix_ram),
+            smallest_expert,
+        )
+    };
+    let mut plan = plan_with(windows).map_err(err)?;
+    // A cache that keeps records packed restores hits into a window of
+    // their own (see StreamingOptions::pack_cache).
+    let all_plain: u64 = manifest
+        .experts
+        .layers
+        .iter()
+        .flat_map(|l| &l.records)
+        .map(|r| r.len)
+        .sum();
+    let budget = match m.budget_given {
+        true => streaming.budget_bytes,
+        false => plan.budget_bytes,
+    };
+    if windows == 3 && streaming.keep_stored_dtype && streaming.pack_cache && budget < all_plain {
+        plan = plan_with(windows + 1).map_err(err)?;
+    }
     if m.budget_given {
         plan.check(streaming.budget_bytes).map_err(err)?;
     }

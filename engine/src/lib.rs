@@ -40,7 +40,10 @@ mod regular;
 mod toolcall;
 pub mod tools;
 
-pub use cache::{DEFAULT_PINNED_FRACTION, EvictionPolicy, StreamingOptions};
+pub use cache::{
+    DEFAULT_PINNED_FRACTION, EvictionPolicy, PolicyReport, PolicySetting, Replayed,
+    StreamingOptions,
+};
 pub use engine::{ChatPrompt, Engine, EngineError, EngineOptions, LoadProgress, ModelInfo};
 pub use generate::bridge::TextBridge;
 pub use generate::channels::OutputFormat;

@@ -2,8 +2,9 @@
 //! verifying packs, probing drives, writing synthetic checkpoints, heat
 //! histograms, routing traces and logit comparisons.
 
+pub use crate::cache::choose::{SWITCH_MARGIN, Shape, candidates, choose, choose_counting, replay};
 pub use crate::cache::heat::HeatMap;
-pub use crate::cache::{CacheCounters, Lookup};
+pub use crate::cache::{CacheCounters, Routed};
 pub use crate::engine::{REFERENCE_DEFAULT_TOP_K, SamplingDefaults, sampling_defaults};
 pub use crate::generate::sampling::argmax;
 pub use crate::import::is_gguf;

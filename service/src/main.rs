@@ -11,7 +11,10 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "longhaul",
     version,
-    about = "Run Mixture-of-Experts models larger than memory, offline"
+    about = "Run Mixture-of-Experts models larger than memory, offline",
+    // A later option replaces an earlier one, so scripts can append their
+    // own `--budget auto` to a command line that already gives one.
+    args_override_self = true
 )]
 struct Cli {
     #[command(subcommand)]

@@ -218,9 +218,26 @@ export interface MetricsEvent {
     /** Next-layer predictions against what layers asked for, since the model loaded. */
     pilot: { predicted: number; demanded: number; correct: number; wasted_bytes: number; useful_bytes: number };
     prefetch_recall: number | null;
+    /** The eviction policy in use (`lfu`, `slru:80/layer`, …). */
+    policy: string;
+    /** The latest replays of the pack's routing trace against every candidate policy. */
+    policy_report: PolicyReport | null;
   } | null;
   /** The prefix cache: prompts looked up and served, tokens reused, what it holds. */
   prefix?: PrefixStats | null;
+}
+
+export interface PolicyReport {
+  chosen: string;
+  /** Chosen from the trace (false: set by hand, replayed for comparison). */
+  automatic: boolean;
+  /** Best first; regret is Belady's hit rate minus the candidate's. */
+  candidates: { policy: string; hit_rate: number; regret: number }[];
+  belady_hit_rate: number;
+  best_fixed_hit_rate: number;
+  lookups: number;
+  counted_lookups: number;
+  budget_bytes: number;
 }
 
 export interface PrefixStats {

@@ -1,6 +1,5 @@
 //! A byte-budgeted map of experts: a pinned tier that is never evicted, and
-//! an eviction policy for the rest — least frequently used by default, or
-//! least recently used.
+//! an eviction policy (see [`super::policy`]) for the rest.
 //!
 //! The budget is a hard limit on the bytes the cache holds, pinned included,
 //! and counts experts still being read: a read reserves its room before it
@@ -10,35 +9,20 @@
 //! Evicting drops the cache's reference at once, so the memory is freed as
 //! soon as the forward pass that is using it (if any) lets go.
 //!
-//! LFU is the default because it measured better: on Zipf-skewed synthetic
-//! routing with 17% of the experts fitting, replayed LFU hit 0.40 of lookups
-//! where LRU hit 0.22 (the best fixed set in hindsight: 0.46), because a
-//! MoE layer touches most of its experts within a few tokens, flushing an
-//! LRU cache of the popular ones.
+//! The map is generic over what it holds, so that offline replays of a
+//! routing trace run this very code with nothing in it.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use serde::Serialize;
 
+use super::policy::{EvictionPolicy, Key, Order, order_for};
 use crate::model::Expert;
 
-type Key = (usize, usize);
-
-/// Which unpinned expert leaves first when room is needed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum EvictionPolicy {
-    /// The least often looked up so far (ties: the least recently); an
-    /// expert looked up less often than the one it would displace is not kept.
-    #[default]
-    LeastFrequentlyUsed,
-    /// The least recently looked up.
-    LeastRecentlyUsed,
-}
-
-struct Entry {
+struct Entry<V> {
     /// `None` while the expert is being read into its reserved room.
-    expert: Option<Arc<Expert>>,
+    value: Option<V>,
     bytes: u64,
     pinned: bool,
 }
@@ -54,16 +38,18 @@ pub struct CacheCounters {
     pub budget_bytes: u64,
 }
 
-pub struct ExpertCache {
+pub struct ExpertCache<V = Arc<Expert>> {
     budget: u64,
     policy: EvictionPolicy,
+    order: Box<dyn Order>,
     held: u64,
-    clock: u64,
-    entries: HashMap<Key, Entry>,
-    /// Lookups so far and the tick of the last one, for every expert seen.
-    uses: HashMap<Key, (u64, u64)>,
-    /// Unpinned cached experts in eviction order (first leaves first).
-    order: BTreeSet<(u64, u64, Key)>,
+    /// Passes so far (see [`super::policy`]) and the layer last looked up.
+    pass: u64,
+    last_layer: Option<usize>,
+    entries: HashMap<Key, Entry<V>>,
+    /// Bytes held per layer, and the number of expert layers, for per-layer shares.
+    layer_held: HashMap<usize, u64>,
+    layers: usize,
     /// Experts that are kept for good once loaded.
     pin_set: HashSet<Key>,
     pinned_held: u64,
@@ -72,7 +58,7 @@ pub struct ExpertCache {
     counters: CacheCounters,
 }
 
-impl ExpertCache {
+impl<V: Clone> ExpertCache<V> {
     pub fn new(budget: u64) -> Self {
         Self::with_policy(budget, EvictionPolicy::default())
     }
@@ -81,11 +67,13 @@ impl ExpertCache {
         Self {
             budget,
             policy,
+            order: order_for(policy, budget),
             held: 0,
-            clock: 0,
+            pass: 0,
+            last_layer: None,
             entries: HashMap::new(),
-            uses: HashMap::new(),
-            order: BTreeSet::new(),
+            layer_held: HashMap::new(),
+            layers: 1,
             pin_set: HashSet::new(),
             pinned_held: 0,
             protected: HashSet::new(),
@@ -96,34 +84,72 @@ impl ExpertCache {
         }
     }
 
-    /// Position in the eviction order for an expert used `count` times, last at `tick`.
-    fn rank(&self, key: Key, (count, tick): (u64, u64)) -> (u64, u64, Key) {
-        match self.policy {
-            EvictionPolicy::LeastFrequentlyUsed => (count, tick, key),
-            EvictionPolicy::LeastRecentlyUsed => (0, tick, key),
+    pub fn policy(&self) -> EvictionPolicy {
+        self.policy
+    }
+
+    /// Switches to another policy. The new one learns the held experts in
+    /// `history`'s order (their lookups, oldest first; experts it does not
+    /// name go first), so recency and counts carry over as far as the
+    /// history reaches.
+    pub fn set_policy(&mut self, policy: EvictionPolicy, history: &[(Key, u32, u64)]) {
+        let mut order = order_for(policy, self.budget);
+        for &(key, weight, pass) in history {
+            order.touched(key, weight, pass, false);
         }
+        let mut held: Vec<(Key, u64)> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| !e.pinned && e.value.is_some())
+            .map(|(k, e)| (*k, e.bytes))
+            .collect();
+        held.sort_unstable();
+        for (key, bytes) in held {
+            order.inserted(key, bytes);
+        }
+        self.order = order;
+        self.policy = policy;
+    }
+
+    /// The number of expert layers, for per-layer shares of the budget.
+    pub fn set_layers(&mut self, layers: usize) {
+        self.layers = layers.max(1);
+    }
+
+    /// Marks the start of a lookup of `layer`'s experts: a layer no deeper
+    /// than the previous one begins a new pass.
+    pub fn begin_lookup(&mut self, layer: usize) {
+        if self.last_layer.is_some_and(|l| layer <= l) {
+            self.pass += 1;
+        }
+        self.last_layer = Some(layer);
+    }
+
+    /// The current pass.
+    pub fn pass(&self) -> u64 {
+        self.pass
     }
 
     /// Looks up an expert, counting a hit or a miss (an expert still being
     /// read is a miss here).
-    pub fn get(&mut self, layer: usize, id: usize) -> Option<Arc<Expert>> {
+    pub fn get(&mut self, layer: usize, id: usize) -> Option<V> {
+        self.get_weighted(layer, id, 1)
+    }
+
+    /// [`ExpertCache::get`] for a lookup on behalf of `weight` rows (a
+    /// prompt's chunk routes many tokens to one expert).
+    pub fn get_weighted(&mut self, layer: usize, id: usize, weight: u32) -> Option<V> {
         let key = (layer, id);
-        self.clock += 1;
-        let before = self.uses.get(&key).copied().unwrap_or((0, 0));
-        let after = (before.0 + 1, self.clock);
-        self.uses.insert(key, after);
-        let (old, new) = (self.rank(key, before), self.rank(key, after));
-        let ready = self.entries.get(&key).and_then(|e| {
-            let expert = e.expert.clone()?;
-            Some((expert, e.pinned))
-        });
+        let ready = self
+            .entries
+            .get(&key)
+            .and_then(|e| Some((e.value.clone()?, e.pinned)));
+        let in_order = ready.as_ref().is_some_and(|(_, pinned)| !pinned);
+        self.order.touched(key, weight, self.pass, in_order);
         match ready {
-            Some((expert, pinned)) => {
-                if !pinned && self.order.remove(&old) {
-                    self.order.insert(new);
-                }
+            Some((value, _)) => {
                 self.counters.hits += 1;
-                Some(expert)
+                Some(value)
             }
             None => {
                 self.counters.misses += 1;
@@ -133,10 +159,10 @@ impl ExpertCache {
     }
 
     /// The expert if it is held and read, without counting a lookup.
-    pub fn peek(&self, layer: usize, id: usize) -> Option<Arc<Expert>> {
+    pub fn peek(&self, layer: usize, id: usize) -> Option<V> {
         self.entries
             .get(&(layer, id))
-            .and_then(|e| e.expert.clone())
+            .and_then(|e| e.value.clone())
     }
 
     /// Whether the cache holds or is reading `(layer, id)`.
@@ -144,11 +170,11 @@ impl ExpertCache {
         self.entries.contains_key(&(layer, id))
     }
 
-    /// Starts experts off with lookup counts from earlier runs, so frequency
-    /// ranking works from the first token.
+    /// Starts experts off with lookup counts from earlier runs, so counting
+    /// policies work from the first token.
     pub fn seed_uses(&mut self, seeds: impl IntoIterator<Item = (Key, u64)>) {
         for (key, count) in seeds {
-            self.uses.entry(key).or_insert((count, 0));
+            self.order.seed(key, count);
         }
     }
 
@@ -168,32 +194,60 @@ impl ExpertCache {
         self.protected.retain(|k| k.0 != layer);
     }
 
+    /// Bytes one layer may hold under a per-layer policy.
+    fn layer_share(&self) -> u64 {
+        self.budget / self.layers as u64
+    }
+
+    /// The expert eviction would take to make room for `newcomer`: the
+    /// first in policy order that is not protected (the order holds no
+    /// pinned or unread ones) and, under a per-layer policy, of the
+    /// newcomer's layer once it holds its share, else of a layer over its
+    /// share if there is one.
+    fn first_victim(&self, newcomer: Key, bytes: u64) -> Option<Key> {
+        let free = |k: &Key| !self.protected.contains(k);
+        if !self.policy.per_layer {
+            return self.order.order().find(free);
+        }
+        let share = self.layer_share();
+        let held = |layer| self.layer_held.get(&layer).copied().unwrap_or(0);
+        if held(newcomer.0) + bytes > share {
+            return self.order.order().find(|k| free(k) && k.0 == newcomer.0);
+        }
+        self.order
+            .order()
+            .find(|k| free(k) && held(k.0) > share)
+            .or_else(|| self.order.order().find(free))
+    }
+
     /// Reserves room for `(layer, id)` before it is read, evicting unpinned,
     /// unprotected experts in policy order. `protect` marks a predicted
-    /// expert: it is admitted whatever its use count and protected. Returns
-    /// whether the expert will be kept; if not, it is read for one use only.
+    /// expert: it is admitted whatever the policy says and protected.
+    /// Returns whether the expert will be kept; if not, it is read for one
+    /// use only.
     pub fn reserve(&mut self, layer: usize, id: usize, bytes: u64, protect: bool) -> bool {
         let key = (layer, id);
         if bytes > self.budget || self.entries.contains_key(&key) {
             return false;
         }
-        let uses = self.uses.get(&key).copied().unwrap_or((0, self.clock));
         if !protect
-            && self.policy == EvictionPolicy::LeastFrequentlyUsed
             && self.held + bytes > self.budget
-            && self.first_victim().is_some_and(|v| v.0 > uses.0)
+            && self
+                .first_victim(key, bytes)
+                .is_some_and(|v| !self.order.admits(key, v))
         {
-            // Frequency admission: a newcomer used less often than the
-            // expert it would displace is used once and not kept.
+            // Admission: a newcomer the policy ranks below the expert it
+            // would displace is used once and not kept.
             return false;
         }
         while self.held + bytes > self.budget {
-            let Some(victim) = self.first_victim() else {
+            let Some(victim) = self.first_victim(key, bytes) else {
                 return false;
             };
-            self.order.remove(&victim);
-            if let Some(old) = self.entries.remove(&victim.2) {
+            self.order.removed(victim, true);
+            if let Some(old) = self.entries.remove(&victim) {
                 self.held -= old.bytes;
+                *self.layer_held.entry(victim.0).or_default() -= old.bytes;
                 self.counters.evictions += 1;
             }
         }
@@ -207,35 +261,25 @@ impl ExpertCache {
         self.entries.insert(
             key,
             Entry {
-                expert: None,
+                value: None,
                 bytes,
                 pinned,
             },
         );
         self.held += bytes;
+        *self.layer_held.entry(layer).or_default() += bytes;
         true
     }
 
-    /// The first expert eviction would take: unpinned (the order holds no
-    /// pinned ones), read, and not protected.
-    fn first_victim(&self) -> Option<(u64, u64, Key)> {
-        self.order
-            .iter()
-            .find(|(_, _, k)| !self.protected.contains(k))
-            .copied()
-    }
-
     /// Hands a reserved expert its weights once read.
-    pub fn fill(&mut self, layer: usize, id: usize, expert: Arc<Expert>) {
+    pub fn fill(&mut self, layer: usize, id: usize, value: V) {
         let key = (layer, id);
-        let uses = self.uses.get(&key).copied().unwrap_or((0, self.clock));
-        let rank = self.rank(key, uses);
         if let Some(e) = self.entries.get_mut(&key)
-            && e.expert.is_none()
+            && e.value.is_none()
         {
-            e.expert = Some(expert);
+            e.value = Some(value);
             if !e.pinned {
-                self.order.insert(rank);
+                self.order.inserted(key, e.bytes);
             }
         }
     }
@@ -243,20 +287,21 @@ impl ExpertCache {
     /// Gives up a reservation whose read failed.
     pub fn cancel(&mut self, layer: usize, id: usize) {
         let key = (layer, id);
-        if self.entries.get(&key).is_some_and(|e| e.expert.is_none())
+        if self.entries.get(&key).is_some_and(|e| e.value.is_none())
             && let Some(e) = self.entries.remove(&key)
         {
             self.held -= e.bytes;
+            *self.layer_held.entry(layer).or_default() -= e.bytes;
             if e.pinned {
                 self.pinned_held -= e.bytes;
             }
         }
     }
 
-    /// Keeps `expert` if it fits (see [`ExpertCache::reserve`]).
-    pub fn insert(&mut self, layer: usize, id: usize, expert: Arc<Expert>, bytes: u64) {
+    /// Keeps `value` if it fits (see [`ExpertCache::reserve`]).
+    pub fn insert(&mut self, layer: usize, id: usize, value: V, bytes: u64) {
         if self.reserve(layer, id, bytes, false) {
-            self.fill(layer, id, expert);
+            self.fill(layer, id, value);
         }
     }
 
@@ -273,6 +318,7 @@ impl ExpertCache {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use crate::cache::policy::Rule;
 
     fn expert() -> Arc<Expert> {
         let m =
@@ -317,7 +363,7 @@ mod tests {
 
     #[test]
     fn evicts_least_recently_used() {
-        let mut c = ExpertCache::with_policy(20, EvictionPolicy::LeastRecentlyUsed);
+        let mut c = ExpertCache::with_policy(20, EvictionPolicy::LRU);
         c.insert(0, 0, expert(), 10);
         c.insert(0, 1, expert(), 10);
         assert!(c.get(0, 0).is_some());
@@ -347,21 +393,76 @@ mod tests {
         assert_eq!(c.counters().pinned_bytes, 10);
     }
 
+    fn any_policy() -> impl Strategy<Value = EvictionPolicy> {
+        let rule = prop_oneof![
+            Just(Rule::Lru),
+            Just(Rule::Lfu),
+            (1u32..50).prop_map(|half_life| Rule::DecayedLfu { half_life }),
+            (1u8..100).prop_map(|protected_percent| Rule::Slru { protected_percent }),
+            Just(Rule::Arc),
+        ];
+        (rule, any::<bool>()).prop_map(|(rule, per_layer)| EvictionPolicy { rule, per_layer })
+    }
+
+    #[test]
+    fn a_per_layer_policy_keeps_each_layer_to_its_share() {
+        let mut c = ExpertCache::with_policy(40, "lru/layer".parse().unwrap());
+        c.set_layers(2);
+        for id in 0..2 {
+            c.insert(1, id, expert(), 10);
+        }
+        for id in 0..4 {
+            c.insert(0, id, expert(), 10);
+        }
+        assert!(c.peek(1, 0).is_some() && c.peek(1, 1).is_some(), "layer 1 kept its share");
+        assert!(c.peek(0, 2).is_some() && c.peek(0, 3).is_some());
+        assert!(c.peek(0, 0).is_none(), "layer 0 made room in its own share");
+    }
+
     proptest! {
         #[test]
         fn never_exceeds_its_budget(
             budget in 0u64..200,
+            policy in any_policy(),
             pins in proptest::collection::vec((0usize..4, 0usize..16), 0..4),
             ops in proptest::collection::vec((0usize..4, 0usize..16, 1u64..60), 1..200),
         ) {
-            let mut c = ExpertCache::new(budget);
+            let mut c = ExpertCache::with_policy(budget, policy);
+            c.set_layers(4);
             c.set_pinned(pins);
             for (layer, id, bytes) in ops {
+                c.begin_lookup(layer);
                 if c.get(layer, id).is_none() {
                     c.insert(layer, id, expert(), bytes);
                 }
                 prop_assert!(c.counters().held_bytes <= budget);
             }
+        }
+
+        #[test]
+        fn switching_policy_keeps_what_is_held(
+            policy in any_policy(),
+            next in any_policy(),
+            ops in proptest::collection::vec((0usize..2, 0usize..8), 1..100),
+        ) {
+            let mut c = ExpertCache::with_policy(50, policy);
+            let mut history = Vec::new();
+            for (layer, id) in ops {
+                c.begin_lookup(layer);
+                history.push(((layer, id), 1, c.pass()));
+                if c.get(layer, id).is_none() {
+                    c.insert(layer, id, expert(), 10);
+                }
+            }
+            let held = c.counters().held_bytes;
+            c.set_policy(next, &history);
+            prop_assert_eq!(c.counters().held_bytes, held);
+            // Everything held is still evictable under the new policy.
+            for id in 100..105 {
+                prop_assert!(c.reserve(0, id, 10, true), "room was made for {}", id);
+                c.fill(0, id, expert());
+            }
+            prop_assert_eq!(c.counters().held_bytes, 50);
         }
     }
 }

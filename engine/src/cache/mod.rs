@@ -7,14 +7,21 @@
 //! checkpoint would be, so logits do not depend on the budget, the drives,
 //! prefetching or the order reads complete in.
 
+mod autopolicy;
 mod budget;
+pub mod choose;
 mod fetch;
 pub mod heat;
+mod packed;
+pub mod policy;
 mod pool;
 mod reads;
 mod streaming;
 
-pub use budget::{CacheCounters, EvictionPolicy, ExpertCache};
+pub use budget::{CacheCounters, ExpertCache};
+pub use choose::{PolicyReport, Replayed};
+pub use heat::Routed;
+pub use policy::{EvictionPolicy, PolicySetting, Rule};
 pub use streaming::{
-    DEFAULT_PINNED_FRACTION, DEFAULT_WINDOW_BYTES, Lookup, StreamingExperts, StreamingOptions,
+    DEFAULT_PINNED_FRACTION, DEFAULT_WINDOW_BYTES, StreamingExperts, StreamingOptions,
 };

@@ -26,6 +26,22 @@ pub(super) type Key = (usize, usize);
 /// An expert handed to a waiter: its position in the waiter's request.
 pub(super) type Arrival = (usize, Result<Arc<Expert>, ExpertError>);
 
+/// What the cache holds of an expert: its weights ready to compute with,
+/// or its record as the pack stores it, compressed, to be restored at each
+/// use (see [`super::streaming`]'s packed cache).
+#[derive(Clone)]
+pub(super) enum Held {
+    Ready(Arc<Expert>),
+    Packed(Arc<PooledBuf>),
+}
+
+/// A record that landed: the expert, and the compressed record itself when
+/// the cache keeps records packed.
+struct Landed {
+    expert: Arc<Expert>,
+    packed: Option<Arc<PooledBuf>>,
+}
+
 /// One record being read.
 pub(super) struct Flight {
     pub ticket: u64,
@@ -41,7 +57,7 @@ pub(super) struct Flight {
 
 /// Everything guarded by one lock: the cache, the flights and the pilot's score.
 pub(super) struct State {
-    pub cache: ExpertCache,
+    pub cache: ExpertCache<Held>,
     pub flights: HashMap<Key, Flight>,
     pub score: Scorecard,
     /// Demand lookups that found their expert already being read.
@@ -63,6 +79,9 @@ pub(super) struct Shared {
     pub layer_encodings: HashMap<usize, ExpertEncoding>,
     pub verify: bool,
     pub keep_stored: bool,
+    /// The cache keeps compressed records as stored and restores them at
+    /// each use, instead of keeping their weights.
+    pub packed: bool,
     pub state: Mutex<State>,
     pub pool: Arc<BufferPool>,
     pub next_ticket: AtomicU64,
@@ -109,7 +128,8 @@ impl Shared {
     }
 
     /// Files an arrived (or failed) record and wakes its waiters.
-    fn arrived(&self, key: Key, outcome: Result<Arc<Expert>, ExpertError>) {
+    fn arrived(&self, key: Key, landed: Result<Landed, ExpertError>) {
+        let outcome = landed.as_ref().map(|l| Arc::clone(&l.expert)).map_err(Clone::clone);
         let flight = {
             let Ok(mut st) = self.state.lock() else {
                 return;
@@ -120,11 +140,25 @@ impl Shared {
             if flight.speculative {
                 st.speculative_bytes -= flight.stored;
             }
-            match &outcome {
-                Ok(expert) if flight.kept => st.cache.fill(key.0, key.1, Arc::clone(expert)),
+            let unclaimed = flight.speculative && flight.waiters.is_empty();
+            match &landed {
+                Ok(l) if flight.kept => {
+                    let held = match &l.packed {
+                        Some(record) => {
+                            // Its layer is about to ask: keep the weights
+                            // for it rather than restoring them twice.
+                            if unclaimed {
+                                st.landed.insert(key, Arc::clone(&l.expert));
+                            }
+                            Held::Packed(Arc::clone(record))
+                        }
+                        None => Held::Ready(Arc::clone(&l.expert)),
+                    };
+                    st.cache.fill(key.0, key.1, held);
+                }
                 Err(_) if flight.kept => st.cache.cancel(key.0, key.1),
-                Ok(expert) if flight.speculative && flight.waiters.is_empty() => {
-                    st.landed.insert(key, Arc::clone(expert));
+                Ok(l) if unclaimed => {
+                    st.landed.insert(key, Arc::clone(&l.expert));
                 }
                 _ => {}
             }
@@ -136,13 +170,20 @@ impl Shared {
         }
     }
 
-    /// Checks a complete record and turns its buffer into an expert.
+    /// Turns a record the cache kept packed into its expert again (its
+    /// checksum was checked when it was read).
+    pub fn unpack(&self, key: Key, record: &Arc<PooledBuf>) -> Result<Arc<Expert>, ExpertError> {
+        self.decode(key, record, &[], false).map(|l| l.expert)
+    }
+
+    /// Checks a complete record (when `verify`) and turns its buffer into an expert.
     fn decode(
         &self,
         key: Key,
         buf: &Arc<PooledBuf>,
         segments: &[Segment],
-    ) -> Result<Arc<Expert>, ExpertError> {
+        verify: bool,
+    ) -> Result<Landed, ExpertError> {
         let (layer_index, id) = key;
         let layer = self
             .layers
@@ -158,9 +199,11 @@ impl Shared {
         } else {
             Arc::clone(buf)
         };
+        let packed = (self.packed && buf.aligned().capacity() < plain.aligned().capacity())
+            .then(|| Arc::clone(buf));
         let buf = &plain;
         let bytes: &[u8] = (**buf).as_ref();
-        if self.verify && hash_hex(bytes) != record.xxh3_128 {
+        if verify && hash_hex(bytes) != record.xxh3_128 {
             let places: Vec<String> = segments
                 .iter()
                 .map(|s| format!("drive {} {} at offset {}", s.drive, s.file, s.offset))
@@ -180,7 +223,10 @@ impl Shared {
                 self.keep_stored,
                 &name,
             )
-            .map(Arc::new)
+            .map(|expert| Landed {
+                expert: Arc::new(expert),
+                packed,
+            })
             .map_err(|e| ExpertError::Source(e.to_string()))
     }
 }
@@ -210,7 +256,10 @@ impl ReadTarget for RecordRead {
             let failed = self.error.lock().ok().and_then(|mut e| e.take());
             let outcome = match failed {
                 Some(e) => Err(ExpertError::Source(e.to_string())),
-                None => self.shared.decode(self.key, &self.buf, &self.segments),
+                None => {
+                    self.shared
+                        .decode(self.key, &self.buf, &self.segments, self.shared.verify)
+                }
             };
             self.shared.arrived(self.key, outcome);
         }

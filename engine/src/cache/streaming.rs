@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
@@ -26,11 +26,15 @@ use crate::store::{
 };
 use crate::weights::Dtype;
 
-use super::budget::{CacheCounters, EvictionPolicy, ExpertCache};
+use super::autopolicy::{MIN_CHOICE_PASSES, RECHOOSE_PASSES, passes_in};
+use super::budget::{CacheCounters, ExpertCache};
+use super::choose::PolicyReport;
 use super::fetch::{Demand, Fetch};
-use super::heat::HeatMap;
+use super::heat::{HeatMap, Routed};
+use super::packed::{keeps_packed, packed_class, packs_records};
+use super::policy::PolicySetting;
 use super::pool::BufferPool;
-use super::reads::{Arrival, Flight, RecordRead, Shared, State, poisoned};
+use super::reads::{Arrival, Flight, Held, RecordRead, Shared, State, poisoned};
 
 /// The copy of `record` whose slowest segment would finish first, given the
 /// bytes each drive already has to read (drives assumed equally fast).
@@ -81,8 +85,6 @@ const SEED_MAX_USES: f64 = 4.0;
 /// 2 GiB: 6.63 s against 6.47 s) and left less memory for the cache.
 pub const DEFAULT_WINDOW_BYTES: u64 = 32 << 20;
 
-/// One call for experts: (decoder layer, expert ids).
-pub type Lookup = (usize, Vec<usize>);
 
 #[derive(Debug, Clone)]
 pub struct StreamingOptions {
@@ -98,8 +100,9 @@ pub struct StreamingOptions {
     pub pinned_fraction: f64,
     /// Read the pinned experts while opening, so the first tokens hit.
     pub warm_start: bool,
-    /// How the unpinned part of the cache makes room.
-    pub policy: EvictionPolicy,
+    /// How the unpinned part of the cache makes room: chosen from the
+    /// pack's routing trace, or set.
+    pub policy: PolicySetting,
     /// Hold cached experts as the pack stores them (BF16 or F16: half the
     /// bytes of f32; Q8_0 about a quarter); the kernels compute from them as
     /// they are. Otherwise they are widened to f32 when read.
@@ -107,8 +110,11 @@ pub struct StreamingOptions {
     /// Read the experts the pilot predicts for the next layer ahead of time.
     pub prefetch: bool,
     /// Bytes of demand reads one request may have on their way at once, and
-    /// likewise of prefetch reads.
+    /// likewise of prefetch reads and of cached records being restored.
     pub window_bytes: u64,
+    /// Keep compressed records packed in the cache when the budget cannot
+    /// hold every expert's weights (see [`packs_records`]).
+    pub pack_cache: bool,
 }
 
 impl Default for StreamingOptions {
@@ -120,10 +126,11 @@ impl Default for StreamingOptions {
             record_trace: false,
             pinned_fraction: DEFAULT_PINNED_FRACTION,
             warm_start: true,
-            policy: EvictionPolicy::default(),
+            policy: PolicySetting::default(),
             keep_stored_dtype: true,
             prefetch: true,
             window_bytes: DEFAULT_WINDOW_BYTES,
+            pack_cache: true,
         }
     }
 }
@@ -132,15 +139,24 @@ pub struct StreamingExperts {
     pub(super) shared: Arc<Shared>,
     store: DriveStore,
     /// Every lookup in order, when recording.
-    trace: Option<Mutex<Vec<Lookup>>>,
+    trace: Option<Mutex<Vec<Routed>>>,
     /// Time the model spent waiting for reads, in microseconds.
     pub(super) stall_micros: AtomicU64,
-    heat: Mutex<HeatMap>,
+    /// Time the model's thread spent restoring packed cache hits, in microseconds.
+    pub(super) restore_micros: AtomicU64,
+    pub(super) heat: Mutex<HeatMap>,
     pack: PathBuf,
     prefetch: bool,
     pub(super) window_bytes: u64,
-    /// Bytes every expert of the pack takes in RAM.
+    /// Bytes every expert of the pack takes in the cache.
     all_experts_bytes: u64,
+    /// The policy follows the trace (else it was set).
+    pub(super) automatic: bool,
+    /// The latest replays of the trace, and whether one is running.
+    pub(super) report: Arc<Mutex<Option<PolicyReport>>>,
+    pub(super) choosing: Arc<AtomicBool>,
+    /// The pass at which the trace is replayed next.
+    next_choice: AtomicU64,
 }
 
 impl StreamingExperts {
@@ -167,8 +183,16 @@ impl StreamingExperts {
             }
         }
         let store = DriveStore::open(&manifest.drives, &options.store)?;
+        let heat = HeatMap::load(pack);
+        let (policy, automatic) = match options.policy {
+            PolicySetting::Fixed(p) => (p, false),
+            PolicySetting::Auto => (heat.policy.unwrap_or_default(), true),
+        };
+        let mut cache = ExpertCache::with_policy(options.budget_bytes, policy);
+        cache.set_layers(manifest.experts.layers.len());
+        let packed = packs_records(manifest, options);
         let state = State {
-            cache: ExpertCache::with_policy(options.budget_bytes, options.policy),
+            cache,
             flights: HashMap::new(),
             score: Default::default(),
             joined_flights: 0,
@@ -188,6 +212,7 @@ impl StreamingExperts {
                 layer_encodings,
                 verify: options.verify_checksums,
                 keep_stored: options.keep_stored_dtype,
+                packed,
                 state: Mutex::new(state),
                 pool: Arc::new(BufferPool::default()),
                 next_ticket: AtomicU64::new(1),
@@ -196,25 +221,34 @@ impl StreamingExperts {
             store,
             trace: options.record_trace.then(|| Mutex::new(Vec::new())),
             stall_micros: AtomicU64::new(0),
+            restore_micros: AtomicU64::new(0),
             heat: Mutex::new(HeatMap::default()),
             pack: pack.to_path_buf(),
             prefetch: options.prefetch,
             window_bytes: options.window_bytes,
             all_experts_bytes: 0,
+            automatic,
+            report: Arc::new(Mutex::new(None)),
+            choosing: Arc::new(AtomicBool::new(false)),
+            next_choice: AtomicU64::new(0),
         };
         let me = Self {
             all_experts_bytes: me
                 .shared
                 .layers
                 .values()
-                .map(|l| me.ram_bytes(l) * l.records.len() as u64)
+                .flat_map(|l| (0..l.records.len()).map(move |id| (l, id)))
+                .map(|(l, id)| me.held_bytes(l, id))
                 .sum(),
             ..me
         };
-        let heat = HeatMap::load(pack);
         me.apply_heat(&heat, options)?;
+        let passes = passes_in(heat.routed());
         if let Ok(mut h) = me.heat.lock() {
             *h = heat;
+        }
+        if passes >= MIN_CHOICE_PASSES {
+            me.replay_trace(0);
         }
         Ok(me)
     }
@@ -268,7 +302,7 @@ impl StreamingExperts {
                 let Some(l) = self.shared.layers.get(&layer) else {
                     continue;
                 };
-                if st.cache.reserve(layer, id, self.ram_bytes(l), false) {
+                if st.cache.reserve(layer, id, self.held_bytes(l, id), false) {
                     if let Err(e) = self.start_read(&mut st, l, id, Priority::Prefetch, true, false)
                     {
                         st.cache.cancel(layer, id);
@@ -300,18 +334,31 @@ impl StreamingExperts {
             buffer_bytes: self.buffer_bytes(),
             peak_buffer_bytes: self.peak_buffer_bytes(),
             decompress_seconds: self.decompress_seconds(),
+            restore_seconds: self.restore_micros.load(Ordering::Relaxed) as f64 / 1e6,
             stall_seconds: self.stall_seconds(),
             resident_expert_bytes: self.resident_expert_bytes(),
             largest_record_bytes: self.largest_record_bytes(),
+            policy: self
+                .shared
+                .state
+                .lock()
+                .map(|s| s.cache.policy())
+                .unwrap_or_default(),
+            policy_report: self.policy_report(),
         }
     }
 
-    /// Saves the heat histogram next to the pack for the next run.
+    /// Saves the heat histogram and trace summary next to the pack for the
+    /// next run, with the policy chosen from them.
     pub fn save_heat(&self) -> std::io::Result<()> {
-        let heat = self
+        let policy = self.shared.state.lock().map(|s| s.cache.policy()).ok();
+        let mut heat = self
             .heat
             .lock()
             .map_err(|_| std::io::Error::other("heat histogram poisoned"))?;
+        if self.automatic {
+            heat.policy = policy;
+        }
         heat.save(&self.pack)
     }
 
@@ -382,11 +429,9 @@ impl StreamingExperts {
 
     /// Bytes of one expert as held in the cache, for sizing a budget in experts.
     pub fn resident_expert_bytes(&self) -> u64 {
-        self.shared
-            .layers
-            .values()
-            .next()
-            .map_or(0, |l| self.ram_bytes(l))
+        // On average: packed records differ in size.
+        let experts: usize = self.shared.layers.values().map(|l| l.records.len()).sum();
+        self.all_experts_bytes / experts.max(1) as u64
     }
 
     /// Bytes of the largest expert record, for sizing read windows.
@@ -401,14 +446,28 @@ impl StreamingExperts {
     }
 
     /// The lookups recorded so far (empty unless recording), leaving the record empty.
-    pub fn take_trace(&self) -> Vec<Lookup> {
+    pub fn take_trace(&self) -> Vec<Routed> {
         self.trace
             .as_ref()
             .and_then(|t| t.lock().ok().map(|mut t| std::mem::take(&mut *t)))
             .unwrap_or_default()
     }
 
-    /// Bytes one expert of `layer` takes in the cache.
+    /// Bytes expert `id` of `layer` takes in the cache: its packed record's
+    /// buffer when the cache keeps records packed, else its weights.
+    pub(super) fn held_bytes(&self, layer: &ExpertLayer, id: usize) -> u64 {
+        match layer.records.get(id) {
+            Some(r) if self.shared.packed && keeps_packed(r) => packed_class(r.stored(), r.len),
+            _ => self.ram_bytes(layer),
+        }
+    }
+
+    /// Whether the cache keeps compressed records packed (see [`packs_records`]).
+    pub fn keeps_records_packed(&self) -> bool {
+        self.shared.packed
+    }
+
+    /// Bytes one expert of `layer` takes in RAM as weights.
     pub(super) fn ram_bytes(&self, layer: &ExpertLayer) -> u64 {
         expert_ram_bytes(
             layer,
@@ -442,11 +501,15 @@ impl StreamingExperts {
             ))
         };
         let len = usize::try_from(record.stored()).map_err(|_| too_large())?;
-        let plain = usize::try_from(record.len).map_err(|_| too_large())?;
+        let class = match self.shared.packed && keeps_packed(record) {
+            true => packed_class(record.stored(), record.len),
+            false => record.len,
+        };
+        let class = usize::try_from(class).map_err(|_| too_large())?;
         let buf = self
             .shared
             .pool
-            .take_sized(len, plain)
+            .take_sized(len, class)
             .map_err(|e| ExpertError::Source(e.to_string()))?;
         if speculative {
             st.speculative_bytes += record.stored();
@@ -528,10 +591,12 @@ impl StreamingExperts {
             st.joined_flights += 1;
             return Ok(Demand::Joined);
         }
-        if let Some(expert) = st.cache.peek(layer.layer, id) {
-            return Ok(Demand::Ready(expert));
+        match st.cache.peek(layer.layer, id) {
+            Some(Held::Ready(expert)) => return Ok(Demand::Ready(expert)),
+            Some(Held::Packed(record)) => return Ok(Demand::Packed(record)),
+            None => {}
         }
-        let bytes = self.ram_bytes(layer);
+        let bytes = self.held_bytes(layer, id);
         let kept = st.cache.reserve(layer.layer, id, bytes, false);
         if let Err(e) = self.start_read(&mut st, layer, id, Priority::Demand, kept, false) {
             st.cache.cancel(layer.layer, id);
@@ -545,7 +610,12 @@ impl StreamingExperts {
 }
 
 impl ExpertProvider for StreamingExperts {
-    fn fetch<'a>(&'a self, layer: usize, ids: &[usize]) -> Result<ExpertStream<'a>, ExpertError> {
+    fn fetch<'a>(
+        &'a self,
+        layer: usize,
+        ids: &[usize],
+        rows: &[u32],
+    ) -> Result<ExpertStream<'a>, ExpertError> {
         let records = self
             .shared
             .layers
@@ -558,17 +628,25 @@ impl ExpertProvider for StreamingExperts {
                 count: records.records.len(),
             });
         }
+        let weight = |pos: usize| rows.get(pos).copied().unwrap_or(1).max(1);
+        let routed = Routed {
+            layer,
+            experts: ids.iter().enumerate().map(|(p, &id)| (id, weight(p))).collect(),
+        };
         if let Some(Ok(mut trace)) = self.trace.as_ref().map(|t| t.lock()) {
-            trace.push((layer, ids.to_vec()));
+            trace.push(routed.clone());
         }
         if let Ok(mut heat) = self.heat.lock() {
             ids.iter().for_each(|&id| heat.record(layer, id));
+            heat.trace(routed);
         }
         let (tx, rx) = mpsc::channel();
         let mut fetch = Fetch {
             owner: self,
             layer: records,
             ready: VecDeque::new(),
+            packed: VecDeque::new(),
+            restored: Vec::new(),
             unread: VecDeque::new(),
             tx,
             rx,
@@ -576,9 +654,16 @@ impl ExpertProvider for StreamingExperts {
             window: BTreeMap::new(),
             failed: false,
         };
-        {
+        let replay_at = {
             let mut st = self.shared.state.lock().map_err(|_| poisoned())?;
             st.score.demanded(layer, ids);
+            st.cache.begin_lookup(layer);
+            let pass = st.cache.pass();
+            let due = pass >= self.next_choice.load(Ordering::Relaxed);
+            if due {
+                self.next_choice
+                    .store(pass + RECHOOSE_PASSES, Ordering::Relaxed);
+            }
             // Guesses for this layer that it did not ask for may go now;
             // what it asked for stays until the request is done with it, so
             // the cache never lets go of an expert still being computed
@@ -586,16 +671,21 @@ impl ExpertProvider for StreamingExperts {
             st.cache.unprotect_layer(layer);
             for (pos, &id) in ids.iter().enumerate() {
                 st.cache.protect(layer, id);
-                match st.cache.get(layer, id) {
-                    Some(expert) => fetch.ready.push_back((pos, expert)),
-                    None => match st.landed.remove(&(layer, id)) {
-                        Some(expert) => fetch.ready.push_back((pos, expert)),
-                        None => fetch.unread.push_back((pos, id)),
-                    },
+                let held = st.cache.get_weighted(layer, id, weight(pos));
+                match (st.landed.remove(&(layer, id)), held) {
+                    (Some(expert), _) | (None, Some(Held::Ready(expert))) => {
+                        fetch.ready.push_back((pos, expert));
+                    }
+                    (None, Some(Held::Packed(record))) => fetch.packed.push_back((pos, id, record)),
+                    (None, None) => fetch.unread.push_back((pos, id)),
                 }
             }
             // Guesses for this layer that landed and were not asked for go.
             st.landed.retain(|k, _| k.0 != layer);
+            (due && pass > 0).then_some(pass)
+        };
+        if let Some(pass) = replay_at {
+            self.replay_trace(pass);
         }
         // Ask the drives for everything missing before the model moves on.
         fetch.top_up()?;
@@ -625,8 +715,8 @@ impl ExpertProvider for StreamingExperts {
         if !self.prefetch || !st.score.worth_reading() {
             return;
         }
-        let bytes = self.ram_bytes(records);
         for &id in ids.iter().filter(|&&id| id < records.records.len()) {
+            let bytes = self.held_bytes(records, id);
             if st.cache.contains(layer, id) {
                 st.cache.protect(layer, id);
                 continue;

@@ -9,7 +9,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::EngineStats;
-use crate::cache::CacheCounters;
+use crate::cache::{CacheCounters, EvictionPolicy, PolicyReport};
 use crate::pilot::PilotCounters;
 use crate::store::DriveSnapshot;
 
@@ -44,6 +44,10 @@ pub struct MetricsSnapshot {
     pub pilot: PilotCounters,
     /// Share of asked-for experts that had been predicted.
     pub prefetch_recall: Option<f64>,
+    /// The eviction policy in use, and the latest replays of the pack's
+    /// routing trace that it was chosen from.
+    pub policy: EvictionPolicy,
+    pub policy_report: Option<PolicyReport>,
 }
 
 /// Turns growing counters into per-interval rates.
@@ -97,6 +101,8 @@ impl MetricsSampler {
             hit_rate: cache.hits as f64 / (cache.hits + cache.misses).max(1) as f64,
             cache,
             stall_seconds: stats.stall_seconds,
+            policy: stats.policy,
+            policy_report: stats.policy_report.clone(),
         }
     }
 }

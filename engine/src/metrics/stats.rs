@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::cache::CacheCounters;
+use crate::cache::{CacheCounters, EvictionPolicy, PolicyReport};
 use crate::pilot::PilotCounters;
 use crate::store::DriveSnapshot;
 
@@ -23,13 +23,20 @@ pub struct EngineStats {
     /// Bytes of record buffers allocated, and the most held at once.
     pub buffer_bytes: u64,
     pub peak_buffer_bytes: u64,
-    /// Reader time spent restoring compressed records.
+    /// Time spent restoring compressed records: by the readers as records
+    /// land, and by the model's thread for hits the cache keeps packed.
     pub decompress_seconds: f64,
+    /// The model's thread's share of it.
+    pub restore_seconds: f64,
     /// Time spent waiting for expert reads.
     pub stall_seconds: f64,
     /// Bytes of one expert as held in the cache, and of the largest record.
     pub resident_expert_bytes: u64,
     pub largest_record_bytes: u64,
+    /// The eviction policy in use, and the latest replays of the pack's
+    /// routing trace against every candidate.
+    pub policy: EvictionPolicy,
+    pub policy_report: Option<PolicyReport>,
 }
 
 impl EngineStats {

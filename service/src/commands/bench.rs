@@ -12,8 +12,8 @@ use anyhow::{Context, bail};
 use clap::Args;
 use longhaul_engine::memory;
 use longhaul_engine::tools::{
-    DEFAULT_QUEUE_DEPTH, DriveSnapshot, PilotCounters, ProbeReport, argmax, belady_hit_rate,
-    lfu_hit_rate, lru_hit_rate, oracle_pin_hit_rate, routing_stats, trace,
+    DEFAULT_QUEUE_DEPTH, DriveSnapshot, PilotCounters, ProbeReport, Routed, Shape, argmax,
+    belady_hit_rate, lfu_hit_rate, lru_hit_rate, oracle_pin_hit_rate, routing_stats, trace,
 };
 use longhaul_engine::{Engine, EngineOptions, EngineStats, MetricsSampler, SamplingParams};
 use rand::rngs::SmallRng;
@@ -311,6 +311,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     // and expert) and count hits in the steady window, as the real cache does.
     let tokens = trace::per_token(&decode_trace);
     let layers = tokens.first().map_or(1, Vec::len);
+    let ids_per_token: Vec<Vec<(usize, Vec<usize>)>> = tokens
+        .iter()
+        .map(|t| {
+            t.iter()
+                .map(|r| (r.layer, r.experts.iter().map(|e| e.0).collect()))
+                .collect()
+        })
+        .collect();
     let mut accesses = trace::accesses(&prefill_trace);
     let warmup_lookups = (warmup * layers).min(decode_trace.len());
     let count_from = accesses.len() + trace::accesses(&decode_trace[..warmup_lookups]).len();
@@ -323,8 +331,17 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         (counters.hits + counters.misses) - (hits_before.hits + hits_before.misses);
     let decode_hits = counters.hits - hits_before.hits;
 
+    // Every candidate policy replayed on this run's own lookups, in bytes as
+    // the cache holds them, counting the steady window.
+    let all: Vec<Routed> = prefill_trace.iter().chain(&decode_trace).cloned().collect();
+    let expert_bytes = end.resident_expert_bytes.max(1);
+    let shape = Shape {
+        budget,
+        layers,
+        bytes: &|_| expert_bytes,
+    };
+    let policies = longhaul_engine::tools::choose_counting(&all, shape, end.policy, count_from);
     if let Some(path) = &args.trace {
-        let all: Vec<_> = prefill_trace.iter().chain(&decode_trace).cloned().collect();
         trace::write_jsonl(path, &all).with_context(|| format!("writing {}", path.display()))?;
     }
     let decode_metrics = sampler.sample(&stats());
@@ -349,7 +366,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "memory_plan": engine.memory_plan(),
         "budget_experts": slots,
         "heat_warm_at_start": heat_was_warm,
-        "policy": format!("{:?}", args.cache.policy),
+        "policy": args.cache.policy.to_string(),
+        "policy_in_use": end.policy.to_string(),
         "pinned_fraction": args.cache.pinned_fraction,
         "cache_dtype": args.cache.cache_dtype,
         "checksums_verified": !args.no_verify_checksums,
@@ -390,12 +408,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "lfu_replay_hit_rate": lfu_hit_rate(&accesses, slots, count_from),
         "oracle_pin_hit_rate": oracle_pin_hit_rate(&accesses, slots, count_from),
         "belady_hit_rate": belady_hit_rate(&accesses, slots, count_from),
+        "policy_replays": policies,
+        "pack_trace_policies": end.policy_report,
         "ceiling_tok_s": ceiling_tok_s,
         "efficiency": ceiling_tok_s.map(|c| tok_s / c),
         "probe": probe,
         "drives_while_decoding": decode_metrics.drives,
         "cache": counters,
-        "routing": routing_stats(&tokens),
+        "routing": routing_stats(&ids_per_token),
         "prefill_lookups": prefill_trace.len(),
         "per_token": per_token,
     });

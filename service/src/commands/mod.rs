@@ -22,7 +22,7 @@ use std::time::Instant;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use longhaul_engine::memory::{self, MemorySettings};
-use longhaul_engine::{DEFAULT_PINNED_FRACTION, EvictionPolicy, StreamingOptions};
+use longhaul_engine::{DEFAULT_PINNED_FRACTION, PolicySetting, StreamingOptions};
 use longhaul_engine::{Engine, EngineOptions, LoadProgress, PrefixCache, PrefixSettings};
 use size::SizeOrAuto;
 
@@ -205,9 +205,11 @@ impl PrefixArgs {
 /// How the expert cache of a pack is run.
 #[derive(clap::Args, Clone)]
 pub struct CacheArgs {
-    /// Eviction policy for experts that are not pinned: lfu or lru.
-    #[arg(long, default_value = "lfu", value_parser = parse_policy)]
-    pub policy: EvictionPolicy,
+    /// Eviction policy for experts that are not pinned: `auto` (replayed on
+    /// the pack's own routing trace and chosen from lru, lfu, lfu-decay:H,
+    /// slru:P and arc, over one pool or /layer), or one of those.
+    #[arg(long, default_value = "auto", value_parser = parse_policy)]
+    pub policy: PolicySetting,
     /// Share of the budget pinned to the hottest experts of earlier runs (0 to 1).
     #[arg(long, default_value_t = DEFAULT_PINNED_FRACTION)]
     pub pinned_fraction: f64,
@@ -229,12 +231,8 @@ impl CacheArgs {
     }
 }
 
-fn parse_policy(text: &str) -> Result<EvictionPolicy, String> {
-    match text {
-        "lfu" => Ok(EvictionPolicy::LeastFrequentlyUsed),
-        "lru" => Ok(EvictionPolicy::LeastRecentlyUsed),
-        other => Err(format!("`{other}` is not a policy; use lfu or lru")),
-    }
+fn parse_policy(text: &str) -> Result<PolicySetting, String> {
+    text.parse()
 }
 
 impl ModelArgs {

@@ -384,10 +384,7 @@ async fn info(State(app): State<AppState>) -> Json<serde_json::Value> {
         "data_dir": app.data_dir,
         "address": app.address,
         "budget_bytes": app.runner.config().streaming.budget_bytes,
-        "policy": match app.runner.config().streaming.policy {
-            longhaul_engine::EvictionPolicy::LeastFrequentlyUsed => "least frequently used",
-            longhaul_engine::EvictionPolicy::LeastRecentlyUsed => "least recently used",
-        },
+        "policy": app.runner.config().streaming.policy.to_string(),
         "cache_dtype": if app.runner.config().streaming.keep_stored_dtype { "stored" } else { "f32" },
     }))
 }

@@ -4,7 +4,7 @@
 
 import uPlot from "uplot";
 
-import { Drive, get, Model } from "../api";
+import { Drive, get, MetricsEvent, Model } from "../api";
 import { chart, COLORS, columns, memoryRange, share } from "../charts";
 import { holdLine } from "../banner";
 import { bytes, esc, guessLine, percent, phaseLine, rate } from "../format";
@@ -32,6 +32,37 @@ function drawHeat(canvas: HTMLCanvasElement, h: Heat): void {
   );
 }
 
+/** Candidates shown in the policy table, best first. */
+const POLICY_ROWS = 6;
+
+/** The eviction policy in use and how every candidate did on the pack's own routing. */
+function policyCard(m: MetricsEvent | null): string {
+  const e = m?.engine;
+  if (!e) return `<p class="empty">Shown while a model streams its experts from drives.</p>`;
+  const r = e.policy_report;
+  if (!r) {
+    return `<p>Running <b>${esc(e.policy)}</b>.</p>
+      <p class="hint">The pack's routing is replayed against every candidate once its trace holds 32 tokens, then every 256 tokens.</p>`;
+  }
+  const shown = r.candidates.slice(0, POLICY_ROWS);
+  if (!shown.some((c) => c.policy === e.policy)) {
+    const own = r.candidates.find((c) => c.policy === e.policy);
+    if (own) shown.push(own);
+  }
+  const rows = shown
+    .map(
+      (c) => `<tr${c.policy === e.policy ? ` class="current"` : ""}><th scope="row">${esc(c.policy)}${c.policy === e.policy ? " (in use)" : ""}</th>
+        <td>${percent(c.hit_rate)}</td><td>${percent(c.regret)}</td></tr>`,
+    )
+    .join("");
+  return `<p>Running <b>${esc(e.policy)}</b>, ${r.automatic ? "chosen from the pack's own routing" : "set by hand"}:
+      replayed on its last ${r.lookups.toLocaleString()} expert lookups at a budget of ${bytes(r.budget_bytes)}.</p>
+    <table class="policy-table"><thead><tr><th scope="col">policy</th><th scope="col">hit rate</th><th scope="col">behind Belady</th></tr></thead>
+      <tbody>${rows}</tbody></table>
+    <p class="hint">Belady's optimum (knowing the future) ${percent(r.belady_hit_rate)}; the best fixed set in hindsight ${percent(r.best_fixed_hit_rate)}.
+      ${r.candidates.length} candidates replayed; ${r.candidates.length - shown.length} more not shown.</p>`;
+}
+
 /** The running task's phase, after its number: reading the prompt shows how far. */
 function running(id: number): string {
   const p = store.progress.get(id);
@@ -56,6 +87,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
       <section class="card"><div id="c-tok" class="chart"></div></section>
       <section class="card"><div id="c-ram" class="chart"></div></section>
     </div>
+    <section class="card" id="policy"><h2>Eviction policy</h2><div id="policy-body"></div></section>
     <section class="card"><h2>Expert heat</h2>
       <div class="row"><label class="inline">Model <select id="heat-model"></select></label></div>
       <p class="hint">Layers (rows) × experts (columns): how often the router chose each expert, decayed over time.</p>
@@ -63,6 +95,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
       <p id="heat-note" class="empty"></p>
     </section>`;
   const summary = root.querySelector("#summary") as HTMLElement;
+  const policy = root.querySelector("#policy-body") as HTMLElement;
   let names = new Map<string, string>();
   let drivePaths: string[] = [];
   // Each drive's probed read rate, drawn as its ceiling.
@@ -156,6 +189,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
     tok.setData(columns(samples, [(s) => s.tokensPerSecond]));
     ram.setData(columns(samples, [(s) => s.held, (s) => s.budget]));
     const m = store.latest;
+    policy.innerHTML = policyCard(m);
     summary.innerHTML = m
       ? `<span><b>${esc(names.get(m.model) ?? m.model.split("/").pop() ?? m.model)}</b> loaded</span>
          <span>${m.running_job ? `running task <a href="#/job/${m.running_job}">${m.running_job}</a>${running(m.running_job)}` : holdLine() || "no task running"}</span>

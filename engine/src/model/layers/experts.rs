@@ -151,7 +151,14 @@ pub trait ExpertProvider: Send + Sync {
     /// Starts getting experts `ids` of `layer` and hands each over as soon as
     /// it is available, so the caller can compute with the first while the
     /// others are on their way. Results are exact whatever the order.
-    fn fetch<'a>(&'a self, layer: usize, ids: &[usize]) -> Result<ExpertStream<'a>, ExpertError>;
+    /// `rows[i]` is how many rows of the pass `ids[i]` computes (one while
+    /// decoding): what the cache's statistics weigh a lookup by.
+    fn fetch<'a>(
+        &'a self,
+        layer: usize,
+        ids: &[usize],
+        rows: &[u32],
+    ) -> Result<ExpertStream<'a>, ExpertError>;
 
     /// A hint that `layer` will soon ask for `ids`. Providers that hold
     /// everything in RAM ignore it.
@@ -176,7 +183,12 @@ impl ResidentExperts {
 }
 
 impl ExpertProvider for ResidentExperts {
-    fn fetch<'a>(&'a self, layer: usize, ids: &[usize]) -> Result<ExpertStream<'a>, ExpertError> {
+    fn fetch<'a>(
+        &'a self,
+        layer: usize,
+        ids: &[usize],
+        _rows: &[u32],
+    ) -> Result<ExpertStream<'a>, ExpertError> {
         let all = self
             .layers
             .get(&layer)

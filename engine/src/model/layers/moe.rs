@@ -153,7 +153,11 @@ impl MoeBlock {
             }
         }
         let ids: Vec<usize> = by_expert.keys().copied().collect();
-        let stream = experts.fetch(self.layer, &ids)?;
+        let rows: Vec<u32> = by_expert
+            .values()
+            .map(|(r, _)| u32::try_from(r.len()).unwrap_or(u32::MAX))
+            .collect();
+        let stream = experts.fetch(self.layer, &ids, &rows)?;
         Ok(Started {
             xs,
             n,

@@ -1,0 +1,140 @@
+//! A pack's eviction policy, kept up to date from its routing: the trace
+//! summary is replayed against every candidate (see [`super::choose`]) off
+//! the model's thread when the pack opens with enough of a trace, and again
+//! every [`RECHOOSE_PASSES`] passes as it grows; an automatic policy then
+//! switches to the choice, carrying over the recency and counts the trace
+//! holds.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::choose::{PolicyReport, Shape, choose};
+use super::heat::Routed;
+use super::policy::EvictionPolicy;
+use super::streaming::StreamingExperts;
+
+/// Passes (tokens, or a prompt's chunks) between replays of the trace to
+/// choose the policy again: a few minutes of decoding at a token a second,
+/// and replays that cost a few seconds of one core.
+pub const RECHOOSE_PASSES: u64 = 256;
+/// Passes a pack's trace must hold before a policy is chosen from it.
+pub const MIN_CHOICE_PASSES: u64 = 32;
+
+impl StreamingExperts {
+    /// Replays the trace summary on another thread against every candidate
+    /// policy at this cache's budget, keeps the report, and (when the policy
+    /// is automatic) switches to the one chosen. `now` is the cache's pass.
+    pub(super) fn replay_trace(&self, now: u64) {
+        if self.choosing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let trace: Vec<Routed> = match self.heat.lock() {
+            Ok(h) => h.routed().cloned().collect(),
+            Err(_) => {
+                self.choosing.store(false, Ordering::Release);
+                return;
+            }
+        };
+        let bytes: HashMap<usize, u64> = self
+            .shared
+            .layers
+            .values()
+            .map(|l| {
+                let all: u64 = (0..l.records.len()).map(|id| self.held_bytes(l, id)).sum();
+                (l.layer, all / l.records.len().max(1) as u64)
+            })
+            .collect();
+        let (budget, layers) = (
+            self.shared
+                .state
+                .lock()
+                .map_or(0, |s| s.cache.counters().budget_bytes),
+            self.shared.layers.len(),
+        );
+        let (shared, report, choosing) = (
+            Arc::clone(&self.shared),
+            Arc::clone(&self.report),
+            Arc::clone(&self.choosing),
+        );
+        let automatic = self.automatic;
+        let spawned = std::thread::Builder::new()
+            .name("longhaul-policy".into())
+            .spawn(move || {
+                let bytes_of = |layer: usize| bytes.get(&layer).copied().unwrap_or(1);
+                let shape = Shape {
+                    budget,
+                    layers,
+                    bytes: &bytes_of,
+                };
+                let current = shared
+                    .state
+                    .lock()
+                    .map_or(EvictionPolicy::default(), |s| s.cache.policy());
+                let mut found = choose(&trace, shape, current);
+                found.automatic = automatic;
+                if let Ok(mut st) = shared.state.lock() {
+                    if automatic && found.chosen != current {
+                        let history = with_passes(&trace, now);
+                        st.cache.set_policy(found.chosen, &history);
+                    }
+                    found.chosen = st.cache.policy();
+                }
+                if let Ok(mut r) = report.lock() {
+                    *r = Some(found);
+                }
+                choosing.store(false, Ordering::Release);
+            });
+        if spawned.is_err() {
+            self.choosing.store(false, Ordering::Release);
+        }
+    }
+
+    /// The latest replays of the pack's trace and the policy in use.
+    pub fn policy_report(&self) -> Option<PolicyReport> {
+        self.report.lock().ok().and_then(|r| r.clone())
+    }
+
+    /// Replays the trace now and waits for the report (for benchmarks and tests).
+    pub fn replay_now(&self) -> Option<PolicyReport> {
+        while self.choosing.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let now = self.shared.state.lock().map_or(0, |s| s.cache.pass());
+        self.replay_trace(now);
+        while self.choosing.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.policy_report()
+    }
+}
+
+/// Passes in a trace, counted as the cache counts them.
+pub(super) fn passes_in<'a>(trace: impl Iterator<Item = &'a Routed>) -> u64 {
+    let (mut passes, mut last) = (0, None);
+    for r in trace {
+        if last.is_some_and(|l| r.layer <= l) {
+            passes += 1;
+        }
+        last = Some(r.layer);
+    }
+    passes
+}
+
+/// Each expert lookup of `trace` with its weight and pass, the last lookup
+/// at pass `now`.
+fn with_passes(trace: &[Routed], now: u64) -> Vec<((usize, usize), u32, u64)> {
+    let start = now.saturating_sub(passes_in(trace.iter()));
+    let (mut pass, mut last) = (start, None);
+    let mut out = Vec::new();
+    for r in trace {
+        if last.is_some_and(|l| r.layer <= l) {
+            pass += 1;
+        }
+        last = Some(r.layer);
+        out.extend(r.experts.iter().map(|&(id, w)| ((r.layer, id), w, pass)));
+    }
+    out
+}
+
