@@ -17,6 +17,7 @@ use crate::generate::{self, Flow, GenerateError, Generation, GenerationSettings,
 use crate::import::ModelSource;
 use crate::memory::{MemoryError, MemoryPlan, MemorySettings};
 use crate::metrics::EngineStats;
+use crate::model::lockstep::LockstepCounters;
 use crate::model::{Decoder, LogitsFor, ModelError, ModelSpec, parse_token_ids};
 use crate::model::{ExpertError, ExpertProvider};
 use crate::pack::{self, Manifest, PackError};
@@ -378,6 +379,12 @@ impl Engine {
     /// it is chosen automatically); `None` for a model in RAM.
     pub fn replay_policies(&self) -> Option<PolicyReport> {
         self.streaming.as_ref().and_then(|s| s.replay_now())
+    }
+
+    /// Passes run for generations decoding together on this model so far
+    /// (every generation joins; alone, each pass is its own).
+    pub fn together_counters(&self) -> LockstepCounters {
+        self.decoder.lockstep.counters()
     }
 
     /// A new sequence on this model.

@@ -54,6 +54,7 @@ pub use generate::{
 };
 pub use memory::{MemoryPlan, MemorySettings};
 pub use metrics::{DriveMetrics, EngineStats, MetricsSampler, MetricsSnapshot};
+pub use model::lockstep::LockstepCounters;
 pub use prefix::{
     DEFAULT_DISK_BYTES as DEFAULT_PREFIX_DISK_BYTES, DEFAULT_RAM_BYTES as DEFAULT_PREFIX_RAM_BYTES,
     PrefixCache, PrefixError, PrefixSettings, PrefixStats,

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::choose::{PolicyReport, Shape, choose};
+use super::choose::{PolicyReport, Shape, choose, replay, warmup_lookups};
+use super::packed::{RecordBytes, keeps_packed, packed_class, weigh};
 use super::heat::Routed;
 use super::policy::EvictionPolicy;
 use super::streaming::StreamingExperts;
@@ -59,6 +60,7 @@ impl StreamingExperts {
             Arc::clone(&self.choosing),
         );
         let automatic = self.automatic;
+        let packing = self.packing_inputs();
         let spawned = std::thread::Builder::new()
             .name("longhaul-policy".into())
             .spawn(move || {
@@ -74,6 +76,26 @@ impl StreamingExperts {
                     .map_or(EvictionPolicy::default(), |s| s.cache.policy());
                 let mut found = choose(&trace, shape, current);
                 found.automatic = automatic;
+                if let Some((window, sizes, record)) = &packing {
+                    // The policy chosen, replayed with records held packed and as weights.
+                    let at = |packed: bool| {
+                        let bytes_of = |layer: usize| {
+                            let (p, w) = sizes.get(&layer).copied().unwrap_or((1, 1));
+                            if packed { p } else { w }
+                        };
+                        let shape = Shape {
+                            budget,
+                            layers,
+                            bytes: &bytes_of,
+                        };
+                        replay(&trace, found.chosen, shape, warmup_lookups(&trace))
+                    };
+                    let now_packed = shared.packing.load(Ordering::Relaxed);
+                    found.packing = weigh(window, (at(true), at(false)), *record, now_packed);
+                    if let Some(c) = &found.packing {
+                        shared.packing.store(c.packed, Ordering::Relaxed);
+                    }
+                }
                 if let Ok(mut st) = shared.state.lock() {
                     if automatic && found.chosen != current {
                         let history = with_passes(&trace, now);
@@ -89,6 +111,44 @@ impl StreamingExperts {
         if spawned.is_err() {
             self.choosing.store(false, Ordering::Release);
         }
+    }
+
+    /// What weighing packed records needs, when the cache may keep them: the
+    /// decode passes measured since last time, each layer's bytes per expert
+    /// held packed and as weights, and a record's bytes as read and restored.
+    #[allow(clippy::type_complexity)]
+    fn packing_inputs(&self) -> Option<(super::packed::Tally, HashMap<usize, (u64, u64)>, RecordBytes)> {
+        if !self.shared.may_pack {
+            return None;
+        }
+        let window = self.meter.lock().ok()?.take();
+        let (mut read, mut plain, mut records) = (0u64, 0u64, 0u64);
+        let sizes = self
+            .shared
+            .layers
+            .values()
+            .map(|l| {
+                let n = l.records.len().max(1) as u64;
+                let weights = self.ram_bytes(l);
+                let packed: u64 = l
+                    .records
+                    .iter()
+                    .map(|r| match keeps_packed(r) {
+                        true => packed_class(r.stored(), r.len),
+                        false => weights,
+                    })
+                    .sum();
+                read += l.records.iter().map(|r| r.stored()).sum::<u64>();
+                plain += weights * n;
+                records += n;
+                (l.layer, (packed / n, weights))
+            })
+            .collect();
+        let record = RecordBytes {
+            read: read as f64 / records.max(1) as f64,
+            plain: plain as f64 / records.max(1) as f64,
+        };
+        Some((window, sizes, record))
     }
 
     /// The latest replays of the pack's trace and the policy in use.

@@ -284,6 +284,59 @@ impl<V: Clone> ExpertCache<V> {
         }
     }
 
+    /// Replaces a held expert's value with one of `bytes` (weights restored
+    /// from its packed record), making room by evicting others in policy
+    /// order. Returns whether it was replaced; if there is no room, the old
+    /// value stays.
+    pub fn replace(&mut self, layer: usize, id: usize, value: V, bytes: u64) -> bool {
+        let key = (layer, id);
+        let Some(old) = self.entries.get(&key).filter(|e| e.value.is_some()).map(|e| e.bytes) else {
+            return false;
+        };
+        if bytes > self.budget {
+            return false;
+        }
+        let grow = bytes.saturating_sub(old);
+        if self.held - old + bytes > self.budget {
+            // Only others may make room; the expert itself stays put.
+            let was_protected = !self.protected.insert(key);
+            while self.held + grow > self.budget {
+                let Some(victim) = self.first_victim(key, grow) else {
+                    break;
+                };
+                self.order.removed(victim, true);
+                if let Some(v) = self.entries.remove(&victim) {
+                    self.held -= v.bytes;
+                    *self.layer_held.entry(victim.0).or_default() -= v.bytes;
+                    self.counters.evictions += 1;
+                }
+            }
+            if !was_protected {
+                self.protected.remove(&key);
+            }
+            if self.held + grow > self.budget {
+                return false;
+            }
+        }
+        let Some(e) = self.entries.get_mut(&key) else {
+            return false;
+        };
+        self.held = self.held - old + bytes;
+        *self.layer_held.entry(layer).or_default() += bytes;
+        *self.layer_held.entry(layer).or_default() -= old;
+        if e.pinned {
+            self.pinned_held = self.pinned_held - old + bytes;
+        }
+        e.value = Some(value);
+        e.bytes = bytes;
+        if !e.pinned {
+            // Bytes-aware orders learn the new size.
+            self.order.removed(key, false);
+            self.order.inserted(key, bytes);
+        }
+        true
+    }
+
     /// Gives up a reservation whose read failed.
     pub fn cancel(&mut self, layer: usize, id: usize) {
         let key = (layer, id);
@@ -402,6 +455,21 @@ mod tests {
             Just(Rule::Arc),
         ];
         (rule, any::<bool>()).prop_map(|(rule, per_layer)| EvictionPolicy { rule, per_layer })
+    }
+
+    #[test]
+    fn a_replaced_value_makes_room_by_evicting_others() {
+        let mut c = ExpertCache::with_policy(30, EvictionPolicy::LRU);
+        for id in 0..3 {
+            c.insert(0, id, expert(), 10);
+        }
+        c.get(0, 0);
+        assert!(c.replace(0, 2, expert(), 18), "room made from the least recent");
+        assert!(c.peek(0, 1).is_none() && c.peek(0, 0).is_some());
+        assert_eq!(c.counters().held_bytes, 28);
+        assert!(!c.replace(0, 2, expert(), 31), "larger than the budget: unchanged");
+        assert_eq!(c.counters().held_bytes, 28);
+        assert!(!c.replace(0, 9, expert(), 5), "not held");
     }
 
     #[test]

@@ -69,6 +69,9 @@ pub struct PolicyReport {
     pub lookups: usize,
     pub counted_lookups: usize,
     pub budget_bytes: u64,
+    /// Whether the cache keeps compressed records packed, and why (for packs
+    /// whose records are compressed and do not all fit as weights).
+    pub packing: Option<super::packed::PackingChoice>,
 }
 
 /// The shape of the experts a trace is replayed for.
@@ -107,8 +110,13 @@ pub fn replay(trace: &[Routed], policy: EvictionPolicy, shape: Shape<'_>, count_
 /// `current` is within [`SWITCH_MARGIN`] of it. Hits count after the first
 /// quarter of the trace's expert lookups.
 pub fn choose(trace: &[Routed], shape: Shape<'_>, current: EvictionPolicy) -> PolicyReport {
+    choose_counting(trace, shape, current, warmup_lookups(trace))
+}
+
+/// Expert lookups of `trace` replayed before hits count.
+pub fn warmup_lookups(trace: &[Routed]) -> usize {
     let lookups: usize = trace.iter().map(|r| r.experts.len()).sum();
-    choose_counting(trace, shape, current, (lookups as f64 * WARMUP_SHARE) as usize)
+    (lookups as f64 * WARMUP_SHARE) as usize
 }
 
 /// [`choose`], counting hits from expert lookup `count_from` on.
@@ -153,6 +161,7 @@ pub fn choose_counting(
         lookups: accesses.len(),
         counted_lookups: accesses.len() - count_from.min(accesses.len()),
         budget_bytes: shape.budget,
+        packing: None,
     }
 }
 

@@ -16,7 +16,7 @@ use std::sync::{Arc, Weak, mpsc};
 use std::time::Instant;
 
 use super::pool::PooledBuf;
-use super::reads::Arrival;
+use super::reads::{Arrival, Held};
 use super::streaming::StreamingExperts;
 use crate::model::{Expert, ExpertError};
 use crate::pack::manifest::ExpertLayer;
@@ -72,10 +72,21 @@ impl Fetch<'_> {
             }
         }
         let started = Instant::now();
-        let restored = self.owner.shared.unpack((self.layer.layer, id), &record);
+        let key = (self.layer.layer, id);
+        let restored = self.owner.shared.unpack(key, &record);
         self.owner
             .restore_micros
             .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        // A cache no longer keeping records packed keeps the weights it
+        // restored instead, if it can make room.
+        if let Ok(expert) = &restored
+            && !self.owner.keeps_records_packed()
+            && let Ok(mut st) = self.owner.shared.state.lock()
+        {
+            let bytes = self.owner.ram_bytes(self.layer);
+            st.cache
+                .replace(key.0, key.1, Held::Ready(Arc::clone(expert)), bytes);
+        }
         Some(restored.map(|expert| {
             self.restored.push(Arc::downgrade(&expert));
             (pos, expert)

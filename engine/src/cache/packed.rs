@@ -47,3 +47,201 @@ pub(super) fn packs_records(manifest: &Manifest, options: &StreamingOptions) -> 
         && options.budget_bytes < all_plain
 }
 
+
+/// Counters at one moment, to measure a window of decoding.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Tally {
+    pub seconds: f64,
+    /// The model waiting for reads, and restoring hits itself.
+    pub stall: f64,
+    pub model_restore: f64,
+    /// Restoring by anyone, and the plain bytes restored.
+    pub restore: f64,
+    pub restored_bytes: u64,
+    /// Bytes read from the drives and the time some drive was reading.
+    pub drive_bytes: u64,
+    pub drive_busy: f64,
+    pub lookups: u64,
+    pub passes: u64,
+}
+
+impl Tally {
+    fn since(&self, e: &Tally) -> Tally {
+        Tally {
+            seconds: self.seconds - e.seconds,
+            stall: self.stall - e.stall,
+            model_restore: self.model_restore - e.model_restore,
+            restore: self.restore - e.restore,
+            restored_bytes: self.restored_bytes.saturating_sub(e.restored_bytes),
+            drive_bytes: self.drive_bytes.saturating_sub(e.drive_bytes),
+            drive_busy: self.drive_busy - e.drive_busy,
+            lookups: self.lookups.saturating_sub(e.lookups),
+            passes: self.passes.saturating_sub(e.passes),
+        }
+    }
+
+    fn add(&mut self, d: &Tally) {
+        self.seconds += d.seconds;
+        self.stall += d.stall;
+        self.model_restore += d.model_restore;
+        self.restore += d.restore;
+        self.restored_bytes += d.restored_bytes;
+        self.drive_bytes += d.drive_bytes;
+        self.drive_busy += d.drive_busy;
+        self.lookups += d.lookups;
+        self.passes += d.passes;
+    }
+}
+
+/// Rows one expert may take in a pass's first lookup for the pass to count
+/// as decoding (a few answers together, or a token and its guesses), not as
+/// a prompt: prompts compute far longer per pass and would hide the costs.
+const DECODE_ROWS: u64 = 16;
+
+/// Sums the decode passes since the last weighing.
+#[derive(Debug, Default)]
+pub(super) struct PackMeter {
+    /// Counters when the current pass began, and whether it is a decode pass.
+    current: Option<(Tally, bool)>,
+    window: Tally,
+}
+
+impl PackMeter {
+    /// A pass begins with `rows` routed through its first layer; `now`
+    /// closes the one before.
+    pub fn pass_begins(&mut self, now: Tally, rows: u64) {
+        if let Some((start, true)) = self.current {
+            let mut d = now.since(&start);
+            d.passes = 1;
+            self.window.add(&d);
+        }
+        self.current = Some((now, rows <= DECODE_ROWS));
+    }
+
+    /// Whether no pass has begun yet.
+    pub fn idle(&self) -> bool {
+        self.current.is_none()
+    }
+
+    /// The decode passes measured since the last call.
+    pub fn take(&mut self) -> Tally {
+        std::mem::take(&mut self.window)
+    }
+}
+
+/// Margin by which keeping records packed must be predicted faster before
+/// the cache switches to it, and back: the estimate is coarse.
+const SWITCH_SHARE: f64 = 0.05;
+/// Plain bytes a core restores per second, until measured: what the readers
+/// did on the peers' F16 model and a BF16 DeepSeek-V3-shaped one (1.2–2.5 GB/s).
+const RESTORE_BYTES_PER_SECOND: f64 = 1.5e9;
+
+/// The choice between keeping records packed and keeping weights, and what
+/// it rests on: hit rates replayed at both capacities, and a decode step's
+/// predicted time either way from the costs measured.
+#[derive(Debug, Clone, Copy, serde::Serialize, PartialEq)]
+pub struct PackingChoice {
+    pub packed: bool,
+    pub hit_rate_packed: f64,
+    pub hit_rate_weights: f64,
+    pub seconds_per_pass_packed: f64,
+    pub seconds_per_pass_weights: f64,
+    /// What the prediction used: compute per pass, restore and drive time per byte.
+    pub compute_seconds_per_pass: f64,
+    pub restore_seconds_per_gb: f64,
+    pub drive_seconds_per_gb: f64,
+    pub passes_measured: u64,
+}
+
+/// Sizes of a record as read and as restored, on average.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RecordBytes {
+    pub read: f64,
+    pub plain: f64,
+}
+
+/// Weighs keeping records packed against keeping weights for the passes
+/// measured in `t`, with hit rates `packed` and `weights` replayed at the
+/// two capacities. A pass takes the longer of the model's work (compute,
+/// and restoring every packed hit) and the drives' (reading every miss);
+/// the mode in use stays unless the other is [`SWITCH_SHARE`] faster.
+pub(super) fn weigh(
+    t: &Tally,
+    (packed, weights): (f64, f64),
+    bytes: RecordBytes,
+    now_packed: bool,
+) -> Option<PackingChoice> {
+    if t.passes == 0 || t.lookups == 0 || t.drive_bytes == 0 {
+        return None;
+    }
+    let passes = t.passes as f64;
+    let lookups = t.lookups as f64 / passes;
+    let compute = ((t.seconds - t.stall - t.model_restore) / passes).max(0.0);
+    let restore = match t.restored_bytes {
+        0 => 1.0 / RESTORE_BYTES_PER_SECOND,
+        b => t.restore / b as f64,
+    };
+    let drive = t.drive_busy / t.drive_bytes as f64;
+    let reads = |h: f64| (1.0 - h) * lookups * bytes.read * drive;
+    let with_packed = (compute + packed * lookups * bytes.plain * restore).max(reads(packed));
+    let with_weights = compute.max(reads(weights));
+    let choose_packed = match now_packed {
+        true => with_packed <= with_weights * (1.0 + SWITCH_SHARE),
+        false => with_packed < with_weights * (1.0 - SWITCH_SHARE),
+    };
+    Some(PackingChoice {
+        packed: choose_packed,
+        hit_rate_packed: packed,
+        hit_rate_weights: weights,
+        seconds_per_pass_packed: with_packed,
+        seconds_per_pass_weights: with_weights,
+        compute_seconds_per_pass: compute,
+        restore_seconds_per_gb: restore * 1e9,
+        drive_seconds_per_gb: drive * 1e9,
+        passes_measured: t.passes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tally(compute: f64, stall: f64, restore: f64, read_gb: f64) -> Tally {
+        Tally {
+            seconds: 10.0 * (compute + stall + restore),
+            stall: 10.0 * stall,
+            model_restore: 10.0 * restore,
+            restore: 10.0 * restore,
+            // Restored at 1.25 GB/s, as BF16 records were on this machine.
+            restored_bytes: (10.0 * restore * 1.25e9) as u64,
+            drive_bytes: (10.0 * read_gb * 1e9) as u64,
+            drive_busy: 10.0 * read_gb * 1.25,
+            lookups: 10 * 200,
+            passes: 10,
+        }
+    }
+
+    const RECORD: RecordBytes = RecordBytes {
+        read: 2.6e6,
+        plain: 3.1e6,
+    };
+
+    #[test]
+    fn drive_bound_decoding_keeps_records_packed() {
+        // The peers' F16 model: 0.05 s of compute, the drives busy 0.4 s.
+        let t = tally(0.05, 0.35, 0.0, 0.32);
+        let c = weigh(&t, (0.38, 0.32), RECORD, true).unwrap();
+        assert!(c.packed, "{c:?}");
+        assert!(c.seconds_per_pass_packed < c.seconds_per_pass_weights);
+    }
+
+    #[test]
+    fn compute_bound_decoding_keeps_weights() {
+        // A skewed model that mostly hits: restoring every hit costs more
+        // than the reads it saves.
+        let t = tally(0.05, 0.01, 0.30, 0.1);
+        let c = weigh(&t, (0.80, 0.69), RECORD, true).unwrap();
+        assert!(!c.packed, "{c:?}");
+        assert!(weigh(&Tally::default(), (0.8, 0.7), RECORD, true).is_none());
+    }
+}

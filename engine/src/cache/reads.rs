@@ -79,9 +79,12 @@ pub(super) struct Shared {
     pub layer_encodings: HashMap<usize, ExpertEncoding>,
     pub verify: bool,
     pub keep_stored: bool,
-    /// The cache keeps compressed records as stored and restores them at
-    /// each use, instead of keeping their weights.
-    pub packed: bool,
+    /// The cache may keep compressed records as stored and restore them at
+    /// each use (see [`super::packed`]), and whether new ones are kept so now.
+    pub may_pack: bool,
+    pub packing: std::sync::atomic::AtomicBool,
+    /// Plain bytes restored from compressed records so far, by anyone.
+    pub restored_bytes: AtomicU64,
     pub state: Mutex<State>,
     pub pool: Arc<BufferPool>,
     pub next_ticket: AtomicU64,
@@ -122,6 +125,7 @@ impl Shared {
         let mut plain = self.pool.take(len).map_err(|e| fail(e.to_string()))?;
         compress::decompress((**stored).as_ref(), size, plain.as_mut_slice())
             .map_err(|e| fail(format!("cannot restore the compressed record: {e}")))?;
+        self.restored_bytes.fetch_add(plain_len, Ordering::Relaxed);
         self.decompress_micros
             .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         Ok(Arc::new(plain))
@@ -199,7 +203,7 @@ impl Shared {
         } else {
             Arc::clone(buf)
         };
-        let packed = (self.packed && buf.aligned().capacity() < plain.aligned().capacity())
+        let packed = (self.may_pack && buf.aligned().capacity() < plain.aligned().capacity())
             .then(|| Arc::clone(buf));
         let buf = &plain;
         let bytes: &[u8] = (**buf).as_ref();

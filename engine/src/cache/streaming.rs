@@ -31,7 +31,7 @@ use super::budget::{CacheCounters, ExpertCache};
 use super::choose::PolicyReport;
 use super::fetch::{Demand, Fetch};
 use super::heat::{HeatMap, Routed};
-use super::packed::{keeps_packed, packed_class, packs_records};
+use super::packed::{PackMeter, Tally, keeps_packed, packed_class, packs_records};
 use super::policy::PolicySetting;
 use super::pool::BufferPool;
 use super::reads::{Arrival, Flight, Held, RecordRead, Shared, State, poisoned};
@@ -85,6 +85,10 @@ const SEED_MAX_USES: f64 = 4.0;
 /// 2 GiB: 6.63 s against 6.47 s) and left less memory for the cache.
 pub const DEFAULT_WINDOW_BYTES: u64 = 32 << 20;
 
+
+/// Free record buffers kept for the next reads, in windows: one layer's
+/// demand reads and its prefetches.
+const FREE_BUFFER_WINDOWS: u64 = 2;
 
 #[derive(Debug, Clone)]
 pub struct StreamingOptions {
@@ -157,6 +161,9 @@ pub struct StreamingExperts {
     pub(super) choosing: Arc<AtomicBool>,
     /// The pass at which the trace is replayed next.
     next_choice: AtomicU64,
+    /// Decode passes measured, to weigh keeping records packed.
+    pub(super) meter: Mutex<PackMeter>,
+    opened: std::time::Instant,
 }
 
 impl StreamingExperts {
@@ -190,7 +197,7 @@ impl StreamingExperts {
         };
         let mut cache = ExpertCache::with_policy(options.budget_bytes, policy);
         cache.set_layers(manifest.experts.layers.len());
-        let packed = packs_records(manifest, options);
+        let may_pack = packs_records(manifest, options);
         let state = State {
             cache,
             flights: HashMap::new(),
@@ -212,9 +219,13 @@ impl StreamingExperts {
                 layer_encodings,
                 verify: options.verify_checksums,
                 keep_stored: options.keep_stored_dtype,
-                packed,
+                may_pack,
+                packing: AtomicBool::new(may_pack),
+                restored_bytes: AtomicU64::new(0),
                 state: Mutex::new(state),
-                pool: Arc::new(BufferPool::default()),
+                pool: Arc::new(BufferPool::with_free_cap(
+                    FREE_BUFFER_WINDOWS * options.window_bytes,
+                )),
                 next_ticket: AtomicU64::new(1),
                 decompress_micros: AtomicU64::new(0),
             }),
@@ -230,7 +241,9 @@ impl StreamingExperts {
             automatic,
             report: Arc::new(Mutex::new(None)),
             choosing: Arc::new(AtomicBool::new(false)),
-            next_choice: AtomicU64::new(0),
+            next_choice: AtomicU64::new(MIN_CHOICE_PASSES),
+            meter: Mutex::new(PackMeter::default()),
+            opened: std::time::Instant::now(),
         };
         let me = Self {
             all_experts_bytes: me
@@ -248,6 +261,7 @@ impl StreamingExperts {
             *h = heat;
         }
         if passes >= MIN_CHOICE_PASSES {
+            me.next_choice.store(RECHOOSE_PASSES, Ordering::Relaxed);
             me.replay_trace(0);
         }
         Ok(me)
@@ -457,14 +471,36 @@ impl StreamingExperts {
     /// buffer when the cache keeps records packed, else its weights.
     pub(super) fn held_bytes(&self, layer: &ExpertLayer, id: usize) -> u64 {
         match layer.records.get(id) {
-            Some(r) if self.shared.packed && keeps_packed(r) => packed_class(r.stored(), r.len),
+            Some(r) if self.packing() && keeps_packed(r) => packed_class(r.stored(), r.len),
             _ => self.ram_bytes(layer),
         }
     }
 
-    /// Whether the cache keeps compressed records packed (see [`packs_records`]).
+    /// Whether the cache keeps compressed records it reads now packed (see
+    /// [`super::packed`]).
     pub fn keeps_records_packed(&self) -> bool {
-        self.shared.packed
+        self.packing()
+    }
+
+    pub(super) fn packing(&self) -> bool {
+        self.shared.packing.load(Ordering::Relaxed)
+    }
+
+    /// The counters a window of decoding is measured by (see [`PackMeter`]).
+    fn tally(&self, st: &State) -> Tally {
+        let c = st.cache.counters();
+        let micros = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / 1e6;
+        Tally {
+            seconds: self.opened.elapsed().as_secs_f64(),
+            stall: micros(&self.stall_micros),
+            model_restore: micros(&self.restore_micros),
+            restore: micros(&self.shared.decompress_micros),
+            restored_bytes: self.shared.restored_bytes.load(Ordering::Relaxed),
+            drive_bytes: self.store.snapshot().iter().map(|d| d.bytes).sum(),
+            drive_busy: self.store.busy_any().as_secs_f64(),
+            lookups: c.hits + c.misses,
+            passes: 0,
+        }
     }
 
     /// Bytes one expert of `layer` takes in RAM as weights.
@@ -501,7 +537,7 @@ impl StreamingExperts {
             ))
         };
         let len = usize::try_from(record.stored()).map_err(|_| too_large())?;
-        let class = match self.shared.packed && keeps_packed(record) {
+        let class = match self.packing() && keeps_packed(record) {
             true => packed_class(record.stored(), record.len),
             false => record.len,
         };
@@ -657,8 +693,15 @@ impl ExpertProvider for StreamingExperts {
         let replay_at = {
             let mut st = self.shared.state.lock().map_err(|_| poisoned())?;
             st.score.demanded(layer, ids);
+            let before = st.cache.pass();
             st.cache.begin_lookup(layer);
             let pass = st.cache.pass();
+            if let Ok(mut m) = self.meter.lock()
+                && (pass != before || m.idle())
+            {
+                let widest = rows.iter().copied().max().unwrap_or(1);
+                m.pass_begins(self.tally(&st), u64::from(widest));
+            }
             let due = pass >= self.next_choice.load(Ordering::Relaxed);
             if due {
                 self.next_choice

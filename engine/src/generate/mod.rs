@@ -413,6 +413,8 @@ pub fn generate_drafted(
     if prompt.is_empty() {
         return Err(GenerateError::EmptyPrompt);
     }
+    // Generations running at once on this model share their passes.
+    let _together = model.lockstep.join();
     let sampler = Sampler::new(settings.sampling.clone())?;
     let mut session = Session::new(model);
     let mut splitter = channels::Splitter::new(tokenizer, settings.output, settings.keep_special_tokens);

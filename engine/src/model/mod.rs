@@ -13,6 +13,7 @@ pub mod glm_moe_dsa;
 pub mod gpt_oss;
 pub mod kimi_linear;
 pub mod layers;
+pub mod lockstep;
 pub mod minimax_m2;
 pub mod mixtral;
 pub mod quantization;
@@ -60,6 +61,9 @@ pub enum ModelError {
     StateMismatch(String),
     #[error("internal error: {0}")]
     Internal(&'static str),
+    /// A pass run together with other sequences failed (see [`lockstep`]).
+    #[error("the pass shared with other sequences failed: {0}")]
+    Together(std::sync::Arc<ModelError>),
 }
 
 /// Settings every architecture has.
@@ -298,6 +302,7 @@ pub(crate) fn assemble(
         rope,
         experts: experts.into_provider(),
         vocab_size: c.vocab_size,
+        lockstep: Default::default(),
     })
 }
 

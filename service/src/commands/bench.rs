@@ -85,6 +85,12 @@ pub struct BenchArgs {
     /// each, alternated; the speed-up is the ratio of the medians.
     #[arg(long, default_value_t = 1)]
     repeat: usize,
+    /// Also decode N answers to N random prompts at once, for each N listed
+    /// (e.g. 1,2,4,8), each N by a fresh engine, and report them under
+    /// `together` (aggregate tok/s, bytes read per token, the answer of the
+    /// first prompt checked against N = 1's).
+    #[arg(long, value_delimiter = ',')]
+    together: Vec<usize>,
 }
 
 /// Probes the drives of a pack (see [`longhaul_service::probe`]).
@@ -442,6 +448,19 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             repeat: args.repeat,
         };
         report["speculation"] = run.compare(arg)?;
+    }
+    if !args.together.is_empty() {
+        let mut together_options = options.clone();
+        together_options.streaming.record_trace = false;
+        let run = super::bench_together::Together {
+            model: &args.model,
+            options: &together_options,
+            prompt_tokens: args.prompt_tokens,
+            tokens: args.gen_tokens,
+            warmup,
+            seed: args.seed,
+        };
+        report["together"] = run.compare(&args.together)?;
     }
     if args.json {
         println!("{report}");

@@ -2,6 +2,7 @@
 
 pub mod bench;
 mod bench_guess;
+mod bench_together;
 pub mod compare;
 pub mod demo;
 pub mod drives;
@@ -220,6 +221,10 @@ pub struct CacheArgs {
     /// Do not read the experts predicted for the next layer ahead of time.
     #[arg(long)]
     pub no_prefetch: bool,
+    /// Hold cached experts as weights even when the budget cannot hold them
+    /// all, instead of keeping compressed records packed and restoring each hit.
+    #[arg(long)]
+    pub no_packed_cache: bool,
 }
 
 impl CacheArgs {
@@ -228,6 +233,7 @@ impl CacheArgs {
         options.pinned_fraction = self.pinned_fraction;
         options.keep_stored_dtype = self.cache_dtype == "stored";
         options.prefetch = !self.no_prefetch;
+        options.pack_cache = !self.no_packed_cache;
     }
 }
 

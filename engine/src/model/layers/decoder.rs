@@ -15,6 +15,7 @@ use super::linear::LinearAttention;
 use super::mla::LatentAttention;
 use super::moe::MoeBlock;
 use super::rope::Rope;
+use crate::model::lockstep::Lockstep;
 use super::{Linear, Mlp, RmsNorm, values};
 use crate::kernels::Matrix;
 use crate::model::{ModelError, state::SequenceState};
@@ -90,6 +91,8 @@ pub struct Decoder {
     pub hyper_head: Option<HyperHead>,
     /// Residual streams per position (`hc_mult`; 1 without hyper-connections).
     pub streams: usize,
+    /// Where threads decoding together meet to share their passes.
+    pub lockstep: Lockstep,
 }
 
 /// The block input a hyper-connection weighs from the streams `x`, or `x`
@@ -161,46 +164,74 @@ impl Decoder {
     }
 
     /// Runs `ids` after whatever `cache` holds and returns logits `[n, vocab]`.
+    /// On a thread decoding together with others (see [`Lockstep`]), the
+    /// pass runs with theirs: the same logits, bitwise.
     pub fn forward(
         &self,
         ids: &[u32],
         cache: &mut SequenceState,
         which: LogitsFor,
     ) -> Result<Tensor, ModelError> {
-        crate::kernels::on_compute_threads(|| self.forward_here(ids, cache, which))
+        if self.lockstep.is_member() {
+            return self.lockstep.pass(self, ids, cache, which);
+        }
+        let mut parts = [Part {
+            ids,
+            state: cache,
+            which,
+        }];
+        let mut out = self.forward_parts(&mut parts)?;
+        out.pop().ok_or(ModelError::Internal("a pass gave no logits"))
     }
 
-    fn forward_here(
-        &self,
-        ids: &[u32],
-        cache: &mut SequenceState,
-        which: LogitsFor,
-    ) -> Result<Tensor, ModelError> {
+    /// Checks that `ids` can be fed: not empty, every id in the vocabulary.
+    pub fn check_ids(&self, ids: &[u32]) -> Result<(), ModelError> {
         if ids.is_empty() {
             return Err(ModelError::EmptyInput);
         }
-        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.vocab_size) {
-            return Err(ModelError::TokenOutOfRange {
+        match ids.iter().find(|&&id| id as usize >= self.vocab_size) {
+            Some(&bad) => Err(ModelError::TokenOutOfRange {
                 id: bad,
                 vocab_size: self.vocab_size,
-            });
+            }),
+            None => Ok(()),
         }
+    }
+
+    /// Runs several sequences' rows in one pass: attention reads each
+    /// part's own state, everything else runs over all rows at once, so a
+    /// MoE layer asks for the union of the parts' experts once. Every kernel
+    /// is batch-invariant, so each part's logits are bitwise what a pass of
+    /// its own would give.
+    pub fn forward_parts(&self, parts: &mut [Part<'_>]) -> Result<Vec<Tensor>, ModelError> {
+        crate::kernels::on_compute_threads(|| self.forward_here(parts))
+    }
+
+    fn forward_here(&self, parts: &mut [Part<'_>]) -> Result<Vec<Tensor>, ModelError> {
+        for part in parts.iter() {
+            self.check_ids(part.ids)?;
+        }
+        let ids: Vec<u32> = parts.iter().flat_map(|p| p.ids.iter().copied()).collect();
+        let lens: Vec<usize> = parts.iter().map(|p| p.ids.len()).collect();
         let seq = ids.len();
-        let tables = self.rope.tables(cache.len(), seq);
+        let tables: Vec<_> = parts
+            .iter()
+            .map(|p| self.rope.tables(p.state.len(), p.ids.len()))
+            .collect();
         let hidden = self.embed.cols();
         let mut rows = vec![0f32; seq * hidden];
         for (&id, row) in ids.iter().zip(rows.chunks_exact_mut(hidden.max(1))) {
             self.embed.row_into(id as usize, row)?;
         }
         let embedded = Tensor::from_vec(rows, (seq, hidden), &Device::Cpu)?;
-        self.pilot(0, &embedded, ids)?;
+        self.pilot(0, &embedded, &ids)?;
         // The residual streams, `streams` copies of the embedding per row.
         let mut x = if self.streams > 1 {
             Tensor::cat(&vec![&embedded; self.streams], 1)?
         } else {
             embedded
         };
-        let mut chosen = None;
+        let mut chosen: Vec<_> = parts.iter().map(|_| None).collect();
         for (index, layer) in self.layers.iter().enumerate() {
             let [attn_hc, ffn_hc] = match &layer.hyper {
                 Some(hc) => [Some(&hc[0]), Some(&hc[1])],
@@ -208,28 +239,39 @@ impl Decoder {
             };
             let (input, mixing) = collapse(attn_hc, &x, seq)?;
             let h = layer.input_norm.forward(&input)?;
-            let h = match &layer.attention {
-                Attention::Grouped(a) => a.forward(&h, index, cache, &tables)?,
-                Attention::Latent(a) => a.forward(&h, index, cache, &tables, &mut chosen)?,
-                Attention::Linear(a) => a.forward(&h, index, cache)?,
-                Attention::Compressed(a) => {
-                    let y = a.forward(&values(&h)?, seq, index, cache)?;
-                    Tensor::from_vec(y, (seq, hidden), &Device::Cpu)?
-                }
+            let mut outs = Vec::with_capacity(parts.len());
+            let mut at = 0;
+            for (k, part) in parts.iter_mut().enumerate() {
+                let (len, cache) = (lens[k], &mut *part.state);
+                let h = if lens.len() == 1 { h.clone() } else { h.narrow(0, at, len)? };
+                at += len;
+                outs.push(match &layer.attention {
+                    Attention::Grouped(a) => a.forward(&h, index, cache, &tables[k])?,
+                    Attention::Latent(a) => a.forward(&h, index, cache, &tables[k], &mut chosen[k])?,
+                    Attention::Linear(a) => a.forward(&h, index, cache)?,
+                    Attention::Compressed(a) => {
+                        let y = a.forward(&values(&h)?, len, index, cache)?;
+                        Tensor::from_vec(y, (len, hidden), &Device::Cpu)?
+                    }
+                });
+            }
+            let h = match outs.len() {
+                1 => outs.remove(0),
+                _ => Tensor::cat(&outs, 0)?,
             };
             x = spread(attn_hc, mixing, x, h)?;
             let (input, mixing) = collapse(ffn_hc, &x, seq)?;
             let h = layer.post_attention_norm.forward(&input)?;
             let h = match &layer.ffn {
                 FeedForward::Dense(m) => {
-                    self.pilot(index + 1, &input, ids)?;
+                    self.pilot(index + 1, &input, &ids)?;
                     m.forward(&h)?
                 }
                 FeedForward::Sparse(m) => {
                     // This layer's reads are queued first, then the guess
                     // for the next one, then the experts are computed.
-                    let started = m.start(&h, ids, self.experts.as_ref())?;
-                    self.pilot(index + 1, &input, ids)?;
+                    let started = m.start(&h, &ids, self.experts.as_ref())?;
+                    self.pilot(index + 1, &input, &ids)?;
                     m.finish(started)?
                 }
             };
@@ -238,11 +280,44 @@ impl Decoder {
         if let Some(head) = &self.hyper_head {
             x = Tensor::from_vec(head.collapse(&values(&x)?, seq)?, (seq, hidden), &Device::Cpu)?;
         }
-        cache.advance(seq);
-        let x = match which {
-            LogitsFor::Last => x.narrow(0, seq - 1, 1)?,
-            LogitsFor::All => x,
+        // The rows each part wants logits for, through the head in one product.
+        let mut picked = Vec::with_capacity(parts.len());
+        let mut at = 0;
+        for (part, &len) in parts.iter_mut().zip(&lens) {
+            part.state.advance(len);
+            picked.push(match part.which {
+                LogitsFor::Last => (at + len - 1, 1),
+                LogitsFor::All => (at, len),
+            });
+            at += len;
+        }
+        let x = match picked.as_slice() {
+            [(start, len)] => x.narrow(0, *start, *len)?,
+            _ => {
+                let rows: Vec<Tensor> = picked
+                    .iter()
+                    .map(|&(start, len)| x.narrow(0, start, len))
+                    .collect::<Result<_, _>>()?;
+                Tensor::cat(&rows, 0)?
+            }
         };
-        self.lm_head.forward(&self.norm.forward(&x)?)
+        let logits = self.lm_head.forward(&self.norm.forward(&x)?)?;
+        if picked.len() == 1 {
+            return Ok(vec![logits]);
+        }
+        let mut out = Vec::with_capacity(picked.len());
+        let mut at = 0;
+        for &(_, len) in &picked {
+            out.push(logits.narrow(0, at, len)?);
+            at += len;
+        }
+        Ok(out)
     }
+}
+
+/// One sequence's rows in a pass over several (see [`Decoder::forward_parts`]).
+pub struct Part<'a> {
+    pub ids: &'a [u32],
+    pub state: &'a mut SequenceState,
+    pub which: LogitsFor,
 }
