@@ -593,7 +593,14 @@ fn plan_memory(
             manifest.resident.size,
             m.context_tokens,
             spec.state_bytes(),
-            (windows * streaming.window_bytes, prefix_ram),
+            (
+                windows
+                    * crate::cache::window_for(
+                        streaming.window_bytes,
+                        manifest.largest_record_bytes(),
+                    ),
+                prefix_ram,
+            ),
             smallest_expert,
         )
     };

@@ -38,11 +38,16 @@ pub(super) enum Demand {
 pub(super) struct Fetch<'a> {
     pub owner: &'a StreamingExperts,
     pub layer: &'a ExpertLayer,
+    /// The ids asked for, by position.
+    pub ids: Vec<usize>,
     pub ready: VecDeque<(usize, Arc<Expert>)>,
     /// Hits the cache keeps packed, not restored yet (position, id, record).
     pub packed: VecDeque<(usize, usize, Arc<PooledBuf>)>,
-    /// Experts restored for this request, while someone holds them.
-    pub restored: Vec<Weak<Expert>>,
+    /// Experts this request read or restored and handed over, while the
+    /// model still holds them: they count against the window, so that reads
+    /// landing faster than a prompt's experts are computed do not pile up
+    /// (with 45 MB experts they held 0.5 GB past the budget).
+    pub handed: Vec<Weak<Expert>>,
     /// Misses not asked of the drives yet (position, id).
     pub unread: VecDeque<(usize, usize)>,
     pub tx: mpsc::Sender<Arrival>,
@@ -55,21 +60,31 @@ pub(super) struct Fetch<'a> {
 }
 
 impl Fetch<'_> {
-    /// Restores the next packed hit, once fewer restored experts than a
-    /// window holds are still in use.
+    /// Bytes of the experts handed over and still held.
+    fn handed_bytes(&mut self) -> u64 {
+        self.handed.retain(|w| w.strong_count() > 0);
+        self.handed.len() as u64 * self.owner.ram_bytes(self.layer)
+    }
+
+    /// Lets the model's thread run one of the layer's pending expert
+    /// computations, which lets go of an expert.
+    fn let_one_go() {
+        if !matches!(rayon::yield_now(), Some(rayon::Yield::Executed)) {
+            std::thread::yield_now();
+        }
+    }
+
+    /// Restores the next packed hit, once the experts handed over and still
+    /// held leave room in the window.
     fn restore_next(&mut self) -> Option<Result<(usize, Arc<Expert>), ExpertError>> {
         let (pos, id, record) = self.packed.pop_front()?;
-        let size = self.owner.ram_bytes(self.layer).max(1);
-        let room = (self.owner.window_bytes / size).max(1) as usize;
+        let size = self.owner.ram_bytes(self.layer);
         loop {
-            self.restored.retain(|w| w.strong_count() > 0);
-            if self.restored.len() < room {
+            let held = self.handed_bytes();
+            if held == 0 || held + size <= self.owner.window_bytes {
                 break;
             }
-            // Run one of the layer's expert computations, which lets go of one.
-            if !matches!(rayon::yield_now(), Some(rayon::Yield::Executed)) {
-                std::thread::yield_now();
-            }
+            Self::let_one_go();
         }
         let started = Instant::now();
         let key = (self.layer.layer, id);
@@ -88,16 +103,28 @@ impl Fetch<'_> {
                 .replace(key.0, key.1, Held::Ready(Arc::clone(expert)), bytes);
         }
         Some(restored.map(|expert| {
-            self.restored.push(Arc::downgrade(&expert));
+            self.hand_over(id, &expert);
             (pos, expert)
         }))
+    }
+
+    /// Counts an expert handed over against the window while the model
+    /// holds it, unless the cache keeps it (its memory is the budget's).
+    fn hand_over(&mut self, id: usize, expert: &Arc<Expert>) {
+        let cached = self.owner.shared.state.lock().is_ok_and(|st| {
+            matches!(st.cache.peek(self.layer.layer, id),
+                Some(Held::Ready(e)) if Arc::ptr_eq(&e, expert))
+        });
+        if !cached {
+            self.handed.push(Arc::downgrade(expert));
+        }
     }
 
     /// Asks the drives for more misses while the window has room (always at
     /// least one read).
     pub fn top_up(&mut self) -> Result<(), ExpertError> {
         while let Some(&(pos, id)) = self.unread.front() {
-            let in_window: u64 = self.window.values().sum();
+            let in_window: u64 = self.window.values().sum::<u64>() + self.handed_bytes();
             let next = self.owner.ram_bytes(self.layer);
             if in_window > 0 && in_window + next > self.owner.window_bytes {
                 break;
@@ -124,44 +151,19 @@ impl Drop for Fetch<'_> {
     }
 }
 
-impl Iterator for Fetch<'_> {
-    type Item = Result<(usize, Arc<Expert>), ExpertError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.failed {
-            return None;
-        }
-        if let Err(e) = self.top_up() {
-            self.failed = true;
-            return Some(Err(e));
-        }
-        if let Some(r) = self.ready.pop_front() {
-            return Some(Ok(r));
-        }
-        let landed = match self.rx.try_recv() {
-            Ok(arrival) => Some(arrival),
-            Err(_) if !self.packed.is_empty() => {
-                let restored = self.restore_next()?;
-                self.failed = restored.is_err();
-                return Some(restored);
-            }
-            Err(_) => None,
-        };
-        if self.waiting == 0 {
-            return None;
-        }
-        let started = Instant::now();
-        let got = match landed {
-            Some(arrival) => Ok(arrival),
-            None => self.rx.recv(),
-        };
-        self.owner
-            .stall_micros
-            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+impl Fetch<'_> {
+    /// Hands over a record that landed.
+    fn landed(
+        &mut self,
+        got: Result<Arrival, mpsc::RecvError>,
+    ) -> Option<Result<(usize, Arc<Expert>), ExpertError>> {
         self.waiting -= 1;
         match got {
             Ok((pos, Ok(expert))) => {
                 self.window.remove(&pos);
+                if let Some(&id) = self.ids.get(pos) {
+                    self.hand_over(id, &expert);
+                }
                 Some(Ok((pos, expert)))
             }
             Ok((_, Err(e))) => {
@@ -174,6 +176,47 @@ impl Iterator for Fetch<'_> {
                     "the drive readers stopped".to_string(),
                 )))
             }
+        }
+    }
+}
+
+impl Iterator for Fetch<'_> {
+    type Item = Result<(usize, Arc<Expert>), ExpertError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        loop {
+            if let Err(e) = self.top_up() {
+                self.failed = true;
+                return Some(Err(e));
+            }
+            if let Some(r) = self.ready.pop_front() {
+                return Some(Ok(r));
+            }
+            match self.rx.try_recv() {
+                Ok(arrival) => return self.landed(Ok(arrival)),
+                Err(_) if !self.packed.is_empty() => {
+                    let restored = self.restore_next()?;
+                    self.failed = restored.is_err();
+                    return Some(restored);
+                }
+                Err(_) => {}
+            }
+            if self.waiting > 0 {
+                let started = Instant::now();
+                let got = self.rx.recv();
+                self.owner
+                    .stall_micros
+                    .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                return self.landed(got);
+            }
+            if self.unread.is_empty() {
+                return None;
+            }
+            // The window is full of experts still being computed.
+            Self::let_one_go();
         }
     }
 }

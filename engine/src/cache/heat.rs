@@ -54,6 +54,9 @@ pub struct HeatMap {
     trace_accesses: usize,
     /// The policy chosen from the trace last time.
     pub policy: Option<EvictionPolicy>,
+    /// Whether the cache kept compressed records packed when it last ran
+    /// (see [`super::packed`]).
+    pub packed: Option<bool>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -67,6 +70,8 @@ struct HeatFile {
     trace: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     policy: Option<EvictionPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    packed: Option<bool>,
 }
 
 /// Why a stored trace could not be read back.
@@ -166,6 +171,7 @@ impl HeatMap {
                     trace_accesses: trace.iter().map(|r| r.experts.len()).sum(),
                     trace,
                     policy: f.policy,
+                    packed: f.packed,
                 }
             }
             None => {
@@ -191,6 +197,7 @@ impl HeatMap {
                 .collect(),
             trace: encode_trace(&self.trace)?,
             policy: self.policy,
+            packed: self.packed,
         };
         crate::private::write(
             &tmp,
@@ -279,11 +286,12 @@ mod tests {
         }
         assert_eq!(h.routed().len(), TRACE_ACCESSES / 2, "the oldest went");
         h.policy = Some("slru:80".parse().unwrap());
+        h.packed = Some(false);
         let dir = tempfile::tempdir().unwrap();
         h.save(dir.path()).unwrap();
         let back = HeatMap::load(dir.path());
         assert!(back.routed().eq(h.routed()));
-        assert_eq!(back.policy, h.policy);
+        assert_eq!((back.policy, back.packed), (h.policy, h.packed));
     }
 
     #[test]

@@ -65,8 +65,10 @@ pub(super) struct State {
     /// Records read from the drives (demand and prefetch).
     pub reads_started: u64,
     /// Guessed experts read ahead for one use that landed before their layer
-    /// asked; its request takes them, and drops those it did not ask for.
-    pub landed: HashMap<Key, Arc<Expert>>,
+    /// asked, with the bytes read for them; its request takes them, and
+    /// drops those it did not ask for. They count as speculative bytes until
+    /// then, so that guesses waiting for their layer bound the read-ahead.
+    pub landed: HashMap<Key, (Arc<Expert>, u64)>,
     /// Bytes of speculative reads on their way (capped at the window).
     pub speculative_bytes: u64,
 }
@@ -98,6 +100,35 @@ pub(super) fn poisoned() -> ExpertError {
 
 fn name_of((layer, id): Key) -> String {
     format!("layer {layer} expert {id}")
+}
+
+impl State {
+    /// Keeps a guess that landed for its layer.
+    fn land(&mut self, key: Key, expert: &Arc<Expert>, stored: u64) {
+        self.speculative_bytes += stored;
+        if let Some((_, old)) = self.landed.insert(key, (Arc::clone(expert), stored)) {
+            self.speculative_bytes -= old;
+        }
+    }
+
+    /// The guess for `key` that landed, if any, for its layer's request.
+    pub fn take_landed(&mut self, key: Key) -> Option<Arc<Expert>> {
+        let (expert, stored) = self.landed.remove(&key)?;
+        self.speculative_bytes -= stored;
+        Some(expert)
+    }
+
+    /// Drops the guesses for `layer` that its request did not ask for.
+    pub fn drop_landed(&mut self, layer: usize) {
+        let gone: u64 = self
+            .landed
+            .iter()
+            .filter(|(k, _)| k.0 == layer)
+            .map(|(_, (_, stored))| stored)
+            .sum();
+        self.landed.retain(|k, _| k.0 != layer);
+        self.speculative_bytes -= gone;
+    }
 }
 
 impl Shared {
@@ -152,7 +183,7 @@ impl Shared {
                             // Its layer is about to ask: keep the weights
                             // for it rather than restoring them twice.
                             if unclaimed {
-                                st.landed.insert(key, Arc::clone(&l.expert));
+                                st.land(key, &l.expert, flight.stored);
                             }
                             Held::Packed(Arc::clone(record))
                         }
@@ -161,9 +192,7 @@ impl Shared {
                     st.cache.fill(key.0, key.1, held);
                 }
                 Err(_) if flight.kept => st.cache.cancel(key.0, key.1),
-                Ok(l) if unclaimed => {
-                    st.landed.insert(key, Arc::clone(&l.expert));
-                }
+                Ok(l) if unclaimed => st.land(key, &l.expert, flight.stored),
                 _ => {}
             }
             flight

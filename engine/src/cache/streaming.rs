@@ -89,6 +89,17 @@ pub const DEFAULT_WINDOW_BYTES: u64 = 32 << 20;
 /// Free record buffers kept for the next reads, in windows: one layer's
 /// demand reads and its prefetches.
 const FREE_BUFFER_WINDOWS: u64 = 2;
+/// Records a window holds at least, whatever `window_bytes` says: with
+/// Kimi-K2-sized experts (24.8 MB at INT4) a 32 MiB window held one record,
+/// each drive read one 6 MB segment at a time, and a 32-token prompt read at
+/// 0.67 of the drives' rate.
+pub const WINDOW_RECORDS: u64 = 4;
+
+/// The bytes a window holds for a pack whose largest record is
+/// `largest_record` bytes: the option's, or [`WINDOW_RECORDS`] records.
+pub fn window_for(window_bytes: u64, largest_record: u64) -> u64 {
+    window_bytes.max(WINDOW_RECORDS * largest_record)
+}
 
 #[derive(Debug, Clone)]
 pub struct StreamingOptions {
@@ -198,6 +209,9 @@ impl StreamingExperts {
         let mut cache = ExpertCache::with_policy(options.budget_bytes, policy);
         cache.set_layers(manifest.experts.layers.len());
         let may_pack = packs_records(manifest, options);
+        let window = window_for(options.window_bytes, manifest.largest_record_bytes());
+        // The mode the pack last settled in, when it may pack.
+        let packing = may_pack && heat.packed.unwrap_or(true);
         let state = State {
             cache,
             flights: HashMap::new(),
@@ -220,12 +234,10 @@ impl StreamingExperts {
                 verify: options.verify_checksums,
                 keep_stored: options.keep_stored_dtype,
                 may_pack,
-                packing: AtomicBool::new(may_pack),
+                packing: AtomicBool::new(packing),
                 restored_bytes: AtomicU64::new(0),
                 state: Mutex::new(state),
-                pool: Arc::new(BufferPool::with_free_cap(
-                    FREE_BUFFER_WINDOWS * options.window_bytes,
-                )),
+                pool: Arc::new(BufferPool::with_free_cap(FREE_BUFFER_WINDOWS * window)),
                 next_ticket: AtomicU64::new(1),
                 decompress_micros: AtomicU64::new(0),
             }),
@@ -236,7 +248,7 @@ impl StreamingExperts {
             heat: Mutex::new(HeatMap::default()),
             pack: pack.to_path_buf(),
             prefetch: options.prefetch,
-            window_bytes: options.window_bytes,
+            window_bytes: window,
             all_experts_bytes: 0,
             automatic,
             report: Arc::new(Mutex::new(None)),
@@ -260,8 +272,9 @@ impl StreamingExperts {
         if let Ok(mut h) = me.heat.lock() {
             *h = heat;
         }
+        // The first replay with decode passes measured comes after
+        // MIN_CHOICE_PASSES, whatever the trace already holds.
         if passes >= MIN_CHOICE_PASSES {
-            me.next_choice.store(RECHOOSE_PASSES, Ordering::Relaxed);
             me.replay_trace(0);
         }
         Ok(me)
@@ -372,6 +385,9 @@ impl StreamingExperts {
             .map_err(|_| std::io::Error::other("heat histogram poisoned"))?;
         if self.automatic {
             heat.policy = policy;
+        }
+        if self.shared.may_pack {
+            heat.packed = Some(self.packing());
         }
         heat.save(&self.pack)
     }
@@ -680,9 +696,10 @@ impl ExpertProvider for StreamingExperts {
         let mut fetch = Fetch {
             owner: self,
             layer: records,
+            ids: ids.to_vec(),
             ready: VecDeque::new(),
             packed: VecDeque::new(),
-            restored: Vec::new(),
+            handed: Vec::new(),
             unread: VecDeque::new(),
             tx,
             rx,
@@ -715,7 +732,7 @@ impl ExpertProvider for StreamingExperts {
             for (pos, &id) in ids.iter().enumerate() {
                 st.cache.protect(layer, id);
                 let held = st.cache.get_weighted(layer, id, weight(pos));
-                match (st.landed.remove(&(layer, id)), held) {
+                match (st.take_landed((layer, id)), held) {
                     (Some(expert), _) | (None, Some(Held::Ready(expert))) => {
                         fetch.ready.push_back((pos, expert));
                     }
@@ -724,7 +741,7 @@ impl ExpertProvider for StreamingExperts {
                 }
             }
             // Guesses for this layer that landed and were not asked for go.
-            st.landed.retain(|k, _| k.0 != layer);
+            st.drop_landed(layer);
             (due && pass > 0).then_some(pass)
         };
         if let Some(pass) = replay_at {

@@ -172,6 +172,17 @@ impl Segment {
 }
 
 impl Manifest {
+    /// Bytes of the largest expert record as restored (a read's buffer).
+    pub fn largest_record_bytes(&self) -> u64 {
+        self.experts
+            .layers
+            .iter()
+            .flat_map(|l| &l.records)
+            .map(|r| r.len)
+            .max()
+            .unwrap_or(0)
+    }
+
     pub fn read(pack: &Path) -> Result<Self, PackError> {
         let path = pack.join(MANIFEST_FILE);
         let text = crate::regular::read_text(&path, crate::regular::LARGE_LIMIT).map_err(
