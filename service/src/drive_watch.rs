@@ -61,17 +61,20 @@ impl Drives {
     }
 }
 
-/// Pauses the running job if a drive of its pack is gone.
+/// Pauses each running job a drive of whose pack is gone.
 fn check_running(runner: &Runner, drives: &mut Drives) {
-    if let Some(id) = runner.control.running()
+    for id in runner.control.running_jobs() {
         // Four times a second: the model alone, not the job and its output.
-        && let Ok(model) = runner.queue.model_of(id)
-        && let Some(problem) = drives
+        let Ok(model) = runner.queue.model_of(id) else {
+            continue;
+        };
+        let Some(reason) = drives
             .of(runner, &model)
             .iter()
             .find_map(|d| drive_problem(d))
-    {
-        let reason = problem;
+        else {
+            continue;
+        };
         if runner
             .queue
             .pause(id, PauseCause::DriveMissing, &reason)

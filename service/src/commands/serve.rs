@@ -29,9 +29,23 @@ pub struct ServeArgs {
     cache: super::CacheArgs,
     #[command(flatten)]
     prefix: super::PrefixArgs,
+    /// Jobs of one model that may run at once, decoding together (each
+    /// MoE layer reads the union of their experts once; answers are the
+    /// same as alone). More than one pays when decoding is bound by compute
+    /// or the cache is small, not when the drives are the limit.
+    #[arg(long, default_value_t = longhaul_service::runner::DEFAULT_TOGETHER, value_parser = parse_together)]
+    together: usize,
     /// A built web UI to serve at / (default: the one installed with this binary: `ui/` beside it, in `../lib/longhaul` or in the app bundle's resources).
     #[arg(long)]
     ui_dir: Option<PathBuf>,
+}
+
+fn parse_together(text: &str) -> Result<usize, String> {
+    let most = longhaul_service::runner::crash::MAX_RUNNING;
+    text.parse::<usize>()
+        .ok()
+        .filter(|n| (1..=most).contains(n))
+        .ok_or_else(|| format!("`{text}`: give a whole number of jobs from 1 to {most}"))
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -44,6 +58,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let data_dir = args.data.data_dir();
     let mut runner = RunnerConfig {
         state_dir: Some(data_dir.join("state")),
+        together: args.together,
         ..RunnerConfig::default()
     };
     let (budget, memory) = args.memory.resolve(super::PLANNED_CONTEXT_TOKENS)?;

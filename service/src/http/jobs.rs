@@ -308,18 +308,15 @@ pub struct ShownJob {
 fn shown(app: &AppState, mut job: JobView) -> ShownJob {
     let live = app
         .runner
-        .live
-        .lock()
-        .ok()
-        .and_then(|l| l.clone())
-        .filter(|l| l.id == job.id && job.state == JobState::Running);
+        .live(job.id)
+        .filter(|_| job.state == JobState::Running);
     // `tokens` stays what is committed (what a restart keeps); the live
     // count, with tokens not yet committed, is `live.tokens`.
     if let Some(l) = &live {
         job.stats = l.stats.clone();
     }
     let control = &app.runner.control;
-    let storage_fault = (job.state == JobState::Running && control.running() == Some(job.id))
+    let storage_fault = (job.state == JobState::Running && control.is_running(job.id))
         .then(|| control.storage_fault())
         .flatten();
     ShownJob {
@@ -518,12 +515,14 @@ pub async fn queue_act(
             )));
         }
     };
-    if paused && let Some(id) = app.runner.control.running() {
-        // The running job pauses too, so it keeps its place and output.
-        let _ = app
-            .blocking(move |q| q.pause(id, PauseCause::Queue, PAUSED_WITH_QUEUE))
-            .await;
-        app.runner.control.stop_job(id);
+    if paused {
+        // The running jobs pause too, so they keep their place and output.
+        for id in app.runner.control.running_jobs() {
+            let _ = app
+                .blocking(move |q| q.pause(id, PauseCause::Queue, PAUSED_WITH_QUEUE))
+                .await;
+            app.runner.control.stop_job(id);
+        }
     }
     app.runner.control.set_queue_paused(paused);
     app.runner.announce_queue();
@@ -543,6 +542,11 @@ pub async fn queue_status(State(app): State<AppState>) -> ApiResult<Json<Value>>
         .iter()
         .find(|j| j.state == JobState::Running)
         .map(|j| j.id);
+    let running_all: Vec<i64> = jobs
+        .iter()
+        .filter(|j| j.state == JobState::Running)
+        .map(|j| j.id)
+        .collect();
     // Jobs held by something other than the user: a drive or a failing read.
     let held: Vec<Value> = jobs
         .iter()
@@ -555,6 +559,9 @@ pub async fn queue_status(State(app): State<AppState>) -> ApiResult<Json<Value>>
         // Why the data dir cannot be written, while that lasts.
         "storage_fault": app.runner.control.storage_fault(),
         "running": running,
+        // Every running job; up to `together` of one model decode together.
+        "running_jobs": running_all,
+        "together": app.runner.config().together,
         "waiting": waiting,
         "held": held,
         // What the disks under the packs warn of: hot, worn, new errors.

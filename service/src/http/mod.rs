@@ -386,6 +386,7 @@ async fn info(State(app): State<AppState>) -> Json<serde_json::Value> {
         "budget_bytes": app.runner.config().streaming.budget_bytes,
         "policy": app.runner.config().streaming.policy.to_string(),
         "cache_dtype": if app.runner.config().streaming.keep_stored_dtype { "stored" } else { "f32" },
+        "together": app.runner.config().together,
     }))
 }
 
@@ -501,7 +502,7 @@ async fn sample_metrics(app: AppState) {
         let event = MetricsEvent {
             model: path.display().to_string(),
             running_job: app.runner.control.running(),
-            tokens_per_second: app.runner.rate.lock().ok().and_then(|r| *r),
+            tokens_per_second: app.runner.tokens_per_second(),
             engine: engine_metrics.flatten(),
             budget_bytes: budget,
             prefix: engine.prefix_stats(),

@@ -125,6 +125,8 @@ pub struct Runnable {
     /// Set when the job ran before (interrupted or paused and resumed).
     pub resumed: bool,
     pub stats: Option<JobStats>,
+    /// Times in a row the service crashed while it ran: such a job runs alone.
+    pub crashes: u32,
 }
 
 /// A job paused on a failing read or a missing drive.
@@ -249,6 +251,10 @@ impl Queue {
         let view = self.job(id)?;
         let committed = self.committed_parts(id)?;
         let prompt_ids = self.prompt_ids(id)?;
+        let crashes: u32 = self
+            .lock()?
+            .query_row("SELECT crashes FROM jobs WHERE id = ?1", [id], |r| r.get(0))
+            .map_err(sql("reading a job's crashes"))?;
         Ok(Runnable {
             id,
             model: view.model,
@@ -260,6 +266,7 @@ impl Queue {
             committed_text: committed.text,
             committed_reasoning_len: committed.reasoning.len(),
             stats: view.stats,
+            crashes,
         })
     }
 
@@ -445,7 +452,7 @@ impl Queue {
             };
             let mut interrupted = Vec::new();
             for (id, crashes) in running {
-                let Some(crash) = crash.filter(|c| c.job == id) else {
+                let Some(crash) = crash.filter(|c| c.jobs.contains(&id)) else {
                     set_crashes(tx, id, 0)?;
                     Self::transition(tx, id, Transition::Interrupt)?;
                     append_log(tx, id, "interrupted: the service stopped while it ran")?;

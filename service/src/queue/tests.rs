@@ -199,7 +199,7 @@ fn a_job_that_crashes_the_service_three_times_in_a_row_fails() {
     let a = q.submit(&new_job("a", 0)).unwrap().id;
     let b = q.submit(&new_job("b", 0)).unwrap().id;
     let crash = Crash {
-        job: a,
+        jobs: vec![a],
         signal: "abort (SIGABRT)".into(),
     };
     // Crash, crash, then a kill (no record): the row starts again.

@@ -4,9 +4,11 @@
 //! the service (an abort, an illegal instruction) would crash every restart,
 //! and the desktop app restarts the service forever. A kill (SIGKILL, the
 //! OOM killer, a power cut) leaves no trace and the job resumes as ever; a
-//! crash is caught by a signal handler that writes the running job's id to
-//! `crash` in the data dir before the process dies, and the next start
-//! counts it. The handler only uses async-signal-safe calls (`pwrite`,
+//! crash is caught by a signal handler that writes the running jobs' ids to
+//! `crash` in the data dir before the process dies (one line each: jobs
+//! decoding together crash together), and the next start counts it against
+//! each of them; they then run alone until they end, so the one at fault is
+//! found and the others go on. The handler only uses async-signal-safe calls (`pwrite`,
 //! `fsync`, `raise`) on a file opened in advance.
 
 use std::path::{Path, PathBuf};
@@ -20,13 +22,16 @@ pub const CRASH_FILE: &str = "crash";
 const FATAL_SIGNALS: [libc::c_int; 2] = [libc::SIGABRT, libc::SIGILL];
 
 static FILE: AtomicI32 = AtomicI32::new(-1);
-/// The running job's id, 0 when idle.
-static JOB: AtomicI64 = AtomicI64::new(0);
+/// Jobs running at once, at most (see the runner's `together`).
+pub const MAX_RUNNING: usize = 16;
+/// The running jobs' ids, 0 in a free slot.
+static JOBS: [AtomicI64; MAX_RUNNING] = [const { AtomicI64::new(0) }; MAX_RUNNING];
 
 /// A crash the previous service left on record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Crash {
-    pub job: i64,
+    /// The jobs that were running.
+    pub jobs: Vec<i64>,
     pub signal: String,
 }
 
@@ -35,16 +40,25 @@ pub fn take_last(data_dir: &Path) -> Option<Crash> {
     let path = record_path(data_dir);
     let text = std::fs::read_to_string(&path).ok()?;
     let _ = std::fs::remove_file(&path);
-    let mut words = text.split_whitespace();
-    let job = words.next()?.parse().ok()?;
-    let signal = match words.next()?.parse::<i32>().ok()? {
+    let mut lines = text.lines().filter_map(|line| {
+        let mut words = line.split_whitespace();
+        Some((
+            words.next()?.parse::<i64>().ok()?,
+            words.next()?.parse::<i32>().ok()?,
+        ))
+    });
+    let (first, signal) = lines.next()?;
+    let jobs = std::iter::once(first)
+        .chain(lines.map(|(job, _)| job))
+        .collect();
+    let signal = match signal {
         #[cfg(unix)]
         libc::SIGABRT => "abort (SIGABRT)".to_string(),
         #[cfg(unix)]
         libc::SIGILL => "illegal instruction (SIGILL)".to_string(),
         other => format!("signal {other}"),
     };
-    Some(Crash { job, signal })
+    Some(Crash { jobs, signal })
 }
 
 fn record_path(data_dir: &Path) -> PathBuf {
@@ -87,23 +101,42 @@ pub fn install(_data_dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Marks `job` as the one running (`None`: idle).
-pub fn set_running(job: Option<i64>) {
-    JOB.store(job.unwrap_or(0), Ordering::SeqCst);
+/// Marks `job` as running (with any others).
+pub fn started(job: i64) {
+    for slot in &JOBS {
+        if slot
+            .compare_exchange(0, job, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            return;
+        }
+    }
+}
+
+/// Marks `job` as no longer running.
+pub fn ended(job: i64) {
+    for slot in &JOBS {
+        let _ = slot.compare_exchange(job, 0, Ordering::SeqCst, Ordering::SeqCst);
+    }
 }
 
 #[cfg(unix)]
 extern "C" fn on_fatal_signal(signal: libc::c_int) {
     let fd = FILE.load(Ordering::SeqCst);
-    let job = JOB.load(Ordering::SeqCst);
-    if fd >= 0 && job > 0 {
-        let mut buf = [0u8; 48];
-        let mut len = write_decimal(&mut buf, job);
-        buf[len] = b' ';
-        len += 1;
-        len += write_decimal(&mut buf[len..], i64::from(signal));
-        buf[len] = b'\n';
-        len += 1;
+    let mut buf = [0u8; 48 * MAX_RUNNING];
+    let mut len = 0;
+    for slot in &JOBS {
+        let job = slot.load(Ordering::SeqCst);
+        if job > 0 {
+            len += write_decimal(&mut buf[len..len + 20], job);
+            buf[len] = b' ';
+            len += 1;
+            len += write_decimal(&mut buf[len..len + 20], i64::from(signal));
+            buf[len] = b'\n';
+            len += 1;
+        }
+    }
+    if fd >= 0 && len > 0 {
         // SAFETY: pwrite and fsync are async-signal-safe; `buf` is ours.
         unsafe {
             libc::pwrite(fd, buf.as_ptr().cast(), len, 0);
@@ -158,10 +191,16 @@ mod tests {
         assert_eq!(take_last(dir.path()), None);
         std::fs::write(record_path(dir.path()), "42 6\n").unwrap();
         let crash = take_last(dir.path()).unwrap();
-        assert_eq!(crash.job, 42);
+        assert_eq!(crash.jobs, vec![42]);
         assert!(crash.signal.contains("SIGABRT"), "{}", crash.signal);
         assert_eq!(take_last(dir.path()), None, "a record is read once");
         std::fs::write(record_path(dir.path()), "").unwrap();
         assert_eq!(take_last(dir.path()), None, "an empty record is none");
+        std::fs::write(record_path(dir.path()), "7 4\n9 4\n").unwrap();
+        assert_eq!(
+            take_last(dir.path()).unwrap().jobs,
+            vec![7, 9],
+            "jobs together"
+        );
     }
 }
