@@ -19,6 +19,11 @@ echo "== the engine's face"
 # Without the engine's `internals` feature (its own tests turn it on), the
 # service sees only Engine, Session, settings, stats and tools.
 cargo check -p longhaul-service --lib --bins --locked
+echo "== binaries"
+# The end-to-end tests run the binaries beside their own (tests/support): cargo
+# test builds a package's binaries only for that package's own tests, so the
+# workspace's `longhaul` and `longhaul-desktop` are built here first.
+cargo build --workspace --bins --locked
 echo "== tests"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT

@@ -571,14 +571,7 @@ fn plan_memory(
         path: path.to_path_buf(),
         source,
     };
-    let smallest_expert = manifest
-        .experts
-        .layers
-        .iter()
-        .flat_map(|l| &l.records)
-        .map(|r| r.len)
-        .min()
-        .unwrap_or(0);
+    let smallest_expert = manifest.records().map(|r| r.len).min().unwrap_or(0);
     // Reads a request waits for, one-use ones included, hold up to a window,
     // and guesses read ahead for one use another. Compressed records also
     // land in a buffer of their own before they are restored.
@@ -607,13 +600,7 @@ fn plan_memory(
     let mut plan = plan_with(windows).map_err(err)?;
     // A cache that keeps records packed restores hits into a window of
     // their own (see StreamingOptions::pack_cache).
-    let all_plain: u64 = manifest
-        .experts
-        .layers
-        .iter()
-        .flat_map(|l| &l.records)
-        .map(|r| r.len)
-        .sum();
+    let all_plain = manifest.plain_expert_bytes();
     let budget = match m.budget_given {
         true => streaming.budget_bytes,
         false => plan.budget_bytes,

@@ -71,18 +71,12 @@ fn one_pass_over_several_sequences_gives_each_its_own_logits() {
 
 fn settings(max_tokens: usize, seed: u64, temperature: f32) -> GenerationSettings {
     GenerationSettings {
-        max_tokens,
         sampling: SamplingParams {
             temperature,
             seed,
             ..Default::default()
         },
-        stop_strings: Vec::new(),
-        eos_token_ids: Vec::new(),
-        speculation: longhaul_engine::Speculation::Off,
-        output: Default::default(),
-        keep_special_tokens: false,
-        answer_starts: Vec::new(),
+        ..common::greedy_settings(max_tokens, Vec::new())
     }
 }
 

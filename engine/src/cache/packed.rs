@@ -36,17 +36,10 @@ pub(super) fn keeps_packed(record: &Record) -> bool {
 /// exactly those bytes) and the budget cannot hold every expert's weights.
 /// Whether it does is weighed as it runs (see [`weigh`]).
 pub(super) fn packs_records(manifest: &Manifest, options: &StreamingOptions) -> bool {
-    let all_plain: u64 = manifest
-        .experts
-        .layers
-        .iter()
-        .flat_map(|l| &l.records)
-        .map(|r| r.len)
-        .sum();
     options.keep_stored_dtype
         && options.pack_cache
-        && manifest.experts.layers.iter().flat_map(|l| &l.records).any(keeps_packed)
-        && options.budget_bytes < all_plain
+        && manifest.records().any(keeps_packed)
+        && options.budget_bytes < manifest.plain_expert_bytes()
 }
 
 

@@ -172,15 +172,19 @@ impl Segment {
 }
 
 impl Manifest {
+    /// Every expert record, layer by layer.
+    pub fn records(&self) -> impl Iterator<Item = &Record> {
+        self.experts.layers.iter().flat_map(|l| &l.records)
+    }
+
     /// Bytes of the largest expert record as restored (a read's buffer).
     pub fn largest_record_bytes(&self) -> u64 {
-        self.experts
-            .layers
-            .iter()
-            .flat_map(|l| &l.records)
-            .map(|r| r.len)
-            .max()
-            .unwrap_or(0)
+        self.records().map(|r| r.len).max().unwrap_or(0)
+    }
+
+    /// Bytes of every expert record as restored.
+    pub fn plain_expert_bytes(&self) -> u64 {
+        self.records().map(|r| r.len).sum()
     }
 
     pub fn read(pack: &Path) -> Result<Self, PackError> {
