@@ -24,7 +24,6 @@ use crate::pilot::PilotCounters;
 use crate::store::{
     DriveSnapshot, DriveStore, Priority, ReadTarget, SegmentRead, StoreConfig, StoreError,
 };
-use crate::weights::Dtype;
 
 use super::autopolicy::{MIN_CHOICE_PASSES, RECHOOSE_PASSES, passes_in};
 use super::budget::{CacheCounters, ExpertCache};
@@ -54,11 +53,7 @@ fn fastest_placement<'a>(record: &'a Record, load: &[u64]) -> &'a [Segment] {
 
 /// Bytes one expert of `layer` takes in RAM: as stored, or widened to f32.
 fn expert_ram_bytes(layer: &ExpertLayer, encoding: ExpertEncoding, keep_stored: bool) -> u64 {
-    if keep_stored {
-        encoding.record_len(layer.hidden, layer.intermediate)
-    } else {
-        ExpertEncoding::Plain(Dtype::F32).record_len(layer.hidden, layer.intermediate)
-    }
+    encoding.ram_len(layer.hidden, layer.intermediate, keep_stored)
 }
 
 impl From<StoreError> for ExpertError {

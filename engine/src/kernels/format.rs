@@ -214,6 +214,13 @@ impl Format {
     }
 
     /// Whether the format is a plain float type (no blocks, no scales).
+    /// Whether products with this format are summed blockwise (the
+    /// k-quants, [`super::kquant`]): widened to f32 first, its rows would
+    /// give other bits, so they are always computed from as stored.
+    pub fn is_blockwise(self) -> bool {
+        super::kquant::layout(self).is_some()
+    }
+
     pub fn is_float(self) -> bool {
         matches!(self, Format::F32 | Format::F16 | Format::BF16)
     }

@@ -38,7 +38,7 @@ const IQ4_VALUES: [i8; 16] = [
 const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 #[inline(always)]
-fn half(b: &[u8], at: usize) -> f32 {
+pub(super) fn half(b: &[u8], at: usize) -> f32 {
     f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
 }
 
@@ -132,7 +132,7 @@ pub fn q2_k(b: &[u8; Q2_K_BYTES], out: &mut [f32; QK_K]) {
 
 /// Q3_K's sixteen 6-bit scales, unpacked from 12 bytes as GGML does.
 #[inline(always)]
-fn q3_k_scales(packed: &[u8]) -> [i8; 16] {
+pub(super) fn q3_k_scales(packed: &[u8]) -> [i8; 16] {
     const KMASK1: u32 = 0x0303_0303;
     const KMASK2: u32 = 0x0f0f_0f0f;
     let word =
@@ -195,9 +195,10 @@ fn k4_scale_min(j: usize, s: &[u8]) -> (u8, u8) {
 /// Where a Q4_K super-block's nibbles start.
 pub const Q4_K_QS: usize = 4 + K_SCALE_BYTES;
 
-/// A Q4_K super-block's eight `(d × scale, dmin × min)` pairs.
+/// A Q4_K (or Q5_K: the same head) super-block's eight
+/// `(d × scale, dmin × min)` pairs.
 #[inline(always)]
-pub fn q4_k_scales(b: &[u8; Q4_K_BYTES]) -> [(f32, f32); 8] {
+pub fn q4_k_scales(b: &[u8]) -> [(f32, f32); 8] {
     let (d, dmin) = (half(b, 0), half(b, 2));
     let scales = &b[4..Q4_K_QS];
     std::array::from_fn(|j| {
@@ -224,7 +225,7 @@ pub fn q4_k(b: &[u8; Q4_K_BYTES], out: &mut [f32; QK_K]) {
 #[inline(always)]
 pub fn q5_k(b: &[u8; Q5_K_BYTES], out: &mut [f32; QK_K]) {
     let (d, dmin) = (half(b, 0), half(b, 2));
-    let scales = &b[4..4 + K_SCALE_BYTES];
+    let scales = &b[4..Q4_K_QS];
     let qh = &b[4 + K_SCALE_BYTES..4 + K_SCALE_BYTES + QK_K / 8];
     let qs = &b[4 + K_SCALE_BYTES + QK_K / 8..];
     for group in 0..4 {
@@ -247,11 +248,20 @@ pub fn q5_k(b: &[u8; Q5_K_BYTES], out: &mut [f32; QK_K]) {
 /// Where a Q6_K super-block's high bits start.
 pub const Q6_K_QH: usize = QK_K / 2;
 /// Where its scales start.
-const Q6_K_SCALES: usize = Q6_K_QH + QK_K / 4;
+pub const Q6_K_SCALES: usize = Q6_K_QH + QK_K / 4;
+/// Where a Q3_K super-block's low bits and scales start.
+pub const Q3_K_QS: usize = QK_K / 8;
+pub const Q3_K_SCALES: usize = Q3_K_QS + QK_K / 4;
+/// Where a Q5_K super-block's high bits and nibbles start.
+pub const Q5_K_QH: usize = Q4_K_QS;
+pub const Q5_K_QS: usize = Q5_K_QH + QK_K / 8;
+/// Where a Q2_K super-block's values and its two scales start.
+pub const Q2_K_QS: usize = QK_K / 16;
+pub const Q2_K_D: usize = Q2_K_QS + QK_K / 4;
 
 /// A Q6_K super-block's sixteen `d × scale` factors.
 #[inline(always)]
-pub fn q6_k_scales(b: &[u8; Q6_K_BYTES]) -> [f32; 16] {
+pub fn q6_k_scales(b: &[u8]) -> [f32; 16] {
     let d = half(b, Q6_K_BYTES - 2);
     std::array::from_fn(|k| d * f32::from(b[Q6_K_SCALES + k] as i8))
 }

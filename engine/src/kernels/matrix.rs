@@ -14,7 +14,7 @@ use rayon::prelude::*;
 
 use super::dot::{LANES, axpy, finish};
 use super::format::{Format, decode_row};
-use super::{Isa, KernelError, dispatch, fast};
+use super::{Isa, KernelError, dispatch, fast, kquant};
 use crate::aligned::{AlignedBytes, WEIGHT_ALIGN};
 
 /// Weight rows decoded and computed together.
@@ -268,14 +268,39 @@ impl Matrix {
             rayon::current_num_threads() * PARTS_PER_THREAD
         };
         let per_part = self.rows.div_ceil(parts).next_multiple_of(ROW_TILE);
+        // k-quants are computed blockwise, with the sums of `x` over each
+        // sub-block taken once here for every row range.
+        let blockwise = kquant::layout(self.format);
+        let sums = blockwise.map(|l| kquant::x_sums(l, x)).unwrap_or_default();
         let run = |(p, out): (usize, &mut [f32])| {
             let first = p * per_part;
             let count = out.len() / n;
-            if isa == Isa::Best && n == 1 {
-                let bytes = &self.bytes()[first * self.row_bytes..(first + count) * self.row_bytes];
-                if fast::matvec(self.format, bytes, self.row_bytes, count, x, out) {
-                    return;
+            let bytes = &self.bytes()[first * self.row_bytes..(first + count) * self.row_bytes];
+            if let Some(layout) = blockwise {
+                let fast = isa == Isa::Best
+                    && n == 1
+                    && fast::kquant_matvec(self.format, bytes, self.row_bytes, x, &sums, out);
+                if !fast {
+                    let op = kquant::Rows {
+                        format: self.format,
+                        layout,
+                        bytes,
+                        row_bytes: self.row_bytes,
+                        cols: self.cols,
+                        x,
+                        xs: &sums,
+                        n,
+                        out,
+                    };
+                    dispatch(isa, op);
                 }
+                return;
+            }
+            if isa == Isa::Best
+                && n == 1
+                && fast::matvec(self.format, bytes, self.row_bytes, count, x, out)
+            {
+                return;
             }
             let op = RowRange {
                 m: self,
@@ -555,6 +580,10 @@ mod tests {
         y
     }
 
+    fn abs(v: &[f32]) -> Vec<f32> {
+        v.iter().map(|x| x.abs()).collect()
+    }
+
     fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|x| x.to_bits()).collect()
     }
@@ -633,17 +662,26 @@ mod tests {
             // One row takes the fast paths where the machine has them.
             for k in [1, n] {
                 let xk = &x[..k * cols];
-                let want = bits(&widened.matmul(xk, k).unwrap());
-                assert_eq!(
-                    bits(&m.matmul(xk, k).unwrap()),
-                    want,
-                    "{format:?}, {k} rows"
-                );
+                let want = widened.matmul(xk, k).unwrap();
+                let got = m.matmul(xk, k).unwrap();
                 assert_eq!(
                     bits(&m.matmul_on(xk, k, Isa::Scalar).unwrap()),
-                    want,
+                    bits(&got),
                     "{format:?}, {k} rows, scalar"
                 );
+                if crate::kernels::kquant::layout(format).is_none() {
+                    assert_eq!(bits(&got), bits(&want), "{format:?}, {k} rows");
+                    continue;
+                }
+                // k-quants sum blockwise: the same weights, summed in
+                // another order.
+                let magnitude = Matrix::from_f32(rows, cols, &abs(&m.to_f32()))
+                    .unwrap()
+                    .matmul(&abs(xk), k)
+                    .unwrap();
+                for ((g, w), s) in got.iter().zip(&want).zip(&magnitude) {
+                    assert!((g - w).abs() <= 1e-6 * s, "{format:?}: {g} vs {w}");
+                }
             }
         }
         // Published block formats from arbitrary bytes (scale bytes kept in a

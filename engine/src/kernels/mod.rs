@@ -19,6 +19,7 @@ mod fast;
 pub mod format;
 pub mod ggml;
 pub mod iq;
+mod kquant;
 mod iq_grids;
 pub mod matrix;
 pub mod ops;
