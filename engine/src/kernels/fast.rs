@@ -119,6 +119,7 @@ mod x86 {
                 row_bytes,
                 rows,
                 x,
+                sums: &[],
                 out,
             },
         );
@@ -132,6 +133,8 @@ mod x86 {
         row_bytes: usize,
         rows: usize,
         x: &'a [f32],
+        /// The sub-block sums of `x`, for blockwise formats.
+        sums: &'a [f32],
         out: &'a mut [f32],
     }
 
@@ -147,6 +150,7 @@ mod x86 {
                 row_bytes,
                 rows,
                 x,
+                sums,
                 out,
             } = self;
             let row = |r: usize| &bytes[r * row_bytes..(r + 1) * row_bytes];
@@ -154,13 +158,15 @@ mod x86 {
             while r + ROWS <= rows {
                 let next = bytes.as_ptr().wrapping_add((r + ROWS) * row_bytes);
                 let w = std::array::from_fn(|i| row(r + i));
-                let sums = match format {
+                let got = match format {
                     Format::Mxfp4 => block_mxfp4::<ROWS>(simd, w, x, next),
                     Format::Int4G32 => block_int4::<ROWS>(simd, w, x, next),
                     Format::Q8_0 => ggml_q8_0::<ROWS>(simd, w, x, next),
+                    Format::Q4K => blockwise_q4_k::<ROWS>(simd, w, x, sums, next),
+                    Format::Q6K => blockwise_q6_k::<ROWS>(simd, w, x, next),
                     _ => block::<ROWS>(simd, w, x, next),
                 };
-                out[r..r + ROWS].copy_from_slice(&sums);
+                out[r..r + ROWS].copy_from_slice(&got);
                 r += ROWS;
             }
             while r < rows {
@@ -169,6 +175,8 @@ mod x86 {
                     Format::Mxfp4 => block_mxfp4::<1>(simd, [row(r)], x, none)[0],
                     Format::Int4G32 => block_int4::<1>(simd, [row(r)], x, none)[0],
                     Format::Q8_0 => ggml_q8_0::<1>(simd, [row(r)], x, none)[0],
+                    Format::Q4K => blockwise_q4_k::<1>(simd, [row(r)], x, sums, none)[0],
+                    Format::Q6K => blockwise_q6_k::<1>(simd, [row(r)], x, none)[0],
                     _ => block::<1>(simd, [row(r)], x, none)[0],
                 };
                 r += 1;
@@ -387,67 +395,21 @@ mod x86 {
         let Some(simd) = V4::try_new() else {
             return false;
         };
+        let rows = out.len();
         Simd::vectorize(
             simd,
-            KMatVec {
+            MatVec {
                 format,
                 simd,
                 bytes,
                 row_bytes,
+                rows,
                 x,
                 sums,
                 out,
             },
         );
         true
-    }
-
-    struct KMatVec<'a> {
-        format: Format,
-        simd: V4,
-        bytes: &'a [u8],
-        row_bytes: usize,
-        x: &'a [f32],
-        sums: &'a [f32],
-        out: &'a mut [f32],
-    }
-
-    impl WithSimd for KMatVec<'_> {
-        type Output = ();
-
-        #[inline(always)]
-        fn with_simd<S: Simd>(self, _: S) {
-            let KMatVec {
-                format,
-                simd,
-                bytes,
-                row_bytes,
-                x,
-                sums,
-                out,
-            } = self;
-            let rows = out.len();
-            let row = |r: usize| &bytes[r * row_bytes..(r + 1) * row_bytes];
-            let mut r = 0;
-            while r + ROWS <= rows {
-                let next = bytes.as_ptr().wrapping_add((r + ROWS) * row_bytes);
-                let w = std::array::from_fn(|i| row(r + i));
-                let got = match format {
-                    Format::Q4K => blockwise_q4_k::<ROWS>(simd, w, x, sums, next),
-                    _ => blockwise_q6_k::<ROWS>(simd, w, x, next),
-                };
-                out[r..r + ROWS].copy_from_slice(&got);
-                r += ROWS;
-            }
-            while r < rows {
-                let none = std::ptr::null();
-                out[r] = match format {
-                    Format::Q4K => blockwise_q4_k::<1>(simd, [row(r)], x, sums, none)[0],
-                    _ => blockwise_q6_k::<1>(simd, [row(r)], x, none)[0],
-                };
-                r += 1;
-            }
-        }
     }
 
     /// Prefetches block `b` of the `R` rows of `BYTES`-byte blocks at `next`.
