@@ -213,7 +213,6 @@ impl Format {
             .then(|| cols / self.block() * self.block_bytes())
     }
 
-    /// Whether the format is a plain float type (no blocks, no scales).
     /// Whether products with this format are summed blockwise (the
     /// k-quants, [`super::kquant`]): widened to f32 first, its rows would
     /// give other bits, so they are always computed from as stored.
@@ -221,6 +220,7 @@ impl Format {
         super::kquant::layout(self).is_some()
     }
 
+    /// Whether the format is a plain float type (no blocks, no scales).
     pub fn is_float(self) -> bool {
         matches!(self, Format::F32 | Format::F16 | Format::BF16)
     }
