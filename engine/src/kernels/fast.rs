@@ -368,7 +368,7 @@ mod x86 {
             next,
             #[inline(always)]
             |b| {
-                let d = a._mm512_set1_ps(f16_to_f32(u16::from_le_bytes([b[0], b[1]])));
+                let d = a._mm512_cvtph_ps(cast([u16::from_le_bytes([b[0], b[1]]); LANES]));
                 std::array::from_fn(|k| {
                     let q = a._mm512_cvtepi8_epi32(cast(sixteen(b, 2 + 16 * k)));
                     a._mm512_mul_ps(a._mm512_cvtepi32_ps(q), d)
@@ -459,13 +459,11 @@ mod x86 {
         );
         let tops = s2._mm_and_si128(s2._mm_srli_epi16::<2>(tops), s2._mm_set1_epi8(0x30));
         let six = a._mm512_cvtepi32_ps(a._mm512_cvtepu8_epi32(s2._mm_or_si128(low, tops)));
-        let (d, dmin) = (
-            f16_to_f32(u16::from_le_bytes([blk[0], blk[1]])),
-            f16_to_f32(u16::from_le_bytes([blk[2], blk[3]])),
-        );
-        let mut factors = [d; LANES];
-        factors[LANES / 2..].fill(dmin);
-        a._mm512_mul_ps(six, cast(factors))
+        // `d` in lanes 0–7, `dmin` in 8–15, widened by the instruction that
+        // widens F16 weights (exact, as `f16_to_f32`).
+        let mut halves = [u16::from_le_bytes([blk[0], blk[1]]); LANES];
+        halves[LANES / 2..].fill(u16::from_le_bytes([blk[2], blk[3]]));
+        a._mm512_mul_ps(six, a._mm512_cvtph_ps(cast(halves)))
     }
 
     /// Q4_K, blockwise: in each group of 64, sixteen bytes at a time widened
@@ -560,11 +558,9 @@ mod x86 {
                     blk,
                     ggml::Q6_K_SCALES,
                 ))));
-                let dd = f16_to_f32(u16::from_le_bytes([
-                    blk[ggml::Q6_K_BYTES - 2],
-                    blk[ggml::Q6_K_BYTES - 1],
-                ]));
-                *d = cast(a._mm512_mul_ps(a._mm512_set1_ps(dd), scales));
+                let dd = u16::from_le_bytes([blk[ggml::Q6_K_BYTES - 2], blk[ggml::Q6_K_BYTES - 1]]);
+                let dd = a._mm512_cvtph_ps(cast([dd; LANES]));
+                *d = cast(a._mm512_mul_ps(dd, scales));
             }
             for n in 0..2 {
                 let mut q = [[a._mm512_setzero_si512(); 2]; R];
