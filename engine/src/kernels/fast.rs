@@ -36,24 +36,13 @@
 //! DeepSeek-V3 in INT4 from 110–120 to 146–163 (BF16: 126–130).
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use x86::{kquant_matvec, matvec};
+pub(super) use x86::matvec;
 
 #[cfg(not(target_arch = "x86_64"))]
 pub(super) fn matvec(
     _: crate::kernels::Format,
     _: &[u8],
     _: usize,
-    _: usize,
-    _: &[f32],
-    _: &mut [f32],
-) -> bool {
-    false
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-pub(super) fn kquant_matvec(
-    _: crate::kernels::Format,
-    _: &[u8],
     _: usize,
     _: &[f32],
     _: &[f32],
@@ -86,9 +75,10 @@ mod x86 {
     const CACHE_LINE: usize = 64;
 
     /// `out[r] = Σ_k W[r][k] · x[k]` for `rows` rows of `row_bytes` bytes in
-    /// `bytes`, on AVX-512, for F16, MXFP4 and INT4 rows; `false` (and
-    /// nothing written) for other formats or where the machine has no
-    /// AVX-512. 4-bit values are widened in registers (nibbles in order,
+    /// `bytes`, on AVX-512, for F16, MXFP4, INT4 and Q8_0 rows, and Q4_K and
+    /// Q6_K ones blockwise in the order of [`crate::kernels::kquant`] (with
+    /// `sums`, the sub-block sums of `x`); `false` (and nothing written) for
+    /// other formats or where the machine has no AVX-512. 4-bit values are widened in registers (nibbles in order,
     /// then put in place and scaled) and fused straight into the sums, the
     /// same values in the same lanes in the same order as the portable
     /// path; decoding into a buffer first made MXFP4 experts decode at half
@@ -99,6 +89,7 @@ mod x86 {
         row_bytes: usize,
         rows: usize,
         x: &[f32],
+        sums: &[f32],
         out: &mut [f32],
     ) -> bool {
         if !matches!(
@@ -107,6 +98,8 @@ mod x86 {
                 | Format::Mxfp4
                 | Format::Int4G32
                 | Format::Q8_0
+                | Format::Q4K
+                | Format::Q6K
         ) {
             return false;
         }
@@ -122,7 +115,7 @@ mod x86 {
                 row_bytes,
                 rows,
                 x,
-                sums: &[],
+                sums,
                 out,
             },
         );
@@ -378,41 +371,6 @@ mod x86 {
                 })
             },
         )
-    }
-
-    /// `out[r]` for the `out.len()` rows of a k-quant in `bytes` (`row_bytes`
-    /// each), blockwise in the order of [`crate::kernels::kquant`], on
-    /// AVX-512: Q4_K and Q6_K, the bulk of a Q4_K_M file. `false` (and
-    /// nothing written) for the others or where the machine has no AVX-512.
-    pub(in crate::kernels) fn kquant_matvec(
-        format: Format,
-        bytes: &[u8],
-        row_bytes: usize,
-        x: &[f32],
-        sums: &[f32],
-        out: &mut [f32],
-    ) -> bool {
-        if !matches!(format, Format::Q4K | Format::Q6K) {
-            return false;
-        }
-        let Some(simd) = V4::try_new() else {
-            return false;
-        };
-        let rows = out.len();
-        Simd::vectorize(
-            simd,
-            MatVec {
-                format,
-                simd,
-                bytes,
-                row_bytes,
-                rows,
-                x,
-                sums,
-                out,
-            },
-        );
-        true
     }
 
     /// Prefetches block `b` of the `R` rows of `BYTES`-byte blocks at `next`.

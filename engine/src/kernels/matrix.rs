@@ -276,30 +276,25 @@ impl Matrix {
             let first = p * per_part;
             let count = out.len() / n;
             let bytes = &self.bytes()[first * self.row_bytes..(first + count) * self.row_bytes];
-            if let Some(layout) = blockwise {
-                let fast = isa == Isa::Best
-                    && n == 1
-                    && fast::kquant_matvec(self.format, bytes, self.row_bytes, x, &sums, out);
-                if !fast {
-                    let op = kquant::Rows {
-                        format: self.format,
-                        layout,
-                        bytes,
-                        row_bytes: self.row_bytes,
-                        cols: self.cols,
-                        x,
-                        xs: &sums,
-                        n,
-                        out,
-                    };
-                    dispatch(isa, op);
-                }
-                return;
-            }
             if isa == Isa::Best
                 && n == 1
-                && fast::matvec(self.format, bytes, self.row_bytes, count, x, out)
+                && fast::matvec(self.format, bytes, self.row_bytes, count, x, &sums, out)
             {
+                return;
+            }
+            if let Some(layout) = blockwise {
+                let op = kquant::Rows {
+                    format: self.format,
+                    layout,
+                    bytes,
+                    row_bytes: self.row_bytes,
+                    cols: self.cols,
+                    x,
+                    xs: &sums,
+                    n,
+                    out,
+                };
+                dispatch(isa, op);
                 return;
             }
             let op = RowRange {
