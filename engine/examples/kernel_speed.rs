@@ -166,7 +166,16 @@ fn formats_speed() {
             Matrix::from_bytes(rows, cols, format, &bytes).unwrap(),
         ));
     }
+    // `--only NAME` times one format, for profiling it alone.
+    let args: Vec<String> = std::env::args().collect();
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1));
     for (format, m) in &matrices {
+        if only.is_some_and(|name| name != format.name()) {
+            continue;
+        }
         let reps = 2000;
         let started = Instant::now();
         for _ in 0..reps {

@@ -82,8 +82,10 @@ const MXFP4_BYTES: usize = 1 + MXFP4_BLOCK / 2;
 const E2M1: [f32; 16] = [
     0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
 ];
-/// 2^112: moves an f16 exponent (bias 15) placed in an f32 (bias 127) home.
-const F16_EXPONENT_SHIFT: f32 = f32::from_bits((127 + 112) << 23);
+/// What moves an f16 exponent (bias 15) to an f32 one (bias 127).
+const F16_TO_F32_BIAS: u32 = 127 - 15;
+/// 2^-24, the value of an f16 subnormal's last mantissa bit.
+const F16_SUBNORMAL_UNIT: f32 = f32::from_bits((127 - 24) << 23);
 
 /// Everything about one format but its decoding, in one row.
 #[derive(Debug, Clone, Copy)]
@@ -226,17 +228,23 @@ impl Format {
     }
 }
 
-/// An IEEE half as f32, exactly: normal and subnormal values are rebased by
-/// one multiplication by a power of two; infinities and NaNs keep their payload.
+/// An IEEE half as f32, exactly. Normal values are rebased by adding to
+/// the exponent, in integers; subnormal ones are their mantissa (an integer,
+/// exact in f32) times 2^-24, a multiplication of normal numbers. Rebasing
+/// a subnormal half by multiplying its bits as an f32 subnormal cost a
+/// microcode assist on x86 per scale: GGML's k-quant scales of small
+/// weights are subnormal halves, and one-row Q5_K products ran at 3.9 G
+/// weights/s for it, 6.8 without.
 #[inline(always)]
 pub fn f16_to_f32(h: u16) -> f32 {
     let h = u32::from(h);
     let sign = (h & 0x8000) << 16;
-    let rest = (h & 0x7fff) << 13;
-    let magnitude = if rest >= 0x7c00 << 13 {
-        rest | 0x7f80_0000
-    } else {
-        (f32::from_bits(rest) * F16_EXPONENT_SHIFT).to_bits()
+    let exponent = (h >> 10) & 0x1f;
+    let mantissa = h & 0x3ff;
+    let magnitude = match exponent {
+        0 => (mantissa as f32 * F16_SUBNORMAL_UNIT).to_bits(),
+        0x1f => 0x7f80_0000 | (mantissa << 13),
+        _ => ((exponent + F16_TO_F32_BIAS) << 23) | (mantissa << 13),
     };
     f32::from_bits(sign | magnitude)
 }

@@ -197,14 +197,20 @@ pub const Q4_K_QS: usize = 4 + K_SCALE_BYTES;
 
 /// A Q4_K (or Q5_K: the same head) super-block's eight
 /// `(d × scale, dmin × min)` pairs.
+///
+/// Inlined, and a loop rather than `array::from_fn`, whose closure was
+/// compiled apart from its caller's instruction set and took a tenth of a
+/// blockwise Q5_K product.
 #[inline(always)]
 pub fn q4_k_scales(b: &[u8]) -> [(f32, f32); 8] {
     let (d, dmin) = (half(b, 0), half(b, 2));
     let scales = &b[4..Q4_K_QS];
-    std::array::from_fn(|j| {
+    let mut out = [(0.0, 0.0); 8];
+    for (j, out) in out.iter_mut().enumerate() {
         let (sc, m) = k4_scale_min(j, scales);
-        (d * f32::from(sc), dmin * f32::from(m))
-    })
+        *out = (d * f32::from(sc), dmin * f32::from(m));
+    }
+    out
 }
 
 #[inline(always)]
