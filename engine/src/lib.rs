@@ -32,6 +32,7 @@ internal_modules!(
     tokenizer, weights,
 );
 
+mod background;
 mod engine;
 mod locate;
 pub mod memory;

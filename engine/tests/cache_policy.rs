@@ -135,8 +135,24 @@ fn the_policy_is_chosen_from_the_packs_trace_and_remembered() {
     // The next run starts with the choice and the trace it was made on.
     let again = open(&pack, 4 * EXPERT, PolicySetting::Auto, true);
     assert_eq!(again.stats().unwrap().policy, chosen);
+    // Opening with that trace replays it on its own, off the model's thread.
+    let waited = std::time::Instant::now();
+    while again.stats().unwrap().policy_report.is_none() {
+        assert!(waited.elapsed().as_secs() < 60, "no replay at open");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let replayed = again.replay_policies().unwrap();
     assert_eq!(replayed.lookups, report.lookups, "the trace was kept");
+    // A budget that holds every expert never evicts, so every policy scores
+    // alike: nothing is replayed on its own (it would only take CPU time
+    // from decoding), though a replay asked for still runs.
+    let whole = open(&pack, 1 << 30, PolicySetting::Auto, true);
+    for _ in 0..4 {
+        decode(&whole, &exp.ids);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(whole.stats().unwrap().policy_report.is_none());
+    assert!(whole.replay_policies().is_some());
     // A policy set by hand is replayed for comparison but kept.
     let fixed = EvictionPolicy::LRU;
     let set = open(&pack, 4 * EXPERT, PolicySetting::Fixed(fixed), true);

@@ -270,7 +270,7 @@ impl StreamingExperts {
         // The first replay with decode passes measured comes after
         // MIN_CHOICE_PASSES, whatever the trace already holds.
         if passes >= MIN_CHOICE_PASSES {
-            me.replay_trace(0);
+            me.replay_if_useful(0);
         }
         Ok(me)
     }
@@ -740,7 +740,7 @@ impl ExpertProvider for StreamingExperts {
             (due && pass > 0).then_some(pass)
         };
         if let Some(pass) = replay_at {
-            self.replay_trace(pass);
+            self.replay_if_useful(pass);
         }
         // Ask the drives for everything missing before the model moves on.
         fetch.top_up()?;
