@@ -29,6 +29,20 @@ use super::streaming::StreamingExperts;
 pub const RECHOOSE_PASSES: u64 = 256;
 /// Passes a pack's trace must hold before a policy is chosen from it.
 pub const MIN_CHOICE_PASSES: u64 = 32;
+/// Passes after which a cache that may keep records packed first weighs
+/// doing so (the policy waits for [`MIN_CHOICE_PASSES`]). A first run keeps
+/// records packed until weighed: on a BF16 DeepSeek-V3-shaped pack with
+/// skewed routing, restoring hits made its first 32 tokens decode at 2.1
+/// tok/s where the same pack ran at 5.2 as weights.
+pub const FIRST_WEIGH_PASSES: u64 = 8;
+
+/// The pass of a cache's first replay.
+pub(super) fn first_replay(may_pack: bool) -> u64 {
+    match may_pack {
+        true => FIRST_WEIGH_PASSES,
+        false => MIN_CHOICE_PASSES,
+    }
+}
 
 impl StreamingExperts {
     /// [`Self::replay_trace`] when a choice can matter: the budget cannot
@@ -126,8 +140,10 @@ impl StreamingExperts {
                         shared.packing.store(c.packed, Ordering::Relaxed);
                     }
                 }
+                // A trace shorter than MIN_CHOICE_PASSES weighs packing only.
+                let settled = passes_in(trace.iter()) >= MIN_CHOICE_PASSES;
                 if let Ok(mut st) = shared.state.lock() {
-                    if automatic && found.chosen != current {
+                    if automatic && settled && found.chosen != current {
                         let history = with_passes(&trace, now);
                         st.cache.set_policy(found.chosen, &history);
                     }

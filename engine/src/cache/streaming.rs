@@ -25,7 +25,7 @@ use crate::store::{
     DriveSnapshot, DriveStore, Priority, ReadTarget, SegmentRead, StoreConfig, StoreError,
 };
 
-use super::autopolicy::{MIN_CHOICE_PASSES, RECHOOSE_PASSES, passes_in};
+use super::autopolicy::{MIN_CHOICE_PASSES, RECHOOSE_PASSES, first_replay, passes_in};
 use super::budget::{CacheCounters, ExpertCache};
 use super::choose::PolicyReport;
 use super::fetch::{Demand, Fetch};
@@ -248,7 +248,7 @@ impl StreamingExperts {
             automatic,
             report: Arc::new(Mutex::new(None)),
             choosing: Arc::new(AtomicBool::new(false)),
-            next_choice: AtomicU64::new(MIN_CHOICE_PASSES),
+            next_choice: AtomicU64::new(first_replay(may_pack)),
             meter: Mutex::new(PackMeter::default()),
             opened: std::time::Instant::now(),
         };
@@ -716,8 +716,11 @@ impl ExpertProvider for StreamingExperts {
             }
             let due = pass >= self.next_choice.load(Ordering::Relaxed);
             if due {
-                self.next_choice
-                    .store(pass + RECHOOSE_PASSES, Ordering::Relaxed);
+                let next = match pass < MIN_CHOICE_PASSES {
+                    true => MIN_CHOICE_PASSES,
+                    false => pass + RECHOOSE_PASSES,
+                };
+                self.next_choice.store(next, Ordering::Relaxed);
             }
             // Guesses for this layer that it did not ask for may go now;
             // what it asked for stays until the request is done with it, so
