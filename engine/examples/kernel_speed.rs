@@ -151,10 +151,21 @@ fn formats_speed() {
         (GgmlDType::Q2K, Format::Q2K),
         (GgmlDType::Q4_0, Format::Q4_0),
     ];
-    let mut matrices = vec![(
-        Format::F16,
-        Matrix::from_bytes(rows, cols, Format::F16, &f32_to_f16_bytes(&w)).unwrap(),
-    )];
+    // BF16: the top half of each f32 (the weights here round alike).
+    let bf16: Vec<u8> = w
+        .iter()
+        .flat_map(|v| v.to_bits().to_le_bytes()[2..].to_vec())
+        .collect();
+    let mut matrices = vec![
+        (
+            Format::F16,
+            Matrix::from_bytes(rows, cols, Format::F16, &f32_to_f16_bytes(&w)).unwrap(),
+        ),
+        (
+            Format::BF16,
+            Matrix::from_bytes(rows, cols, Format::BF16, &bf16).unwrap(),
+        ),
+    ];
     for (dtype, format) in quantised {
         let bytes = QTensor::quantize(&t, dtype)
             .unwrap()

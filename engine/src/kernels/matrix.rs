@@ -606,13 +606,20 @@ mod tests {
             }
             // F16 weights: one-row products take the widening fast path where
             // the machine has one; they agree with the portable path bitwise.
-            let h = Matrix::from_bytes(rows, cols, Format::F16, &f32_to_f16_bytes(&w)).unwrap();
-            let widened = h.to_f32();
-            for t in 0..n {
-                let xt = &x[t * cols..(t + 1) * cols];
-                let want = bits(&reference(&widened, xt, rows, cols, 1));
-                prop_assert_eq!(bits(&h.matmul(xt, 1).unwrap()), want.clone());
-                prop_assert_eq!(bits(&h.matmul_on(xt, 1, Isa::Scalar).unwrap()), want);
+            // So do BF16 ones (the top halves of the f32 weights).
+            let bf16: Vec<u8> = w.iter().flat_map(|v| v.to_bits().to_le_bytes()[2..].to_vec()).collect();
+            let narrow = [
+                Matrix::from_bytes(rows, cols, Format::F16, &f32_to_f16_bytes(&w)).unwrap(),
+                Matrix::from_bytes(rows, cols, Format::BF16, &bf16).unwrap(),
+            ];
+            for h in &narrow {
+                let widened = h.to_f32();
+                for t in 0..n {
+                    let xt = &x[t * cols..(t + 1) * cols];
+                    let want = bits(&reference(&widened, xt, rows, cols, 1));
+                    prop_assert_eq!(bits(&h.matmul(xt, 1).unwrap()), want.clone());
+                    prop_assert_eq!(bits(&h.matmul_on(xt, 1, Isa::Scalar).unwrap()), want);
+                }
             }
         }
     }
