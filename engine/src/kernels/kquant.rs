@@ -142,20 +142,10 @@ fn unpack(format: Format, b: &[u8], q: &mut [f32], d: &mut [f32], m: &mut [f32])
             for (dm, (d, m)) in ggml::q4_k_scales(b).into_iter().zip(d.iter_mut().zip(m)) {
                 (*d, *m) = dm;
             }
-            // Group g (64 values): low nibbles of its 32 bytes, then high
-            // nibbles; Q5_K tops them with bits 2g and 2g + 1 of byte l.
-            let Ok(b) = <&[u8; ggml::Q5_K_BYTES]>::try_from(b) else {
-                return four_bits(b, &mut v, q);
-            };
-            for g in 0..4 {
-                for l in 0..4 {
-                    let w = word(b, ggml::Q5_K_QS + 32 * g + 8 * l);
-                    let h = word(b, ggml::Q5_K_QH + 8 * l) >> (2 * g);
-                    put(&mut v, 64 * g + 8 * l, (w & NIBBLES) | ((h & ONES) << 4));
-                    put(&mut v, 64 * g + 32 + 8 * l, ((w >> 4) & NIBBLES) | (((h >> 1) & ONES) << 4));
-                }
+            match format {
+                Format::Q4K => four_bits(b, &mut v, q),
+                _ => five_bits(b, &mut v, q),
             }
-            widen(&v, q, 0.0);
         }
         Format::Q6K => {
             let Ok(b) = <&[u8; ggml::Q6_K_BYTES]>::try_from(b) else {
@@ -163,19 +153,7 @@ fn unpack(format: Format, b: &[u8], q: &mut [f32], d: &mut [f32], m: &mut [f32])
             };
             d.copy_from_slice(&ggml::q6_k_scales(b));
             m.fill(0.0);
-            // Values 128n + 32k + l: four bits of byte 64n + 32(k mod 2) + l
-            // (the high nibble for k ≥ 2) and two of byte 32n + l shifted
-            // by 2k, less 32.
-            for n in 0..2 {
-                for k in 0..4 {
-                    for l in (0..32).step_by(8) {
-                        let low = word(b, 64 * n + 32 * (k % 2) + l) >> (4 * (k / 2));
-                        let high = word(b, ggml::Q6_K_QH + 32 * n + l) >> (2 * k);
-                        put(&mut v, 128 * n + 32 * k + l, (low & NIBBLES) | ((high & TWO_BITS) << 4));
-                    }
-                }
-            }
-            widen(&v, q, -32.0);
+            six_bits(b, &mut v, q);
         }
         Format::Q3K => {
             let Ok(b) = <&[u8; ggml::Q3_K_BYTES]>::try_from(b) else {
@@ -187,19 +165,7 @@ fn unpack(format: Format, b: &[u8], q: &mut [f32], d: &mut [f32], m: &mut [f32])
                 *d = d_all * f32::from(s - 32);
             }
             m.fill(0.0);
-            // Values 128h + 32k + l: two bits of byte 32h + l shifted by 2k,
-            // less 4 where bit 4h + k of mask byte l is clear; here 4 more,
-            // taken off as the values widen.
-            for h in 0..2 {
-                for k in 0..4 {
-                    for l in (0..32).step_by(8) {
-                        let low = word(b, ggml::Q3_K_QS + 32 * h + l) >> (2 * k);
-                        let mask = word(b, l) >> (4 * h + k);
-                        put(&mut v, 128 * h + 32 * k + l, (low & TWO_BITS) | ((mask & ONES) << 2));
-                    }
-                }
-            }
-            widen(&v, q, -4.0);
+            three_bits(b, &mut v, q);
         }
         Format::Q2K => {
             let Ok(b) = <&[u8; ggml::Q2_K_BYTES]>::try_from(b) else {
@@ -210,19 +176,77 @@ fn unpack(format: Format, b: &[u8], q: &mut [f32], d: &mut [f32], m: &mut [f32])
                 *d = dd * f32::from(sc & 0xF);
                 *m = dmin * f32::from(sc >> 4);
             }
-            // Values 128h + 32k + l: two bits of byte 32h + l shifted by 2k.
-            for h in 0..2 {
-                for k in 0..4 {
-                    for l in (0..32).step_by(8) {
-                        let bits = word(b, ggml::Q2_K_QS + 32 * h + l) >> (2 * k);
-                        put(&mut v, 128 * h + 32 * k + l, bits & TWO_BITS);
-                    }
-                }
-            }
-            widen(&v, q, 0.0);
+            two_bits(b, &mut v, q);
         }
         _ => {}
     }
+}
+
+/// Q5_K's integers: group g (64 values) is the low nibbles of its 32 bytes,
+/// then the high nibbles, topped with bits 2g and 2g + 1 of byte l.
+#[inline(always)]
+fn five_bits(b: &[u8], v: &mut [u8; QK_K], q: &mut [f32]) {
+    let Ok(b) = <&[u8; ggml::Q5_K_BYTES]>::try_from(b) else {
+        return;
+    };
+    for g in 0..4 {
+        for l in (0..32).step_by(8) {
+            let w = word(b, ggml::Q5_K_QS + 32 * g + l);
+            let h = word(b, ggml::Q5_K_QH + l) >> (2 * g);
+            put(v, 64 * g + l, (w & NIBBLES) | ((h & ONES) << 4));
+            put(v, 64 * g + 32 + l, ((w >> 4) & NIBBLES) | (((h >> 1) & ONES) << 4));
+        }
+    }
+    widen(v, q, 0.0);
+}
+
+/// Q6_K's integers: values 128n + 32k + l are four bits of byte
+/// 64n + 32(k mod 2) + l (the high nibble for k ≥ 2) and two of byte
+/// 32n + l shifted by 2k, less 32.
+#[inline(always)]
+fn six_bits(b: &[u8; ggml::Q6_K_BYTES], v: &mut [u8; QK_K], q: &mut [f32]) {
+    for n in 0..2 {
+        for k in 0..4 {
+            for l in (0..32).step_by(8) {
+                let low = word(b, 64 * n + 32 * (k % 2) + l) >> (4 * (k / 2));
+                let high = word(b, ggml::Q6_K_QH + 32 * n + l) >> (2 * k);
+                put(v, 128 * n + 32 * k + l, (low & NIBBLES) | ((high & TWO_BITS) << 4));
+            }
+        }
+    }
+    widen(v, q, -32.0);
+}
+
+/// Q3_K's integers: values 128h + 32k + l are two bits of byte 32h + l
+/// shifted by 2k, less 4 where bit 4h + k of mask byte l is clear; here 4
+/// more, taken off as the values widen.
+#[inline(always)]
+fn three_bits(b: &[u8; ggml::Q3_K_BYTES], v: &mut [u8; QK_K], q: &mut [f32]) {
+    for h in 0..2 {
+        for k in 0..4 {
+            for l in (0..32).step_by(8) {
+                let low = word(b, ggml::Q3_K_QS + 32 * h + l) >> (2 * k);
+                let mask = word(b, l) >> (4 * h + k);
+                put(v, 128 * h + 32 * k + l, (low & TWO_BITS) | ((mask & ONES) << 2));
+            }
+        }
+    }
+    widen(v, q, -4.0);
+}
+
+/// Q2_K's integers: values 128h + 32k + l are two bits of byte 32h + l
+/// shifted by 2k.
+#[inline(always)]
+fn two_bits(b: &[u8; ggml::Q2_K_BYTES], v: &mut [u8; QK_K], q: &mut [f32]) {
+    for h in 0..2 {
+        for k in 0..4 {
+            for l in (0..32).step_by(8) {
+                let bits = word(b, ggml::Q2_K_QS + 32 * h + l) >> (2 * k);
+                put(v, 128 * h + 32 * k + l, bits & TWO_BITS);
+            }
+        }
+    }
+    widen(v, q, 0.0);
 }
 
 /// Q4_K's integers (its block is Q5_K's without the fifth bits).
