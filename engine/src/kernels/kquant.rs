@@ -142,9 +142,14 @@ fn unpack(format: Format, b: &[u8], q: &mut [f32], d: &mut [f32], m: &mut [f32])
             for (dm, (d, m)) in ggml::q4_k_scales(b).into_iter().zip(d.iter_mut().zip(m)) {
                 (*d, *m) = dm;
             }
-            match format {
-                Format::Q4K => four_bits(b, &mut v, q),
-                _ => five_bits(b, &mut v, q),
+            let zeros = [0u8; QK_K / 8];
+            let (qh, qs) = match format {
+                Format::Q4K => (Some(&zeros[..]), b.get(ggml::Q4_K_QS..)),
+                _ => (b.get(ggml::Q5_K_QH..ggml::Q5_K_QS), b.get(ggml::Q5_K_QS..)),
+            };
+            let qh = qh.map(<&[u8; QK_K / 8]>::try_from);
+            if let (Some(Ok(qh)), Some(Ok(qs))) = (qh, qs.map(<&[u8; QK_K / 2]>::try_from)) {
+                nibbles(qs, qh, &mut v, q);
             }
         }
         Format::Q6K => {
@@ -182,17 +187,15 @@ fn unpack(format: Format, b: &[u8], q: &mut [f32], d: &mut [f32], m: &mut [f32])
     }
 }
 
-/// Q5_K's integers: group g (64 values) is the low nibbles of its 32 bytes,
-/// then the high nibbles, topped with bits 2g and 2g + 1 of byte l.
+/// Q4_K's and Q5_K's integers: group g (64 values) is the low nibbles of
+/// its 32 bytes of `qs`, then the high nibbles, topped (Q5_K) with bits 2g
+/// and 2g + 1 of byte l of `qh` (zeros for Q4_K).
 #[inline(always)]
-fn five_bits(b: &[u8], v: &mut [u8; QK_K], q: &mut [f32]) {
-    let Ok(b) = <&[u8; ggml::Q5_K_BYTES]>::try_from(b) else {
-        return;
-    };
+fn nibbles(qs: &[u8; QK_K / 2], qh: &[u8; QK_K / 8], v: &mut [u8; QK_K], q: &mut [f32]) {
     for g in 0..4 {
         for l in (0..32).step_by(8) {
-            let w = word(b, ggml::Q5_K_QS + 32 * g + l);
-            let h = word(b, ggml::Q5_K_QH + l) >> (2 * g);
+            let w = word(qs, 32 * g + l);
+            let h = word(qh, l) >> (2 * g);
             put(v, 64 * g + l, (w & NIBBLES) | ((h & ONES) << 4));
             put(v, 64 * g + 32 + l, ((w >> 4) & NIBBLES) | (((h >> 1) & ONES) << 4));
         }
@@ -205,15 +208,11 @@ fn five_bits(b: &[u8], v: &mut [u8; QK_K], q: &mut [f32]) {
 /// 32n + l shifted by 2k, less 32.
 #[inline(always)]
 fn six_bits(b: &[u8; ggml::Q6_K_BYTES], v: &mut [u8; QK_K], q: &mut [f32]) {
-    for n in 0..2 {
-        for k in 0..4 {
-            for l in (0..32).step_by(8) {
-                let low = word(b, 64 * n + 32 * (k % 2) + l) >> (4 * (k / 2));
-                let high = word(b, ggml::Q6_K_QH + 32 * n + l) >> (2 * k);
-                put(v, 128 * n + 32 * k + l, (low & NIBBLES) | ((high & TWO_BITS) << 4));
-            }
-        }
-    }
+    by_words(v, |n, k, l| {
+        let low = word(b, 64 * n + 32 * (k % 2) + l) >> (4 * (k / 2));
+        let high = word(b, ggml::Q6_K_QH + 32 * n + l) >> (2 * k);
+        (low & NIBBLES) | ((high & TWO_BITS) << 4)
+    });
     widen(v, q, -32.0);
 }
 
@@ -222,15 +221,11 @@ fn six_bits(b: &[u8; ggml::Q6_K_BYTES], v: &mut [u8; QK_K], q: &mut [f32]) {
 /// more, taken off as the values widen.
 #[inline(always)]
 fn three_bits(b: &[u8; ggml::Q3_K_BYTES], v: &mut [u8; QK_K], q: &mut [f32]) {
-    for h in 0..2 {
-        for k in 0..4 {
-            for l in (0..32).step_by(8) {
-                let low = word(b, ggml::Q3_K_QS + 32 * h + l) >> (2 * k);
-                let mask = word(b, l) >> (4 * h + k);
-                put(v, 128 * h + 32 * k + l, (low & TWO_BITS) | ((mask & ONES) << 2));
-            }
-        }
-    }
+    by_words(v, |h, k, l| {
+        let low = word(b, ggml::Q3_K_QS + 32 * h + l) >> (2 * k);
+        let mask = word(b, l) >> (4 * h + k);
+        (low & TWO_BITS) | ((mask & ONES) << 2)
+    });
     widen(v, q, -4.0);
 }
 
@@ -238,31 +233,25 @@ fn three_bits(b: &[u8; ggml::Q3_K_BYTES], v: &mut [u8; QK_K], q: &mut [f32]) {
 /// shifted by 2k.
 #[inline(always)]
 fn two_bits(b: &[u8; ggml::Q2_K_BYTES], v: &mut [u8; QK_K], q: &mut [f32]) {
-    for h in 0..2 {
-        for k in 0..4 {
-            for l in (0..32).step_by(8) {
-                let bits = word(b, ggml::Q2_K_QS + 32 * h + l) >> (2 * k);
-                put(v, 128 * h + 32 * k + l, bits & TWO_BITS);
-            }
-        }
-    }
+    by_words(v, |h, k, l| {
+        (word(b, ggml::Q2_K_QS + 32 * h + l) >> (2 * k)) & TWO_BITS
+    });
     widen(v, q, 0.0);
 }
 
-/// Q4_K's integers (its block is Q5_K's without the fifth bits).
+/// Fills `v` eight values at a time: values 128h + 32k + l .. + 8 are
+/// `word_at(h, k, l)`, for the two halves `h`, four quarters `k` and
+/// words `l` (0, 8, 16, 24) of a super-block laid out as Q2_K, Q3_K and
+/// Q6_K lay theirs.
 #[inline(always)]
-fn four_bits(b: &[u8], v: &mut [u8; QK_K], q: &mut [f32]) {
-    let Ok(b) = <&[u8; ggml::Q4_K_BYTES]>::try_from(b) else {
-        return;
-    };
-    for g in 0..4 {
-        for l in (0..32).step_by(8) {
-            let w = word(b, ggml::Q4_K_QS + 32 * g + l);
-            put(v, 64 * g + l, w & NIBBLES);
-            put(v, 64 * g + 32 + l, (w >> 4) & NIBBLES);
+fn by_words(v: &mut [u8; QK_K], word_at: impl Fn(usize, usize, usize) -> u64) {
+    for h in 0..2 {
+        for k in 0..4 {
+            for l in (0..32).step_by(8) {
+                put(v, 128 * h + 32 * k + l, word_at(h, k, l));
+            }
         }
     }
-    widen(v, q, 0.0);
 }
 
 /// Small integers plus `offset` as f32 (exact), in a loop of its own.
