@@ -150,6 +150,9 @@ fn formats_speed() {
         (GgmlDType::Q3K, Format::Q3K),
         (GgmlDType::Q2K, Format::Q2K),
         (GgmlDType::Q4_0, Format::Q4_0),
+        (GgmlDType::Q4_1, Format::Q4_1),
+        (GgmlDType::Q5_0, Format::Q5_0),
+        (GgmlDType::Q5_1, Format::Q5_1),
     ];
     // BF16: the top half of each f32 (the weights here round alike).
     let bf16: Vec<u8> = w
