@@ -300,7 +300,6 @@ impl Service {
         }
     }
 
-    /// Waits until job `id` is in `state`.
     /// Waits until job `id` has committed some output.
     pub fn wait_output(&self, id: i64, timeout: Duration) {
         let started = Instant::now();
@@ -314,6 +313,27 @@ impl Service {
         }
     }
 
+    /// Waits until job `id` passes `check`; `what` names the wait in the
+    /// failure message.
+    pub fn wait_job(
+        &self,
+        id: i64,
+        what: &str,
+        timeout: Duration,
+        check: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let started = Instant::now();
+        loop {
+            let job = self.get(&format!("/api/jobs/{id}"));
+            if check(&job) {
+                return job;
+            }
+            assert!(started.elapsed() < timeout, "job {id}: {what}: {job}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Waits until job `id` is in `state`.
     pub fn wait_state(&self, id: i64, state: &str, timeout: Duration) -> Value {
         let started = Instant::now();
         loop {
