@@ -21,6 +21,10 @@ fn a_restored_prefix_continues_bitwise_as_the_whole_prompt() {
         "glm_moe_dsa_released",
         "deepseek_v32_recent",
         "deepseek_v4_recent",
+        // A sliding window on its last layers.
+        "dots1_recent",
+        "hunyuan_v1_moe_released",
+        "ernie4_5_moe_released",
     ] {
         let dir = common::fixtures_dir().join(name);
         let engine = Engine::open(&dir).unwrap();

@@ -810,6 +810,122 @@ V4_LAYER_NAMES = [
 ]
 
 
+
+# dots.llm1 (dots1) as released (per-expert, rope_theta at the top, two
+# shared experts, `n_group`/`topk_group` null, which transformers cannot
+# load and which mean one group, `max_window_layers` covering every layer)
+# and as transformers 5.24 writes it (fused experts, rope_parameters, the
+# last layers sliding through a window the teacher text crosses, biases on
+# q/k/v and the output, two expert groups).
+DOTS1_SPEC = {
+    "model_type": "dots1",
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 96,
+    "moe_intermediate_size": 16,
+    "n_routed_experts": 8,
+    "n_shared_experts": 2,
+    "num_experts_per_tok": 3,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "first_k_dense_replace": 1,
+    "sliding_window": None,
+    "max_window_layers": 3,
+    "rope": {"rope_type": "default", "rope_theta": 10000000.0},
+    "tie_word_embeddings": False,
+}
+FIXTURES += [
+    ("dots1_released", DOTS1_SPEC,
+     {"style": "old", "layout": "per_expert", "dtype": "bfloat16", "shards": 2, "seed": 401,
+      "published": {"n_group": None, "topk_group": None, "scoring_func": "sigmoid"}}),
+    (
+        "dots1_recent",
+        dict(DOTS1_SPEC, num_hidden_layers=4, attention_bias=True, n_group=2, topk_group=1, num_experts_per_tok=2,
+             norm_topk_prob=False, routed_scaling_factor=1.0, sliding_window=5, max_window_layers=2,
+             rope={"rope_type": "default", "rope_theta": 10000.0}),
+        {"style": "new", "layout": "fused", "dtype": "float32", "shards": 1, "seed": 402},
+    ),
+]
+
+
+
+# Hunyuan-A13B (hunyuan_v1_moe) as released (per-expert, `attention_head_dim`
+# for the head size, per-layer lists for top-k, expert width and shared
+# experts, the fixed NTK stretch labelled "dynamic", tied embeddings) and as
+# transformers 5.24 writes it (fused experts, rope_parameters, one top-k,
+# biases, an untied head).
+HUNYUAN_SPEC = {
+    "model_type": "hunyuan_v1_moe",
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 24,
+    "moe_intermediate_size": [24, 24, 24],
+    "num_experts": 8,
+    "moe_topk": [2, 3, 2],
+    "num_shared_expert": [1, 1, 1],
+    "use_mixed_mlp_moe": True,
+    "use_qk_norm": True,
+    "use_cla": False,
+    "rope": {"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0},
+    "tie_word_embeddings": True,
+}
+FIXTURES += [
+    ("hunyuan_v1_moe_released", HUNYUAN_SPEC,
+     {"style": "old", "layout": "per_expert", "dtype": "bfloat16", "shards": 2, "seed": 411,
+      "published": {"attention_head_dim": 16}, "unpublished": ("head_dim",)}),
+    (
+        "hunyuan_v1_moe_recent",
+        {**{k: v for k, v in HUNYUAN_SPEC.items() if k not in ("moe_intermediate_size", "num_shared_expert")},
+         "num_hidden_layers": 4, "moe_topk": 2, "attention_bias": True, "tie_word_embeddings": False,
+         "rope": {"rope_type": "default", "rope_theta": 50000.0}},
+        {"style": "new", "layout": "fused", "dtype": "float32", "shards": 1, "seed": 412},
+    ),
+]
+
+
+
+# ERNIE 4.5 MoE (ernie4_5_moe) as the PT releases are laid out (per-expert,
+# the router's bias under `mlp.moe_statics`, rope_theta at the top, tied
+# embeddings, `head_dim` and `moe_layer_end_index` null, an MTP block
+# after the decoder) and as transformers 5.24 writes it (fused experts, the
+# bias under the gate, rope_parameters, sparse layers every second one up to
+# an end index, an untied head).
+ERNIE_SPEC = {
+    "model_type": "ernie4_5_moe",
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 96,
+    "moe_intermediate_size": 16,
+    "moe_num_experts": 8,
+    "moe_k": 3,
+    "moe_num_shared_experts": 2,
+    "moe_layer_start_index": 1,
+    "moe_layer_interval": 1,
+    "use_bias": False,
+    "rope": {"rope_type": "default", "rope_theta": 500000.0},
+    "tie_word_embeddings": True,
+}
+FIXTURES += [
+    ("ernie4_5_moe_released", ERNIE_SPEC,
+     {"style": "old", "layout": "per_expert", "dtype": "bfloat16", "shards": 2, "seed": 421, "mtp": "ernie",
+      "published": {"head_dim": None, "moe_layer_end_index": None, "num_nextn_predict_layers": 1}}),
+    (
+        "ernie4_5_moe_recent",
+        dict(ERNIE_SPEC, num_hidden_layers=5, moe_layer_start_index=0, moe_layer_end_index=3, moe_layer_interval=2,
+             moe_k=2, moe_num_shared_experts=1, head_dim=24, tie_word_embeddings=False,
+             rope={"rope_type": "default", "rope_theta": 10000.0}),
+        {"style": "new", "layout": "fused", "dtype": "float32", "shards": 1, "seed": 422},
+    ),
+]
+
+
 def v4_released_name(name: str) -> str:
     if name in V4_TOP_NAMES:
         return V4_TOP_NAMES[name]
@@ -840,6 +956,9 @@ EXPERT_NAMES = {
     "deepseek_v4": ("mlp", "gate_proj", "up_proj", "down_proj"),
     "glm_moe_dsa": ("mlp", "gate_proj", "up_proj", "down_proj"),
     "glm4_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
+    "dots1": ("mlp", "gate_proj", "up_proj", "down_proj"),
+    "hunyuan_v1_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
+    "ernie4_5_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
     "deepseek_v32": ("mlp", "gate_proj", "up_proj", "down_proj"),
     "minimax_m2": ("block_sparse_moe", "w1", "w3", "w2"),
     "qwen3_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
@@ -895,7 +1014,7 @@ def randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
     for module in model.modules():
         if type(module).__name__ in ZERO_CENTRED_NORMS:
             module.weight.copy_(0.2 * torch.randn(module.weight.shape, generator=gen))
-    for name, b in model.named_buffers():
+    for name, b in list(model.named_buffers()) + list(model.named_parameters()):
         if name.endswith("e_score_correction_bias"):
             b.copy_(0.05 * torch.randn(b.shape, generator=gen))
         if name.endswith("tid2eid"):  # DeepSeek-V4's hash routing: distinct experts per token
@@ -929,6 +1048,9 @@ def checkpoint_tensors(model, cfg: dict, layout: str) -> dict:
         elif block != "mlp" and (".mlp.gate." in k or ".mlp.shared_experts." in k
                                  or k.endswith(".mlp.e_score_correction_bias")):
             out[k.replace(".mlp.", f".{block}.")] = v
+        elif k.endswith("mlp.gate.moe_statics.e_score_correction_bias"):
+            # ERNIE 4.5's PT release keeps the router's bias beside it.
+            out[k.replace("mlp.gate.moe_statics.", "mlp.moe_statics.")] = v
         elif ".forget_gate." in k:
             # Kimi-Linear's release keeps the forget gate's tensors in the attention.
             out[k.replace(".forget_gate.", ".")] = v
@@ -1240,6 +1362,29 @@ def with_mtp_layer(tensors: dict, cfg: dict) -> dict:
     return out
 
 
+ERNIE_MTP_NAMES = {"eh_proj": "mtp_linear_proj", "enorm": "mtp_emb_norm", "hnorm": "mtp_hidden_norm"}
+
+
+def with_ernie_mtp(tensors: dict, cfg: dict) -> dict:
+    """ERNIE 4.5's MTP block as its PT releases name it: the decoder layer
+    under `model.mtp_block.0.`, its projection and norms as
+    `model.mtp_{linear_proj,emb_norm,hidden_norm}.0.weight`."""
+    n = cfg["num_hidden_layers"]
+    mtp = f"model.layers.{n}."
+    out = {}
+    for k, v in with_mtp_layer(tensors, cfg).items():
+        if not k.startswith(mtp):
+            out[k] = v
+            continue
+        rest = k[len(mtp):]
+        part = rest.split(".")[0]
+        if part in ERNIE_MTP_NAMES:
+            out[f"model.{ERNIE_MTP_NAMES[part]}.0.weight"] = v
+        elif part not in ("shared_head", "embed_tokens"):
+            out["model.mtp_block.0." + rest] = v
+    return out
+
+
 def save_checkpoint(tensors: dict, out: Path, dtype: torch.dtype, shards: int, prefix: str = "") -> None:
     def stored(k, v):
         # Quantised weights and their scales are written as published.
@@ -1376,7 +1521,9 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
     if opts.get("v4_quant"):
         tensors = quantize_v4(model, tensors)
         cfg = dict(cfg, quantization_config=V4_FP8_CONFIG, expert_dtype="fp4")
-    if opts.get("mtp"):
+    if opts.get("mtp") == "ernie":
+        tensors = with_ernie_mtp(tensors, cfg)
+    elif opts.get("mtp"):
         tensors = with_mtp_layer(tensors, cfg)
     wrapped = opts.get("wrap")
     if wrapped == "qwen3_5_moe":
@@ -1423,6 +1570,10 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
     # wrapper's own tie_word_embeddings (default true) is left out.
     text_cfg = dict(cfg, tie_word_embeddings=False) if opts.get("saved") else cfg
     final_cfg = {"model_type": wrapped, "text_config": text_cfg} if wrapped else cfg
+    # Fields the release spells in a way transformers would not load.
+    final_cfg = dict(final_cfg, **opts.get("published", {}))
+    for field in opts.get("unpublished", ()):
+        final_cfg.pop(field)
     cfg_path.write_text(json.dumps(final_cfg, indent=1))
 
     chat = {}

@@ -137,6 +137,12 @@ impl RawConfig {
             .find_map(|n| self.map.get(*n).filter(|v| !v.is_null()).map(|v| (*n, v)))
     }
 
+    /// Whether the config has field `name` at all, even as `null` (which
+    /// some fields' defaults tell apart from absence).
+    pub fn has(&self, name: &str) -> bool {
+        self.map.contains_key(name)
+    }
+
     pub fn get(&self, name: &str) -> Option<&Value> {
         self.map.get(name).filter(|v| !v.is_null())
     }
@@ -257,6 +263,28 @@ impl RawConfig {
         layers: usize,
         default: impl Fn(usize) -> bool,
     ) -> Result<Vec<bool>, ConfigError> {
+        self.layer_kinds(layers, "linear_attention", default)
+    }
+
+    /// Which layers attend through a sliding window: `layer_types` when
+    /// given (one `sliding_attention` or `full_attention` per layer), else
+    /// `default`.
+    pub fn sliding_layers(
+        &self,
+        layers: usize,
+        default: impl Fn(usize) -> bool,
+    ) -> Result<Vec<bool>, ConfigError> {
+        self.layer_kinds(layers, "sliding_attention", default)
+    }
+
+    /// Per layer, whether `layer_types` names it `kind` (rather than
+    /// `full_attention`); `default` when the list is absent.
+    fn layer_kinds(
+        &self,
+        layers: usize,
+        kind: &str,
+        default: impl Fn(usize) -> bool,
+    ) -> Result<Vec<bool>, ConfigError> {
         let Some(types) = self.str_list("layer_types")? else {
             return Ok((0..layers).map(default).collect());
         };
@@ -269,11 +297,13 @@ impl RawConfig {
         types
             .iter()
             .map(|t| match t.as_str() {
-                "linear_attention" => Ok(true),
                 "full_attention" => Ok(false),
-                other => {
-                    Err(self.unsupported("layer_types", other, "linear_attention, full_attention"))
-                }
+                other if other == kind => Ok(true),
+                other => Err(self.unsupported(
+                    "layer_types",
+                    other,
+                    &format!("{kind}, full_attention"),
+                )),
             })
             .collect()
     }
@@ -375,6 +405,15 @@ impl RawConfig {
                         .ok_or_else(|| sub.missing(&format!("{field}.factor")))?,
                 )?,
             },
+            // transformers reads an `alpha` only for Hunyuan, whose releases
+            // label their fixed stretch "dynamic"; dynamic NTK proper
+            // depends on the sequence length and is not supported.
+            "dynamic" if sub.f64_opt("alpha")?.is_some_and(|a| a != 0.0) => RopeKind::NtkAlpha {
+                alpha: sub.positive_f64(
+                    &format!("{field}.alpha"),
+                    sub.f64_opt("alpha")?.unwrap_or_default(),
+                )?,
+            },
             "yarn" => {
                 let original = match sub.usize_any(&["original_max_position_embeddings"])? {
                     Some(o) => o,
@@ -414,7 +453,7 @@ impl RawConfig {
                 return Err(self.unsupported(
                     &format!("{field}.rope_type"),
                     other,
-                    "default, linear, yarn",
+                    "default, linear, yarn, dynamic with an alpha",
                 ));
             }
         };

@@ -5,7 +5,8 @@
 //! (with 512 routed experts of its own under `mtp.layers.0.mlp.experts`),
 //! DeepSeek-V3's, V3.2's and GLM's extra decoder layer past
 //! `num_hidden_layers` (`model.layers.61.*` on DeepSeek-V3, experts
-//! included), DeepSeek-V4's `mtp.*`, MiMo's `model.mtp_layers.*`. Matched by
+//! included), DeepSeek-V4's `mtp.*`, MiMo's `model.mtp_layers.*`, ERNIE
+//! 4.5's `model.mtp_block.0.*` with its `mtp_{emb_norm,hidden_norm,linear_proj}`. Matched by
 //! expert-name patterns alone, Qwen3-Next's MTP experts once landed on decoder
 //! layer 0 and moved packed logits by up to 6.3. So a tensor counts as the
 //! decoder's only under the decoder's own prefix and layer range; everything
@@ -45,7 +46,14 @@ pub struct DecoderNames {
 }
 
 /// Path components that open an MTP block wherever they stand.
-const MTP_COMPONENTS: &[&str] = &["mtp", "mtp_layers"];
+const MTP_COMPONENTS: &[&str] = &[
+    "mtp",
+    "mtp_layers",
+    "mtp_block",
+    "mtp_emb_norm",
+    "mtp_hidden_norm",
+    "mtp_linear_proj",
+];
 /// What the decoder's layer lists are called.
 const LAYER_LISTS: &[&str] = &["layers", "blocks"];
 
@@ -120,6 +128,14 @@ mod tests {
             names(&["model."], 4).extra_block("model.mtp_layers.0.input_layernorm.weight"),
             Some(ExtraBlock::Mtp)
         );
+        for name in [
+            "model.mtp_block.0.mlp.experts.3.up_proj.weight",
+            "model.mtp_emb_norm.0.weight",
+            "model.mtp_hidden_norm.0.weight",
+            "model.mtp_linear_proj.0.weight",
+        ] {
+            assert_eq!(qwen.extra_block(name), Some(ExtraBlock::Mtp), "{name}");
+        }
         // DeepSeek-V4's released names have no `model.`.
         let v4 = names(&["", "model."], 43);
         assert_eq!(v4.extra_block("mtp.0.attn.wq_a.weight"), Some(ExtraBlock::Mtp));

@@ -118,6 +118,9 @@ pub static FAMILIES: &[&dyn Family] = &[
     &super::glm_moe_dsa::FAMILY,
     &super::deepseek_v32::FAMILY,
     &super::deepseek_v4::FAMILY,
+    &super::dots1::FAMILY,
+    &super::hunyuan_v1_moe::FAMILY,
+    &super::ernie4_5_moe::FAMILY,
 ];
 
 /// The family that reads `model_type`.

@@ -40,10 +40,14 @@ pub struct Config {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub attention_bias: bool,
+    /// Whether the output projection has a bias too (dots.llm1).
+    pub o_bias: bool,
     pub qk_norm: bool,
     pub intermediate_size: usize,
     pub moe: SigmoidGroupedMoe,
     pub first_k_dense_replace: usize,
+    /// Per layer, the sliding window it attends through, if any.
+    pub windows: Vec<Option<usize>>,
     pub rope: RopeParams,
 }
 
@@ -62,31 +66,8 @@ impl Config {
         if !raw.gives_rotary_factor() {
             rope.partial_rotary_factor = DEFAULT_ROTARY_FACTOR;
         }
-        let rotated = (head_dim as f64 * rope.partial_rotary_factor) as usize;
-        if rotated == 0 || rotated > head_dim || !rotated.is_multiple_of(2) {
-            return Err(raw.invalid(
-                "partial_rotary_factor",
-                format!("rotates {rotated} of {head_dim} lanes: must be even, 2 to head_dim"),
-            ));
-        }
-        let experts = raw.positive_any(&["n_routed_experts", "num_local_experts"])?;
-        let top_k = raw.positive("num_experts_per_tok")?;
-        let n_group = raw.usize_any(&["n_group"])?.unwrap_or(1);
-        let topk_group = raw.usize_any(&["topk_group"])?.unwrap_or(1);
-        if n_group == 0 || !experts.is_multiple_of(n_group) {
-            return Err(raw.invalid(
-                "n_group",
-                format!("{n_group} does not divide n_routed_experts {experts}"),
-            ));
-        }
-        if topk_group == 0 || topk_group > n_group || top_k > experts / n_group * topk_group {
-            return Err(raw.invalid(
-                "topk_group",
-                format!(
-                    "{topk_group} of {n_group} groups cannot hold num_experts_per_tok {top_k}"
-                ),
-            ));
-        }
+        check_rotary(raw, head_dim, &rope)?;
+        let moe = parse_moe(raw, &GLM_MOE)?;
         Ok(Self {
             heads,
             kv_heads,
@@ -94,25 +75,77 @@ impl Config {
             attention_bias: raw.bool_or("attention_bias", false)?,
             qk_norm: raw.bool_or("use_qk_norm", false)?,
             intermediate_size: raw.positive("intermediate_size")?,
-            moe: SigmoidGroupedMoe {
-                experts,
-                top_k,
-                n_group,
-                topk_group,
-                renormalize: raw.bool_or("norm_topk_prob", true)?,
-                scaling: raw.f64_or("routed_scaling_factor", DEFAULT_ROUTED_SCALING)?,
-                intermediate: raw.positive("moe_intermediate_size")?,
-                shared: raw
-                    .usize_any(&["n_shared_experts"])?
-                    .unwrap_or(DEFAULT_SHARED_EXPERTS),
-            },
+            o_bias: false,
+            moe,
             first_k_dense_replace: raw
                 .usize_any(&["first_k_dense_replace"])?
                 .unwrap_or(DEFAULT_FIRST_DENSE),
+            windows: vec![None; common.num_layers],
             rope,
             common,
         })
     }
+}
+
+/// Checks that the rotated lanes are an even count within the head.
+pub fn check_rotary(raw: &RawConfig, head_dim: usize, rope: &RopeParams) -> Result<(), ConfigError> {
+    let rotated = (head_dim as f64 * rope.partial_rotary_factor) as usize;
+    if rotated == 0 || rotated > head_dim || !rotated.is_multiple_of(2) {
+        return Err(raw.invalid(
+            "partial_rotary_factor",
+            format!("rotates {rotated} of {head_dim} lanes: must be even, 2 to head_dim"),
+        ));
+    }
+    Ok(())
+}
+
+/// Defaults of the DeepSeek-V3-style routing fields, per family.
+pub struct MoeDefaults {
+    /// `n_shared_experts` when the config is silent (`None`: required).
+    pub shared: Option<usize>,
+    pub renormalize: bool,
+    pub scaling: f64,
+}
+
+const GLM_MOE: MoeDefaults = MoeDefaults {
+    shared: Some(DEFAULT_SHARED_EXPERTS),
+    renormalize: true,
+    scaling: DEFAULT_ROUTED_SCALING,
+};
+
+/// The routed experts' settings: sigmoid scores, group-limited top-k
+/// (a `null` group count is one group), renormalised and scaled.
+pub fn parse_moe(raw: &RawConfig, d: &MoeDefaults) -> Result<SigmoidGroupedMoe, ConfigError> {
+    let experts = raw.positive_any(&["n_routed_experts", "num_local_experts"])?;
+    let top_k = raw.positive("num_experts_per_tok")?;
+    let n_group = raw.usize_any(&["n_group"])?.unwrap_or(1);
+    let topk_group = raw.usize_any(&["topk_group"])?.unwrap_or(1);
+    if n_group == 0 || !experts.is_multiple_of(n_group) {
+        return Err(raw.invalid(
+            "n_group",
+            format!("{n_group} does not divide n_routed_experts {experts}"),
+        ));
+    }
+    if topk_group == 0 || topk_group > n_group || top_k > experts / n_group * topk_group {
+        return Err(raw.invalid(
+            "topk_group",
+            format!("{topk_group} of {n_group} groups cannot hold num_experts_per_tok {top_k}"),
+        ));
+    }
+    let shared = match (raw.usize_any(&["n_shared_experts"])?, d.shared) {
+        (Some(n), _) | (None, Some(n)) => n,
+        (None, None) => return Err(raw.missing("n_shared_experts")),
+    };
+    Ok(SigmoidGroupedMoe {
+        experts,
+        top_k,
+        n_group,
+        topk_group,
+        renormalize: raw.bool_or("norm_topk_prob", d.renormalize)?,
+        scaling: raw.f64_or("routed_scaling_factor", d.scaling)?,
+        intermediate: raw.positive("moe_intermediate_size")?,
+        shared,
+    })
 }
 
 pub fn build(
@@ -133,13 +166,14 @@ pub fn build(
             kv_heads: c.kv_heads,
             head_dim: c.head_dim,
             bias: c.attention_bias,
-            o_bias: false,
+            o_bias: c.o_bias,
             qk_norm_eps: c.qk_norm.then_some(eps),
             qk_norm_full_width: false,
-            window: None,
+            window: c.windows.get(i).copied().flatten(),
             sinks: false,
             output_gate: false,
             centred_norms: false,
+            qk_norm_after_rope: false,
         };
         let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape, &rope)?;
         let mw = lw.pp("mlp");

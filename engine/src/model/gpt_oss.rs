@@ -67,7 +67,8 @@ impl Config {
                 format!("{top_k} exceeds num_local_experts {num_experts}"),
             ));
         }
-        let sliding = layer_types(raw, common.num_layers)?;
+        // As gpt-oss's config fills `layer_types` in: even layers slide.
+        let sliding = raw.sliding_layers(common.num_layers, |i| i % 2 == 0)?;
         let sliding_window = raw.usize_any(&["sliding_window"])?;
         if sliding.iter().any(|&s| s) && sliding_window.is_none() {
             return Err(raw.missing("sliding_window"));
@@ -90,32 +91,6 @@ impl Config {
             common,
         })
     }
-}
-
-/// `layer_types`: `sliding_attention` or `full_attention` per layer; by
-/// default even layers slide and odd ones see everything, as gpt-oss's
-/// config fills it in.
-fn layer_types(raw: &RawConfig, layers: usize) -> Result<Vec<bool>, ConfigError> {
-    let Some(v) = raw.get("layer_types") else {
-        return Ok((0..layers).map(|i| i % 2 == 0).collect());
-    };
-    let types = v.as_array().filter(|t| t.len() == layers).ok_or_else(|| {
-        raw.invalid(
-            "layer_types",
-            format!("expected a list of {layers} layer types"),
-        )
-    })?;
-    types
-        .iter()
-        .map(|t| match t.as_str() {
-            Some("sliding_attention") => Ok(true),
-            Some("full_attention") => Ok(false),
-            _ => Err(raw.invalid(
-                "layer_types",
-                format!("{t} is not sliding_attention or full_attention"),
-            )),
-        })
-        .collect()
 }
 
 pub fn build(
@@ -143,6 +118,7 @@ pub fn build(
             sinks: true,
             output_gate: false,
             centred_norms: false,
+            qk_norm_after_rope: false,
         };
         let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape, &rope)?;
         let mw = lw.pp("mlp");

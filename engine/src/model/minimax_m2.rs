@@ -143,6 +143,7 @@ pub fn build(
             sinks: false,
             output_gate: false,
             centred_norms: false,
+            qk_norm_after_rope: false,
         };
         let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape, &rope)?;
         let mw = moe_block(&lw);

@@ -6,11 +6,14 @@ pub mod config;
 pub mod deepseek_v3;
 pub mod deepseek_v32;
 pub mod deepseek_v4;
+pub mod dots1;
+pub mod ernie4_5_moe;
 pub mod extra;
 pub mod family;
 pub mod glm4_moe;
 pub mod glm_moe_dsa;
 pub mod gpt_oss;
+pub mod hunyuan_v1_moe;
 pub mod kimi_linear;
 pub mod layers;
 pub mod lockstep;
@@ -204,8 +207,7 @@ impl ModelSpec {
         };
         let nested = crate::weights::Renamed {
             inner: source,
-            asked: "model.",
-            stored: "model.language_model.",
+            pairs: &[("model.", "model.language_model.")],
         };
         let source: &dyn TensorSource = if self.nested_language_model {
             &nested
@@ -214,8 +216,7 @@ impl ModelSpec {
         };
         let renamed = crate::weights::Renamed {
             inner: source,
-            asked: "model.layers.",
-            stored: "model.blocks.",
+            pairs: &[("model.layers.", "model.blocks.")],
         };
         let source: &dyn TensorSource = if source.shape(&probe("layers")).is_none()
             && source.shape(&probe("blocks")).is_some()

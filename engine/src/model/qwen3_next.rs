@@ -264,6 +264,7 @@ pub fn build(
                 sinks: false,
                 output_gate: true,
                 centred_norms: true,
+                qk_norm_after_rope: false,
             };
             Attention::Grouped(GroupedQueryAttention::load(
                 &lw.pp("self_attn"),

@@ -59,6 +59,8 @@ pub enum RouterBias {
     UnderGate,
     /// `….e_score_correction_bias` under the block (MiniMax-M2).
     UnderBlock,
+    /// `….moe_statics.e_score_correction_bias`, `[1, experts]` (ERNIE 4.5).
+    MoeStatics,
 }
 
 /// A family's MoE block.
@@ -249,6 +251,10 @@ pub fn experts(s: &SynthSpec, p: &str, moe: &Moe, t: &mut Add) {
         }
         RouterBias::UnderBlock => {
             t(format!("{m}.e_score_correction_bias"), vec![s.experts], Fill::Zeros);
+        }
+        RouterBias::MoeStatics => {
+            let name = format!("{m}.moe_statics.e_score_correction_bias");
+            t(name, vec![1, s.experts], Fill::Zeros);
         }
     }
     if moe.shared_experts {

@@ -99,20 +99,31 @@ pub trait TensorSource: Send + Sync {
     fn origin(&self) -> PathBuf;
 }
 
-/// A source whose tensor names spell one segment differently: transformers
+/// A source whose tensor names spell some segments differently: transformers
 /// 5.24 saves Kimi-K2.5's text layers as `model.blocks.N` where the released
-/// files (and Longhaul's model code) say `model.layers.N`.
+/// files (and Longhaul's model code) say `model.layers.N`; Hunyuan calls its
+/// q/k norms `query_layernorm` and `key_layernorm`.
 pub struct Renamed<'a> {
     pub inner: &'a dyn TensorSource,
-    /// The spelling the model code asks for, and the one the files use.
-    pub asked: &'static str,
-    pub stored: &'static str,
+    /// The spelling the model code asks for and the one the files use, per
+    /// segment; the first pair whose spelling a name holds applies.
+    pub pairs: &'a [(&'a str, &'a str)],
 }
 
 impl Renamed<'_> {
     fn stored_name(&self, name: &str) -> String {
-        name.replacen(self.asked, self.stored, 1)
+        respell(name, self.pairs)
     }
+}
+
+/// `name` as a file spells it, given the `(asked, stored)` spellings of
+/// [`Renamed::pairs`]: the first pair whose asked spelling `name` holds
+/// replaces it once.
+pub fn respell(name: &str, pairs: &[(&str, &str)]) -> String {
+    pairs
+        .iter()
+        .find(|(asked, _)| name.contains(asked))
+        .map_or_else(|| name.to_string(), |(asked, stored)| name.replacen(asked, stored, 1))
 }
 
 impl TensorSource for Renamed<'_> {

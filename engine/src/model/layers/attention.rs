@@ -16,6 +16,8 @@ pub struct GroupedQueryAttention {
     pub o_proj: Linear,
     /// Per-head RMSNorm on queries and keys before rope (Qwen3).
     pub qk_norm: Option<(RmsNorm, RmsNorm)>,
+    /// Whether those norms apply after rope instead (Hunyuan).
+    pub qk_norm_after_rope: bool,
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
@@ -53,6 +55,8 @@ pub struct GqaShape {
     pub output_gate: bool,
     /// Whether the q/k norms scale by `1 + weight` (Qwen3-Next).
     pub centred_norms: bool,
+    /// Whether the q/k norms apply after rope rather than before (Hunyuan).
+    pub qk_norm_after_rope: bool,
 }
 
 impl GroupedQueryAttention {
@@ -88,6 +92,7 @@ impl GroupedQueryAttention {
             ])?,
             o_proj: Linear::load(w, "o_proj", q_out, s.hidden, s.o_bias)?,
             qk_norm,
+            qk_norm_after_rope: s.qk_norm_after_rope,
             heads: s.heads,
             kv_heads: s.kv_heads,
             head_dim: s.head_dim,
@@ -129,12 +134,17 @@ impl GroupedQueryAttention {
             k.extend_from_slice(&row[q_rows..q_rows + kv_out]);
             v.extend_from_slice(&row[q_rows + kv_out..]);
         }
-        if let Some((qn, kn)) = &self.qk_norm {
+        let norms = self.qk_norm.as_ref();
+        if let Some((qn, kn)) = norms.filter(|_| !self.qk_norm_after_rope) {
             q = qn.forward_values(&q);
             k = kn.forward_values(&k);
         }
         self.rope.rotate(&mut q, self.heads, hd, 0, tables)?;
         self.rope.rotate(&mut k, self.kv_heads, hd, 0, tables)?;
+        if let Some((qn, kn)) = norms.filter(|_| self.qk_norm_after_rope) {
+            q = qn.forward_values(&q);
+            k = kn.forward_values(&k);
+        }
         let (keys, vals) = cache.append(layer, &k, kv_out, &v, kv_out)?;
         let shape = AttentionShape {
             heads: self.heads,

@@ -23,6 +23,12 @@ pub enum RopeKind {
         original_max_position_embeddings: usize,
         truncate: bool,
     },
+    /// Hunyuan's fixed NTK stretch (`"dynamic"` with an `alpha`): the base
+    /// becomes `theta · alpha^(d / (d - 2))` for heads of `d` lanes, at
+    /// every position (unlike dynamic NTK, which grows with the sequence).
+    NtkAlpha {
+        alpha: f64,
+    },
 }
 
 /// Rope settings as read from a config.
@@ -48,7 +54,7 @@ impl RopeParams {
     pub fn mla_softmax_scale(&self, base: f64) -> f64 {
         match &self.kind {
             RopeKind::Default => base,
-            RopeKind::Linear { .. } => base,
+            RopeKind::Linear { .. } | RopeKind::NtkAlpha { .. } => base,
             RopeKind::Yarn {
                 factor,
                 mscale_all_dim,
@@ -67,16 +73,23 @@ impl RopeParams {
     pub fn frequencies(&self, head_dim: usize) -> (Vec<f32>, f32) {
         let dim = (head_dim as f64 * self.partial_rotary_factor) as usize;
         let half = dim / 2;
+        let theta = match &self.kind {
+            RopeKind::NtkAlpha { alpha } if head_dim > 2 => {
+                let d = head_dim as f64;
+                self.theta * alpha.powf(d / (d - 2.0))
+            }
+            _ => self.theta,
+        };
         // base^(2i/dim), in f32 like the reference.
         let pos_freqs: Vec<f32> = (0..half)
             .map(|i| {
                 let exponent = (2 * i) as f32 / dim as f32;
-                (self.theta.powf(exponent as f64)) as f32
+                (theta.powf(exponent as f64)) as f32
             })
             .collect();
         let base: Vec<f32> = pos_freqs.iter().map(|p| 1.0 / p).collect();
         match &self.kind {
-            RopeKind::Default => (base, 1.0),
+            RopeKind::Default | RopeKind::NtkAlpha { .. } => (base, 1.0),
             RopeKind::Linear { factor } => (base.iter().map(|f| f / *factor as f32).collect(), 1.0),
             RopeKind::Yarn {
                 factor,

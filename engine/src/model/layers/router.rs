@@ -23,6 +23,14 @@ pub enum Scoring {
         renormalize: bool,
         scaling: f32,
     },
+    /// ERNIE 4.5, LongCat-Flash: softmax over all experts; a per-expert
+    /// bias steers the choice only; with `norm_min`, the chosen weights are
+    /// divided by their sum (at least `norm_min`); then scaled.
+    SoftmaxBiased {
+        correction_bias: Vec<f32>,
+        norm_min: Option<f32>,
+        scaling: f32,
+    },
     /// DeepSeek-V4: `sqrt(softplus(logit))` scores; a per-expert bias steers
     /// the choice only; the chosen weights are renormalised, then scaled.
     SqrtSoftplus {
@@ -124,6 +132,24 @@ impl Router {
                 route.iter_mut().for_each(|(_, w)| *w *= scaling);
                 route
             }
+            Scoring::SoftmaxBiased {
+                correction_bias,
+                norm_min,
+                scaling,
+            } => {
+                let probs = softmax(logits);
+                let choice: Vec<f32> = probs.iter().zip(correction_bias).map(|(p, b)| p + b).collect();
+                let mut route: Route = top_k(&choice, self.top_k)
+                    .into_iter()
+                    .map(|e| (e, probs[e]))
+                    .collect();
+                if let Some(min) = norm_min {
+                    let sum = route.iter().map(|(_, w)| w).sum::<f32>().max(*min);
+                    route.iter_mut().for_each(|(_, w)| *w /= sum);
+                }
+                route.iter_mut().for_each(|(_, w)| *w *= scaling);
+                route
+            }
             Scoring::SqrtSoftplus {
                 correction_bias,
                 scaling,
@@ -212,6 +238,22 @@ mod tests {
         assert_eq!(route.iter().map(|r| r.0).collect::<Vec<_>>(), vec![1, 2]);
         let sum: f32 = route.iter().map(|r| r.1).sum();
         assert!((sum - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_softmax_bias_steers_the_choice_but_not_the_weights() {
+        let scoring = |norm_min| Scoring::SoftmaxBiased {
+            correction_bias: vec![0.0, 0.0, 0.0, 0.9],
+            norm_min,
+            scaling: 2.0,
+        };
+        let logits = [1.0, 3.0, 2.0, 0.0];
+        let probs = softmax(&logits);
+        let route = router(scoring(None), 4, 2).route_one(&logits, None).unwrap();
+        assert_eq!(route, vec![(3, probs[3] * 2.0), (1, probs[1] * 2.0)]);
+        let route = router(scoring(Some(1e-12)), 4, 2).route_one(&logits, None).unwrap();
+        let sum = probs[3] + probs[1];
+        assert_eq!(route, vec![(3, probs[3] / sum * 2.0), (1, probs[1] / sum * 2.0)]);
     }
 
     #[test]
