@@ -25,6 +25,8 @@ fn a_restored_prefix_continues_bitwise_as_the_whole_prompt() {
         "dots1_recent",
         "hunyuan_v1_moe_released",
         "ernie4_5_moe_released",
+        // Chunked layers and a temperature by absolute position.
+        "llama4_recent",
     ] {
         let dir = common::fixtures_dir().join(name);
         let engine = Engine::open(&dir).unwrap();

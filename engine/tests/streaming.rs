@@ -23,7 +23,7 @@ fn expert_bytes(fixture: &str) -> u64 {
         "minimax_m2_released" => 3 * 64 * 32 * 4,
         "glm_moe_dsa_released" | "deepseek_v32_recent" => 3 * 64 * 24 * 4,
         "glm4_moe_released" | "dots1_released" | "ernie4_5_moe_released" => 3 * 64 * 16 * 4,
-        "hunyuan_v1_moe_released" => 3 * 64 * 24 * 4,
+        "hunyuan_v1_moe_released" | "llama4_released" => 3 * 64 * 24 * 4,
         "deepseek_v4_recent" | "deepseek_v4_released" | "deepseek_v4_saved" => 3 * 64 * 32 * 4,
         // MXFP4 rows of 64 weights (two blocks of 32, each a scale byte and
         // 16 bytes): 128 gate/up rows and 64 down rows.
@@ -182,6 +182,8 @@ fn logits_are_bitwise_identical_to_the_in_memory_model() {
         "hunyuan_v1_moe_released",
         // Tied; the router's bias beside it; an MTP block under its own names.
         "ernie4_5_moe_released",
+        // Stacked `x · W` experts, gate columns before up, under `language_model.`.
+        "llama4_released",
     ] {
         let dir = common::fixtures_dir().join(fixture);
         let exp = common::expected(&dir);

@@ -926,6 +926,49 @@ FIXTURES += [
 ]
 
 
+
+# Llama 4 as Scout is released (the text model under `language_model.`
+# beside a vision tower, `text_config` nested, every layer sparse and top-1,
+# one layer in four without rope, llama3 rope with equal band edges, L2 q/k
+# norms) and Maverick's kind as a flat text config (dense and sparse layers
+# alternating, top-2, no q/k norms, biases, the llama3 band in use). Chunks
+# of 8 positions and a temperature floor of 4 make both bite within the
+# teacher text.
+LLAMA4_SPEC = {
+    "model_type": "llama4_text",
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 24,
+    "intermediate_size_mlp": 96,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 1,
+    "interleave_moe_layer_step": 1,
+    "use_qk_norm": True,
+    "no_rope_layers": [1, 1, 1, 0],
+    "attention_chunk_size": 8,
+    "attn_temperature_tuning": True,
+    "floor_scale": 4,
+    "attn_scale": 0.5,
+    "rope": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0, "low_freq_factor": 1.0,
+             "high_freq_factor": 1.0, "original_max_position_embeddings": 16},
+    "tie_word_embeddings": False,
+}
+FIXTURES += [
+    ("llama4_released", LLAMA4_SPEC,
+     {"style": "old", "layout": "fused", "dtype": "bfloat16", "shards": 2, "seed": 431, "wrap": "llama4"}),
+    (
+        "llama4_recent",
+        dict(LLAMA4_SPEC, num_hidden_layers=5, interleave_moe_layer_step=2, num_experts_per_tok=2, use_qk_norm=False,
+             attention_bias=True, no_rope_layers=None,
+             rope={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+        {"style": "new", "layout": "fused", "dtype": "float32", "shards": 1, "seed": 432},
+    ),
+]
+
+
 def v4_released_name(name: str) -> str:
     if name in V4_TOP_NAMES:
         return V4_TOP_NAMES[name]
@@ -1526,6 +1569,14 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
     elif opts.get("mtp"):
         tensors = with_mtp_layer(tensors, cfg)
     wrapped = opts.get("wrap")
+    if wrapped == "llama4":
+        # The release's vision tower and projector, which the text model never reads.
+        gen_v = torch.Generator().manual_seed(7)
+        tensors = dict(tensors)
+        tensors["vision_model.patch_embedding.linear.weight"] = torch.randn((32, 48), generator=gen_v)
+        tensors["multi_modal_projector.linear_1.weight"] = torch.randn((HIDDEN, 32), generator=gen_v)
+        tensors = {("language_model." + k if k.startswith(("model.", "lm_head.")) else k): v
+                   for k, v in tensors.items()}
     if wrapped == "qwen3_5_moe":
         tensors = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v for k, v in tensors.items()}
     if opts.get("save_pretrained"):

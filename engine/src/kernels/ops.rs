@@ -293,6 +293,9 @@ pub struct AttentionShape {
     pub start: usize,
     /// A query sees at most this many most recent keys, itself included.
     pub window: Option<usize>,
+    /// A query sees only keys of its own chunk: positions `c·chunk ..`
+    /// for the `c` its own position falls in (Llama 4).
+    pub chunk: Option<usize>,
 }
 
 impl AttentionShape {
@@ -301,6 +304,7 @@ impl AttentionShape {
         let pos = self.start + i;
         let hi = (pos + 1).min(self.total);
         let lo = self.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        let lo = self.chunk.map_or(lo, |c| lo.max(pos / c.max(1) * c.max(1)));
         lo.min(hi)..hi
     }
 }
@@ -541,6 +545,7 @@ mod tests {
             value_dim: dim,
             start: 0,
             window: Some(4),
+            chunk: None,
         };
         let batched = attention(&q_all, &k, &v, &all, 0.3);
         let row = heads * dim;
@@ -559,5 +564,13 @@ mod tests {
         }
         assert_eq!(all.visible(5), 2..6);
         assert_eq!(all.visible(1), 0..2);
+        let chunked = AttentionShape {
+            window: None,
+            chunk: Some(4),
+            ..all
+        };
+        assert_eq!(chunked.visible(3), 0..4);
+        assert_eq!(chunked.visible(4), 4..5);
+        assert_eq!(chunked.visible(5), 4..6);
     }
 }

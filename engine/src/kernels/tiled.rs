@@ -381,7 +381,13 @@ mod tests {
             let k = val(total * kv_heads * dim, 1);
             let v = val(total * kv_heads * value_dim, 2);
             let sinks = val(heads, 4);
-            for (start, window) in [(0, None), (0, Some(9)), (33, None), (20, Some(30))] {
+            for (start, window, chunk) in [
+                (0, None, None),
+                (0, Some(9), None),
+                (33, None, None),
+                (20, Some(30), None),
+                (20, None, Some(16)),
+            ] {
                 let seq = total - start;
                 assert!(seq >= TILED_MIN_SEQ && seq % TILE_POSITIONS != 0);
                 let q = val(seq * heads * dim, 3);
@@ -394,6 +400,7 @@ mod tests {
                     value_dim,
                     start,
                     window,
+                    chunk,
                 };
                 for sink in [None, Some(&sinks[..])] {
                     let row = heads * value_dim;
@@ -416,7 +423,7 @@ mod tests {
                                 .all(|(x, y)| x.to_bits() == y.to_bits());
                             assert!(
                                 same,
-                                "{heads}/{kv_heads} heads of {dim}/{value_dim}, start {start}, window {window:?}, {isa:?}, position {i}"
+                                "{heads}/{kv_heads} heads of {dim}/{value_dim}, start {start}, window {window:?}, chunk {chunk:?}, {isa:?}, position {i}"
                             );
                         }
                     }

@@ -414,6 +414,23 @@ impl RawConfig {
                     sub.f64_opt("alpha")?.unwrap_or_default(),
                 )?,
             },
+            "llama3" => {
+                let number = |name: &str| -> Result<f64, ConfigError> {
+                    let full = format!("{field}.{name}");
+                    let v = sub.f64_opt(name)?.ok_or_else(|| sub.missing(&full))?;
+                    sub.positive_f64(&full, v)
+                };
+                let original = sub
+                    .usize_any(&["original_max_position_embeddings"])?
+                    .or(max_pos)
+                    .ok_or_else(|| sub.missing(&format!("{field}.original_max_position_embeddings")))?;
+                RopeKind::Llama3 {
+                    factor: number("factor")?,
+                    low_freq_factor: number("low_freq_factor")?,
+                    high_freq_factor: number("high_freq_factor")?,
+                    original_max_position_embeddings: original,
+                }
+            }
             "yarn" => {
                 let original = match sub.usize_any(&["original_max_position_embeddings"])? {
                     Some(o) => o,
@@ -453,7 +470,7 @@ impl RawConfig {
                 return Err(self.unsupported(
                     &format!("{field}.rope_type"),
                     other,
-                    "default, linear, yarn, dynamic with an alpha",
+                    "default, linear, yarn, llama3, dynamic with an alpha",
                 ));
             }
         };

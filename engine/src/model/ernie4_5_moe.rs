@@ -141,21 +141,7 @@ pub fn build(
     let mut layers = Vec::with_capacity(c.common.num_layers);
     for (i, &sparse) in c.sparse.iter().enumerate() {
         let lw = w.pp(format_args!("model.layers.{i}"));
-        let shape = GqaShape {
-            hidden: h,
-            heads: c.heads,
-            kv_heads: c.kv_heads,
-            head_dim: c.head_dim,
-            bias: false,
-            o_bias: false,
-            qk_norm_eps: None,
-            qk_norm_full_width: false,
-            window: None,
-            sinks: false,
-            output_gate: false,
-            centred_norms: false,
-            qk_norm_after_rope: false,
-        };
+        let shape = GqaShape::new(h, c.heads, c.kv_heads, c.head_dim);
         let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape, &rope)?;
         let mw = lw.pp("mlp");
         let ffn = if sparse {

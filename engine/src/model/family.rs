@@ -89,6 +89,12 @@ pub trait FamilyConfig: Debug + Send + Sync + Any {
         None
     }
 
+    /// Routed experts stored as stacked `x · W` tensors (gpt-oss, Llama 4):
+    /// their sizes and how gate and up share a tensor, for the pack writer.
+    fn stacked_experts(&self) -> Option<super::layers::stacked::StackedExperts> {
+        None
+    }
+
     /// What may precede `layers.N.` in the release's names besides `model.`.
     fn extra_layer_prefixes(&self) -> &'static [&'static str] {
         &[]
@@ -121,6 +127,7 @@ pub static FAMILIES: &[&dyn Family] = &[
     &super::dots1::FAMILY,
     &super::hunyuan_v1_moe::FAMILY,
     &super::ernie4_5_moe::FAMILY,
+    &super::llama4::FAMILY,
 ];
 
 /// The family that reads `model_type`.

@@ -161,19 +161,11 @@ pub fn build(
     for i in 0..c.common.num_layers {
         let lw = w.pp(format_args!("model.layers.{i}"));
         let shape = GqaShape {
-            hidden: h,
-            heads: c.heads,
-            kv_heads: c.kv_heads,
-            head_dim: c.head_dim,
             bias: c.attention_bias,
             o_bias: c.o_bias,
             qk_norm_eps: c.qk_norm.then_some(eps),
-            qk_norm_full_width: false,
             window: c.windows.get(i).copied().flatten(),
-            sinks: false,
-            output_gate: false,
-            centred_norms: false,
-            qk_norm_after_rope: false,
+            ..GqaShape::new(h, c.heads, c.kv_heads, c.head_dim)
         };
         let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape, &rope)?;
         let mw = lw.pp("mlp");

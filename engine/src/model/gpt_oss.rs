@@ -16,15 +16,15 @@ use std::sync::Arc;
 use super::config::{ConfigError, RawConfig};
 use super::layers::attention::{GqaShape, GroupedQueryAttention};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
-use super::layers::experts::{Activation, Expert, ExpertProvider, ExpertSetup};
+use super::layers::experts::{Activation, ExpertProvider, ExpertSetup};
+use super::layers::stacked::{self, GateUp, StackedExperts};
 use super::layers::moe::{ExpertBiases, ExpertExtras, MoeBlock};
 use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::{Router, Scoring};
 use super::layers::{Linear, values};
 use super::qwen3_moe::check_heads;
 use super::{CommonConfig, ModelError, assemble};
-use crate::kernels::{Format, Matrix};
-use crate::weights::{TensorSource, Weights, WeightsError, expect_shape, mxfp4, stored_rows};
+use crate::weights::Weights;
 use super::family::{Family, FamilyConfig, Parsed, grouped_layout};
 use super::state::StateLayout;
 use crate::synth::{Shape, SynthFamily};
@@ -93,6 +93,18 @@ impl Config {
     }
 }
 
+impl Config {
+    /// The experts' stacked layout: gate and up interleaved.
+    fn stacked(&self) -> StackedExperts {
+        StackedExperts {
+            count: self.num_experts,
+            hidden: self.common.hidden_size,
+            intermediate: self.intermediate_size,
+            gate_up: GateUp::Interleaved,
+        }
+    }
+}
+
 pub fn build(
     c: &Config,
     w: &Weights,
@@ -106,31 +118,16 @@ pub fn build(
     for i in 0..c.common.num_layers {
         let lw = w.pp(format_args!("model.layers.{i}"));
         let shape = GqaShape {
-            hidden: h,
-            heads: c.heads,
-            kv_heads: c.kv_heads,
-            head_dim: c.head_dim,
             bias: c.attention_bias,
             o_bias: c.attention_bias,
-            qk_norm_eps: None,
-            qk_norm_full_width: false,
             window: c.sliding_window.filter(|_| c.sliding[i]),
             sinks: true,
-            output_gate: false,
-            centred_norms: false,
-            qk_norm_after_rope: false,
+            ..GqaShape::new(h, c.heads, c.kv_heads, c.head_dim)
         };
         let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape, &rope)?;
         let mw = lw.pp("mlp");
         let ew = mw.pp("experts");
-        if let ExpertSetup::Resident(resident) = &mut experts {
-            let records = layer_records(&ew, c.num_experts, h, c.intermediate_size)?;
-            let loaded = records
-                .iter()
-                .map(|(format, bytes)| expert(bytes, *format, h, c.intermediate_size).map(Arc::new))
-                .collect::<Result<Vec<_>, _>>()?;
-            resident.insert_layer(i, loaded);
-        }
+        stacked::add_layer(&mut experts, &ew, i, c.stacked())?;
         let router = Linear::load(&mw, "router", h, c.num_experts, true)?;
         let moe = MoeBlock {
             layer: i,
@@ -148,6 +145,7 @@ pub fn build(
                     h,
                     c.intermediate_size,
                 )?)),
+                weight_input: false,
             },
         };
         layers.push(DecoderLayer::load(
@@ -159,24 +157,6 @@ pub fn build(
         )?);
     }
     assemble(&c.common, w, layers, rope, experts)
-}
-
-/// One expert from its record (gate rows, up rows, down rows).
-fn expert(
-    record: &[u8],
-    format: Format,
-    hidden: usize,
-    inter: usize,
-) -> Result<Expert, ModelError> {
-    let split = 2 * inter * format.row_bytes(hidden).unwrap_or(0);
-    let gate_up = Matrix::from_bytes(
-        2 * inter,
-        hidden,
-        format,
-        &record[..split.min(record.len())],
-    )?;
-    let down = Matrix::from_bytes(hidden, inter, format, &record[split.min(record.len())..])?;
-    Expert::new(gate_up, down)
 }
 
 /// The experts' biases with gate and up de-interleaved as their rows are.
@@ -209,137 +189,6 @@ fn biases(
         })
         .collect();
     Ok(ExpertBiases { gate_up, down })
-}
-
-/// Every expert of one layer (`ew`: its `mlp.experts`) as a record at its
-/// stored width: gate rows, up rows (de-interleaved), then down rows. Each
-/// stacked tensor is read once; packs write exactly these bytes.
-pub fn layer_records(
-    ew: &Weights,
-    count: usize,
-    hidden: usize,
-    inter: usize,
-) -> Result<Vec<(Format, Vec<u8>)>, ModelError> {
-    let source = ew.source();
-    if ew.has("0.gate_proj.weight") {
-        return per_expert_records(ew, count, hidden, inter);
-    }
-    let (gate_up, down) = (ew.full_name("gate_up_proj"), ew.full_name("down_proj"));
-    if mxfp4::is_blocked(source, &gate_up) {
-        let gu = mxfp4::load(source, &gate_up, &[count, 2 * inter, hidden])?;
-        let d = mxfp4::load(source, &down, &[count, hidden, inter])?;
-        return Ok(stack_records(&gu, &d, Format::Mxfp4, count, hidden, inter));
-    }
-    // Plain floats, stored `x · W`: transposed to rows of outputs.
-    let gu = transposed(source, &gate_up, &[count, hidden, 2 * inter])?;
-    let d = transposed(source, &down, &[count, inter, hidden])?;
-    let format = gu.0;
-    Ok(stack_records(&gu.1, &d.1, format, count, hidden, inter))
-}
-
-/// Records from experts stored one by one, gate and up apart (a GGUF's
-/// layout: llama.cpp's converter de-interleaves and transposes them).
-fn per_expert_records(
-    ew: &Weights,
-    count: usize,
-    hidden: usize,
-    inter: usize,
-) -> Result<Vec<(Format, Vec<u8>)>, ModelError> {
-    let source = ew.source();
-    (0..count)
-        .map(|e| {
-            let mut record = Vec::new();
-            let mut format = None;
-            for (part, shape) in [
-                ("gate_proj", [inter, hidden]),
-                ("up_proj", [inter, hidden]),
-                ("down_proj", [hidden, inter]),
-            ] {
-                let name = ew.full_name(&format!("{e}.{part}.weight"));
-                expect_shape(source, &name, &shape)?;
-                let (f, bytes) = stored_rows(source, &name, &shape, 1)?;
-                if format.is_some_and(|first| first != f) {
-                    return Err(WeightsError::InvalidFile {
-                        path: source.location(&name),
-                        reason: format!(
-                            "expert {e} stores `{part}` as {}, its other matrices otherwise; a gpt-oss expert is one format",
-                            f.name()
-                        ),
-                    }
-                    .into());
-                }
-                format = Some(f);
-                record.extend(bytes);
-            }
-            Ok((format.unwrap_or(Format::F32), record))
-        })
-        .collect()
-}
-
-/// The `[E, K, N]` float stack `name`, each matrix transposed to `[N, K]`.
-fn transposed(
-    source: &dyn TensorSource,
-    name: &str,
-    shape: &[usize; 3],
-) -> Result<(Format, Vec<u8>), ModelError> {
-    expect_shape(source, name, shape)?;
-    let (format, bytes) = stored_rows(source, name, shape, shape[0])?;
-    let size: usize = match format {
-        Format::F32 => 4,
-        Format::F16 | Format::BF16 => 2,
-        _ => {
-            return Err(WeightsError::InvalidFile {
-                path: source.location(name),
-                reason: format!(
-                    "gpt-oss experts `{name}` are stored as {}; they are read as floats or as MXFP4 blocks",
-                    format.name()
-                ),
-            }
-            .into());
-        }
-    };
-    let [_, k, n] = *shape;
-    let mut out = vec![0u8; bytes.len()];
-    for (src, dst) in bytes
-        .chunks_exact(k * n * size)
-        .zip(out.chunks_exact_mut(k * n * size))
-    {
-        for row in 0..k {
-            for col in 0..n {
-                let from = (row * n + col) * size;
-                let to = (col * k + row) * size;
-                dst[to..to + size].copy_from_slice(&src[from..from + size]);
-            }
-        }
-    }
-    Ok((format, out))
-}
-
-/// Records from stacks of rows: gate/up `[E, 2I, H]` (interleaved) and down
-/// `[E, H, I]`, each row already in `format`.
-fn stack_records(
-    gate_up: &[u8],
-    down: &[u8],
-    format: Format,
-    count: usize,
-    hidden: usize,
-    inter: usize,
-) -> Vec<(Format, Vec<u8>)> {
-    let gu_row = format.row_bytes(hidden).unwrap_or(0);
-    let d_len = hidden * format.row_bytes(inter).unwrap_or(0);
-    (0..count)
-        .map(|e| {
-            let rows = &gate_up[e * 2 * inter * gu_row..(e + 1) * 2 * inter * gu_row];
-            let mut record = Vec::with_capacity(rows.len() + d_len);
-            for parity in [0, 1] {
-                for r in (parity..2 * inter).step_by(2) {
-                    record.extend_from_slice(&rows[r * gu_row..(r + 1) * gu_row]);
-                }
-            }
-            record.extend_from_slice(&down[e * d_len..(e + 1) * d_len]);
-            (format, record)
-        })
-        .collect()
 }
 
 /// gpt-oss.
@@ -375,6 +224,10 @@ impl FamilyConfig for Config {
 
     fn state_layout(&self) -> StateLayout {
         grouped_layout(self.common.num_layers, self.kv_heads, self.head_dim)
+    }
+
+    fn stacked_experts(&self) -> Option<StackedExperts> {
+        Some(self.stacked())
     }
 
     fn build(

@@ -141,19 +141,11 @@ pub fn build(
     for (i, &top_k) in c.top_k.iter().enumerate() {
         let lw = w.pp(format_args!("model.layers.{i}"));
         let shape = GqaShape {
-            hidden: h,
-            heads: c.heads,
-            kv_heads: c.kv_heads,
-            head_dim: c.head_dim,
             bias: c.attention_bias,
             o_bias: c.attention_bias,
             qk_norm_eps: Some(eps),
-            qk_norm_full_width: false,
-            window: None,
-            sinks: false,
-            output_gate: false,
-            centred_norms: false,
             qk_norm_after_rope: true,
+            ..GqaShape::new(h, c.heads, c.kv_heads, c.head_dim)
         };
         let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape, &rope)?;
         let mw = lw.pp("mlp");

@@ -15,6 +15,7 @@ pub mod glm_moe_dsa;
 pub mod gpt_oss;
 pub mod hunyuan_v1_moe;
 pub mod kimi_linear;
+pub mod llama4;
 pub mod layers;
 pub mod lockstep;
 pub mod minimax_m2;

@@ -252,19 +252,12 @@ pub fn build(
             Attention::Linear(Box::new(load_delta_net(c, &lw.pp("linear_attn"))?))
         } else {
             let shape = GqaShape {
-                hidden: h,
-                heads: c.heads,
-                kv_heads: c.kv_heads,
-                head_dim: c.head_dim,
                 bias: c.attention_bias,
                 o_bias: c.attention_bias,
                 qk_norm_eps: Some(eps),
-                qk_norm_full_width: false,
-                window: None,
-                sinks: false,
                 output_gate: true,
                 centred_norms: true,
-                qk_norm_after_rope: false,
+                ..GqaShape::new(h, c.heads, c.kv_heads, c.head_dim)
             };
             Attention::Grouped(GroupedQueryAttention::load(
                 &lw.pp("self_attn"),

@@ -1,14 +1,16 @@
 //! How one layer's routed experts are read from a checkpoint into records:
 //! gate rows, up rows, then down rows, at the width the checkpoint stores
 //! them (plain floats, FP8 or INT4 with their scales, MXFP4 blocks).
-//! gpt-oss stores its experts transposed and interleaved; its records come
-//! from the model's own loader, so a pack holds exactly what RAM holds.
+//! gpt-oss and Llama 4 store their experts stacked and transposed; their
+//! records come from the models' own loader ([`stacked`]), so a pack holds
+//! exactly what RAM holds.
 
 use super::PackError;
 use super::encoding::ExpertEncoding;
 use super::layout::{LayerTensors, Part};
 use crate::kernels::Format;
-use crate::model::{ModelSpec, gpt_oss};
+use crate::model::ModelSpec;
+use crate::model::layers::stacked::{self, GateUp, StackedExperts};
 use crate::weights::safetensors::UnsupportedDtype;
 use crate::weights::{Dtype, SafetensorsCheckpoint, Weights, fp4, int4, mxfp4, stored_rows};
 
@@ -21,8 +23,8 @@ pub(super) struct LayerPlan<'a> {
     pub(super) encoding: ExpertEncoding,
     pub(super) record_len: u64,
     tensors: &'a LayerTensors,
-    /// gpt-oss's layout: stacked, transposed or MXFP4, gate and up interleaved.
-    gpt_oss: bool,
+    /// A stacked layout (transposed or MXFP4), with how gate and up share it.
+    stacked: Option<GateUp>,
 }
 
 impl<'a> LayerPlan<'a> {
@@ -32,10 +34,10 @@ impl<'a> LayerPlan<'a> {
         tensors: &'a LayerTensors,
         spec: &ModelSpec,
     ) -> Result<Self, PackError> {
-        // gpt-oss's own stacked layout; experts stored one by one (a GGUF)
+        // A family's own stacked layout; experts stored one by one (a GGUF)
         // take the common path.
-        if let (Some(c), [Some(_), _]) = (spec.config_as::<gpt_oss::Config>(), &tensors.fused) {
-            return Self::gpt_oss(ckpt, layer, tensors, c);
+        if let (Some(s), [Some(_), _]) = (spec.config.stacked_experts(), &tensors.fused) {
+            return Self::stacked(ckpt, layer, tensors, s);
         }
         let info = |name: &str| {
             ckpt.info(name)
@@ -115,19 +117,19 @@ impl<'a> LayerPlan<'a> {
             encoding,
             record_len: encoding.record_len(hidden, intermediate),
             tensors,
-            gpt_oss: false,
+            stacked: None,
         })
     }
 
-    fn gpt_oss(
+    fn stacked(
         ckpt: &SafetensorsCheckpoint,
         layer: usize,
         tensors: &'a LayerTensors,
-        c: &gpt_oss::Config,
+        s: StackedExperts,
     ) -> Result<Self, PackError> {
         let [Some(gate_up), Some(_)] = &tensors.fused else {
             return Err(PackError::Source(format!(
-                "layer {layer}: gpt-oss experts are stacked (`mlp.experts.gate_up_proj`, `down_proj`), but these are not"
+                "layer {layer}: experts are stacked (`experts.gate_up_proj`, `down_proj`), but these are not"
             )));
         };
         let encoding = if mxfp4::is_blocked(ckpt, gate_up) {
@@ -138,32 +140,32 @@ impl<'a> LayerPlan<'a> {
             })?;
             ExpertEncoding::Plain(info.dtype)
         };
-        let (hidden, intermediate) = (c.common.hidden_size, c.intermediate_size);
+        let (hidden, intermediate) = (s.hidden, s.intermediate);
         Ok(Self {
             layer,
-            count: c.num_experts,
+            count: s.count,
             hidden,
             intermediate,
             encoding,
             record_len: encoding.record_len(hidden, intermediate),
             tensors,
-            gpt_oss: true,
+            stacked: Some(s.gate_up),
         })
     }
 
     /// Every record of the layer at once, where the checkpoint stacks its
-    /// experts in a layout that must be rearranged (gpt-oss): each stacked
-    /// tensor is then read once per layer, not once per expert.
+    /// experts in a layout that must be rearranged (gpt-oss, Llama 4): each
+    /// stacked tensor is then read once per layer, not once per expert.
     pub(super) fn layer_records(
         &self,
         ckpt: &SafetensorsCheckpoint,
     ) -> Result<Option<Vec<Vec<u8>>>, PackError> {
-        let Some(gate_up) = self.tensors.fused[0].as_deref().filter(|_| self.gpt_oss) else {
+        let (Some(gate_up), Some(order)) = (self.tensors.fused[0].as_deref(), self.stacked) else {
             return Ok(None);
         };
         let prefix = gate_up.trim_end_matches(".gate_up_proj");
         let ew = Weights::root(ckpt).pp(prefix);
-        let records = gpt_oss::layer_records(&ew, self.count, self.hidden, self.intermediate)
+        let records = stacked::layer_records(&ew, self.count, self.hidden, self.intermediate, order)
             .map_err(|e| PackError::Source(format!("layer {}: {e}", self.layer)))?;
         Ok(Some(records.into_iter().map(|(_, bytes)| bytes).collect()))
     }

@@ -521,7 +521,7 @@ fn storage_plans(spec: &SynthSpec, plans: Vec<TensorPlan>) -> Vec<(TensorPlan, S
 }
 
 /// Router weights on the bias channel: log of a Zipf(s) popularity, centred.
-fn popularity(experts: usize, zipf: f64) -> Vec<f32> {
+pub fn popularity(experts: usize, zipf: f64) -> Vec<f32> {
     if zipf == 0.0 {
         return vec![0.0; experts];
     }

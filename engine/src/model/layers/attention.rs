@@ -18,6 +18,10 @@ pub struct GroupedQueryAttention {
     pub qk_norm: Option<(RmsNorm, RmsNorm)>,
     /// Whether those norms apply after rope instead (Hunyuan).
     pub qk_norm_after_rope: bool,
+    /// Whether the layer skips rope.
+    pub no_rope: bool,
+    pub chunk: Option<usize>,
+    pub temperature: Option<Temperature>,
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
@@ -57,6 +61,55 @@ pub struct GqaShape {
     pub centred_norms: bool,
     /// Whether the q/k norms apply after rope rather than before (Hunyuan).
     pub qk_norm_after_rope: bool,
+    /// Whether the q/k norms have no weights (Llama 4's L2 norm).
+    pub qk_norm_unweighted: bool,
+    /// Whether the layer skips rope (Llama 4's NoPE layers).
+    pub no_rope: bool,
+    /// Queries see only keys of their own chunk of this many positions
+    /// (Llama 4's chunked attention).
+    pub chunk: Option<usize>,
+    /// Queries scaled by their position's temperature (Llama 4's NoPE layers).
+    pub temperature: Option<Temperature>,
+}
+
+/// Llama 4's attention temperature: the query at position `p` is scaled by
+/// `log1p(floor((p + 1) / floor_scale)) · attn_scale + 1`, in f32.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Temperature {
+    pub floor_scale: f32,
+    pub attn_scale: f32,
+}
+
+impl Temperature {
+    fn at(&self, position: usize) -> f32 {
+        ((position as f32 + 1.0) / self.floor_scale).floor().ln_1p() * self.attn_scale + 1.0
+    }
+}
+
+impl GqaShape {
+    /// `heads` query heads over `kv_heads` key/value heads of `head_dim`
+    /// lanes, with none of the options: no biases, norms, window or gates.
+    pub fn new(hidden: usize, heads: usize, kv_heads: usize, head_dim: usize) -> Self {
+        Self {
+            hidden,
+            heads,
+            kv_heads,
+            head_dim,
+            bias: false,
+            o_bias: false,
+            qk_norm_eps: None,
+            qk_norm_full_width: false,
+            window: None,
+            sinks: false,
+            output_gate: false,
+            centred_norms: false,
+            qk_norm_after_rope: false,
+            qk_norm_unweighted: false,
+            no_rope: false,
+            chunk: None,
+            temperature: None,
+        }
+    }
 }
 
 impl GroupedQueryAttention {
@@ -72,6 +125,10 @@ impl GroupedQueryAttention {
             (s.head_dim, s.head_dim)
         };
         let qk_norm = match s.qk_norm_eps {
+            Some(eps) if s.qk_norm_unweighted => Some((
+                RmsNorm::unweighted(q_norm_width, eps),
+                RmsNorm::unweighted(k_norm_width, eps),
+            )),
             Some(eps) => Some((
                 RmsNorm::load_offset(w, "q_norm", q_norm_width, eps, offset)?,
                 RmsNorm::load_offset(w, "k_norm", k_norm_width, eps, offset)?,
@@ -93,6 +150,9 @@ impl GroupedQueryAttention {
             o_proj: Linear::load(w, "o_proj", q_out, s.hidden, s.o_bias)?,
             qk_norm,
             qk_norm_after_rope: s.qk_norm_after_rope,
+            no_rope: s.no_rope,
+            chunk: s.chunk,
+            temperature: s.temperature,
             heads: s.heads,
             kv_heads: s.kv_heads,
             head_dim: s.head_dim,
@@ -139,11 +199,19 @@ impl GroupedQueryAttention {
             q = qn.forward_values(&q);
             k = kn.forward_values(&k);
         }
-        self.rope.rotate(&mut q, self.heads, hd, 0, tables)?;
-        self.rope.rotate(&mut k, self.kv_heads, hd, 0, tables)?;
+        if !self.no_rope {
+            self.rope.rotate(&mut q, self.heads, hd, 0, tables)?;
+            self.rope.rotate(&mut k, self.kv_heads, hd, 0, tables)?;
+        }
         if let Some((qn, kn)) = norms.filter(|_| self.qk_norm_after_rope) {
             q = qn.forward_values(&q);
             k = kn.forward_values(&k);
+        }
+        if let Some(t) = &self.temperature {
+            for (i, row) in q.chunks_exact_mut(q_out).enumerate() {
+                let scale = t.at(start + i);
+                row.iter_mut().for_each(|v| *v *= scale);
+            }
         }
         let (keys, vals) = cache.append(layer, &k, kv_out, &v, kv_out)?;
         let shape = AttentionShape {
@@ -155,6 +223,7 @@ impl GroupedQueryAttention {
             value_dim: hd,
             start,
             window: self.window,
+            chunk: self.chunk,
         };
         let scale = (1.0 / (hd as f64).sqrt()) as f32;
         let mut out =

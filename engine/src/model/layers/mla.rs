@@ -387,6 +387,7 @@ mod tests {
             value_dim: v,
             start,
             window: None,
+            chunk: None,
         };
         let expanded = crate::kernels::ops::attention(
             &values(&q).unwrap(),

@@ -12,6 +12,7 @@ pub mod mla;
 pub mod moe;
 pub mod rope;
 pub mod router;
+pub mod stacked;
 
 use candle_core::{Device, Tensor};
 
@@ -194,6 +195,14 @@ impl RmsNorm {
             weight,
             eps: eps as f32,
         })
+    }
+
+    /// A norm without a learnt scale (every weight 1, which multiplies exactly).
+    pub fn unweighted(dim: usize, eps: f64) -> Self {
+        Self {
+            weight: vec![1.0; dim],
+            eps: eps as f32,
+        }
     }
 
     pub fn from_weight(weight: Tensor, eps: f64) -> Result<Self, ModelError> {

@@ -32,6 +32,9 @@ pub struct ExpertExtras {
     /// Per-expert biases (gpt-oss), resident: they are small next to the
     /// experts and the same for every token.
     pub biases: Option<Box<ExpertBiases>>,
+    /// Whether the routing weight scales the expert's input rather than its
+    /// output (Llama 4; not the same through SwiGLU).
+    pub weight_input: bool,
 }
 
 impl Default for ExpertExtras {
@@ -39,6 +42,7 @@ impl Default for ExpertExtras {
         Self {
             activation: Activation::Swiglu,
             biases: None,
+            weight_input: false,
         }
     }
 }
@@ -273,7 +277,7 @@ pub struct Started<'a> {
 }
 
 /// One expert applied to the given rows of `x`, each output row scaled by
-/// its routing weight.
+/// its routing weight (or each input row, with [`ExpertExtras::weight_input`]).
 fn weighted_output(
     expert: &Expert,
     id: usize,
@@ -284,8 +288,13 @@ fn weighted_output(
     weights: &[f32],
 ) -> Result<Vec<f32>, ModelError> {
     let mut gathered = Vec::with_capacity(rows.len() * hidden);
-    for &r in rows {
-        gathered.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
+    for (&r, &w) in rows.iter().zip(weights) {
+        let row = &x[r * hidden..(r + 1) * hidden];
+        if extras.weight_input {
+            gathered.extend(row.iter().map(|v| v * w));
+        } else {
+            gathered.extend_from_slice(row);
+        }
     }
     let bias = match &extras.biases {
         Some(b) => Some(
@@ -295,8 +304,10 @@ fn weighted_output(
         None => None,
     };
     let mut y = expert.forward_with(&gathered, rows.len(), extras.activation, bias)?;
-    for (row, &w) in y.chunks_exact_mut(hidden.max(1)).zip(weights) {
-        row.iter_mut().for_each(|v| *v *= w);
+    if !extras.weight_input {
+        for (row, &w) in y.chunks_exact_mut(hidden.max(1)).zip(weights) {
+            row.iter_mut().for_each(|v| *v *= w);
+        }
     }
     Ok(y)
 }

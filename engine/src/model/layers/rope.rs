@@ -29,6 +29,15 @@ pub enum RopeKind {
     NtkAlpha {
         alpha: f64,
     },
+    /// Llama 3.1's (Llama 4, Step): wavelengths beyond the original
+    /// context's `/ low_freq_factor` are stretched by `factor`, those below
+    /// its `/ high_freq_factor` kept, the band between blended.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
 }
 
 /// Rope settings as read from a config.
@@ -54,7 +63,7 @@ impl RopeParams {
     pub fn mla_softmax_scale(&self, base: f64) -> f64 {
         match &self.kind {
             RopeKind::Default => base,
-            RopeKind::Linear { .. } | RopeKind::NtkAlpha { .. } => base,
+            RopeKind::Linear { .. } | RopeKind::NtkAlpha { .. } | RopeKind::Llama3 { .. } => base,
             RopeKind::Yarn {
                 factor,
                 mscale_all_dim,
@@ -90,6 +99,33 @@ impl RopeParams {
         let base: Vec<f32> = pos_freqs.iter().map(|p| 1.0 / p).collect();
         match &self.kind {
             RopeKind::Default | RopeKind::NtkAlpha { .. } => (base, 1.0),
+            RopeKind::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                // In f32, as the reference computes it; the blend is
+                // computed only inside the band, where its divisor is not 0.
+                let (factor, low, high) = (*factor as f32, *low_freq_factor as f32, *high_freq_factor as f32);
+                let original = *original_max_position_embeddings as f32;
+                let (low_wavelen, high_wavelen) = (original / low, original / high);
+                let inv = base
+                    .iter()
+                    .map(|&f| {
+                        let wavelen = std::f32::consts::TAU / f;
+                        if wavelen > low_wavelen {
+                            f / factor
+                        } else if wavelen < high_wavelen {
+                            f
+                        } else {
+                            let smooth = (original / wavelen - low) / (high - low);
+                            (1.0 - smooth) * f / factor + smooth * f
+                        }
+                    })
+                    .collect();
+                (inv, 1.0)
+            }
             RopeKind::Linear { factor } => (base.iter().map(|f| f / *factor as f32).collect(), 1.0),
             RopeKind::Yarn {
                 factor,

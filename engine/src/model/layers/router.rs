@@ -13,6 +13,8 @@ pub enum Scoring {
     Softmax { renormalize: bool },
     /// gpt-oss: top-k of the raw logits, then a softmax over those k.
     TopKSoftmax,
+    /// Llama 4: top-k of the raw logits, each weighted by its own sigmoid.
+    TopKSigmoid,
     /// DeepSeek-V3 / Kimi K2: sigmoid scores; a per-expert bias steers the
     /// choice only; experts are chosen within the best `topk_group` of
     /// `n_group` groups; weights are optionally renormalised, then scaled.
@@ -98,6 +100,10 @@ impl Router {
                 let picked: Vec<f32> = chosen.iter().map(|&e| logits[e]).collect();
                 chosen.into_iter().zip(softmax(&picked)).collect()
             }
+            Scoring::TopKSigmoid => top_k(logits, self.top_k)
+                .into_iter()
+                .map(|e| (e, sigmoid(logits[e])))
+                .collect(),
             Scoring::SigmoidGrouped {
                 correction_bias,
                 n_group,
