@@ -27,6 +27,8 @@ fn a_restored_prefix_continues_bitwise_as_the_whole_prompt() {
         "ernie4_5_moe_released",
         // Chunked layers and a temperature by absolute position.
         "llama4_recent",
+        // Each layer type with its own rope and head count.
+        "step3p7_saved",
     ] {
         let dir = common::fixtures_dir().join(name);
         let engine = Engine::open(&dir).unwrap();

@@ -162,6 +162,15 @@ pub fn limited_swiglu(gate: &[f32], up: &[f32], limit: f32) -> Vec<f32> {
         .collect()
 }
 
+/// Step's clamped SwiGLU, elementwise: `min(silu(gate), limit) ·
+/// clamp(up, ±limit)` (the clamp after the activation, not before it).
+pub fn silu_clamped(gate: &[f32], up: &[f32], limit: f32) -> Vec<f32> {
+    gate.iter()
+        .zip(up)
+        .map(|(&g, &u)| (g / (1.0 + (-g).exp())).min(limit) * u.clamp(-limit, limit))
+        .collect()
+}
+
 /// The keys one query of [`sink_attention`] reads: a run of the window's
 /// rows, then listed rows of the compressed entries.
 #[derive(Debug, Clone, Default)]

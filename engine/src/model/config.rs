@@ -97,6 +97,16 @@ impl RawConfig {
         }
     }
 
+    /// This config without `field` (a field a family reads its own way).
+    pub fn without(&self, field: &str) -> Self {
+        let mut map = self.map.clone();
+        map.remove(field);
+        Self {
+            path: self.path.clone(),
+            map,
+        }
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -363,7 +373,9 @@ impl RawConfig {
         }
     }
 
-    fn rope_from(
+    /// The rope setting `params` describes (a `rope_parameters` object),
+    /// reported as `field`; what it leaves out is read from the config.
+    pub fn rope_from(
         &self,
         field: &str,
         params: Map<String, Value>,

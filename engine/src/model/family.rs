@@ -45,8 +45,9 @@ pub struct Parsed {
     pub config: Box<dyn FamilyConfig>,
     /// Prefix of the language model's tensors (multimodal checkpoints nest it).
     pub weight_prefix: &'static str,
-    /// Whether the text model's `model.` tensors are stored under
-    /// `model.language_model.` (Qwen3.5's multimodal release).
+    /// Whether the text model's `model.` tensors may be stored under
+    /// `model.language_model.` (Qwen3.5's multimodal release, Step-3.7's
+    /// index); flat names are read when the files have them.
     pub nested_language_model: bool,
     /// A weight format stated by a nested text config.
     pub quantization: Option<Quantization>,
@@ -128,6 +129,7 @@ pub static FAMILIES: &[&dyn Family] = &[
     &super::hunyuan_v1_moe::FAMILY,
     &super::ernie4_5_moe::FAMILY,
     &super::llama4::FAMILY,
+    &super::step3p7::FAMILY,
 ];
 
 /// The family that reads `model_type`.

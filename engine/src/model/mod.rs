@@ -24,6 +24,7 @@ pub mod quantization;
 pub mod qwen3_moe;
 pub mod qwen3_next;
 pub mod state;
+pub mod step3p7;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -127,8 +128,9 @@ pub struct ModelSpec {
     pub config: Arc<dyn FamilyConfig>,
     /// Prefix of the language model's tensors (multimodal checkpoints nest it).
     pub weight_prefix: String,
-    /// Whether the text model's `model.` tensors are stored under
-    /// `model.language_model.` (Qwen3.5's multimodal release).
+    /// Whether the text model's `model.` tensors may be stored under
+    /// `model.language_model.` (Qwen3.5's multimodal release, Step-3.7's
+    /// index); flat names are read when the files have them.
     pub nested_language_model: bool,
     /// The published weight format, from `quantization_config`.
     pub quantization: Option<Quantization>,
@@ -210,11 +212,14 @@ impl ModelSpec {
             inner: source,
             pairs: &[("model.", "model.language_model.")],
         };
-        let source: &dyn TensorSource = if self.nested_language_model {
-            &nested
-        } else {
-            source
-        };
+        // Where the text model is nested, its tensors may still be stored
+        // flat (transformers writes Step-3.7's back under `model.`).
+        let source: &dyn TensorSource =
+            if self.nested_language_model && source.shape(&probe("layers")).is_none() {
+                &nested
+            } else {
+                source
+            };
         let renamed = crate::weights::Renamed {
             inner: source,
             pairs: &[("model.layers.", "model.blocks.")],

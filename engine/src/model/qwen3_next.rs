@@ -277,19 +277,7 @@ pub fn build(
         } else {
             FeedForward::Dense(Mlp::load(&mw, h, c.intermediate_size)?)
         };
-        layers.push(DecoderLayer {
-            input_norm: RmsNorm::load_offset(&lw, "input_layernorm", h, eps, CENTRED)?,
-            attention,
-            post_attention_norm: RmsNorm::load_offset(
-                &lw,
-                "post_attention_layernorm",
-                h,
-                eps,
-                CENTRED,
-            )?,
-            ffn,
-            hyper: None,
-        });
+        layers.push(DecoderLayer::load_offset(&lw, h, eps, CENTRED, attention, ffn)?);
     }
     let mut decoder = super::assemble(&c.common, w, layers, rope, experts)?;
     decoder.norm = RmsNorm::load_offset(&w.pp("model"), "norm", h, eps, CENTRED)?;

@@ -4,7 +4,8 @@
 //! split into "streamed" and "resident" needs no architecture knowledge:
 //! per-expert tensors `…layers.L.<block>.experts.E.{gate_proj,up_proj,down_proj,w1,w3,w2}.weight`
 //! (with their scales: `weight_scale_inv`, INT4's parts, DeepSeek-V4's `scale`)
-//! or fused ones `…layers.L.<block>.experts.{gate_up_proj,down_proj}`.
+//! or fused ones `…layers.L.<block>.experts.{gate_up_proj,down_proj}`, or
+//! Step's three stacks `…layers.L.moe.{gate_proj,up_proj,down_proj}.weight`.
 //! Shared experts (`shared_experts.gate_proj`) have no index and stay resident.
 //! A name counts only under the decoder's own prefix and layer range
 //! ([`DecoderNames`]): blocks beside the decoder (MTP) are left out.
@@ -30,6 +31,8 @@ pub struct LayerTensors {
     pub per_expert: BTreeMap<usize, [Option<String>; 3]>,
     /// Fused `[E, 2I, H]` gate/up and `[E, H, I]` down tensors.
     pub fused: [Option<String>; 2],
+    /// Stacks `[E, I, H]` of gates and of ups, and `[E, H, I]` of downs.
+    pub stacks: [Option<String>; 3],
 }
 
 /// The routed-expert tensors of a checkpoint, by decoder layer.
@@ -61,6 +64,9 @@ impl ExpertTensors {
         let fused = Regex::new(
             r"(?:^|\.)(?:layers|blocks)\.(\d+)\.[A-Za-z_]+\.experts\.(gate_up_proj|down_proj)(_blocks|_scales)?$",
         )?;
+        let stacks = Regex::new(
+            r"(?:^|\.)(?:layers|blocks)\.(\d+)\.moe\.(gate_proj|up_proj|down_proj)\.weight$",
+        )?;
         let mut out = ExpertTensors::default();
         let mut resident = Vec::new();
         let mut left_out: BTreeMap<ExtraBlock, Vec<String>> = BTreeMap::new();
@@ -71,7 +77,8 @@ impl ExpertTensors {
                     .is_none_or(|(layer, _)| layer >= decoder.layers)
             };
             let extra = decoder.extra_block(name).or_else(|| {
-                let expert = per_expert.is_match(name) || fused.is_match(name);
+                let expert =
+                    per_expert.is_match(name) || fused.is_match(name) || stacks.is_match(name);
                 (expert && outside(name)).then_some(ExtraBlock::OutsideDecoder)
             });
             if let Some(block) = extra {
@@ -121,6 +128,17 @@ impl ExpertTensors {
                 };
                 let slot = if &c[2] == "gate_up_proj" { 0 } else { 1 };
                 out.layers.entry(layer).or_default().fused[slot] = Some(name.to_string());
+            } else if let Some(c) = stacks.captures(name) {
+                let Ok(layer) = c[1].parse::<usize>() else {
+                    resident.push(name.to_string());
+                    continue;
+                };
+                let part = match &c[2] {
+                    "gate_proj" => Part::Gate,
+                    "up_proj" => Part::Up,
+                    _ => Part::Down,
+                };
+                out.layers.entry(layer).or_default().stacks[part as usize] = Some(name.to_string());
             } else {
                 resident.push(name.to_string());
             }
@@ -156,10 +174,15 @@ mod tests {
             "model.layers.6.mlp.experts.gate_up_proj_bias",
             "layers.7.ffn.experts.1.w2.weight",
             "layers.7.ffn.experts.1.w2.scale",
+            "model.layers.8.moe.gate_proj.weight",
+            "model.layers.8.moe.up_proj.weight",
+            "model.layers.8.moe.down_proj.weight",
+            "model.layers.8.moe.gate.weight",
+            "model.layers.8.mlp.gate_proj.weight",
         ];
         let decoder = DecoderNames {
             prefixes: vec!["model.".into(), "language_model.model.".into(), "".into()],
-            layers: 8,
+            layers: 9,
         };
         let sorted = ExpertTensors::classify(names.iter().copied(), &decoder).unwrap();
         let (experts, resident) = (sorted.experts, sorted.resident);
@@ -170,9 +193,13 @@ mod tests {
                 "model.embed_tokens.weight",
                 "model.layers.1.mlp.shared_experts.gate_proj.weight",
                 "model.layers.1.mlp.gate.weight",
-                "model.layers.6.mlp.experts.gate_up_proj_bias"
+                "model.layers.6.mlp.experts.gate_up_proj_bias",
+                "model.layers.8.moe.gate.weight",
+                "model.layers.8.mlp.gate_proj.weight",
             ]
         );
+        // Step's stacks of every expert's gates, ups and downs.
+        assert!(experts.layers[&8].stacks.iter().all(Option::is_some));
         let l1 = &experts.layers[&1].per_expert[&0];
         assert!(l1.iter().all(Option::is_some));
         assert_eq!(

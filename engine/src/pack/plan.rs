@@ -45,9 +45,26 @@ impl<'a> LayerPlan<'a> {
                 .ok_or_else(|| PackError::Source(format!("tensor `{name}` is listed but missing")))
         };
         let bad = |reason: String| PackError::Source(format!("layer {layer}: {reason}"));
-        let (count, hidden, intermediate, encoding) = if let [Some(gate_up), Some(down)] =
-            &tensors.fused
+        let (count, hidden, intermediate, encoding) = if let [Some(gate), Some(up), Some(down)] =
+            &tensors.stacks
         {
+            let (g, u, d) = (info(gate)?, info(up)?, info(down)?);
+            match (g.shape.as_slice(), d.shape.as_slice()) {
+                ([e, i, h], [e2, h2, i2])
+                    if e == e2 && h == h2 && i == i2 && g.shape == u.shape
+                        && g.dtype == u.dtype && g.dtype == d.dtype
+                        && !matches!(g.dtype, Dtype::F8E4M3) =>
+                {
+                    (*e, *h, *i, ExpertEncoding::Plain(g.dtype))
+                }
+                _ => {
+                    return Err(bad(format!(
+                        "expert stacks {gate} {:?}, {up} {:?} and {down} {:?} do not fit together (or are not plain floats)",
+                        g.shape, u.shape, d.shape
+                    )));
+                }
+            }
+        } else if let [Some(gate_up), Some(down)] = &tensors.fused {
             let (gu, d) = (info(gate_up)?, info(down)?);
             match (gu.shape.as_slice(), d.shape.as_slice()) {
                 _ if gu.dtype == Dtype::F8E4M3 => {
@@ -183,7 +200,18 @@ impl<'a> LayerPlan<'a> {
                 .ok_or_else(|| PackError::Source(format!("tensor `{name}` is listed but missing")))
         };
         let mut out = Vec::with_capacity(self.record_len as usize);
-        if let [Some(gate_up), Some(down)] = &self.tensors.fused {
+        if let ([Some(gate), Some(up), Some(down)], ExpertEncoding::Plain(dtype)) =
+            (&self.tensors.stacks, self.encoding)
+        {
+            let part_len = (h * i) as u64 * dtype.size();
+            for name in [gate, up, down] {
+                let (f, info) = lookup(name)?;
+                out.extend(
+                    f.read_range(info, expert as u64 * part_len, part_len)
+                        .map_err(source)?,
+                );
+            }
+        } else if let [Some(gate_up), Some(down)] = &self.tensors.fused {
             let ExpertEncoding::Plain(dtype) = self.encoding else {
                 return Err(PackError::Source(format!(
                     "layer {}: quantised experts in the fused layout ({gate_up}) are not packed",

@@ -22,6 +22,10 @@ pub struct GroupedQueryAttention {
     pub no_rope: bool,
     pub chunk: Option<usize>,
     pub temperature: Option<Temperature>,
+    /// `g_proj`: one gate per head or per lane of the output.
+    pub head_gate: Option<Linear>,
+    pub softmax_scale: f32,
+    pub own_rope: bool,
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
@@ -70,6 +74,14 @@ pub struct GqaShape {
     pub chunk: Option<usize>,
     /// Queries scaled by their position's temperature (Llama 4's NoPE layers).
     pub temperature: Option<Temperature>,
+    /// A sigmoid gate on the output from its own projection (`g_proj`),
+    /// this many values a position: one per head or one per lane (Step).
+    pub head_gate: Option<usize>,
+    /// The softmax scale, when not `1 / sqrt(head_dim)`.
+    pub softmax_scale: Option<f64>,
+    /// Whether the layer rotates by its own rope tables rather than the
+    /// decoder's (layers whose rope differs by type: Step).
+    pub own_rope: bool,
 }
 
 /// Llama 4's attention temperature: the query at position `p` is scaled by
@@ -108,6 +120,9 @@ impl GqaShape {
             no_rope: false,
             chunk: None,
             temperature: None,
+            head_gate: None,
+            softmax_scale: None,
+            own_rope: false,
         }
     }
 }
@@ -153,6 +168,14 @@ impl GroupedQueryAttention {
             no_rope: s.no_rope,
             chunk: s.chunk,
             temperature: s.temperature,
+            head_gate: match s.head_gate {
+                Some(width) => Some(Linear::load(w, "g_proj", s.hidden, width, false)?),
+                None => None,
+            },
+            softmax_scale: s
+                .softmax_scale
+                .unwrap_or(1.0 / (s.head_dim as f64).sqrt()) as f32,
+            own_rope: s.own_rope,
             heads: s.heads,
             kv_heads: s.kv_heads,
             head_dim: s.head_dim,
@@ -174,7 +197,15 @@ impl GroupedQueryAttention {
         let start = cache.len();
         let hd = self.head_dim;
         let (q_out, kv_out) = (self.heads * hd, self.kv_heads * hd);
-        let qkv = self.qkv_proj.forward_values(&values(x)?, seq)?;
+        let xs = values(x)?;
+        let qkv = self.qkv_proj.forward_values(&xs, seq)?;
+        let own_tables;
+        let tables = if self.own_rope {
+            own_tables = self.rope.tables(start, seq);
+            &own_tables
+        } else {
+            tables
+        };
         let q_rows = if self.output_gate { 2 * q_out } else { q_out };
         let (mut q, mut k, mut v) = (
             Vec::with_capacity(seq * q_out),
@@ -225,11 +256,26 @@ impl GroupedQueryAttention {
             window: self.window,
             chunk: self.chunk,
         };
-        let scale = (1.0 / (hd as f64).sqrt()) as f32;
-        let mut out =
-            ops::attention_with_sinks(&q, keys, vals, &shape, scale, self.sinks.as_deref());
+        let mut out = ops::attention_with_sinks(
+            &q,
+            keys,
+            vals,
+            &shape,
+            self.softmax_scale,
+            self.sinks.as_deref(),
+        );
         for (o, g) in out.iter_mut().zip(&gate) {
             *o *= 1.0 / (1.0 + (-g).exp());
+        }
+        if let Some(g_proj) = &self.head_gate {
+            let gates = g_proj.forward_values(&xs, seq)?;
+            let width = g_proj.weight().rows().max(1);
+            let lanes = (q_out / width).max(1);
+            for (row, g) in out.chunks_exact_mut(q_out).zip(gates.chunks_exact(width)) {
+                for (lane, o) in row.iter_mut().enumerate() {
+                    *o *= 1.0 / (1.0 + (-g[lane / lanes]).exp());
+                }
+            }
         }
         let y = self.o_proj.forward_values(&out, seq)?;
         Ok(Tensor::from_vec(

@@ -55,10 +55,29 @@ impl DecoderLayer {
         attention: Attention,
         ffn: FeedForward,
     ) -> Result<Self, ModelError> {
+        Self::load_offset(w, hidden, eps, 0.0, attention, ffn)
+    }
+
+    /// As [`DecoderLayer::load`], with norms that scale by `offset + weight`
+    /// (zero-centred norms: Qwen3-Next, Step).
+    pub fn load_offset(
+        w: &Weights,
+        hidden: usize,
+        eps: f64,
+        offset: f32,
+        attention: Attention,
+        ffn: FeedForward,
+    ) -> Result<Self, ModelError> {
         Ok(Self {
-            input_norm: RmsNorm::load(w, "input_layernorm", hidden, eps)?,
+            input_norm: RmsNorm::load_offset(w, "input_layernorm", hidden, eps, offset)?,
             attention,
-            post_attention_norm: RmsNorm::load(w, "post_attention_layernorm", hidden, eps)?,
+            post_attention_norm: RmsNorm::load_offset(
+                w,
+                "post_attention_layernorm",
+                hidden,
+                eps,
+                offset,
+            )?,
             ffn,
             hyper: None,
         })

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::kernels::Matrix;
-use crate::kernels::ops::{clamped_swiglu, limited_swiglu, swiglu};
+use crate::kernels::ops::{clamped_swiglu, limited_swiglu, silu_clamped, swiglu};
 use crate::model::ModelError;
 use crate::weights::Weights;
 
@@ -23,6 +23,8 @@ pub enum Activation {
     ClampedSwiglu { alpha: f32, limit: f32 },
     /// DeepSeek-V4: `silu(min(gate, limit)) · clamp(up, ±limit)`.
     LimitedSwiglu { limit: f32 },
+    /// Step: `min(silu(gate), limit) · clamp(up, ±limit)`.
+    SiluClamped { limit: f32 },
 }
 
 impl Activation {
@@ -32,6 +34,7 @@ impl Activation {
             Activation::Swiglu => swiglu(gate, up),
             Activation::ClampedSwiglu { alpha, limit } => clamped_swiglu(gate, up, alpha, limit),
             Activation::LimitedSwiglu { limit } => limited_swiglu(gate, up, limit),
+            Activation::SiluClamped { limit } => silu_clamped(gate, up, limit),
         }
     }
 }
@@ -279,10 +282,11 @@ pub const MIXTRAL_NAMES: ExpertNames = ExpertNames {
     down: "w2",
 };
 
-/// Loads one layer's experts from `w` (the MoE block), accepting either
-/// per-expert tensors (`experts.E.gate_proj.weight`, …) or the fused 3-D
+/// Loads one layer's experts from `w` (the MoE block), accepting
+/// per-expert tensors (`experts.E.gate_proj.weight`, …), the fused 3-D
 /// tensors recent transformers versions write (`experts.gate_up_proj`
-/// `[E, 2I, H]`, `experts.down_proj` `[E, H, I]`).
+/// `[E, 2I, H]`, `experts.down_proj` `[E, H, I]`), or one stack per
+/// projection (`experts.gate_proj.weight` `[E, I, H]`, …).
 pub fn load_layer_experts(
     w: &Weights,
     names: ExpertNames,
@@ -294,6 +298,18 @@ pub fn load_layer_experts(
         intermediate,
     } = shape;
     let experts = w.pp(names.folder);
+    if experts.has("gate_proj.weight") {
+        // Step's release: a stack of every expert's gate, one of ups, one of downs.
+        let gate = experts.matrix_stack("gate_proj.weight", count, intermediate, hidden)?;
+        let up = experts.matrix_stack("up_proj.weight", count, intermediate, hidden)?;
+        let down = experts.matrix_stack("down_proj.weight", count, hidden, intermediate)?;
+        return gate
+            .iter()
+            .zip(&up)
+            .zip(down)
+            .map(|((g, u), d)| Ok(Arc::new(Expert::new(Matrix::stack(&[g, u])?, d)?)))
+            .collect();
+    }
     if experts.has("gate_up_proj") {
         let gate_up = experts.matrix_stack("gate_up_proj", count, 2 * intermediate, hidden)?;
         let down = experts.matrix_stack("down_proj", count, hidden, intermediate)?;
