@@ -22,9 +22,11 @@ fn expert_bytes(fixture: &str) -> u64 {
         "qwen3_next_released" | "qwen3_5_moe_wrapped" => 3 * 64 * 16 * 4,
         "minimax_m2_released" => 3 * 64 * 32 * 4,
         "glm_moe_dsa_released" | "deepseek_v32_recent" => 3 * 64 * 24 * 4,
-        "glm4_moe_released" | "dots1_released" | "ernie4_5_moe_released" | "step3p5_released" => {
-            3 * 64 * 16 * 4
-        }
+        "glm4_moe_released"
+        | "dots1_released"
+        | "ernie4_5_moe_released"
+        | "step3p5_released"
+        | "bailing_hybrid_released" => 3 * 64 * 16 * 4,
         "hunyuan_v1_moe_released" | "llama4_released" => 3 * 64 * 24 * 4,
         "deepseek_v4_recent" | "deepseek_v4_released" | "deepseek_v4_saved" => 3 * 64 * 32 * 4,
         // MXFP4 rows of 64 weights (two blocks of 32, each a scale byte and
@@ -188,6 +190,8 @@ fn logits_are_bitwise_identical_to_the_in_memory_model() {
         "llama4_released",
         // Three stacks of every expert's gates, ups and downs under `moe`.
         "step3p5_released",
+        // KDA and MLA layers under Ling's own names.
+        "bailing_hybrid_released",
     ] {
         let dir = common::fixtures_dir().join(fixture);
         let exp = common::expected(&dir);

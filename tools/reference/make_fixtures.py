@@ -969,6 +969,60 @@ FIXTURES += [
 ]
 
 
+
+# Ling 3.0 (bailing_hybrid) as released (Ling's names: `word_embeddings`,
+# `attention` with its output `dense`, the forget gate's tensors in the
+# attention, q/k/v convolved by three kernels, `gate.expert_bias`;
+# per-expert experts; the safe gate, its bound raised from the release's -5
+# to -2 (at -5 the reference's chunked prompt form and its own recurrent
+# form already differ by 9e-5 over the teacher text); an `rms_norm_eps` other than the MLA
+# latent norms' own 1e-6; the MTP layer after the decoder) and as
+# transformers 5.24 writes it (fused experts, one convolution, the
+# softplus decay, a low-rank query, layer kinds listed).
+BAILING_SPEC = {
+    "model_type": "bailing_hybrid",
+    "num_hidden_layers": 6,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "head_dim": 16,
+    "q_lora_rank": None,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "layer_group_size": 3,
+    "short_conv_kernel_size": 4,
+    "intermediate_size": 96,
+    "moe_intermediate_size": 16,
+    "num_experts": 16,
+    "num_experts_per_token": 4,
+    "num_shared_experts": 1,
+    "num_expert_group": 4,
+    "topk_group": 2,
+    "moe_renormalize": True,
+    "routed_scaling_factor": 2.5,
+    "first_k_dense_replace": 1,
+    "kda_safe_gate": True,
+    "kda_lower_bound": -2.0,
+    "rms_norm_eps": 1e-5,
+    "rope": {"rope_type": "default", "rope_theta": 50000.0},
+    # Its default (156892) lies outside a small vocabulary.
+    "pad_token_id": 0,
+    "tie_word_embeddings": False,
+}
+FIXTURES += [
+    ("bailing_hybrid_released", BAILING_SPEC,
+     {"style": "old", "layout": "per_expert", "dtype": "bfloat16", "shards": 2, "seed": 441, "mtp": True}),
+    (
+        "bailing_hybrid_recent",
+        dict(BAILING_SPEC, q_lora_rank=24, kda_safe_gate=False, num_hidden_layers=4,
+             layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+             mlp_layer_types=["dense", "sparse", "sparse", "dense"], rms_norm_eps=1e-6),
+        {"style": "new", "layout": "fused", "dtype": "float32", "shards": 1, "seed": 442},
+    ),
+]
+
+
 def v4_released_name(name: str) -> str:
     if name in V4_TOP_NAMES:
         return V4_TOP_NAMES[name]
@@ -1002,6 +1056,7 @@ EXPERT_NAMES = {
     "dots1": ("mlp", "gate_proj", "up_proj", "down_proj"),
     "hunyuan_v1_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
     "ernie4_5_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
+    "bailing_hybrid": ("mlp", "gate_proj", "up_proj", "down_proj"),
     "deepseek_v32": ("mlp", "gate_proj", "up_proj", "down_proj"),
     "minimax_m2": ("block_sparse_moe", "w1", "w3", "w2"),
     "qwen3_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
@@ -1097,14 +1152,32 @@ def checkpoint_tensors(model, cfg: dict, layout: str) -> dict:
         elif ".forget_gate." in k:
             # Kimi-Linear's release keeps the forget gate's tensors in the attention.
             out[k.replace(".forget_gate.", ".")] = v
-        elif k.endswith("self_attn.conv1d.weight") and arch == "kimi_linear":
+        elif k.endswith("self_attn.conv1d.weight") and arch in ("kimi_linear", "bailing_hybrid"):
             # ... and convolves q, k and v with three kernels.
             third = v.shape[0] // 3
             for i, part in enumerate(("q", "k", "v")):
                 out[k.replace("conv1d", f"{part}_conv1d")] = v[i * third : (i + 1) * third].contiguous()
         else:
             out[k] = v
+    if arch == "bailing_hybrid":
+        return {ling_name(k): v for k, v in out.items()}
     return out
+
+
+# Ling 3.0's own names for transformers' (the reverse of its conversion mapping).
+LING_NAMES = [
+    ("model.embed_tokens.", "model.word_embeddings."),
+    (".self_attn.o_proj.", ".attention.dense."),
+    (".self_attn.", ".attention."),
+    (".mlp.gate.e_score_correction_bias", ".mlp.gate.expert_bias"),
+]
+
+
+def ling_name(k: str) -> str:
+    for ours, theirs in LING_NAMES:
+        if ours in k:
+            return k.replace(ours, theirs)
+    return k
 
 
 FP8_BLOCK = 128

@@ -276,6 +276,32 @@ impl RawConfig {
         self.layer_kinds(layers, "linear_attention", default)
     }
 
+    /// Which layers are sparse: `mlp_layer_types` when given (`sparse` or
+    /// `dense` per layer), else those from `first_k_dense_replace` (or
+    /// `first_dense` when absent) on.
+    pub fn sparse_layers(&self, n: usize, first_dense: usize) -> Result<Vec<bool>, ConfigError> {
+        match self.str_list("mlp_layer_types")? {
+            Some(types) if types.len() == n => types
+                .iter()
+                .map(|t| match t.as_str() {
+                    "sparse" => Ok(true),
+                    "dense" => Ok(false),
+                    other => Err(self.unsupported("mlp_layer_types", other, "dense, sparse")),
+                })
+                .collect(),
+            Some(types) => Err(self.invalid(
+                "mlp_layer_types",
+                format!("{} entries for {n} layers", types.len()),
+            )),
+            None => {
+                let dense = self
+                    .usize_any(&["first_k_dense_replace"])?
+                    .unwrap_or(first_dense);
+                Ok((0..n).map(|i| i >= dense).collect())
+            }
+        }
+    }
+
     /// Which layers attend through a sliding window: `layer_types` when
     /// given (one `sliding_attention` or `full_attention` per layer), else
     /// `default`.

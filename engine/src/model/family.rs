@@ -130,6 +130,7 @@ pub static FAMILIES: &[&dyn Family] = &[
     &super::ernie4_5_moe::FAMILY,
     &super::llama4::FAMILY,
     &super::step3p7::FAMILY,
+    &super::bailing_hybrid::FAMILY,
 ];
 
 /// The family that reads `model_type`.

@@ -114,11 +114,13 @@ const GLM_MOE: MoeDefaults = MoeDefaults {
 };
 
 /// The routed experts' settings: sigmoid scores, group-limited top-k
-/// (a `null` group count is one group), renormalised and scaled.
+/// (a `null` group count is one group), renormalised and scaled. Each
+/// field is read under the names the DeepSeek-V3-style families give it
+/// (Ling's `num_experts`, `num_expert_group`, `moe_renormalize`…).
 pub fn parse_moe(raw: &RawConfig, d: &MoeDefaults) -> Result<SigmoidGroupedMoe, ConfigError> {
-    let experts = raw.positive_any(&["n_routed_experts", "num_local_experts"])?;
-    let top_k = raw.positive("num_experts_per_tok")?;
-    let n_group = raw.usize_any(&["n_group"])?.unwrap_or(1);
+    let experts = raw.positive_any(&["n_routed_experts", "num_local_experts", "num_experts"])?;
+    let top_k = raw.positive_any(&["num_experts_per_tok", "num_experts_per_token"])?;
+    let n_group = raw.usize_any(&["n_group", "num_expert_group"])?.unwrap_or(1);
     let topk_group = raw.usize_any(&["topk_group"])?.unwrap_or(1);
     if n_group == 0 || !experts.is_multiple_of(n_group) {
         return Err(raw.invalid(
@@ -132,7 +134,7 @@ pub fn parse_moe(raw: &RawConfig, d: &MoeDefaults) -> Result<SigmoidGroupedMoe, 
             format!("{topk_group} of {n_group} groups cannot hold num_experts_per_tok {top_k}"),
         ));
     }
-    let shared = match (raw.usize_any(&["n_shared_experts"])?, d.shared) {
+    let shared = match (raw.usize_any(&["n_shared_experts", "num_shared_experts"])?, d.shared) {
         (Some(n), _) | (None, Some(n)) => n,
         (None, None) => return Err(raw.missing("n_shared_experts")),
     };
@@ -141,7 +143,10 @@ pub fn parse_moe(raw: &RawConfig, d: &MoeDefaults) -> Result<SigmoidGroupedMoe, 
         top_k,
         n_group,
         topk_group,
-        renormalize: raw.bool_or("norm_topk_prob", d.renormalize)?,
+        renormalize: match raw.get("moe_renormalize") {
+            Some(_) => raw.bool_or("moe_renormalize", d.renormalize)?,
+            None => raw.bool_or("norm_topk_prob", d.renormalize)?,
+        },
         scaling: raw.f64_or("routed_scaling_factor", d.scaling)?,
         intermediate: raw.positive("moe_intermediate_size")?,
         shared,

@@ -90,29 +90,6 @@ fn linear_layers(
     raw.linear_layers(n, |i| i == 0 || i % DEFAULT_FULL_ATTENTION_EVERY != 0)
 }
 
-fn sparse_layers(raw: &RawConfig, n: usize) -> Result<Vec<bool>, ConfigError> {
-    match raw.str_list("mlp_layer_types")? {
-        Some(types) if types.len() == n => types
-            .iter()
-            .map(|t| match t.as_str() {
-                "sparse" => Ok(true),
-                "dense" => Ok(false),
-                other => Err(raw.unsupported("mlp_layer_types", other, "dense, sparse")),
-            })
-            .collect(),
-        Some(types) => Err(raw.invalid(
-            "mlp_layer_types",
-            format!("{} entries for {n} layers", types.len()),
-        )),
-        None => {
-            let dense = raw
-                .usize_any(&["first_k_dense_replace"])?
-                .unwrap_or(DEFAULT_FIRST_K_DENSE);
-            Ok((0..n).map(|i| i >= dense).collect())
-        }
-    }
-}
-
 impl Config {
     pub fn parse(raw: &RawConfig) -> Result<Self, ConfigError> {
         let common = CommonConfig::parse(raw, DEFAULT_RMS_EPS)?;
@@ -189,7 +166,7 @@ impl Config {
                 kernel,
             },
             linear_layers: linear_layers(raw, lin.as_ref(), n)?,
-            sparse_layers: sparse_layers(raw, n)?,
+            sparse_layers: raw.sparse_layers(n, DEFAULT_FIRST_K_DENSE)?,
             intermediate_size: raw.positive("intermediate_size")?,
             moe_intermediate_size: raw.positive("moe_intermediate_size")?,
             num_experts,
@@ -223,13 +200,14 @@ fn load_kda(c: &Config, w: &Weights) -> Result<LinearAttention, ModelError> {
         ])?,
         beta: Linear::load(w, "b_proj", h, s.v_heads, false)?,
         decay: Decay::PerChannel {
-            f_a: Linear::load(&fw, "f_a_proj", h, s.k_dim, false)?,
+            f_a: Some(Linear::load(&fw, "f_a_proj", h, s.k_dim, false)?),
             f_b: Linear::load(&fw, "f_b_proj", s.k_dim, width, false)?,
             a_log: load_flat(&fw, "A_log", s.k_heads)?,
             dt_bias: load_flat(&fw, "dt_bias", width)?,
+            lower_bound: None,
         },
         gate: OutputGate::Sigmoid {
-            a: Linear::load(w, "g_a_proj", h, s.v_dim, false)?,
+            a: Some(Linear::load(w, "g_a_proj", h, s.v_dim, false)?),
             b: Linear::load(w, "g_b_proj", s.v_dim, width, false)?,
         },
         conv: load_conv(w, &s)?,

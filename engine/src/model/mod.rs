@@ -2,6 +2,7 @@
 //! file per architecture. Adding an architecture means one file here plus one
 //! row in [`family::FAMILIES`].
 
+pub mod bailing_hybrid;
 pub mod config;
 pub mod deepseek_v3;
 pub mod deepseek_v32;

@@ -84,6 +84,27 @@ pub struct GqaShape {
     pub own_rope: bool,
 }
 
+/// Scales each position's attention output (`width` values: heads times
+/// their lanes) by `sigmoid(g_proj(x))`, one gate per head or per lane as
+/// `g_proj` is wide (Step, Ling 3).
+pub fn gate_output(
+    out: &mut [f32],
+    width: usize,
+    g_proj: &Linear,
+    xs: &[f32],
+    seq: usize,
+) -> Result<(), ModelError> {
+    let gates = g_proj.forward_values(xs, seq)?;
+    let gate_width = g_proj.weight().rows().max(1);
+    let lanes = (width / gate_width).max(1);
+    for (row, g) in out.chunks_exact_mut(width.max(1)).zip(gates.chunks_exact(gate_width)) {
+        for (lane, o) in row.iter_mut().enumerate() {
+            *o *= 1.0 / (1.0 + (-g[lane / lanes]).exp());
+        }
+    }
+    Ok(())
+}
+
 /// Llama 4's attention temperature: the query at position `p` is scaled by
 /// `log1p(floor((p + 1) / floor_scale)) · attn_scale + 1`, in f32.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -268,14 +289,7 @@ impl GroupedQueryAttention {
             *o *= 1.0 / (1.0 + (-g).exp());
         }
         if let Some(g_proj) = &self.head_gate {
-            let gates = g_proj.forward_values(&xs, seq)?;
-            let width = g_proj.weight().rows().max(1);
-            let lanes = (q_out / width).max(1);
-            for (row, g) in out.chunks_exact_mut(q_out).zip(gates.chunks_exact(width)) {
-                for (lane, o) in row.iter_mut().enumerate() {
-                    *o *= 1.0 / (1.0 + (-g[lane / lanes]).exp());
-                }
-            }
+            gate_output(&mut out, q_out, g_proj, &xs, seq)?;
         }
         let y = self.o_proj.forward_values(&out, seq)?;
         Ok(Tensor::from_vec(

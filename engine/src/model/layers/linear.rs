@@ -38,13 +38,17 @@ pub enum Decay {
         a_log: Vec<f32>,
         dt_bias: Vec<f32>,
     },
-    /// One factor per key channel through a low-rank pair (KDA):
-    /// `−exp(A_log[head]) · softplus(f_b(f_a(x)) + dt_bias)`.
+    /// One factor per key channel (KDA), `f = f_b(f_a(x))` through a
+    /// low-rank pair (Kimi-Linear) or `f_b(x)` at full rank (Ling 3):
+    /// `−exp(A_log[head]) · softplus(f + dt_bias)`, or with a
+    /// `lower_bound` (the "safe" gate of Ling 3 and GLM-5.3)
+    /// `lower_bound · sigmoid(exp(A_log[head]) · (f + dt_bias))`.
     PerChannel {
-        f_a: Linear,
+        f_a: Option<Linear>,
         f_b: Linear,
         a_log: Vec<f32>,
         dt_bias: Vec<f32>,
+        lower_bound: Option<f32>,
     },
 }
 
@@ -52,8 +56,16 @@ pub enum Decay {
 pub enum OutputGate {
     /// `silu(z(x))` (Gated DeltaNet).
     Silu(Linear),
-    /// `sigmoid(g_b(g_a(x)))` (KDA).
-    Sigmoid { a: Linear, b: Linear },
+    /// `sigmoid(g_b(g_a(x)))` (KDA), or `sigmoid(g_b(x))` at full rank (Ling 3).
+    Sigmoid { a: Option<Linear>, b: Linear },
+}
+
+/// `b(a(x))`, or `b(x)` without a low-rank first half.
+fn low_rank(a: Option<&Linear>, b: &Linear, xs: &[f32], seq: usize) -> Result<Vec<f32>, ModelError> {
+    match a {
+        Some(a) => b.forward_values(&a.forward_values(xs, seq)?, seq),
+        None => b.forward_values(xs, seq),
+    }
 }
 
 /// Head counts and sizes of a linear-attention layer.
@@ -257,18 +269,17 @@ fn delta_rule(
 impl LinearAttention {
     /// `[seq][v_heads][1 or k_dim]` log-decays for the rows of `xs`.
     fn log_decay(&self, xs: &[f32], seq: usize) -> Result<Vec<f32>, ModelError> {
-        let (raw, a_log, dt_bias) = match &self.decay {
-            Decay::PerHead { a, a_log, dt_bias } => (a.forward_values(xs, seq)?, a_log, dt_bias),
+        let (raw, a_log, dt_bias, lower_bound) = match &self.decay {
+            Decay::PerHead { a, a_log, dt_bias } => {
+                (a.forward_values(xs, seq)?, a_log, dt_bias, None)
+            }
             Decay::PerChannel {
                 f_a,
                 f_b,
                 a_log,
                 dt_bias,
-            } => (
-                f_b.forward_values(&f_a.forward_values(xs, seq)?, seq)?,
-                a_log,
-                dt_bias,
-            ),
+                lower_bound,
+            } => (low_rank(f_a.as_ref(), f_b, xs, seq)?, a_log, dt_bias, *lower_bound),
         };
         let width = dt_bias.len().max(1);
         let per_head = width / a_log.len().max(1);
@@ -278,7 +289,13 @@ impl LinearAttention {
                 row.iter()
                     .zip(dt_bias)
                     .enumerate()
-                    .map(move |(i, (x, b))| -a_log[i / per_head.max(1)].exp() * softplus(x + b))
+                    .map(move |(i, (x, b))| {
+                        let rate = a_log[i / per_head.max(1)].exp();
+                        match lower_bound {
+                            Some(bound) => bound * sigmoid(rate * (x + b)),
+                            None => -rate * softplus(x + b),
+                        }
+                    })
             })
             .collect())
     }
@@ -327,7 +344,7 @@ impl LinearAttention {
                 .collect(),
             OutputGate::Sigmoid { a, b } => normed
                 .iter()
-                .zip(b.forward_values(&a.forward_values(&xs, seq)?, seq)?)
+                .zip(low_rank(a.as_ref(), b, &xs, seq)?)
                 .map(|(n, g)| n * sigmoid(g))
                 .collect(),
         };

@@ -77,6 +77,8 @@ pub struct LatentAttention {
     pub absorbed: Vec<HeadProjections>,
     /// Sparse attention (DSA): each query reads only the positions chosen.
     pub sparse: Option<SparseKeys>,
+    /// A sigmoid gate per head on the output, from `g_proj` (Ling 3).
+    pub head_gate: Option<Linear>,
 }
 
 /// Sizes of a latent-attention layer, as read from a config.
@@ -125,6 +127,7 @@ impl LatentAttention {
             rope: rope.clone(),
             scale,
             sparse: None,
+            head_gate: None,
         })
     }
 }
@@ -229,7 +232,7 @@ impl LatentAttention {
             q_pass[at * nope..(at + 1) * nope].copy_from_slice(&src[..nope]);
             q_rot[at * rope..(at + 1) * rope].copy_from_slice(&src[nope..]);
         }
-        let out = self.attend(
+        let mut out = self.attend(
             &q_pass,
             &q_rot,
             latents,
@@ -237,6 +240,9 @@ impl LatentAttention {
             start,
             selection.map(Vec::as_slice),
         )?;
+        if let Some(g_proj) = &self.head_gate {
+            super::attention::gate_output(&mut out, self.heads * self.v_dim, g_proj, &xs, seq)?;
+        }
         let y = self.o_proj.forward_values(&out, seq)?;
         Ok(Tensor::from_vec(
             y,
@@ -344,6 +350,7 @@ mod tests {
             rope: Rope::new(&params, rope_dim, true),
             scale: 0.3,
             sparse: None,
+            head_gate: None,
         };
         let (seq, total, start) = (3, 7, 4);
         let q_pass = random(&[heads, seq, nope], 5);

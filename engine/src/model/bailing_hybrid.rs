@@ -1,0 +1,337 @@
+//! Ling 3.0 (`bailing_hybrid`, `BailingMoeV3ForCausalLM`): five layers in
+//! six are Kimi Delta Attention, every sixth (`layer_group_size`) multi-head
+//! latent attention; DeepSeek-V3's MoE after the first dense layers.
+//!
+//! What differs from Kimi-Linear: KDA's forget gate and output gate are
+//! full-rank projections (`f_proj`, `g_proj`), not low-rank pairs, and its
+//! decay is the "safe" gate `lower_bound · sigmoid(exp(A_log) · (f + dt_bias))`
+//! (`kda_safe_gate`, `kda_lower_bound`); MLA rotates its 64 rotary lanes as
+//! interleaved pairs and gates each head's output by `sigmoid(g_proj(x))`;
+//! its latent norms keep their class default epsilon (1e-6) whatever
+//! `rms_norm_eps` says. `head_dim` is KDA's head size (transformers then
+//! overwrites it with the rotary width for MLA). The head is never tied.
+//!
+//! Releases name the model as Ling's own code does: `word_embeddings`,
+//! `attention` (its output `dense`), the forget gate's tensors in the
+//! attention, q/k/v convolved by three kernels, `gate.expert_bias`; those
+//! names are read as they are.
+
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::config::{ConfigError, RawConfig};
+use super::family::{Family, FamilyConfig, Parsed};
+use super::glm4_moe::{MoeDefaults, parse_moe};
+use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
+use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
+use super::layers::linear::{Decay, DeltaShape, LinearAttention, OutputGate, load_conv, load_flat};
+use super::layers::mla::{LatentAttention, MlaShape};
+use super::layers::moe::SigmoidGroupedMoe;
+use super::layers::rope::{Rope, RopeParams};
+use super::layers::{Linear, Mlp, RmsNorm, Stacked};
+use super::state::{SlotKind, StateLayout};
+use super::{CommonConfig, ModelError, assemble};
+use crate::synth::{Add, DEEPSEEK_MOE, FLOAT_DTYPES, Fill, MlaDims, Shape, SynthAttention, SynthFamily, SynthSpec};
+use crate::weights::{Renamed, TensorSource, Weights};
+
+/// `BailingHybridConfig`'s defaults.
+const DEFAULT_RMS_EPS: f64 = 1e-6;
+const DEFAULT_ROPE_THETA: f64 = 6_000_000.0;
+const DEFAULT_HEAD_DIM: usize = 128;
+const DEFAULT_KERNEL: usize = 4;
+const DEFAULT_GROUP: usize = 6;
+const DEFAULT_FIRST_DENSE: usize = 2;
+const DEFAULT_LOWER_BOUND: f64 = -5.0;
+const DEFAULT_KV_LORA: usize = 512;
+const DEFAULT_NOPE: usize = 128;
+const DEFAULT_ROPE: usize = 64;
+const DEFAULT_V: usize = 128;
+/// MLA's latent norms are built without an epsilon argument.
+const LATENT_NORM_EPS: f64 = 1e-6;
+const MOE: MoeDefaults = MoeDefaults {
+    shared: Some(1),
+    renormalize: true,
+    scaling: 2.5,
+};
+
+/// How Ling's own code names what the model code asks for.
+const RELEASED_NAMES: &[(&str, &str)] = &[
+    ("model.embed_tokens.", "model.word_embeddings."),
+    ("self_attn.forget_gate.", "attention."),
+    ("self_attn.o_proj.", "attention.dense."),
+    ("self_attn.", "attention."),
+    ("mlp.gate.e_score_correction_bias", "mlp.gate.expert_bias"),
+];
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub common: CommonConfig,
+    pub mla: MlaShape,
+    pub kda: DeltaShape,
+    /// The safe gate's bound, when `kda_safe_gate` is on.
+    pub lower_bound: Option<f32>,
+    pub linear: Vec<bool>,
+    pub sparse: Vec<bool>,
+    pub intermediate_size: usize,
+    pub moe: SigmoidGroupedMoe,
+    pub rope: RopeParams,
+}
+
+impl Config {
+    pub fn parse(raw: &RawConfig) -> Result<Self, ConfigError> {
+        let mut common = CommonConfig::parse(raw, DEFAULT_RMS_EPS)?;
+        common.tie_word_embeddings = false;
+        let n = common.num_layers;
+        let heads = raw.positive("num_attention_heads")?;
+        let head_dim = raw.usize_any(&["head_dim"])?.unwrap_or(DEFAULT_HEAD_DIM);
+        let kernel = raw.usize_any(&["short_conv_kernel_size"])?.unwrap_or(DEFAULT_KERNEL);
+        let group = raw.usize_any(&["layer_group_size"])?.unwrap_or(DEFAULT_GROUP).max(1);
+        if head_dim == 0 || kernel == 0 {
+            return Err(raw.invalid("head_dim", "KDA's head size and kernel must be positive"));
+        }
+        let lower_bound = raw
+            .bool_or("kda_safe_gate", true)?
+            .then(|| raw.f64_or("kda_lower_bound", DEFAULT_LOWER_BOUND))
+            .transpose()?
+            .map(|b| b as f32);
+        Ok(Self {
+            mla: MlaShape {
+                hidden: common.hidden_size,
+                heads,
+                q_lora_rank: raw.usize_any(&["q_lora_rank"])?,
+                kv_lora_rank: raw.usize_any(&["kv_lora_rank"])?.unwrap_or(DEFAULT_KV_LORA),
+                nope: raw.usize_any(&["qk_nope_head_dim"])?.unwrap_or(DEFAULT_NOPE),
+                rope: raw.usize_any(&["qk_rope_head_dim"])?.unwrap_or(DEFAULT_ROPE),
+                v: raw.usize_any(&["v_head_dim"])?.unwrap_or(DEFAULT_V),
+                bias: raw.bool_or("attention_bias", false)?,
+                eps: LATENT_NORM_EPS,
+            },
+            kda: DeltaShape {
+                k_heads: heads,
+                v_heads: heads,
+                k_dim: head_dim,
+                v_dim: head_dim,
+                kernel,
+            },
+            lower_bound,
+            linear: raw.linear_layers(n, |i| !(i + 1).is_multiple_of(group))?,
+            sparse: raw.sparse_layers(n, DEFAULT_FIRST_DENSE)?,
+            intermediate_size: raw.positive("intermediate_size")?,
+            moe: parse_moe(raw, &MOE)?,
+            rope: raw.rope(DEFAULT_ROPE_THETA)?,
+            common,
+        })
+    }
+}
+
+/// KDA under `w` (`self_attn`), its forget gate's tensors in `forget_gate`.
+fn load_kda(c: &Config, w: &Weights) -> Result<LinearAttention, ModelError> {
+    let s = c.kda;
+    let (h, width) = (c.common.hidden_size, s.k_heads * s.k_dim);
+    let fw = w.pp("forget_gate");
+    Ok(LinearAttention {
+        qkv: Stacked::new(vec![
+            Linear::load(w, "q_proj", h, width, false)?,
+            Linear::load(w, "k_proj", h, width, false)?,
+            Linear::load(w, "v_proj", h, width, false)?,
+        ])?,
+        beta: Linear::load(w, "b_proj", h, s.v_heads, false)?,
+        decay: Decay::PerChannel {
+            f_a: None,
+            f_b: Linear::load(&fw, "f_proj", h, width, false)?,
+            a_log: load_flat(&fw, "A_log", s.k_heads)?,
+            dt_bias: load_flat(&fw, "dt_bias", width)?,
+            lower_bound: c.lower_bound,
+        },
+        gate: OutputGate::Sigmoid {
+            a: None,
+            b: Linear::load(w, "g_proj", h, width, false)?,
+        },
+        conv: load_conv(w, &s)?,
+        norm: RmsNorm::load(w, "o_norm", s.v_dim, c.common.rms_norm_eps)?,
+        out: Linear::load(w, "o_proj", width, h, false)?,
+        shape: s,
+    })
+}
+
+pub fn build(
+    c: &Config,
+    w: &Weights,
+    experts: Option<Arc<dyn ExpertProvider>>,
+) -> Result<Decoder, ModelError> {
+    let h = c.common.hidden_size;
+    let rope = Rope::new(&c.rope, c.mla.rope, true);
+    let scale = c.rope.mla_softmax_scale(1.0 / ((c.mla.nope + c.mla.rope) as f64).sqrt());
+    let mut experts = ExpertSetup::new(experts);
+    let mut layers = Vec::with_capacity(c.common.num_layers);
+    for i in 0..c.common.num_layers {
+        let lw = w.pp(format_args!("model.layers.{i}"));
+        let aw = lw.pp("self_attn");
+        let attention = if c.linear[i] {
+            Attention::Linear(Box::new(load_kda(c, &aw)?))
+        } else {
+            let mut mla = LatentAttention::load(&aw, &c.mla, &rope, scale)?;
+            mla.head_gate = Some(Linear::load(&aw, "g_proj", h, c.mla.heads, false)?);
+            Attention::Latent(mla)
+        };
+        let mw = lw.pp("mlp");
+        let ffn = if c.sparse[i] {
+            let shape = ExpertShape {
+                count: c.moe.experts,
+                hidden: h,
+                intermediate: c.moe.intermediate,
+            };
+            experts.add_layer(&mw, PROJ_NAMES, i, shape)?;
+            FeedForward::Sparse(c.moe.load(&mw, i, h)?)
+        } else {
+            FeedForward::Dense(Mlp::load(&mw, h, c.intermediate_size)?)
+        };
+        layers.push(DecoderLayer::load(&lw, h, c.common.rms_norm_eps, attention, ffn)?);
+    }
+    assemble(&c.common, w, layers, rope, experts)
+}
+
+/// Ling 3.0.
+pub struct BailingHybridFamily;
+
+pub static FAMILY: BailingHybridFamily = BailingHybridFamily;
+
+impl Family for BailingHybridFamily {
+    fn model_types(&self) -> &'static [&'static str] {
+        &["bailing_hybrid"]
+    }
+
+    fn parse(&self, raw: &RawConfig, _model_type: &str) -> Result<Parsed, ConfigError> {
+        Ok(Parsed::plain(Config::parse(raw)?))
+    }
+
+    fn synth(&self) -> Option<&'static dyn SynthFamily> {
+        Some(&SYNTH)
+    }
+}
+
+/// `synth --arch bailing_hybrid`: Ling-3.0-flash's kind (MLA every sixth
+/// layer, KDA between, one dense layer first, a shared expert).
+static SYNTH: Shape = Shape {
+    name: "bailing_hybrid",
+    attention: SynthAttention::Own(synth_attention),
+    moe: Some(DEEPSEEK_MOE),
+    dense_prefix: 1,
+    dtypes: FLOAT_DTYPES,
+    expert_groups: 1,
+    config: |s| {
+        let m = MlaDims::of(s);
+        json!({
+            "model_type": "bailing_hybrid", "head_dim": s.hidden / s.heads,
+            "kv_lora_rank": m.kv_lora, "q_lora_rank": null, "qk_nope_head_dim": m.nope,
+            "qk_rope_head_dim": m.rope, "v_head_dim": m.v, "layer_group_size": 6,
+            "intermediate_size": s.dense_intermediate, "moe_intermediate_size": s.moe_intermediate,
+            "num_experts": s.experts, "num_experts_per_token": s.top_k, "num_expert_group": 1,
+            "topk_group": 1, "first_k_dense_replace": 1, "rope_theta": DEFAULT_ROPE_THETA,
+        })
+    },
+    head: None,
+};
+
+/// Layer `l`'s attention under transformers' names.
+fn synth_attention(s: &SynthSpec, p: &str, l: usize, t: &mut Add) {
+    let a = format!("{p}.self_attn");
+    let h = s.hidden;
+    let std = |fan_in: usize| Fill::Uniform(1.0 / (fan_in as f32).sqrt());
+    if (l + 1).is_multiple_of(DEFAULT_GROUP) {
+        let m = MlaDims::of(s);
+        t(format!("{a}.q_proj.weight"), vec![s.heads * (m.nope + m.rope), h], std(h));
+        t(format!("{a}.kv_a_proj_with_mqa.weight"), vec![m.kv_lora + m.rope, h], std(h));
+        t(format!("{a}.kv_a_layernorm.weight"), vec![m.kv_lora], Fill::NearOne);
+        t(format!("{a}.kv_b_proj.weight"), vec![s.heads * (m.nope + m.v), m.kv_lora], std(m.kv_lora));
+        t(format!("{a}.o_proj.weight"), vec![h, s.heads * m.v], std(s.heads * m.v));
+        t(format!("{a}.g_proj.weight"), vec![s.heads, h], std(h));
+        return;
+    }
+    let width = h;
+    for name in ["q_proj", "k_proj", "v_proj", "g_proj", "forget_gate.f_proj"] {
+        t(format!("{a}.{name}.weight"), vec![width, h], std(h));
+    }
+    t(format!("{a}.conv1d.weight"), vec![3 * width, 1, DEFAULT_KERNEL], std(DEFAULT_KERNEL));
+    t(format!("{a}.forget_gate.A_log"), vec![s.heads], Fill::Zeros);
+    t(format!("{a}.forget_gate.dt_bias"), vec![width], Fill::Zeros);
+    t(format!("{a}.b_proj.weight"), vec![s.heads, h], std(h));
+    t(format!("{a}.o_norm.weight"), vec![width / s.heads], Fill::NearOne);
+    t(format!("{a}.o_proj.weight"), vec![h, width], std(width));
+}
+
+impl FamilyConfig for Config {
+    fn common(&self) -> &CommonConfig {
+        &self.common
+    }
+
+    /// KDA layers' fixed state; MLA layers' latents.
+    fn state_layout(&self) -> StateLayout {
+        StateLayout::layers(self.linear.iter().map(|&linear| {
+            if linear {
+                SlotKind::Fixed {
+                    values: self.kda.state_values(),
+                }
+            } else {
+                SlotKind::Appending {
+                    per_position: self.mla.kv_lora_rank + self.mla.rope,
+                }
+            }
+        }))
+    }
+
+    fn build(
+        &self,
+        w: &Weights,
+        experts: Option<Arc<dyn ExpertProvider>>,
+    ) -> Result<Decoder, ModelError> {
+        build(self, w, experts)
+    }
+
+    /// Ling's own names, where the files use them.
+    fn released_names<'a>(
+        &self,
+        source: &'a dyn TensorSource,
+    ) -> Option<Box<dyn TensorSource + 'a>> {
+        source.shape("model.word_embeddings.weight").map(|_| {
+            Box::new(Renamed {
+                inner: source,
+                pairs: RELEASED_NAMES,
+            }) as Box<dyn TensorSource + 'a>
+        })
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn the_release_config_reads() {
+        let raw = RawConfig::parse(
+            Path::new("config.json"),
+            r#"{"model_type": "bailing_hybrid", "vocab_size": 8, "hidden_size": 64,
+                "num_hidden_layers": 7, "num_attention_heads": 4, "head_dim": 16,
+                "intermediate_size": 64, "moe_intermediate_size": 16, "num_experts": 16,
+                "num_experts_per_token": 4, "num_shared_experts": 1, "num_expert_group": 4,
+                "topk_group": 2, "moe_renormalize": true, "routed_scaling_factor": 2.5,
+                "q_lora_rank": null, "kv_lora_rank": 16, "qk_nope_head_dim": 16,
+                "qk_rope_head_dim": 8, "v_head_dim": 16, "layer_group_size": 3,
+                "first_k_dense_replace": 2, "kda_safe_gate": true, "kda_lower_bound": -5.0,
+                "tie_word_embeddings": true, "rms_norm_eps": 1e-5}"#,
+        )
+        .unwrap();
+        let c = Config::parse(&raw).unwrap();
+        assert_eq!(c.linear, vec![true, true, false, true, true, false, true]);
+        assert_eq!(c.sparse, vec![false, false, true, true, true, true, true]);
+        assert_eq!((c.moe.experts, c.moe.top_k, c.moe.n_group, c.moe.topk_group), (16, 4, 4, 2));
+        assert_eq!((c.kda.k_dim, c.mla.eps, c.lower_bound), (16, 1e-6, Some(-5.0)));
+        assert!(!c.common.tie_word_embeddings);
+    }
+}
