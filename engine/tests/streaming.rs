@@ -44,7 +44,7 @@ fn expert_bytes(fixture: &str) -> u64 {
         "glm4_moe_fp8" => 32 * (4 + 64) + 64 * (4 + 16),
         // INT4 rows of 64 weights (two groups of 32, each a BF16 scale and
         // 16 bytes): 128 gate/up rows and 64 down rows.
-        "kimi_k2_int4" => (128 + 64) * 2 * (2 + 16),
+        "kimi_k2_int4" | "bailing_hybrid_int4" => (128 + 64) * 2 * (2 + 16),
         other => panic!("no size for {other}"),
     }
 }
@@ -234,6 +234,8 @@ fn quantised_experts_stream_exactly_as_published() {
         // compressed-tensors' scales per channel and per tensor (GLM-4.5-FP8).
         ("glm4_moe_fp8", "FP8_E4M3_B128"),
         ("kimi_k2_int4", "INT4_G32"),
+        // Ling-3.0-flash's kind, under Ling's own names.
+        ("bailing_hybrid_int4", "INT4_G32"),
         ("gpt_oss_mxfp4", "MXFP4"),
         ("deepseek_v4_fp8_fp4", "MXFP4"),
     ] {

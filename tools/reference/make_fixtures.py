@@ -1020,6 +1020,11 @@ FIXTURES += [
              mlp_layer_types=["dense", "sparse", "sparse", "dense"], rms_norm_eps=1e-6),
         {"style": "new", "layout": "fused", "dtype": "float32", "shards": 1, "seed": 442},
     ),
+    # Ling-3.0-flash's kind: routed experts in compressed-tensors INT4
+    # (groups of 32 with BF16 scales), the rest BF16; experts 64 wide, so
+    # that every row is two groups.
+    ("bailing_hybrid_int4", dict(BAILING_SPEC, moe_intermediate_size=64),
+     {"style": "old", "layout": "per_expert", "dtype": "bfloat16", "shards": 2, "seed": 443, "int4": True}),
 ]
 
 
