@@ -30,6 +30,7 @@ fn a_restored_prefix_continues_bitwise_as_the_whole_prompt() {
         // Each layer type with its own rope and head count.
         "step3p7_saved",
         "bailing_hybrid_released",
+        "longcat_flash_recent",
     ] {
         let dir = common::fixtures_dir().join(name);
         let engine = Engine::open(&dir).unwrap();

@@ -26,7 +26,9 @@ fn expert_bytes(fixture: &str) -> u64 {
         | "dots1_released"
         | "ernie4_5_moe_released"
         | "step3p5_released"
-        | "bailing_hybrid_released" => 3 * 64 * 16 * 4,
+        | "bailing_hybrid_released"
+        | "longcat_flash_released"
+        | "longcat_flash_recent" => 3 * 64 * 16 * 4,
         "hunyuan_v1_moe_released" | "llama4_released" => 3 * 64 * 24 * 4,
         "deepseek_v4_recent" | "deepseek_v4_released" | "deepseek_v4_saved" => 3 * 64 * 32 * 4,
         // MXFP4 rows of 64 weights (two blocks of 32, each a scale byte and
@@ -192,6 +194,10 @@ fn logits_are_bitwise_identical_to_the_in_memory_model() {
         "step3p5_released",
         // KDA and MLA layers under Ling's own names.
         "bailing_hybrid_released",
+        // Two sublayers a layer, identity experts, the MTP block under `model.mtp`.
+        "longcat_flash_released",
+        // transformers' gate/up stack, its identity experts' rows left unread.
+        "longcat_flash_recent",
     ] {
         let dir = common::fixtures_dir().join(fixture);
         let exp = common::expected(&dir);
@@ -931,4 +937,57 @@ fn synthetic_kimi_linear_streams_exactly() {
             "budget {budget}: logits differ"
         );
     }
+}
+
+/// Records every expert a model asks its provider for.
+struct Recording {
+    inner: std::sync::Arc<dyn longhaul_engine::model::layers::experts::ExpertProvider>,
+    asked: std::sync::Mutex<Vec<Vec<usize>>>,
+}
+
+impl longhaul_engine::model::layers::experts::ExpertProvider for Recording {
+    fn fetch<'a>(
+        &'a self,
+        layer: usize,
+        ids: &[usize],
+        rows: &[u32],
+    ) -> Result<
+        longhaul_engine::model::layers::experts::ExpertStream<'a>,
+        longhaul_engine::model::layers::experts::ExpertError,
+    > {
+        self.asked.lock().unwrap().push(ids.to_vec());
+        self.inner.fetch(layer, ids, rows)
+    }
+}
+
+/// LongCat-Flash's identity experts take tokens but are never asked of the
+/// expert provider (the cache, the drives): only ids below
+/// `n_routed_experts` are, and the answer is the model's in RAM.
+#[test]
+fn identity_experts_are_never_read() {
+    use longhaul_engine::model::{LogitsFor, ModelSpec};
+    let dir = common::fixtures_dir().join("longcat_flash_released");
+    let exp = common::expected(&dir);
+    let spec = ModelSpec::read(&dir.join("config.json")).unwrap();
+    let source = longhaul_engine::weights::SafetensorsCheckpoint::open(&dir).unwrap();
+    let ram = spec.build(&source, None).unwrap();
+    let recording = std::sync::Arc::new(Recording {
+        inner: ram.experts.clone(),
+        asked: Default::default(),
+    });
+    let recorded = spec.build(&source, Some(recording.clone())).unwrap();
+    let (mut a, mut b) = (ram.new_state(), recorded.new_state());
+    for &id in &exp.ids {
+        let want = ram.forward(&[id], &mut a, LogitsFor::All).unwrap();
+        let got = recorded.forward(&[id], &mut b, LogitsFor::All).unwrap();
+        assert!(got.to_vec2::<f32>().unwrap() == want.to_vec2::<f32>().unwrap());
+    }
+    let asked = recording.asked.lock().unwrap();
+    // 8 computed experts, top-3 of 12 scored: a pass that asked for fewer
+    // than 3 routed some of its token to an identity expert.
+    assert!(asked.iter().flatten().all(|&e| e < 8), "{asked:?}");
+    assert!(
+        asked.iter().any(|ids| ids.len() < 3),
+        "no token took an identity expert: {asked:?}"
+    );
 }

@@ -1028,6 +1028,50 @@ FIXTURES += [
 ]
 
 
+
+# LongCat-Flash (longcat_flash) as released (per-expert weights for the
+# computed experts only, rope_theta at the top, `model.mtp.*` after the
+# decoder) and as transformers 5.24 writes it (fused experts whose gate/up
+# stack also holds the identity experts, rope_parameters with YaRN's
+# attention scale, a router bias). Half as many identity experts as
+# computed ones, so tokens take both; an `rms_norm_eps` other than the
+# latent norms' own 1e-6.
+LONGCAT_SPEC = {
+    "model_type": "longcat_flash",
+    "num_layers": 2,
+    "num_attention_heads": 4,
+    "q_lora_rank": 24,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "head_dim": 8,
+    "v_head_dim": 16,
+    "ffn_hidden_size": 96,
+    "expert_ffn_hidden_size": 16,
+    "n_routed_experts": 8,
+    "zero_expert_num": 4,
+    "zero_expert_type": "identity",
+    "moe_topk": 3,
+    "routed_scaling_factor": 6.0,
+    "rms_norm_eps": 1e-5,
+    "rope": {"rope_type": "default", "rope_theta": 10000.0},
+    "tie_word_embeddings": False,
+}
+FIXTURES += [
+    ("longcat_flash_released", LONGCAT_SPEC,
+     {"style": "old", "layout": "per_expert", "dtype": "bfloat16", "shards": 2, "seed": 451, "mtp": "longcat",
+      "unreloadable": True}),
+    (
+        "longcat_flash_recent",
+        dict(LONGCAT_SPEC, router_bias=True, num_layers=3,
+             rope={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                   "beta_fast": 32.0, "beta_slow": 1.0, "original_max_position_embeddings": 16},
+             max_position_embeddings=64),
+        {"style": "new", "layout": "fused", "dtype": "float32", "shards": 1, "seed": 452},
+    ),
+]
+
+
 def v4_released_name(name: str) -> str:
     if name in V4_TOP_NAMES:
         return V4_TOP_NAMES[name]
@@ -1062,6 +1106,7 @@ EXPERT_NAMES = {
     "hunyuan_v1_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
     "ernie4_5_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
     "bailing_hybrid": ("mlp", "gate_proj", "up_proj", "down_proj"),
+    "longcat_flash": ("mlp", "gate_proj", "up_proj", "down_proj"),
     "deepseek_v32": ("mlp", "gate_proj", "up_proj", "down_proj"),
     "minimax_m2": ("block_sparse_moe", "w1", "w3", "w2"),
     "qwen3_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
@@ -1141,7 +1186,8 @@ def checkpoint_tensors(model, cfg: dict, layout: str) -> dict:
         if k.endswith("mlp.experts.gate_up_proj"):
             prefix = k[: -len("mlp.experts.gate_up_proj")] + block + ".experts"
             inter = v.shape[1] // 2
-            for e in range(v.shape[0]):
+            # LongCat's stack also holds its identity experts, which have no weights released.
+            for e in range(state[k.replace("gate_up_proj", "down_proj")].shape[0]):
                 out[f"{prefix}.{e}.{gate_name}.weight"] = v[e, :inter].contiguous()
                 out[f"{prefix}.{e}.{up_name}.weight"] = v[e, inter:].contiguous()
         elif k.endswith("mlp.experts.down_proj"):
@@ -1483,6 +1529,17 @@ def with_mtp_layer(tensors: dict, cfg: dict) -> dict:
     return out
 
 
+def with_longcat_mtp(tensors: dict) -> dict:
+    """LongCat-Flash's MTP block as released, under `model.mtp.`: a copy of
+    the first layer's first sublayer and its experts."""
+    out = dict(tensors)
+    for k, v in tensors.items():
+        if k.startswith("model.layers.0."):
+            out["model.mtp.layers.0." + k[len("model.layers.0."):]] = v.clone()
+    out["model.mtp.embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+    return out
+
+
 ERNIE_MTP_NAMES = {"eh_proj": "mtp_linear_proj", "enorm": "mtp_emb_norm", "hnorm": "mtp_hidden_norm"}
 
 
@@ -1644,6 +1701,8 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
         cfg = dict(cfg, quantization_config=V4_FP8_CONFIG, expert_dtype="fp4")
     if opts.get("mtp") == "ernie":
         tensors = with_ernie_mtp(tensors, cfg)
+    elif opts.get("mtp") == "longcat":
+        tensors = with_longcat_mtp(tensors)
     elif opts.get("mtp"):
         tensors = with_mtp_layer(tensors, cfg)
     wrapped = opts.get("wrap")
@@ -1687,7 +1746,10 @@ def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, 
     # INT4 would need compressed-tensors installed to reload; the model above
     # already computes on its dequantised values.
     # MXFP4's loader wants GPU kernels; its dequantisation was run directly above.
-    if not wrapped and not any(opts.get(q) for q in ("fp8", "ct_fp8", "int4", "mxfp4", "v4_quant")):
+    # transformers 5.24 cannot reload LongCat's released per-expert layout:
+    # it stacks the 512 computed experts into its 768-expert gate/up parameter.
+    reloadable = not opts.get("unreloadable")
+    if reloadable and not wrapped and not any(opts.get(q) for q in ("fp8", "ct_fp8", "int4", "mxfp4", "v4_quant")):
         # The checkpoint as written must load back in transformers to the same logits.
         reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
         again = reloaded(torch.tensor([ids])).logits[0]

@@ -97,6 +97,17 @@ impl RawConfig {
         }
     }
 
+    /// This config with `field` set to `value` (a field a family names its
+    /// own way).
+    pub fn with(&self, field: &str, value: Value) -> Self {
+        let mut map = self.map.clone();
+        map.insert(field.to_string(), value);
+        Self {
+            path: self.path.clone(),
+            map,
+        }
+    }
+
     /// This config without `field` (a field a family reads its own way).
     pub fn without(&self, field: &str) -> Self {
         let mut map = self.map.clone();

@@ -96,6 +96,12 @@ pub trait FamilyConfig: Debug + Send + Sync + Any {
         None
     }
 
+    /// A tensor the last layer (`last`) must have: the check that the
+    /// weights hold as many layers as the config says.
+    fn last_layer_probe(&self, last: usize) -> String {
+        format!("model.layers.{last}.input_layernorm.weight")
+    }
+
     /// What may precede `layers.N.` in the release's names besides `model.`.
     fn extra_layer_prefixes(&self) -> &'static [&'static str] {
         &[]
@@ -131,6 +137,7 @@ pub static FAMILIES: &[&dyn Family] = &[
     &super::llama4::FAMILY,
     &super::step3p7::FAMILY,
     &super::bailing_hybrid::FAMILY,
+    &super::longcat_flash::FAMILY,
 ];
 
 /// The family that reads `model_type`.

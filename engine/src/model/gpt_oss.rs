@@ -145,7 +145,7 @@ pub fn build(
                     h,
                     c.intermediate_size,
                 )?)),
-                weight_input: false,
+                ..ExpertExtras::default()
             },
         };
         layers.push(DecoderLayer::load(

@@ -17,6 +17,7 @@ pub mod gpt_oss;
 pub mod hunyuan_v1_moe;
 pub mod kimi_linear;
 pub mod llama4;
+pub mod longcat_flash;
 pub mod layers;
 pub mod lockstep;
 pub mod minimax_m2;
@@ -258,7 +259,7 @@ impl ModelSpec {
             _ => {}
         }
         let last = c.num_layers - 1;
-        let probe = format!("model.layers.{last}.input_layernorm.weight");
+        let probe = self.config.last_layer_probe(last);
         if !w.has(&probe) {
             return Err(ConfigError::Invalid {
                 path: source.origin().join("config.json"),

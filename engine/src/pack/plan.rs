@@ -72,10 +72,12 @@ impl<'a> LayerPlan<'a> {
                         "FP8 experts in the fused layout ({gate_up}) are not packed; FP8 experts are packed from per-expert tensors, as published"
                     )));
                 }
+                // A gate/up stack may hold more experts than down's (LongCat's
+                // identity experts): the first are the computed ones.
                 ([e, two_i, h], [e2, h2, i])
-                    if e == e2 && h == h2 && *two_i == 2 * i && gu.dtype == d.dtype =>
+                    if e >= e2 && h == h2 && *two_i == 2 * i && gu.dtype == d.dtype =>
                 {
-                    (*e, *h, *i, ExpertEncoding::Plain(gu.dtype))
+                    (*e2, *h, *i, ExpertEncoding::Plain(gu.dtype))
                 }
                 _ => {
                     return Err(bad(format!(

@@ -33,6 +33,23 @@ pub enum Attention {
 pub enum FeedForward {
     Dense(Mlp),
     Sparse(MoeBlock),
+    /// LongCat-Flash's first sublayer: a dense MLP, and a MoE block on the
+    /// same input whose output is held back (its reads go on meanwhile)
+    /// and added after the next sublayer's MLP.
+    Shortcut { mlp: Mlp, moe: Box<MoeBlock> },
+    /// LongCat-Flash's second sublayer: its MLP plus the held-back MoE output.
+    AddShortcut(Mlp),
+}
+
+impl FeedForward {
+    /// The MoE block whose experts this feed-forward reads, if any.
+    pub fn moe(&self) -> Option<&MoeBlock> {
+        match self {
+            FeedForward::Sparse(moe) => Some(moe),
+            FeedForward::Shortcut { moe, .. } => Some(moe),
+            FeedForward::Dense(_) | FeedForward::AddShortcut(_) => None,
+        }
+    }
 }
 
 pub struct DecoderLayer {
@@ -157,7 +174,7 @@ impl Decoder {
         let Some(next) = self.layers.get(layer) else {
             return Ok(());
         };
-        let FeedForward::Sparse(moe) = &next.ffn else {
+        let Some(moe) = next.ffn.moe() else {
             return Ok(());
         };
         if !self.experts.wants_hints() {
@@ -166,7 +183,7 @@ impl Decoder {
         let (n, _) = x.dims2()?;
         let normed = next.post_attention_norm.forward_values(&values(x)?);
         let experts = moe.predict(&normed, n, ids)?;
-        self.experts.prefetch(layer, &experts);
+        self.experts.prefetch(moe.layer, &experts);
         Ok(())
     }
 
@@ -251,6 +268,8 @@ impl Decoder {
             embedded
         };
         let mut chosen: Vec<_> = parts.iter().map(|_| None).collect();
+        // A MoE block whose output waits for a later sublayer (LongCat).
+        let mut held = None;
         for (index, layer) in self.layers.iter().enumerate() {
             let [attn_hc, ffn_hc] = match &layer.hyper {
                 Some(hc) => [Some(&hc[0]), Some(&hc[1])],
@@ -292,6 +311,21 @@ impl Decoder {
                     let started = m.start(&h, &ids, self.experts.as_ref())?;
                     self.pilot(index + 1, &input, &ids)?;
                     m.finish(started)?
+                }
+                FeedForward::Shortcut { mlp, moe } => {
+                    // The reads go on through this MLP and the next
+                    // sublayer's attention and MLP.
+                    let moe: &MoeBlock = moe;
+                    held = Some((moe, moe.start(&h, &ids, self.experts.as_ref())?));
+                    mlp.forward(&h)?
+                }
+                FeedForward::AddShortcut(mlp) => {
+                    self.pilot(index + 1, &input, &ids)?;
+                    let y = mlp.forward(&h)?;
+                    let (moe, started) = held
+                        .take()
+                        .ok_or(ModelError::Internal("a shortcut added before its MoE block ran"))?;
+                    (y + moe.finish(started)?)?
                 }
             };
             x = spread(ffn_hc, mixing, x, h)?;

@@ -311,7 +311,15 @@ pub fn load_layer_experts(
             .collect();
     }
     if experts.has("gate_up_proj") {
-        let gate_up = experts.matrix_stack("gate_up_proj", count, 2 * intermediate, hidden)?;
+        // LongCat-Flash's stack holds its identity experts too; the first
+        // `count` are the computed ones.
+        let stored = experts
+            .shape("gate_up_proj")
+            .and_then(|s| s.first().copied())
+            .filter(|&n| n > count)
+            .unwrap_or(count);
+        let mut gate_up = experts.matrix_stack("gate_up_proj", stored, 2 * intermediate, hidden)?;
+        gate_up.truncate(count);
         let down = experts.matrix_stack("down_proj", count, hidden, intermediate)?;
         return gate_up
             .into_iter()

@@ -197,6 +197,13 @@ impl RmsNorm {
         })
     }
 
+    /// This norm with its weights multiplied by `factor` (a scale on its
+    /// output folded in: LongCat's LoRA scaling).
+    pub fn scaled(mut self, factor: f32) -> Self {
+        self.weight.iter_mut().for_each(|w| *w *= factor);
+        self
+    }
+
     /// A norm without a learnt scale (every weight 1, which multiplies exactly).
     pub fn unweighted(dim: usize, eps: f64) -> Self {
         Self {

@@ -35,6 +35,9 @@ pub struct ExpertExtras {
     /// Whether the routing weight scales the expert's input rather than its
     /// output (Llama 4; not the same through SwiGLU).
     pub weight_input: bool,
+    /// Router ids from here on are identity experts (LongCat-Flash's
+    /// "zero-computation" experts): they add `w · x` and nothing is read.
+    pub identity_from: Option<usize>,
 }
 
 impl Default for ExpertExtras {
@@ -43,6 +46,7 @@ impl Default for ExpertExtras {
             activation: Activation::Swiglu,
             biases: None,
             weight_input: false,
+            identity_from: None,
         }
     }
 }
@@ -156,6 +160,10 @@ impl MoeBlock {
                 entry.1.push(weight);
             }
         }
+        let identity = match self.extras.identity_from {
+            Some(from) => by_expert.split_off(&from),
+            None => BTreeMap::new(),
+        };
         let ids: Vec<usize> = by_expert.keys().copied().collect();
         let rows: Vec<u32> = by_expert
             .values()
@@ -167,6 +175,7 @@ impl MoeBlock {
             n,
             hidden,
             by_expert,
+            identity,
             stream,
         })
     }
@@ -183,6 +192,7 @@ impl MoeBlock {
             n,
             hidden,
             by_expert,
+            identity,
             stream,
         } = started;
         let routes: Vec<ExpertRows<'_>> = by_expert.iter().map(|(&id, r)| (id, r)).collect();
@@ -227,6 +237,15 @@ impl MoeBlock {
                 }
             }
         }
+        // Identity experts after the computed ones, in ascending id order.
+        for (rows, weights) in identity.values() {
+            for (&row, &w) in rows.iter().zip(weights) {
+                let at = row * hidden..(row + 1) * hidden;
+                for (o, v) in out[at.clone()].iter_mut().zip(&xs[at]) {
+                    *o += w * v;
+                }
+            }
+        }
         if let Some(shared) = &self.shared {
             let mut s = shared.forward_values(&xs, n)?;
             if let Some(gate) = &self.shared_gate {
@@ -253,7 +272,8 @@ impl MoeBlock {
         ids: &[u32],
     ) -> Result<Vec<usize>, ModelError> {
         let routes = self.router.route_values(normed, n, ids)?;
-        let mut ids: Vec<usize> = routes.iter().flatten().map(|&(e, _)| e).collect();
+        let real = |e: &usize| self.extras.identity_from.is_none_or(|from| *e < from);
+        let mut ids: Vec<usize> = routes.iter().flatten().map(|&(e, _)| e).filter(real).collect();
         ids.sort_unstable();
         ids.dedup();
         Ok(ids)
@@ -273,6 +293,8 @@ pub struct Started<'a> {
     hidden: usize,
     /// expert id → (token rows, weights), in ascending id order.
     by_expert: BTreeMap<usize, (Vec<usize>, Vec<f32>)>,
+    /// The same for identity experts, which are not read.
+    identity: BTreeMap<usize, (Vec<usize>, Vec<f32>)>,
     stream: ExpertStream<'a>,
 }
 
