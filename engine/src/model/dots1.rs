@@ -94,7 +94,7 @@ impl Family for Dots1Family {
 }
 
 /// `synth --arch dots1`: the release's proportions (q/k norms, no biases,
-/// two shared experts, one dense layer first, nothing sliding).
+/// a shared expert, one dense layer first, nothing sliding).
 static SYNTH: Shape = Shape {
     name: "dots1",
     attention: SynthAttention::Grouped {
@@ -110,7 +110,7 @@ static SYNTH: Shape = Shape {
             "model_type": "dots1",
             "head_dim": s.hidden / s.heads, "rope_theta": 10_000_000.0,
             "intermediate_size": s.dense_intermediate, "moe_intermediate_size": s.moe_intermediate,
-            "n_routed_experts": s.experts, "n_shared_experts": 2, "n_group": null, "topk_group": null,
+            "n_routed_experts": s.experts, "n_shared_experts": 1, "n_group": null, "topk_group": null,
             "first_k_dense_replace": 1, "norm_topk_prob": true, "routed_scaling_factor": 2.5,
             "sliding_window": null, "max_window_layers": s.layers,
         })

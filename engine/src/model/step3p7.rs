@@ -260,9 +260,12 @@ fn sparse_layers(raw: &RawConfig, layers: usize, mtp: usize) -> Result<Vec<bool>
 fn ropes(raw: &RawConfig, sliding: &[bool], mtp: usize) -> Result<(RopeParams, RopeParams), ConfigError> {
     let per_type = raw.get("rope_parameters").and_then(Value::as_object);
     let layers = sliding.len();
-    let thetas = match numbers(raw, "rope_theta")? {
-        Some(list) => Some(trimmed(raw, "rope_theta", list, layers, mtp)?),
-        None => None,
+    // One `rope_theta` for every layer, or a list of one per layer.
+    let thetas = match raw.get("rope_theta") {
+        Some(Value::Array(_)) => numbers(raw, "rope_theta")?
+            .map(|list| trimmed(raw, "rope_theta", list, layers, mtp))
+            .transpose()?,
+        _ => None,
     };
     let factors = match numbers(raw, "partial_rotary_factors")? {
         Some(list) => Some(trimmed(raw, "partial_rotary_factors", list, layers, mtp)?),

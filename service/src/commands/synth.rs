@@ -12,11 +12,9 @@ use super::size::parse_size;
 
 #[derive(Args)]
 pub struct SynthArgs {
-    /// Architecture: deepseek_v3, deepseek_v4 (compressed and sparse
-    /// attention, hyper-connections), glm_moe_dsa (GLM-5's sparse attention),
-    /// kimi_linear (Kimi K3's kind: mostly linear attention, hundreds of
-    /// experts), qwen3_moe, mixtral, gpt_oss or minimax_m2.
-    #[arg(long)]
+    /// Architecture: a family's `model_type` (the families' table lists
+    /// what each is).
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(longhaul_engine::tools::synth_names()))]
     arch: String,
     /// Folder to write the checkpoint into.
     #[arg(long)]
