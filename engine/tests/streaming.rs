@@ -38,7 +38,7 @@ fn expert_bytes(fixture: &str) -> u64 {
         // bytes): 64 gate/up rows of 64 weights and 64 down rows of 32.
         "deepseek_v4_fp8_fp4" => 64 * 2 * (1 + 16) + 64 * (1 + 16),
         // FP8 rows of 64 (gate, up) and 24 (down) weights, each led by a scale.
-        "deepseek_v3_fp8" | "glm_moe_dsa_fp8" | "deepseek_v32_released" => {
+        "deepseek_v3_fp8" | "glm_moe_dsa_fp8" | "deepseek_v32_released" | "longcat_flash_fp8" => {
             48 * (4 + 64) + 64 * (4 + 24)
         }
         // compressed-tensors FP8 per channel: rows of 64 (gate, up) and 16
@@ -243,6 +243,8 @@ fn quantised_experts_stream_exactly_as_published() {
         // Ling-3.0-flash's kind, under Ling's own names.
         ("bailing_hybrid_int4", "INT4_G32"),
         ("gpt_oss_mxfp4", "MXFP4"),
+        // LongCat-Flash-Chat-FP8's kind, its MTP block beside.
+        ("longcat_flash_fp8", "FP8_E4M3_B128"),
         ("deepseek_v4_fp8_fp4", "MXFP4"),
     ] {
         published_experts_stream_exactly(fixture, dtype);

@@ -1069,6 +1069,11 @@ FIXTURES += [
              max_position_embeddings=64),
         {"style": "new", "layout": "fused", "dtype": "float32", "shards": 1, "seed": 452},
     ),
+    # LongCat-Flash-Chat-FP8's kind: every projection (attention, dense
+    # MLPs, experts) FP8 with 128x128 block scales, router and norms BF16.
+    ("longcat_flash_fp8", dict(LONGCAT_SPEC, expert_ffn_hidden_size=24),
+     {"style": "old", "layout": "per_expert", "dtype": "bfloat16", "shards": 2, "seed": 453, "fp8": True,
+      "mtp": "longcat"}),
 ]
 
 

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::config::{ConfigError, RawConfig};
-use super::family::{Family, FamilyConfig, Parsed};
+use super::family::{FamilyConfig, Parsed, Row};
 use super::glm4_moe::{MoeDefaults, parse_moe};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
@@ -32,7 +32,7 @@ use super::layers::rope::{Rope, RopeParams};
 use super::layers::{Linear, Mlp, RmsNorm, Stacked};
 use super::state::{SlotKind, StateLayout};
 use super::{CommonConfig, ModelError, assemble};
-use crate::synth::{Add, DEEPSEEK_MOE, FLOAT_DTYPES, Fill, MlaDims, Shape, SynthAttention, SynthFamily, SynthSpec};
+use crate::synth::{Add, DEEPSEEK_MOE, FLOAT_DTYPES, Fill, MlaDims, Shape, SynthAttention, SynthSpec};
 use crate::weights::{Renamed, TensorSource, Weights};
 
 /// `BailingHybridConfig`'s defaults.
@@ -193,23 +193,11 @@ pub fn build(
 }
 
 /// Ling 3.0.
-pub struct BailingHybridFamily;
-
-pub static FAMILY: BailingHybridFamily = BailingHybridFamily;
-
-impl Family for BailingHybridFamily {
-    fn model_types(&self) -> &'static [&'static str] {
-        &["bailing_hybrid"]
-    }
-
-    fn parse(&self, raw: &RawConfig, _model_type: &str) -> Result<Parsed, ConfigError> {
-        Ok(Parsed::plain(Config::parse(raw)?))
-    }
-
-    fn synth(&self) -> Option<&'static dyn SynthFamily> {
-        Some(&SYNTH)
-    }
-}
+pub static FAMILY: Row = Row {
+    types: &["bailing_hybrid"],
+    parse: |raw, _| Ok(Parsed::plain(Config::parse(raw)?)),
+    synth: Some(&SYNTH),
+};
 
 /// `synth --arch bailing_hybrid`: Ling-3.0-flash's kind (MLA every sixth
 /// layer, KDA between, one dense layer first, a shared expert).
@@ -300,10 +288,6 @@ impl FamilyConfig for Config {
                 pairs: RELEASED_NAMES,
             }) as Box<dyn TensorSource + 'a>
         })
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 }
 

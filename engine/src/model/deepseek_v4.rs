@@ -580,10 +580,6 @@ impl FamilyConfig for Config {
     fn extra_layer_prefixes(&self) -> &'static [&'static str] {
         &[""]
     }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
 }
 
 #[cfg(test)]

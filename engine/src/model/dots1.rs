@@ -13,11 +13,11 @@
 use serde_json::json;
 
 use super::config::{ConfigError, RawConfig};
-use super::family::{Family, Parsed};
+use super::family::{Parsed, Row};
 use super::glm4_moe::{self, MoeDefaults, check_rotary, parse_moe};
 use super::qwen3_moe::check_heads;
 use super::CommonConfig;
-use crate::synth::{ALL_DTYPES, DEEPSEEK_MOE, QkNorm, Shape, SynthAttention, SynthFamily};
+use crate::synth::{ALL_DTYPES, DEEPSEEK_MOE, QkNorm, Shape, SynthAttention};
 
 /// `Dots1Config`'s defaults.
 const DEFAULT_RMS_EPS: f64 = 1e-6;
@@ -75,23 +75,11 @@ pub fn parse(raw: &RawConfig) -> Result<glm4_moe::Config, ConfigError> {
 }
 
 /// dots.llm1.
-pub struct Dots1Family;
-
-pub static FAMILY: Dots1Family = Dots1Family;
-
-impl Family for Dots1Family {
-    fn model_types(&self) -> &'static [&'static str] {
-        &["dots1"]
-    }
-
-    fn parse(&self, raw: &RawConfig, _model_type: &str) -> Result<Parsed, ConfigError> {
-        Ok(Parsed::plain(parse(raw)?))
-    }
-
-    fn synth(&self) -> Option<&'static dyn SynthFamily> {
-        Some(&SYNTH)
-    }
-}
+pub static FAMILY: Row = Row {
+    types: &["dots1"],
+    parse: |raw, _| Ok(Parsed::plain(parse(raw)?)),
+    synth: Some(&SYNTH),
+};
 
 /// `synth --arch dots1`: the release's proportions (q/k norms, no biases,
 /// a shared expert, one dense layer first, nothing sliding).

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::config::{ConfigError, RawConfig};
-use super::family::{Family, FamilyConfig, Parsed, grouped_layout};
+use super::family::{FamilyConfig, Parsed, Row, grouped_layout};
 use super::layers::Mlp;
 use super::layers::attention::{GqaShape, GroupedQueryAttention};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
@@ -28,7 +28,7 @@ use super::layers::router::Scoring;
 use super::qwen3_moe::check_heads;
 use super::state::StateLayout;
 use super::{CommonConfig, ModelError, assemble};
-use crate::synth::{FLOAT_DTYPES, Moe, PROJ_MOE, QkNorm, RouterBias, Shape, SynthAttention, SynthFamily};
+use crate::synth::{FLOAT_DTYPES, Moe, PROJ_MOE, QkNorm, RouterBias, Shape, SynthAttention};
 use crate::weights::Weights;
 
 /// `Ernie4_5_MoeConfig`'s defaults.
@@ -161,23 +161,11 @@ pub fn build(
 }
 
 /// ERNIE 4.5 MoE.
-pub struct ErnieFamily;
-
-pub static FAMILY: ErnieFamily = ErnieFamily;
-
-impl Family for ErnieFamily {
-    fn model_types(&self) -> &'static [&'static str] {
-        &["ernie4_5_moe"]
-    }
-
-    fn parse(&self, raw: &RawConfig, _model_type: &str) -> Result<Parsed, ConfigError> {
-        Ok(Parsed::plain(Config::parse(raw)?))
-    }
-
-    fn synth(&self) -> Option<&'static dyn SynthFamily> {
-        Some(&SYNTH)
-    }
-}
+pub static FAMILY: Row = Row {
+    types: &["ernie4_5_moe"],
+    parse: |raw, _| Ok(Parsed::plain(Config::parse(raw)?)),
+    synth: Some(&SYNTH),
+};
 
 /// `synth --arch ernie4_5_moe`: ERNIE-4.5-21B-A3B's proportions (one dense
 /// layer first, two shared experts, tied embeddings), with the router's
@@ -223,10 +211,6 @@ impl FamilyConfig for Config {
         experts: Option<Arc<dyn ExpertProvider>>,
     ) -> Result<Decoder, ModelError> {
         build(self, w, experts)
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 }
 

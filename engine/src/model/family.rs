@@ -3,7 +3,8 @@
 //! Each model family (Qwen3-MoE, DeepSeek-V3, …) lives in its own file and
 //! implements two traits: [`Family`] says which `model_type` values it reads
 //! and how (and which GGUF architectures and `synth` shapes it has), and the
-//! [`FamilyConfig`] it parses knows its state and builds its decoder.
+//! [`FamilyConfig`] it parses knows its state and builds its decoder. Most
+//! families' [`Family`] is a [`Row`]: their types, parser and synth shape.
 //! [`FAMILIES`] lists them; the supported types, config parsing, the GGUF
 //! architecture map and `synth --arch` all read that one table. Adding
 //! MiniMax-M2 before this took edits at seven places in `model/mod.rs` and
@@ -40,6 +41,28 @@ pub trait Family: Sync {
     }
 }
 
+/// A family with nothing of its own beyond its `model_type` values, how it
+/// reads a config and how `synth` writes one: most families' row.
+pub struct Row {
+    pub types: &'static [&'static str],
+    pub parse: fn(&RawConfig, &str) -> Result<Parsed, ConfigError>,
+    pub synth: Option<&'static dyn crate::synth::SynthFamily>,
+}
+
+impl Family for Row {
+    fn model_types(&self) -> &'static [&'static str] {
+        self.types
+    }
+
+    fn parse(&self, raw: &RawConfig, model_type: &str) -> Result<Parsed, ConfigError> {
+        (self.parse)(raw, model_type)
+    }
+
+    fn synth(&self) -> Option<&'static dyn crate::synth::SynthFamily> {
+        self.synth
+    }
+}
+
 /// A parsed config and where its weights are.
 pub struct Parsed {
     pub config: Box<dyn FamilyConfig>,
@@ -67,7 +90,7 @@ impl Parsed {
 
 /// A family's typed settings: what one sequence's state holds and how the
 /// decoder is built.
-pub trait FamilyConfig: Debug + Send + Sync + Any {
+pub trait FamilyConfig: Debug + Send + Sync + AsAny {
     fn common(&self) -> &CommonConfig;
 
     /// The state slots one sequence keeps, as the built decoder uses them.
@@ -107,7 +130,18 @@ pub trait FamilyConfig: Debug + Send + Sync + Any {
         &[]
     }
 
+}
+
+/// Lets a `dyn FamilyConfig` be looked at as its own type (the pack
+/// writer asks for a family's settings by type).
+pub trait AsAny: Any {
     fn as_any(&self) -> &dyn Any;
+}
+
+impl<T: Any> AsAny for T {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
 }
 
 /// One appending slot per layer of grouped-query attention: a key and a

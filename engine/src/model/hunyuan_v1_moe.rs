@@ -18,7 +18,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::config::{ConfigError, RawConfig};
-use super::family::{Family, FamilyConfig, Parsed, grouped_layout};
+use super::family::{FamilyConfig, Parsed, Row, grouped_layout};
 use super::layers::Mlp;
 use super::layers::attention::{GqaShape, GroupedQueryAttention};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
@@ -30,7 +30,7 @@ use super::qwen3_moe::check_heads;
 use super::state::StateLayout;
 use super::{CommonConfig, ModelError, assemble};
 use crate::synth::{
-    Add, FLOAT_DTYPES, PROJ_MOE, QkNorm, Shape, SynthAttention, SynthFamily, SynthSpec, experts,
+    Add, FLOAT_DTYPES, PROJ_MOE, QkNorm, Shape, SynthAttention, SynthSpec, experts,
     grouped,
 };
 use crate::weights::{Renamed, TensorSource, Weights, respell};
@@ -170,23 +170,11 @@ pub fn build(
 }
 
 /// Hunyuan-A13B.
-pub struct HunyuanFamily;
-
-pub static FAMILY: HunyuanFamily = HunyuanFamily;
-
-impl Family for HunyuanFamily {
-    fn model_types(&self) -> &'static [&'static str] {
-        &["hunyuan_v1_moe"]
-    }
-
-    fn parse(&self, raw: &RawConfig, _model_type: &str) -> Result<Parsed, ConfigError> {
-        Ok(Parsed::plain(Config::parse(raw)?))
-    }
-
-    fn synth(&self) -> Option<&'static dyn SynthFamily> {
-        Some(&SYNTH)
-    }
-}
+pub static FAMILY: Row = Row {
+    types: &["hunyuan_v1_moe"],
+    parse: |raw, _| Ok(Parsed::plain(Config::parse(raw)?)),
+    synth: Some(&SYNTH),
+};
 
 /// `synth --arch hunyuan_v1_moe`: the release's names and proportions
 /// (every layer sparse, one shared MLP as wide as an expert, the NTK
@@ -248,10 +236,6 @@ impl FamilyConfig for Config {
             inner: source,
             pairs: NAMES,
         }))
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 }
 

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::config::{ConfigError, RawConfig};
-use super::family::{Family, FamilyConfig, Parsed, grouped_layout};
+use super::family::{FamilyConfig, Parsed, Row, grouped_layout};
 use super::layers::attention::{GqaShape, GroupedQueryAttention, Temperature};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{ExpertProvider, ExpertSetup};
@@ -33,7 +33,7 @@ use super::layers::{Linear, Mlp};
 use super::qwen3_moe::check_heads;
 use super::state::StateLayout;
 use super::{CommonConfig, ModelError, assemble};
-use crate::synth::{Add, FLOAT_DTYPES, Fill, Shape, SynthAttention, SynthFamily, SynthSpec, grouped};
+use crate::synth::{Add, FLOAT_DTYPES, Fill, Shape, SynthAttention, SynthSpec, grouped};
 use crate::weights::Weights;
 
 /// `Llama4TextConfig`'s defaults.
@@ -249,30 +249,23 @@ pub fn build(
 }
 
 /// Llama 4.
-pub struct Llama4Family;
+pub static FAMILY: Row = Row {
+    types: &["llama4", "llama4_text"],
+    parse: parse_config,
+    synth: Some(&SYNTH),
+};
 
-pub static FAMILY: Llama4Family = Llama4Family;
-
-impl Family for Llama4Family {
-    fn model_types(&self) -> &'static [&'static str] {
-        &["llama4", "llama4_text"]
+/// Reads a config of the family's `model_type` values.
+fn parse_config(raw: &RawConfig, model_type: &str) -> Result<Parsed, ConfigError> {
+    if model_type == "llama4_text" {
+        return Ok(Parsed::plain(Config::parse(raw)?));
     }
-
-    fn parse(&self, raw: &RawConfig, model_type: &str) -> Result<Parsed, ConfigError> {
-        if model_type == "llama4_text" {
-            return Ok(Parsed::plain(Config::parse(raw)?));
-        }
-        let text = raw.sub_config("text_config")?;
-        Ok(Parsed {
-            quantization: super::quantization::parse(&text)?,
-            weight_prefix: "language_model.",
-            ..Parsed::plain(Config::parse(&text)?)
-        })
-    }
-
-    fn synth(&self) -> Option<&'static dyn SynthFamily> {
-        Some(&SYNTH)
-    }
+    let text = raw.sub_config("text_config")?;
+    Ok(Parsed {
+        quantization: super::quantization::parse(&text)?,
+        weight_prefix: "language_model.",
+        ..Parsed::plain(Config::parse(&text)?)
+    })
 }
 
 /// `synth --arch llama4`: Scout's kind (every layer sparse with a shared
@@ -332,10 +325,6 @@ impl FamilyConfig for Config {
 
     fn stacked_experts(&self) -> Option<StackedExperts> {
         Some(self.stacked())
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 }
 

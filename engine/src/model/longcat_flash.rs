@@ -21,7 +21,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::config::{ConfigError, RawConfig};
-use super::family::{Family, FamilyConfig, Parsed};
+use super::family::{FamilyConfig, Parsed, Row};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
 use super::layers::mla::{LatentAttention, MlaShape, QueryProjection};
@@ -31,7 +31,7 @@ use super::layers::router::{Router, Scoring};
 use super::layers::{Linear, Mlp, RmsNorm};
 use super::state::{SlotKind, StateLayout};
 use super::{CommonConfig, ModelError, assemble};
-use crate::synth::{Add, FLOAT_DTYPES, Fill, MlaDims, Shape, SynthAttention, SynthFamily, SynthSpec, popularity};
+use crate::synth::{Add, FLOAT_DTYPES, Fill, MlaDims, Shape, SynthAttention, SynthSpec, popularity};
 use crate::weights::Weights;
 
 /// `LongcatFlashConfig`'s defaults.
@@ -200,23 +200,11 @@ pub fn build(
 }
 
 /// LongCat-Flash.
-pub struct LongcatFlashFamily;
-
-pub static FAMILY: LongcatFlashFamily = LongcatFlashFamily;
-
-impl Family for LongcatFlashFamily {
-    fn model_types(&self) -> &'static [&'static str] {
-        &["longcat_flash"]
-    }
-
-    fn parse(&self, raw: &RawConfig, _model_type: &str) -> Result<Parsed, ConfigError> {
-        Ok(Parsed::plain(Config::parse(raw)?))
-    }
-
-    fn synth(&self) -> Option<&'static dyn SynthFamily> {
-        Some(&SYNTH)
-    }
-}
+pub static FAMILY: Row = Row {
+    types: &["longcat_flash"],
+    parse: |raw, _| Ok(Parsed::plain(Config::parse(raw)?)),
+    synth: Some(&SYNTH),
+};
 
 /// `synth --arch longcat_flash`: LongCat-Flash's kind (half as many
 /// identity experts as computed ones, top-k of their sum scaled by 6, two
@@ -300,10 +288,6 @@ impl FamilyConfig for Config {
 
     fn last_layer_probe(&self, last: usize) -> String {
         format!("model.layers.{last}.input_layernorm.1.weight")
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 }
 

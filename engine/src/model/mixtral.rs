@@ -174,8 +174,4 @@ impl FamilyConfig for Config {
     ) -> Result<Decoder, ModelError> {
         build(self, w, experts)
     }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
 }

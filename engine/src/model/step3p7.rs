@@ -28,7 +28,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value, json};
 
 use super::config::{ConfigError, RawConfig};
-use super::family::{Family, FamilyConfig, Parsed, grouped_layout};
+use super::family::{FamilyConfig, Parsed, Row, grouped_layout};
 use super::layers::attention::{GqaShape, GroupedQueryAttention};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{Activation, ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
@@ -39,7 +39,7 @@ use super::layers::{Mlp, RmsNorm};
 use super::qwen3_moe::check_heads;
 use super::state::StateLayout;
 use super::{CommonConfig, ModelError, assemble};
-use crate::synth::{DEEPSEEK_MOE, FLOAT_DTYPES, QkNorm, Shape, SynthAttention, SynthFamily};
+use crate::synth::{DEEPSEEK_MOE, FLOAT_DTYPES, QkNorm, Shape, SynthAttention};
 use crate::weights::{Renamed, TensorSource, Weights};
 
 /// How the release spells what the model code asks for (transformers'
@@ -368,30 +368,23 @@ pub fn build(
 }
 
 /// Step-3.5 and 3.7.
-pub struct StepFamily;
+pub static FAMILY: Row = Row {
+    types: &["step3p7", "step3p5"],
+    parse: parse_config,
+    synth: Some(&SYNTH),
+};
 
-pub static FAMILY: StepFamily = StepFamily;
-
-impl Family for StepFamily {
-    fn model_types(&self) -> &'static [&'static str] {
-        &["step3p7", "step3p5"]
+/// Reads a config of the family's `model_type` values.
+fn parse_config(raw: &RawConfig, model_type: &str) -> Result<Parsed, ConfigError> {
+    if model_type == "step3p5" {
+        return Ok(Parsed::plain(Config::parse(raw)?));
     }
-
-    fn parse(&self, raw: &RawConfig, model_type: &str) -> Result<Parsed, ConfigError> {
-        if model_type == "step3p5" {
-            return Ok(Parsed::plain(Config::parse(raw)?));
-        }
-        let text = raw.sub_config("text_config")?;
-        Ok(Parsed {
-            quantization: super::quantization::parse(&text)?,
-            nested_language_model: true,
-            ..Parsed::plain(Config::parse(&text)?)
-        })
-    }
-
-    fn synth(&self) -> Option<&'static dyn SynthFamily> {
-        Some(&SYNTH)
-    }
+    let text = raw.sub_config("text_config")?;
+    Ok(Parsed {
+        quantization: super::quantization::parse(&text)?,
+        nested_language_model: true,
+        ..Parsed::plain(Config::parse(&text)?)
+    })
 }
 
 /// `synth --arch step3p5`: Step-3.5-Flash's kind, as its flat text config
@@ -453,10 +446,6 @@ impl FamilyConfig for Config {
                     pairs: RELEASED_NAMES,
                 }) as Box<dyn TensorSource + 'a>
             })
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 }
 
