@@ -21,7 +21,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::config::{ConfigError, RawConfig};
-use super::family::{FamilyConfig, Parsed, Row};
+use super::family::{FamilyConfig, Parsed, Row, hybrid_layout};
 use super::glm4_moe::{MoeDefaults, parse_moe};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
@@ -30,7 +30,7 @@ use super::layers::mla::{LatentAttention, MlaShape};
 use super::layers::moe::SigmoidGroupedMoe;
 use super::layers::rope::{Rope, RopeParams};
 use super::layers::{Linear, Mlp, RmsNorm, Stacked};
-use super::state::{SlotKind, StateLayout};
+use super::state::StateLayout;
 use super::{CommonConfig, ModelError, assemble};
 use crate::synth::{Add, DEEPSEEK_MOE, FLOAT_DTYPES, Fill, MlaDims, Shape, SynthAttention, SynthSpec};
 use crate::weights::{Renamed, TensorSource, Weights};
@@ -256,17 +256,11 @@ impl FamilyConfig for Config {
 
     /// KDA layers' fixed state; MLA layers' latents.
     fn state_layout(&self) -> StateLayout {
-        StateLayout::layers(self.linear.iter().map(|&linear| {
-            if linear {
-                SlotKind::Fixed {
-                    values: self.kda.state_values(),
-                }
-            } else {
-                SlotKind::Appending {
-                    per_position: self.mla.kv_lora_rank + self.mla.rope,
-                }
-            }
-        }))
+        hybrid_layout(
+            &self.linear,
+            self.kda.state_values(),
+            self.mla.kv_lora_rank + self.mla.rope,
+        )
     }
 
     fn build(

@@ -152,6 +152,19 @@ pub fn grouped_layout(layers: usize, kv_heads: usize, head_dim: usize) -> StateL
     }))
 }
 
+/// Linear-attention layers' fixed state (`values` each) beside latent
+/// attention's rows (`per_position` a position) on the others (Kimi-Linear,
+/// Ling 3).
+pub fn hybrid_layout(linear: &[bool], values: usize, per_position: usize) -> StateLayout {
+    StateLayout::layers(linear.iter().map(|&linear| {
+        if linear {
+            SlotKind::Fixed { values }
+        } else {
+            SlotKind::Appending { per_position }
+        }
+    }))
+}
+
 /// Every family Longhaul runs, in the order the README lists them.
 pub static FAMILIES: &[&dyn Family] = &[
     &super::qwen3_moe::FAMILY,

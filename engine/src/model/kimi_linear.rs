@@ -22,8 +22,8 @@ use super::layers::rope::{Rope, RopeKind, RopeParams};
 use super::layers::{Linear, Mlp, RmsNorm, Stacked};
 use super::{CommonConfig, ModelError, assemble};
 use crate::weights::Weights;
-use super::family::{Family, FamilyConfig, Parsed};
-use super::state::{SlotKind, StateLayout};
+use super::family::{Family, FamilyConfig, Parsed, hybrid_layout};
+use super::state::StateLayout;
 use crate::synth::{Shape, SynthFamily};
 
 /// Defaults of transformers' `KimiLinearConfig` for fields a config may omit.
@@ -327,17 +327,11 @@ impl FamilyConfig for Config {
 
     /// Linear layers' fixed state; the others' latents.
     fn state_layout(&self) -> StateLayout {
-        StateLayout::layers(self.linear_layers.iter().map(|&linear| {
-            if linear {
-                SlotKind::Fixed {
-                    values: self.linear.state_values(),
-                }
-            } else {
-                SlotKind::Appending {
-                    per_position: self.mla.kv_lora_rank + self.mla.rope,
-                }
-            }
-        }))
+        hybrid_layout(
+            &self.linear_layers,
+            self.linear.state_values(),
+            self.mla.kv_lora_rank + self.mla.rope,
+        )
     }
 
     fn build(
