@@ -31,6 +31,8 @@ fn a_restored_prefix_continues_bitwise_as_the_whole_prompt() {
         "step3p7_saved",
         "bailing_hybrid_released",
         "longcat_flash_recent",
+        // k-pool index keys and gate rows beside KDA state.
+        "glm5_next_saved",
     ] {
         let dir = common::fixtures_dir().join(name);
         let engine = Engine::open(&dir).unwrap();

@@ -185,6 +185,7 @@ pub static FAMILIES: &[&dyn Family] = &[
     &super::step3p7::FAMILY,
     &super::bailing_hybrid::FAMILY,
     &super::longcat_flash::FAMILY,
+    &super::glm5_next::FAMILY,
 ];
 
 /// The family that reads `model_type`.

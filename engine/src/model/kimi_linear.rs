@@ -183,10 +183,16 @@ impl Config {
     }
 }
 
-/// KDA's tensors under `self_attn`; the forget gate's may sit in `forget_gate`.
-fn load_kda(c: &Config, w: &Weights) -> Result<LinearAttention, ModelError> {
-    let s = c.linear;
-    let (h, width) = (c.common.hidden_size, s.k_heads * s.k_dim);
+/// KDA's tensors under `self_attn` (`w`); the forget gate's may sit in
+/// `forget_gate`. With a `lower_bound`, the decay is the safe gate (GLM-5.3).
+pub(crate) fn load_kda(
+    w: &Weights,
+    h: usize,
+    s: DeltaShape,
+    eps: f64,
+    lower_bound: Option<f32>,
+) -> Result<LinearAttention, ModelError> {
+    let width = s.k_heads * s.k_dim;
     let fw = if w.has("forget_gate.f_a_proj.weight") {
         w.pp("forget_gate")
     } else {
@@ -204,14 +210,14 @@ fn load_kda(c: &Config, w: &Weights) -> Result<LinearAttention, ModelError> {
             f_b: Linear::load(&fw, "f_b_proj", s.k_dim, width, false)?,
             a_log: load_flat(&fw, "A_log", s.k_heads)?,
             dt_bias: load_flat(&fw, "dt_bias", width)?,
-            lower_bound: None,
+            lower_bound,
         },
         gate: OutputGate::Sigmoid {
             a: Some(Linear::load(w, "g_a_proj", h, s.v_dim, false)?),
             b: Linear::load(w, "g_b_proj", s.v_dim, width, false)?,
         },
         conv: load_conv(w, &s)?,
-        norm: RmsNorm::load(w, "o_norm", s.v_dim, c.common.rms_norm_eps)?,
+        norm: RmsNorm::load(w, "o_norm", s.v_dim, eps)?,
         out: Linear::load(w, "o_proj", width, h, false)?,
         shape: s,
     })
@@ -271,7 +277,7 @@ pub fn build(
         let lw = w.pp(format_args!("model.layers.{i}"));
         let aw = lw.pp("self_attn");
         let attention = if c.linear_layers[i] {
-            Attention::Linear(Box::new(load_kda(c, &aw)?))
+            Attention::Linear(Box::new(load_kda(&aw, h, c.linear, c.common.rms_norm_eps, None)?))
         } else {
             Attention::Latent(LatentAttention::load(&aw, &c.mla, &rope, scale)?)
         };

@@ -12,6 +12,7 @@ pub mod ernie4_5_moe;
 pub mod extra;
 pub mod family;
 pub mod glm4_moe;
+pub mod glm5_next;
 pub mod glm_moe_dsa;
 pub mod gpt_oss;
 pub mod hunyuan_v1_moe;

@@ -731,6 +731,8 @@ mod tests {
                 "deepseek_v4" => 4,
                 // A latent-attention layer after five linear ones.
                 "bailing_hybrid" => 6,
+                // Sparse attention after three KDA layers, and experts.
+                "glm5_next" => 5,
                 _ => s.layers,
             };
             let out = tmp.path().join(arch);

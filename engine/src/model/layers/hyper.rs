@@ -151,20 +151,25 @@ fn weigh(streams: &[f32], pre: &[f32], d: usize) -> Vec<f32> {
         .collect()
 }
 
-/// The last collapse of the streams into one, before the final norm:
-/// `hc_fn [N, N·D]`, `hc_base [N]`, `hc_scale [1]`.
-pub struct HyperHead {
-    mix: Linear,
-    base: Vec<f32>,
-    scale: f32,
-    shape: HyperShape,
+/// The last collapse of the streams into one, before the final norm.
+pub enum HyperHead {
+    /// DeepSeek-V4's, weighed like a block's input: `hc_fn [N, N·D]`,
+    /// `hc_base [N]`, `hc_scale [1]`.
+    Weighted {
+        mix: Linear,
+        base: Vec<f32>,
+        scale: f32,
+        shape: HyperShape,
+    },
+    /// GLM-5.3's unweighted mean of the streams.
+    Mean(HyperShape),
 }
 
 impl HyperHead {
     /// Loads `hc_fn`, `hc_base` and `hc_scale` under `w`.
     pub fn load(w: &Weights, shape: &HyperShape) -> Result<Self, ModelError> {
         let n = shape.streams;
-        Ok(Self {
+        Ok(Self::Weighted {
             mix: Linear::from_matrix(w.matrix("hc_fn", n, n * shape.hidden)?),
             base: values(&w.get("hc_base", &[n])?)?,
             scale: values(&w.get("hc_scale", &[1])?)?[0],
@@ -174,15 +179,34 @@ impl HyperHead {
 
     /// The `rows` rows of `h` (`[rows][N][D]`) as one stream `[rows][D]`.
     pub fn collapse(&self, h: &[f32], rows: usize) -> Result<Vec<f32>, ModelError> {
-        let (n, d) = (self.shape.streams, self.shape.hidden);
-        let normed = unweighted_norm(h, n * d, self.shape.norm_eps);
-        let mix = self.mix.forward_values(&normed, rows)?;
+        let (mix, base, scale, shape) = match self {
+            Self::Weighted {
+                mix,
+                base,
+                scale,
+                shape,
+            } => (mix, base, *scale, shape),
+            Self::Mean(shape) => {
+                let (n, d) = (shape.streams, shape.hidden);
+                let ones = vec![1.0; n];
+                // The reference sums the streams, then divides by their number.
+                return Ok(h
+                    .chunks_exact((n * d).max(1))
+                    .take(rows)
+                    .flat_map(|r| weigh(r, &ones, d))
+                    .map(|v| v / n as f32)
+                    .collect());
+            }
+        };
+        let (n, d) = (shape.streams, shape.hidden);
+        let normed = unweighted_norm(h, n * d, shape.norm_eps);
+        let mix = mix.forward_values(&normed, rows)?;
         let mut out = Vec::with_capacity(rows * d);
         for (r, m) in mix.chunks_exact(n).enumerate() {
             let pre: Vec<f32> = m
                 .iter()
-                .zip(&self.base)
-                .map(|(v, b)| sigmoid(v * self.scale + b) + self.shape.eps)
+                .zip(base)
+                .map(|(v, b)| sigmoid(v * scale + b) + shape.eps)
                 .collect();
             out.extend(weigh(&h[r * n * d..(r + 1) * n * d], &pre, d));
         }

@@ -49,6 +49,44 @@ pub struct Indexer {
     rope: Rope,
     /// The sequence-state slot holding this layer's index keys.
     slot: usize,
+    /// GLM-5.3's k-pools: keys scored a pool at a time.
+    pools: Option<Pools>,
+}
+
+/// GLM-5.3-Flash's k-pool compression: positions are grouped in
+/// consecutive runs of `size` from the first; a complete pool's key is, per
+/// channel, the softmax-weighted sum of its tokens' keys (weights from
+/// `gate · x` plus a learnt per-place bias, `ape`). A query scores the
+/// complete pools that end at or before it, keeps `top_k / size` of them,
+/// and reads their tokens plus, with `tail`, the tokens of its own
+/// incomplete pool. Each position's key and gate row are kept; pool keys
+/// are recomputed from them in every pass, in one fixed order.
+pub struct Pools {
+    pub size: usize,
+    /// `[size][dim]`.
+    pub ape: Vec<f32>,
+    /// `index_kpool_compress_gate`: `[dim, hidden]`.
+    pub gate: Linear,
+    pub tail: bool,
+}
+
+impl Pools {
+    /// The key of every complete pool among `n` positions' keys and gate
+    /// rows (`rows`: `[n][key | gate]`, `2·dim` a position).
+    fn keys(&self, rows: &[f32], n: usize, dim: usize) -> Vec<f32> {
+        let mut out = Vec::with_capacity(n / self.size * dim);
+        for pool in rows[..n * 2 * dim].chunks_exact(self.size * 2 * dim) {
+            for c in 0..dim {
+                let logit = |t: usize| pool[t * 2 * dim + dim + c] + self.ape[t * dim + c];
+                let max = (0..self.size).map(logit).fold(f32::NEG_INFINITY, f32::max);
+                let weights: Vec<f32> = (0..self.size).map(|t| (logit(t) - max).exp()).collect();
+                let sum: f32 = weights.iter().sum();
+                let key: f32 = (0..self.size).map(|t| weights[t] / sum * pool[t * 2 * dim + c]).sum();
+                out.push(key);
+            }
+        }
+        out
+    }
 }
 
 impl Indexer {
@@ -73,6 +111,30 @@ impl Indexer {
             shape: *s,
             rope: rope.clone(),
             slot,
+            pools: None,
+        })
+    }
+
+    /// An indexer that scores pools of positions ([`Pools`]); it keeps a
+    /// key and a gate row a position in its slot.
+    pub fn load_pooled(
+        w: &Weights,
+        s: &IndexerShape,
+        rope: &Rope,
+        slot: usize,
+        size: usize,
+        tail: bool,
+    ) -> Result<Self, ModelError> {
+        let d = s.head_dim;
+        let pools = Pools {
+            size,
+            ape: values(&w.get("index_kpool_compress_ape", &[size, d])?)?,
+            gate: Linear::from_matrix(w.matrix("index_kpool_compress_gate", d, s.hidden)?),
+            tail,
+        };
+        Ok(Self {
+            pools: Some(pools),
+            ..Self::load(w, s, rope, slot)?
         })
     }
 
@@ -95,11 +157,55 @@ impl Indexer {
         let mut k = self.k_norm.forward_values(&self.wk.forward_values(xs, seq)?);
         self.rope.rotate(&mut k, 1, d, 0, tables)?;
         let weights = head_weights(&self.weights_proj, xs, seq, heads)?;
+        if let Some(pools) = &self.pools {
+            let gates = pools.gate.forward_values(xs, seq)?;
+            let (rows, _) = cache.append(self.slot, &interleave(&k, &gates, d), 2 * d, &[], 0)?;
+            return Ok(pooled_selection(pools, &q, &weights, rows, start, seq, s));
+        }
         let (keys, _) = cache.append(self.slot, &k, d, &[], 0)?;
         let visible = (0..seq).map(|i| start + i + 1);
         let shape = (heads, d, s.top_k);
         Ok(choose(&q, &weights, shape, visible, |n| Cow::Borrowed(&keys[..n * d])))
     }
+}
+
+/// Rows of `a` then `b` per position, `d` values each.
+fn interleave(a: &[f32], b: &[f32], d: usize) -> Vec<f32> {
+    a.chunks_exact(d.max(1))
+        .zip(b.chunks_exact(d.max(1)))
+        .flat_map(|(x, y)| x.iter().chain(y).copied())
+        .collect()
+}
+
+/// For each of the `seq` new rows (position `start + i`): the tokens of
+/// the pools it keeps, then its own incomplete pool's (the tail).
+fn pooled_selection(
+    pools: &Pools,
+    q: &[f32],
+    weights: &[f32],
+    rows: &[f32],
+    start: usize,
+    seq: usize,
+    s: &IndexerShape,
+) -> Selection {
+    let (d, size) = (s.head_dim, pools.size.max(1));
+    let total = start + seq;
+    let keys = pools.keys(rows, total, d);
+    let shape = (s.heads, d, s.top_k / size);
+    let candidates = (0..seq).map(|i| (start + i + 1) / size);
+    let chosen = choose(q, weights, shape, candidates, |n| Cow::Borrowed(&keys[..n * d]));
+    chosen
+        .into_iter()
+        .enumerate()
+        .map(|(i, kept)| {
+            let seen = start + i + 1;
+            let mut tokens: Vec<usize> = kept.iter().flat_map(|&p| p * size..(p + 1) * size).collect();
+            if pools.tail {
+                tokens.extend(seen / size * size..seen);
+            }
+            tokens
+        })
+        .collect()
 }
 
 /// The indexer's weight of each head for the `seq` rows of `xs`:

@@ -283,6 +283,10 @@ impl Rope {
         mut turn: impl FnMut(&mut [f32], &[f32], &[f32]),
     ) -> Result<(), ModelError> {
         let half = self.inv_freq.len();
+        if half == 0 && tables.half == 0 {
+            // A rope of no lanes (a model without rotary): nothing turns.
+            return Ok(());
+        }
         if half != tables.half || offset + 2 * half > stride || stride == 0 {
             return Err(ModelError::Internal("rope width does not fit the heads"));
         }
