@@ -462,3 +462,57 @@ impl FamilyConfig for Config {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn config(extra: &str) -> Result<Config, ConfigError> {
+        let raw = RawConfig::parse(
+            Path::new("config.json"),
+            &format!(
+                r#"{{"model_type": "glm5_next_text", "vocab_size": 8, "hidden_size": 64,
+                "num_hidden_layers": 5, "num_attention_heads": 4, "q_lora_rank": 16,
+                "kv_lora_rank": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
+                "intermediate_size": 64, "moe_intermediate_size": 16, "n_routed_experts": 4,
+                "num_experts_per_tok": 2 {extra}}}"#
+            ),
+        )
+        .unwrap();
+        Config::parse(&raw)
+    }
+
+    #[test]
+    fn the_release_fields_read() {
+        let c = config(
+            r#", "layer_types": ["linear_attention", "linear_attention", "linear_attention",
+                "deepseek_sparse_attention", "linear_attention"],
+               "linear_attn_config": {"num_heads": 4, "head_dim": 16, "short_conv_kernel_size": 4,
+                                      "gate_lower_bound": -5.0, "kda_layers": [1, 2, 3, 5]},
+               "index_kpool": 4"#,
+        )
+        .unwrap();
+        assert_eq!(c.linear, vec![true, true, true, false, true]);
+        assert_eq!((c.kda.k_heads, c.kda.k_dim, c.lower_bound), (4, 16, Some(-5.0)));
+        assert_eq!(c.sparse, vec![false, false, false, true, true]);
+        assert_eq!((c.kpool, c.tail, c.hyper.streams), (4, true, 4));
+        // The safe gate stays on through a null bound when the linear config asks for it.
+        let c = config(r#", "linear_lower_bound": null, "linear_attn_config": {"safe_gate": true}"#)
+            .unwrap();
+        assert_eq!(c.lower_bound, Some(-5.0));
+        assert_eq!(config(r#", "linear_lower_bound": null"#).unwrap().lower_bound, None);
+    }
+
+    #[test]
+    fn a_shared_indexer_needs_one_right_before_it() {
+        let types = r#", "layer_types": ["linear_attention", "indexed_attention",
+            "indexed_attention", "linear_attention", "indexed_attention"]"#;
+        let ok = config(&format!(r#"{types}, "index_topk_pattern": "FFSFF""#)).unwrap();
+        assert_eq!(ok.own_indexer[1..3], [true, false]);
+        let err = config(&format!(r#"{types}, "index_topk_pattern": "FFFFS""#)).unwrap_err();
+        assert!(err.to_string().contains("indexer_types"), "{err}");
+        let err = config(r#", "qk_rope_head_dim": 64"#).unwrap_err();
+        assert!(err.to_string().contains("qk_rope_head_dim"), "{err}");
+    }
+}
