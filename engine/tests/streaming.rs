@@ -45,6 +45,8 @@ fn expert_bytes(fixture: &str) -> u64 {
         // compressed-tensors FP8 per channel: rows of 64 (gate, up) and 16
         // (down) weights, each led by its row's scale.
         "glm4_moe_fp8" => 32 * (4 + 64) + 64 * (4 + 16),
+        // FP8 blocks: gate/up rows of 64 weights, down rows of 16, each led by a scale.
+        "glm5_next_fp8" => 32 * (4 + 64) + 64 * (4 + 16),
         // INT4 rows of 64 weights (two groups of 32, each a BF16 scale and
         // 16 bytes): 128 gate/up rows and 64 down rows.
         "kimi_k2_int4" | "bailing_hybrid_int4" => (128 + 64) * 2 * (2 + 16),
@@ -248,6 +250,8 @@ fn quantised_experts_stream_exactly_as_published() {
         ("gpt_oss_mxfp4", "MXFP4"),
         // LongCat-Flash-Chat-FP8's kind, its MTP block beside.
         ("longcat_flash_fp8", "FP8_E4M3_B128"),
+        // GLM-5.3-Flash as published: FP8 blocks, the indexer and gates wider.
+        ("glm5_next_fp8", "FP8_E4M3_B128"),
         ("deepseek_v4_fp8_fp4", "MXFP4"),
     ] {
         published_experts_stream_exactly(fixture, dtype);

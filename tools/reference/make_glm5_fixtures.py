@@ -7,17 +7,22 @@ make_fixtures.py's tokenizer, weight drawing and expectations. Its
 `save_pretrained` writes the release's names (`hc_attn_fn`, the forget
 gate's tensors in the attention, three convolutions, experts one by one,
 the text model under `model.language_model.`), so `glm5_next_saved` is the
-released layout too.
+released layout too. `glm5_next_fp8` is the same model as GLM-5.3-Flash is
+published: its projections in FP8 e4m3 with 128x128 block scales
+(`weight_scale_inv`), the indexer, gates, router and hyper-connections
+left as they are; the reference computes on the dequantised values.
 
 The k-pool indexer keeps 3 pools of 2 tokens plus the tail, so past 7
 tokens the sparse layers read a chosen part of the context; a "shared"
-layer reuses the choice of the layer before. The safe decay's bound is -2
-rather than the release's -5 (at -5 the reference's chunked prompt form and
-its own recurrent form differ by ~1e-4 over the teacher text).
+layer reuses the choice of the layer before. The safe decay's bound is -1
+rather than the release's -5: the stronger the decay, the further the
+reference's chunked prompt form strays from its own recurrent form (at -2,
+6e-5 over the teacher text; at -1, under 2e-5).
 
     python tools/reference/make_glm5_fixtures.py engine/tests/fixtures
 """
 
+import copy
 import json
 import shutil
 import sys
@@ -63,7 +68,7 @@ TEXT = {
     "linear_head_dim": 16,
     "linear_num_heads": 4,
     "linear_conv_kernel_dim": 4,
-    "linear_lower_bound": -2.0,
+    "linear_lower_bound": -1.0,
     "hc_mult": 4,
     "rms_norm_eps": 1e-5,
     "max_position_embeddings": 256,
@@ -86,36 +91,88 @@ def main() -> None:
     ids = tok.encode(mf.TEACHER_TEXT).ids
     prompt = tok.encode(mf.PROMPT_TEXT).ids
     stops = [eos, tok.token_to_id("<|im_end|>")]
+    def run(model):
+        with mf.IndexCutCheck():
+            logits = model(input_ids=torch.tensor([ids])).logits[0]
+            generated = model.generate(
+                torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                max_new_tokens=mf.GREEDY_TOKENS, do_sample=False, eos_token_id=stops, pad_token_id=eos,
+            )[0, len(prompt):].tolist()
+        return logits, generated
+
     # The first seed from SEED whose indexer scores never tie at the cut
-    # (a ReLU'd score is often exactly 0).
+    # (a ReLU'd score is often exactly 0), as drawn and in FP8.
     for seed in range(SEED, SEED + SEEDS_TRIED):
         model = Glm5NextForConditionalGeneration(config).eval().to(torch.float32)
         mf.randomize(model, torch.Generator().manual_seed(seed))
+        quantized = copy.deepcopy(model)
+        quantize_in_place(quantized)
         try:
-            with mf.IndexCutCheck():
-                logits = model(input_ids=torch.tensor([ids])).logits[0]
-                generated = model.generate(
-                    torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                    max_new_tokens=mf.GREEDY_TOKENS, do_sample=False, eos_token_id=stops, pad_token_id=eos,
-                )[0, len(prompt):].tolist()
+            plain, fp8 = run(model), run(quantized)
             break
         except AssertionError:
             continue
     else:
         raise AssertionError(f"every seed from {SEED} ties at the indexer cut")
     print(f"seed {seed}")
-    out = root / "glm5_next_saved"
+    write_fixture(root / "glm5_next_saved", model, tok, ids, prompt, *plain, fp8=False)
+    write_fixture(root / "glm5_next_fp8", quantized, tok, ids, prompt, *fp8, fp8=True)
+
+
+# Projections stored in FP8 (the text model's only).
+FP8_LAYERS = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "q_proj", "k_proj", "v_proj",
+              "gate_proj", "up_proj", "down_proj")
+
+
+def fp8_name(name: str) -> bool:
+    return "language_model" in name and name.endswith(".weight") and name.split(".")[-2] in FP8_LAYERS
+
+
+@torch.no_grad()
+def quantize_in_place(model) -> None:
+    """Every FP8 projection's values become their FP8 block dequantisation
+    (experts one by one, gate and up apart, as released)."""
+    deq = lambda w: mf.fp8_quantize(w.float())[2]  # noqa: E731
+    for name, p in model.named_parameters():
+        if fp8_name(name) and p.dim() == 2:
+            p.copy_(deq(p))
+        elif "language_model" in name and name.endswith("mlp.experts.gate_up_proj"):
+            inter = p.shape[1] // 2
+            for e in range(p.shape[0]):
+                p[e, :inter].copy_(deq(p[e, :inter]))
+                p[e, inter:].copy_(deq(p[e, inter:]))
+        elif "language_model" in name and name.endswith("mlp.experts.down_proj"):
+            for e in range(p.shape[0]):
+                p[e].copy_(deq(p[e]))
+
+
+def write_fixture(out: Path, model, tok, ids, prompt, logits, generated, fp8: bool) -> None:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     mf.write_tokenizer_files(tok, out)
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
-        shutil.copy(Path(tmp) / "model.safetensors", out / "model.safetensors")
-        (out / "config.json").write_text(json.dumps(json.loads((Path(tmp) / "config.json").read_text()), indent=1))
-        reloaded = Glm5NextForConditionalGeneration.from_pretrained(tmp, dtype=torch.float32,
-                                                                    attn_implementation="eager")
-        drift = (reloaded(input_ids=torch.tensor([ids])).logits[0] - logits).abs().max().item()
-        assert drift <= mf.RELOAD_TOLERANCE, f"reload changed logits by {drift}"
+        config = json.loads((Path(tmp) / "config.json").read_text())
+        if not fp8:
+            shutil.copy(Path(tmp) / "model.safetensors", out / "model.safetensors")
+            reloaded = Glm5NextForConditionalGeneration.from_pretrained(tmp, dtype=torch.float32,
+                                                                        attn_implementation="eager")
+            drift = (reloaded(input_ids=torch.tensor([ids])).logits[0] - logits).abs().max().item()
+            assert drift <= mf.RELOAD_TOLERANCE, f"reload changed logits by {drift}"
+        else:
+            from safetensors.torch import load_file, save_file
+            tensors = {}
+            for k, v in load_file(Path(tmp) / "model.safetensors").items():
+                if fp8_name(k) and v.dim() == 2:
+                    q, scale, deq = mf.fp8_quantize(v.float())
+                    assert torch.equal(deq, v.float()), k  # the values were FP8 already
+                    tensors[k], tensors[k + "_scale_inv"] = q, scale
+                else:
+                    tensors[k] = v
+            save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+            config["quantization_config"] = dict(
+                mf.FP8_CONFIG, modules_to_not_convert=["lm_head", "model.visual", "indexer", "mlp.gate"])
+        (out / "config.json").write_text(json.dumps(config, indent=1))
     expected = {
         "transformers_version": transformers.__version__,
         "torch_version": torch.__version__,
@@ -127,7 +184,7 @@ def main() -> None:
         "greedy_text": tok.decode(generated, skip_special_tokens=True),
     }
     (out / "expected.json").write_text(json.dumps(expected))
-    print(f"glm5_next_saved: {len(ids)} positions, greedy {len(generated)} tokens, logit range "
+    print(f"{out.name}: {len(ids)} positions, greedy {len(generated)} tokens, logit range "
           f"{logits.min():.2f}..{logits.max():.2f}")
 
 
