@@ -276,12 +276,7 @@ impl FamilyConfig for Config {
         &self,
         source: &'a dyn TensorSource,
     ) -> Option<Box<dyn TensorSource + 'a>> {
-        source.shape("model.word_embeddings.weight").map(|_| {
-            Box::new(Renamed {
-                inner: source,
-                pairs: RELEASED_NAMES,
-            }) as Box<dyn TensorSource + 'a>
-        })
+        Renamed::where_present(source, "model.word_embeddings.weight", RELEASED_NAMES)
     }
 }
 

@@ -454,12 +454,7 @@ impl FamilyConfig for Config {
         &self,
         source: &'a dyn TensorSource,
     ) -> Option<Box<dyn TensorSource + 'a>> {
-        source.shape("model.layers.0.hc_attn_fn").map(|_| {
-            Box::new(Renamed {
-                inner: source,
-                pairs: RELEASED_NAMES,
-            }) as Box<dyn TensorSource + 'a>
-        })
+        Renamed::where_present(source, "model.layers.0.hc_attn_fn", RELEASED_NAMES)
     }
 }
 

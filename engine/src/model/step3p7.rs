@@ -438,14 +438,8 @@ impl FamilyConfig for Config {
         source: &'a dyn TensorSource,
     ) -> Option<Box<dyn TensorSource + 'a>> {
         let first = self.sparse.iter().position(|&s| s)?;
-        source
-            .shape(&format!("model.layers.{first}.moe.gate.weight"))
-            .map(|_| {
-                Box::new(Renamed {
-                    inner: source,
-                    pairs: RELEASED_NAMES,
-                }) as Box<dyn TensorSource + 'a>
-            })
+        let probe = format!("model.layers.{first}.moe.gate.weight");
+        Renamed::where_present(source, &probe, RELEASED_NAMES)
     }
 }
 

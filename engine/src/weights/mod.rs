@@ -110,9 +110,21 @@ pub struct Renamed<'a> {
     pub pairs: &'a [(&'a str, &'a str)],
 }
 
-impl Renamed<'_> {
+impl<'a> Renamed<'a> {
     fn stored_name(&self, name: &str) -> String {
         respell(name, self.pairs)
+    }
+
+    /// `source` seen through `pairs`, when it holds tensor `probe` (a
+    /// name only the other spelling has).
+    pub fn where_present(
+        source: &'a dyn TensorSource,
+        probe: &str,
+        pairs: &'a [(&'a str, &'a str)],
+    ) -> Option<Box<dyn TensorSource + 'a>> {
+        source
+            .shape(probe)
+            .map(|_| Box::new(Renamed { inner: source, pairs }) as Box<dyn TensorSource + 'a>)
     }
 }
 
