@@ -77,7 +77,8 @@ TEXT = {
 }
 SEED = 601
 SEEDS_TRIED = 200
-VISION = {"depth": 1, "hidden_size": 32, "num_heads": 2, "out_hidden_size": mf.HIDDEN, "intermediate_size": 64}
+VISION = {"depth": 1, "hidden_size": 32, "num_heads": 2, "out_hidden_size": mf.HIDDEN, "intermediate_size": 64,
+          "projection_intermediate_size": 64, "patch_size": 4}
 
 
 @torch.no_grad()
