@@ -423,7 +423,7 @@ impl FamilyConfig for Config {
     }
 
     /// KDA layers' fixed state, latent layers' rows, then each indexer's
-    /// key and gate rows.
+    /// key and gate rows and its completed pools' keys.
     fn state_layout(&self) -> StateLayout {
         let mut layout = super::family::hybrid_layout(
             &self.linear,
@@ -434,7 +434,7 @@ impl FamilyConfig for Config {
             layout.push(
                 SlotRole::IndexKeys(i),
                 SlotKind::Appending {
-                    per_position: 2 * self.index.head_dim,
+                    per_position: 3 * self.index.head_dim,
                 },
             );
         }
