@@ -25,11 +25,12 @@ use super::family::{FamilyConfig, Parsed, Row, hybrid_layout};
 use super::glm4_moe::{MoeDefaults, parse_moe};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
-use super::layers::linear::{Decay, DeltaShape, LinearAttention, OutputGate, load_conv, load_flat};
+use super::kimi_linear::load_kda;
+use super::layers::linear::DeltaShape;
 use super::layers::mla::{LatentAttention, MlaShape};
 use super::layers::moe::SigmoidGroupedMoe;
 use super::layers::rope::{Rope, RopeParams};
-use super::layers::{Linear, Mlp, RmsNorm, Stacked};
+use super::layers::{Linear, Mlp};
 use super::state::StateLayout;
 use super::{CommonConfig, ModelError, assemble};
 use crate::synth::{Add, DEEPSEEK_MOE, FLOAT_DTYPES, Fill, MlaDims, Shape, SynthAttention, SynthSpec};
@@ -125,36 +126,6 @@ impl Config {
     }
 }
 
-/// KDA under `w` (`self_attn`), its forget gate's tensors in `forget_gate`.
-fn load_kda(c: &Config, w: &Weights) -> Result<LinearAttention, ModelError> {
-    let s = c.kda;
-    let (h, width) = (c.common.hidden_size, s.k_heads * s.k_dim);
-    let fw = w.pp("forget_gate");
-    Ok(LinearAttention {
-        qkv: Stacked::new(vec![
-            Linear::load(w, "q_proj", h, width, false)?,
-            Linear::load(w, "k_proj", h, width, false)?,
-            Linear::load(w, "v_proj", h, width, false)?,
-        ])?,
-        beta: Linear::load(w, "b_proj", h, s.v_heads, false)?,
-        decay: Decay::PerChannel {
-            f_a: None,
-            f_b: Linear::load(&fw, "f_proj", h, width, false)?,
-            a_log: load_flat(&fw, "A_log", s.k_heads)?,
-            dt_bias: load_flat(&fw, "dt_bias", width)?,
-            lower_bound: c.lower_bound,
-        },
-        gate: OutputGate::Sigmoid {
-            a: None,
-            b: Linear::load(w, "g_proj", h, width, false)?,
-        },
-        conv: load_conv(w, &s)?,
-        norm: RmsNorm::load(w, "o_norm", s.v_dim, c.common.rms_norm_eps)?,
-        out: Linear::load(w, "o_proj", width, h, false)?,
-        shape: s,
-    })
-}
-
 pub fn build(
     c: &Config,
     w: &Weights,
@@ -169,7 +140,8 @@ pub fn build(
         let lw = w.pp(format_args!("model.layers.{i}"));
         let aw = lw.pp("self_attn");
         let attention = if c.linear[i] {
-            Attention::Linear(Box::new(load_kda(c, &aw)?))
+            let eps = c.common.rms_norm_eps;
+            Attention::Linear(Box::new(load_kda(&aw, h, c.kda, eps, c.lower_bound)?))
         } else {
             let mut mla = LatentAttention::load(&aw, &c.mla, &rope, scale)?;
             mla.head_gate = Some(Linear::load(&aw, "g_proj", h, c.mla.heads, false)?);
