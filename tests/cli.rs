@@ -408,6 +408,50 @@ fn pack_errors_are_explained() {
     assert!(stderr(&out).contains("not a size"), "{}", stderr(&out));
 }
 
+/// An untied embedding is read a row per token from the pack instead of
+/// held, and the memory plan gives its bytes to the expert budget; a tied
+/// one (the LM head needs every row) stays held and counted.
+#[test]
+fn an_untied_embedding_is_read_from_the_pack_and_its_bytes_go_to_the_budget() {
+    for (name, untied) in [("deepseek_v3_released", true), ("qwen3_moe_recent", false)] {
+        let dir = fixtures().into_iter().find(|d| d.ends_with(name)).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let drives = drive_folders(tmp.path(), 2);
+        let pack = tmp.path().join("pack");
+        assert!(pack_cli(&dir, &pack, &drives, &[]).status.success());
+        let manifest: Value =
+            serde_json::from_slice(&std::fs::read(pack.join("longhaul-pack.json")).unwrap())
+                .unwrap();
+        let resident = &manifest["resident"];
+        let file = std::fs::read(resident["path"].as_str().unwrap()).unwrap();
+        let header_len = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+        let header: Value = serde_json::from_slice(&file[8..8 + header_len]).unwrap();
+        let offsets = &header["model.embed_tokens.weight"]["data_offsets"];
+        let embed_bytes = offsets[1].as_u64().unwrap() - offsets[0].as_u64().unwrap();
+        let out = longhaul(&[
+            "bench",
+            "--model",
+            pack.to_str().unwrap(),
+            "--prompt-tokens",
+            "4",
+            "--gen",
+            "4",
+            "--probe-bytes",
+            "64K",
+            "--json",
+            "--mem",
+            "512M",
+        ]);
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let b: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let plan = &b["memory_plan"];
+        let held = resident["size"].as_u64().unwrap() - if untied { embed_bytes } else { 0 };
+        assert_eq!(plan["resident_bytes"].as_u64(), Some(held), "{name}");
+        assert_eq!(b["budget_bytes"], plan["budget_bytes"], "{name}");
+        assert_eq!(b["cache"]["budget_bytes"], plan["budget_bytes"], "{name}");
+    }
+}
+
 /// `--mem` derives the expert budget from a memory limit, and a limit that
 /// cannot hold the model, or a budget that does not fit in it, is refused
 /// before anything is loaded, with the numbers.

@@ -23,7 +23,8 @@ use crate::model::{ExpertError, ExpertProvider};
 use crate::pack::{self, Manifest, PackError};
 use crate::prefix::{ModelKey, PrefixCache, PrefixStats, PrefixUse};
 use crate::tokenizer::{ChatMessage, ChatOptions, TextTokenizer, TokenizerError};
-use crate::weights::{RawTensor, SafetensorsCheckpoint, TensorSource, WeightsError};
+use crate::model::layers::embedding::Embedding;
+use crate::weights::{FileRows, RawTensor, SafetensorsCheckpoint, TensorSource, WeightsError};
 
 /// A conversation as the model reads it.
 #[derive(Debug, Clone)]
@@ -221,6 +222,7 @@ impl Engine {
             _ => None,
         };
         let mut memory_plan = None;
+        let mut resident_file = None;
         let (checkpoint, streaming, checked, model_key) = if pack::is_pack(path) {
             let manifest = Manifest::read(path)?;
             let model_key = pack_key(path, &manifest);
@@ -235,6 +237,7 @@ impl Engine {
                 });
                 memory_plan = Some(plan);
             }
+            resident_file = Some(manifest.resident.path.clone());
             let resident =
                 SafetensorsCheckpoint::open_files(path, vec![manifest.resident.path.clone()])
                     .map_err(ModelError::from)?;
@@ -283,7 +286,17 @@ impl Engine {
             report,
         };
         let provider = streaming.clone().map(|s| s as Arc<dyn ExpertProvider>);
-        let decoder = spec.build(&source, provider)?;
+        let mut decoder = spec.build(&source, provider)?;
+        if let Some(file) = &resident_file
+            && let Some(freed) = read_embedding_rows(&mut decoder, file)?
+        {
+            let budget_given = options.memory.is_none_or(|m| m.budget_given);
+            if let (Some(s), Some(plan), false) = (&streaming, memory_plan.as_mut(), budget_given) {
+                s.grow_budget(freed);
+                plan.resident_bytes -= freed;
+                plan.budget_bytes += freed;
+            }
+        }
         // The weights are in RAM now; their file's pages would only count
         // against the memory limit.
         checkpoint.drop_page_cache();
@@ -554,6 +567,24 @@ impl Engine {
             on_text,
         )?)
     }
+}
+
+/// Has `decoder` read its embedding a row per token from the pack's
+/// resident `file` instead of holding it, when nothing else (a tied LM head)
+/// shares it; the bytes given back, if it was.
+fn read_embedding_rows(decoder: &mut Decoder, file: &Path) -> Result<Option<u64>, EngineError> {
+    let Some(held) = decoder.embed.held_alone() else {
+        return Ok(None);
+    };
+    let Some(rows) = FileRows::find(file, held).map_err(ModelError::from)? else {
+        return Ok(None);
+    };
+    let freed = held.stored_bytes();
+    decoder.embed = Embedding::Read {
+        cols: rows.cols(),
+        rows: Box::new(rows),
+    };
+    Ok(Some(freed))
 }
 
 /// Plans a pack's memory before anything is loaded: resident weights as

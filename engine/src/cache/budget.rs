@@ -88,6 +88,13 @@ impl<V: Clone> ExpertCache<V> {
         self.policy
     }
 
+    /// Raises the budget by `bytes` (memory given back by something else):
+    /// nothing has to leave, so nothing does.
+    pub fn grow_budget(&mut self, bytes: u64) {
+        self.budget += bytes;
+        self.counters.budget_bytes = self.budget;
+    }
+
     /// Switches to another policy. The new one learns the held experts in
     /// `history`'s order (their lookups, oldest first; experts it does not
     /// name go first), so recency and counts carry over as far as the

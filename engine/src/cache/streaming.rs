@@ -387,6 +387,14 @@ impl StreamingExperts {
         heat.save(&self.pack)
     }
 
+    /// Gives the cache `bytes` more of the budget: memory the model no
+    /// longer holds (an embedding read a row at a time).
+    pub fn grow_budget(&self, bytes: u64) {
+        if let Ok(mut s) = self.shared.state.lock() {
+            s.cache.grow_budget(bytes);
+        }
+    }
+
     pub fn cache_counters(&self) -> CacheCounters {
         self.shared
             .state

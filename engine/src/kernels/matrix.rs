@@ -179,6 +179,22 @@ impl Matrix {
         (self.row_bytes * self.rows) as u64
     }
 
+    /// The stored bytes of every row, in order.
+    pub fn stored(&self) -> &[u8] {
+        self.bytes()
+    }
+
+    /// Bytes one stored row takes.
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
+    /// Whether no other matrix shares this one's storage, so that dropping
+    /// it gives its bytes back.
+    pub fn owns_storage(&self) -> bool {
+        Arc::strong_count(&self.bytes) == 1
+    }
+
     fn bytes(&self) -> &[u8] {
         let len = self.row_bytes * self.rows;
         &(*self.bytes).as_ref()[self.start..self.start + len]

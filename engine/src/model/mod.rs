@@ -55,6 +55,8 @@ pub enum ModelError {
     Compute(#[from] candle_core::Error),
     #[error("kernel: {0}")]
     Kernel(#[from] crate::kernels::KernelError),
+    #[error(transparent)]
+    Rows(#[from] crate::weights::RowsError),
     #[error("token id {id} is outside the vocabulary of {vocab_size}")]
     TokenOutOfRange { id: u32, vocab_size: usize },
     #[error("no input tokens")]
@@ -306,7 +308,7 @@ pub(crate) fn assemble(
         hyper_head: None,
         streams: 1,
         norm: RmsNorm::load(&w.pp("model"), "norm", c.hidden_size, c.rms_norm_eps)?,
-        embed,
+        embed: layers::embedding::Embedding::Held(embed),
         lm_head,
         layers,
         rope,

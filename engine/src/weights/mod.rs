@@ -10,6 +10,7 @@ pub mod fp8;
 pub mod gguf;
 pub mod int4;
 pub mod mxfp4;
+pub mod rows;
 pub mod safetensors;
 #[cfg(test)]
 mod test_source;
@@ -19,6 +20,7 @@ use std::path::PathBuf;
 use candle_core::{Device, Tensor};
 
 pub use checkpoint::SafetensorsCheckpoint;
+pub use rows::{FileRows, RowsError};
 
 use crate::kernels::{Format, Matrix};
 pub use safetensors::{Dtype, RowOrder, SafetensorsFile, TensorInfo};

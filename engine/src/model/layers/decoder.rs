@@ -9,6 +9,7 @@ use candle_core::{Device, Tensor};
 
 use super::attention::GroupedQueryAttention;
 use super::compressed::CompressedAttention;
+use super::embedding::Embedding;
 use super::hyper::{HyperConnection, HyperHead, Mixing};
 use super::experts::ExpertProvider;
 use super::linear::LinearAttention;
@@ -17,7 +18,6 @@ use super::moe::MoeBlock;
 use super::rope::Rope;
 use crate::model::lockstep::Lockstep;
 use super::{Linear, Mlp, RmsNorm, values};
-use crate::kernels::Matrix;
 use crate::model::{ModelError, state::SequenceState};
 use crate::weights::Weights;
 
@@ -111,8 +111,7 @@ pub enum LogitsFor {
 }
 
 pub struct Decoder {
-    /// `[vocab, hidden]` at its stored width.
-    pub embed: Matrix,
+    pub embed: Embedding,
     pub layers: Vec<DecoderLayer>,
     pub norm: RmsNorm,
     pub lm_head: Linear,

@@ -4,6 +4,7 @@
 pub mod attention;
 pub mod compressed;
 pub mod decoder;
+pub mod embedding;
 pub mod experts;
 pub mod hyper;
 pub mod indexer;
