@@ -611,6 +611,18 @@ fn plan_memory(
     } else {
         2
     };
+    // A pass carries at most a prompt chunk's rows, and no more rows than
+    // the context holds.
+    let rows = m.context_tokens.min(crate::generate::PROMPT_CHUNK as u64);
+    let intermediate = manifest
+        .experts
+        .layers
+        .iter()
+        .map(|l| l.intermediate)
+        .max()
+        .unwrap_or(0);
+    let runtime =
+        crate::memory::runtime_bytes(rows, spec.common().hidden_size as u64, intermediate as u64);
     let plan_with = |windows: u64| {
         MemoryPlan::new(
             m.limit_bytes,
@@ -624,6 +636,7 @@ fn plan_memory(
                         manifest.largest_record_bytes(),
                     ),
                 prefix_ram,
+                runtime,
             ),
             smallest_expert,
         )

@@ -10,11 +10,36 @@
 /// Share of physical memory taken as the limit when no cgroup sets one: the
 /// rest is the operating system's and the other applications'.
 pub const PHYSICAL_SHARE: f64 = 0.75;
-/// Memory the process needs besides weights, caches and read buffers: code,
-/// tokenizer, thread stacks, activations, the readers' restore buffers,
-/// allocator slack. Measured as peak RSS − resident weights − record buffers:
-/// 16–42 MiB on the 5.1 GB Qwen3-MoE, 50–140 MiB on a 5.7 GB DeepSeek-V3.
+/// Memory the process needs besides weights, caches and read buffers when
+/// the model's widths are not at hand (the queue's forecasts): code,
+/// tokenizer, thread stacks, activations, allocator slack.
 pub const RUNTIME_BYTES: u64 = 128 << 20;
+/// The part of the runtime that does not grow with a pass's rows: code,
+/// tokenizer, thread stacks, the readers' restore buffers, allocator slack.
+/// Measured as peak RSS − resident weights − record buffers' peak with a
+/// 16-token prompt: 51 MiB on a DeepSeek-V3-shaped pack (2 drives), 57 MiB
+/// on the peers' Qwen3-MoE (2 drives) and 65–73 MiB on it over 4 drives
+/// (more reader threads), where the rows add 3–12 MiB.
+pub const RUNTIME_FIXED_BYTES: u64 = 72 << 20;
+/// Activations one row of a pass may hold at once, in f32 widths of the
+/// hidden size (residual, norms, attention projections and scores, the
+/// experts' inputs and outputs) and of the expert intermediate size (gate,
+/// up and activation for each of up to 16 routed experts). Measured per row
+/// between 16- and 512-token prompts: 170 KB on the peers' Qwen3-MoE
+/// (hidden 1024, intermediate 512), 136 KB on a DeepSeek-V3-shaped pack of
+/// the same widths; these widths give 196 KB.
+pub const ROW_HIDDEN_WIDTHS: u64 = 24;
+pub const ROW_INTERMEDIATE_WIDTHS: u64 = 48;
+
+/// The runtime for passes of up to `rows` rows of a model `hidden` wide
+/// whose experts are `intermediate` wide: the fixed part plus the rows'
+/// activations. A 512-row prompt chunk of the peers' model measured 137 MiB
+/// (planned: 170); its 64-token bench context, 65–73 MiB (planned: 84).
+pub fn runtime_bytes(rows: u64, hidden: u64, intermediate: u64) -> u64 {
+    let row = std::mem::size_of::<f32>() as u64
+        * (ROW_HIDDEN_WIDTHS * hidden + ROW_INTERMEDIATE_WIDTHS * intermediate);
+    RUNTIME_FIXED_BYTES + rows * row
+}
 /// Share of the limit left unused, so the kernel never has to take the
 /// process's own pages back.
 pub const HEADROOM_SHARE: f64 = 0.03;
@@ -114,15 +139,16 @@ fn mib(bytes: u64) -> String {
 impl MemoryPlan {
     /// Spends `limit_bytes` on a model whose non-expert weights take
     /// `resident_bytes`, for `context_tokens` positions of sequence state
-    /// sized by `state`, with `window_bytes` of one-use read buffers and
-    /// `prefix_bytes` of cached prompt state. The smallest useful budget is
+    /// sized by `state`, with `window_bytes` of one-use read buffers,
+    /// `prefix_bytes` of cached prompt state and `runtime_bytes` for the
+    /// rest (see [`runtime_bytes`]). The smallest useful budget is
     /// one expert of `min_expert_bytes`.
     pub fn new(
         limit_bytes: u64,
         resident_bytes: u64,
         context_tokens: u64,
         state: StateBytes,
-        (window_bytes, prefix_bytes): (u64, u64),
+        (window_bytes, prefix_bytes, runtime_bytes): (u64, u64, u64),
         min_expert_bytes: u64,
     ) -> Result<Self, MemoryError> {
         let mut plan = Self {
@@ -131,7 +157,7 @@ impl MemoryPlan {
             context_tokens,
             kv_bytes: (context_tokens * state.per_token + state.fixed) * KV_COPIES,
             window_bytes,
-            runtime_bytes: RUNTIME_BYTES,
+            runtime_bytes,
             headroom_bytes: (limit_bytes as f64 * HEADROOM_SHARE) as u64,
             prefix_bytes,
             budget_bytes: 0,
@@ -324,7 +350,7 @@ mod tests {
             264 << 20,
             64,
             StateBytes::per_token(49152),
-            (64 << 20, 16 << 20),
+            (64 << 20, 16 << 20, RUNTIME_BYTES),
             3 << 20,
         )
         .unwrap();
@@ -345,7 +371,7 @@ mod tests {
             264 << 20,
             64,
             StateBytes::per_token(49152),
-            (64 << 20, 16 << 20),
+            (64 << 20, 16 << 20, RUNTIME_BYTES),
             3 << 20,
         )
         .unwrap_err();
@@ -362,11 +388,21 @@ mod tests {
                 264 << 20,
                 64,
                 StateBytes::per_token(49152),
-                (64 << 20, 16 << 20),
+                (64 << 20, 16 << 20, RUNTIME_BYTES),
                 3 << 20
             )
             .is_ok()
         );
+    }
+
+    #[test]
+    fn the_runtime_covers_what_was_measured_and_grows_with_the_rows() {
+        let mib = |b: u64| b >> 20;
+        // The peers' Qwen3-MoE (hidden 1024, experts 512 wide): 65–73 MiB in a
+        // 64-token context over 4 drives, 137 MiB with 512-row prompt chunks.
+        assert!(mib(runtime_bytes(64, 1024, 512)) >= 73);
+        assert!(mib(runtime_bytes(512, 1024, 512)) >= 137);
+        assert!(runtime_bytes(1, 7168, 2048) < runtime_bytes(512, 7168, 2048));
     }
 
     #[test]
