@@ -290,11 +290,14 @@ impl Engine {
         if let Some(file) = &resident_file
             && let Some(freed) = read_embedding_rows(&mut decoder, file)?
         {
-            let budget_given = options.memory.is_none_or(|m| m.budget_given);
-            if let (Some(s), Some(plan), false) = (&streaming, memory_plan.as_mut(), budget_given) {
-                s.grow_budget(freed);
+            if let Some(plan) = memory_plan.as_mut() {
                 plan.resident_bytes -= freed;
                 plan.budget_bytes += freed;
+                // A budget planned from the limit grows into the room; one
+                // given by hand stays as given.
+                if let (Some(s), Some(false)) = (&streaming, options.memory.map(|m| m.budget_given)) {
+                    s.grow_budget(freed);
+                }
             }
         }
         // The weights are in RAM now; their file's pages would only count

@@ -29,6 +29,7 @@ pub const RUNTIME_FIXED_BYTES: u64 = 72 << 20;
 /// (hidden 1024, intermediate 512), 136 KB on a DeepSeek-V3-shaped pack of
 /// the same widths; these widths give 196 KB.
 pub const ROW_HIDDEN_WIDTHS: u64 = 24;
+/// See [`ROW_HIDDEN_WIDTHS`]: three for each of up to 16 routed experts.
 pub const ROW_INTERMEDIATE_WIDTHS: u64 = 48;
 
 /// The runtime for passes of up to `rows` rows of a model `hidden` wide
@@ -40,6 +41,7 @@ pub fn runtime_bytes(rows: u64, hidden: u64, intermediate: u64) -> u64 {
         * (ROW_HIDDEN_WIDTHS * hidden + ROW_INTERMEDIATE_WIDTHS * intermediate);
     RUNTIME_FIXED_BYTES + rows * row
 }
+
 /// Share of the limit left unused, so the kernel never has to take the
 /// process's own pages back.
 pub const HEADROOM_SHARE: f64 = 0.03;

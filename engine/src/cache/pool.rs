@@ -28,6 +28,10 @@ pub struct BufferPool {
     free_cap: u64,
     /// Bytes of every buffer the pool has allocated (held or free).
     allocated: AtomicU64,
+    /// Buffers allocated so far (fresh memory, zeroed by the kernel on first
+    /// touch), against those reused.
+    allocations: AtomicU64,
+    reuses: AtomicU64,
     /// Bytes of buffers held now, and the most ever held at once.
     held: AtomicU64,
     peak_held: AtomicU64,
@@ -62,10 +66,12 @@ impl BufferPool {
             Some(b) => {
                 self.free_bytes
                     .fetch_sub(b.capacity() as u64, Ordering::Relaxed);
+                self.reuses.fetch_add(1, Ordering::Relaxed);
                 b
             }
             None => {
                 let b = AlignedBytes::zeroed(capacity, DIRECT_IO_BLOCK)?;
+                self.allocations.fetch_add(1, Ordering::Relaxed);
                 self.allocated
                     .fetch_add(b.capacity() as u64, Ordering::Relaxed);
                 b
@@ -86,6 +92,14 @@ impl BufferPool {
     /// Bytes of every buffer allocated so far, in use or free.
     pub fn allocated_bytes(&self) -> u64 {
         self.allocated.load(Ordering::Relaxed)
+    }
+
+    /// Buffers allocated and buffers reused so far.
+    pub fn takes(&self) -> (u64, u64) {
+        (
+            self.allocations.load(Ordering::Relaxed),
+            self.reuses.load(Ordering::Relaxed),
+        )
     }
 
     /// The most bytes of buffers held at once so far.

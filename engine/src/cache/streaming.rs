@@ -355,6 +355,8 @@ impl StreamingExperts {
             drives_busy: self.drives_busy(),
             buffer_bytes: self.buffer_bytes(),
             peak_buffer_bytes: self.peak_buffer_bytes(),
+            buffers_allocated: self.buffer_takes().0,
+            buffers_reused: self.buffer_takes().1,
             decompress_seconds: self.decompress_seconds(),
             restore_seconds: self.restore_micros.load(Ordering::Relaxed) as f64 / 1e6,
             stall_seconds: self.stall_seconds(),
@@ -446,6 +448,11 @@ impl StreamingExperts {
     }
 
     /// The most bytes of record buffers held at once (cache, reads, compute).
+    /// Record buffers allocated and reused so far.
+    pub fn buffer_takes(&self) -> (u64, u64) {
+        self.shared.pool.takes()
+    }
+
     pub fn peak_buffer_bytes(&self) -> u64 {
         self.shared.pool.peak_held_bytes()
     }

@@ -23,6 +23,10 @@ pub struct EngineStats {
     /// Bytes of record buffers allocated, and the most held at once.
     pub buffer_bytes: u64,
     pub peak_buffer_bytes: u64,
+    /// Record buffers allocated fresh (the kernel zeroes each page on first
+    /// touch) and reused from the pool.
+    pub buffers_allocated: u64,
+    pub buffers_reused: u64,
     /// Time spent restoring compressed records: by the readers as records
     /// land, and by the model's thread for hits the cache keeps packed.
     pub decompress_seconds: f64,

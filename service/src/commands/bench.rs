@@ -404,6 +404,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "memory": memory_report(&start_usage, limit_hits_at_start, &steady),
         "record_buffer_bytes": end.buffer_bytes,
         "record_buffer_peak_bytes": end.peak_buffer_bytes,
+        "record_buffers_allocated": end.buffers_allocated,
+        "record_buffers_reused": end.buffers_reused,
         "kernels": longhaul_engine::tools::instruction_set(),
         "hit_rate": steady_hits as f64 / steady_lookups.max(1) as f64,
         "records_read_per_token": per_token_steady(steady.reads as f64),
