@@ -408,17 +408,41 @@ fn pack_errors_are_explained() {
     assert!(stderr(&out).contains("not a size"), "{}", stderr(&out));
 }
 
+/// Fixture `name` packed over two drive folders in a temporary folder.
+fn packed_fixture(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = fixtures().into_iter().find(|d| d.ends_with(name)).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let drives = drive_folders(tmp.path(), 2);
+    let pack = tmp.path().join("pack");
+    assert!(pack_cli(&dir, &pack, &drives, &[]).status.success());
+    (tmp, pack)
+}
+
+/// A four-token bench of `pack` as JSON, with `extra` arguments.
+fn small_bench(pack: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "bench",
+        "--model",
+        pack.to_str().unwrap(),
+        "--prompt-tokens",
+        "4",
+        "--gen",
+        "4",
+        "--probe-bytes",
+        "64K",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    longhaul(&args)
+}
+
 /// An untied embedding is read a row per token from the pack instead of
 /// held, and the memory plan gives its bytes to the expert budget; a tied
 /// one (the LM head needs every row) stays held and counted.
 #[test]
 fn an_untied_embedding_is_read_from_the_pack_and_its_bytes_go_to_the_budget() {
     for (name, untied) in [("deepseek_v3_released", true), ("qwen3_moe_recent", false)] {
-        let dir = fixtures().into_iter().find(|d| d.ends_with(name)).unwrap();
-        let tmp = tempfile::tempdir().unwrap();
-        let drives = drive_folders(tmp.path(), 2);
-        let pack = tmp.path().join("pack");
-        assert!(pack_cli(&dir, &pack, &drives, &[]).status.success());
+        let (_tmp, pack) = packed_fixture(name);
         let manifest: Value =
             serde_json::from_slice(&std::fs::read(pack.join("longhaul-pack.json")).unwrap())
                 .unwrap();
@@ -428,20 +452,7 @@ fn an_untied_embedding_is_read_from_the_pack_and_its_bytes_go_to_the_budget() {
         let header: Value = serde_json::from_slice(&file[8..8 + header_len]).unwrap();
         let offsets = &header["model.embed_tokens.weight"]["data_offsets"];
         let embed_bytes = offsets[1].as_u64().unwrap() - offsets[0].as_u64().unwrap();
-        let out = longhaul(&[
-            "bench",
-            "--model",
-            pack.to_str().unwrap(),
-            "--prompt-tokens",
-            "4",
-            "--gen",
-            "4",
-            "--probe-bytes",
-            "64K",
-            "--json",
-            "--mem",
-            "512M",
-        ]);
+        let out = small_bench(&pack, &["--mem", "512M"]);
         assert!(out.status.success(), "{name}: {}", stderr(&out));
         let b: Value = serde_json::from_slice(&out.stdout).unwrap();
         let plan = &b["memory_plan"];
@@ -457,30 +468,8 @@ fn an_untied_embedding_is_read_from_the_pack_and_its_bytes_go_to_the_budget() {
 /// before anything is loaded, with the numbers.
 #[test]
 fn a_memory_limit_sets_the_budget_or_is_refused_with_the_numbers() {
-    let dir = fixtures()
-        .into_iter()
-        .find(|d| d.ends_with("qwen3_moe_recent"))
-        .unwrap();
-    let tmp = tempfile::tempdir().unwrap();
-    let drives = drive_folders(tmp.path(), 2);
-    let pack = tmp.path().join("pack");
-    assert!(pack_cli(&dir, &pack, &drives, &[]).status.success());
-    let bench = |extra: &[&str]| {
-        let mut args = vec![
-            "bench",
-            "--model",
-            pack.to_str().unwrap(),
-            "--prompt-tokens",
-            "4",
-            "--gen",
-            "4",
-            "--probe-bytes",
-            "64K",
-            "--json",
-        ];
-        args.extend_from_slice(extra);
-        longhaul(&args)
-    };
+    let (_tmp, pack) = packed_fixture("qwen3_moe_recent");
+    let bench = |extra: &[&str]| small_bench(&pack, extra);
     let out = bench(&["--mem", "512M", "--budget", "auto"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let b: Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -17,13 +17,13 @@ use crate::generate::{self, Flow, GenerateError, Generation, GenerationSettings,
 use crate::import::ModelSource;
 use crate::memory::{MemoryError, MemoryPlan, MemorySettings};
 use crate::metrics::EngineStats;
+use crate::model::layers::embedding::Embedding;
 use crate::model::lockstep::LockstepCounters;
 use crate::model::{Decoder, LogitsFor, ModelError, ModelSpec, parse_token_ids};
 use crate::model::{ExpertError, ExpertProvider};
 use crate::pack::{self, Manifest, PackError};
 use crate::prefix::{ModelKey, PrefixCache, PrefixStats, PrefixUse};
 use crate::tokenizer::{ChatMessage, ChatOptions, TextTokenizer, TokenizerError};
-use crate::model::layers::embedding::Embedding;
 use crate::weights::{FileRows, RawTensor, SafetensorsCheckpoint, TensorSource, WeightsError};
 
 /// A conversation as the model reads it.
@@ -287,17 +287,18 @@ impl Engine {
         };
         let provider = streaming.clone().map(|s| s as Arc<dyn ExpertProvider>);
         let mut decoder = spec.build(&source, provider)?;
+        // The embedding is read from the drive whether or not memory was
+        // planned; a plan gives its bytes to the cache.
         if let Some(file) = &resident_file
             && let Some(freed) = read_embedding_rows(&mut decoder, file)?
+            && let Some(plan) = memory_plan.as_mut()
         {
-            if let Some(plan) = memory_plan.as_mut() {
-                plan.resident_bytes -= freed;
-                plan.budget_bytes += freed;
-                // A budget planned from the limit grows into the room; one
-                // given by hand stays as given.
-                if let (Some(s), Some(false)) = (&streaming, options.memory.map(|m| m.budget_given)) {
-                    s.grow_budget(freed);
-                }
+            plan.resident_bytes -= freed;
+            plan.budget_bytes += freed;
+            // A budget planned from the limit grows into the room; one given
+            // by hand stays as given.
+            if let (Some(s), Some(false)) = (&streaming, options.memory.map(|m| m.budget_given)) {
+                s.grow_budget(freed);
             }
         }
         // The weights are in RAM now; their file's pages would only count

@@ -28,7 +28,7 @@ pub enum RowsError {
         tensor: String,
         row: usize,
         #[source]
-        source: WeightsError,
+        source: Box<WeightsError>,
     },
     #[error(
         "{path}: row {row} of `{tensor}` differs from what was checked when the model was loaded; the file changed since"
@@ -150,7 +150,7 @@ impl EmbeddingRows for FileRows {
             .map_err(|source| RowsError::Read {
                 tensor: self.name.clone(),
                 row: id,
-                source,
+                source: Box::new(source),
             })?;
         if xxh3_64(&bytes) != hash {
             return Err(RowsError::Changed {
