@@ -452,7 +452,7 @@ fn an_untied_embedding_is_read_from_the_pack_and_its_bytes_go_to_the_budget() {
         let header: Value = serde_json::from_slice(&file[8..8 + header_len]).unwrap();
         let offsets = &header["model.embed_tokens.weight"]["data_offsets"];
         let embed_bytes = offsets[1].as_u64().unwrap() - offsets[0].as_u64().unwrap();
-        let out = small_bench(&pack, &["--mem", "512M"]);
+        let out = small_bench(&pack, &["--mem", "512M", "--budget", "auto"]);
         assert!(out.status.success(), "{name}: {}", stderr(&out));
         let b: Value = serde_json::from_slice(&out.stdout).unwrap();
         let plan = &b["memory_plan"];
