@@ -346,6 +346,7 @@ impl StreamingExperts {
 
     /// Every counter, read now.
     pub fn stats(&self) -> crate::metrics::EngineStats {
+        let (buffers_allocated, buffers_reused) = self.buffer_takes();
         crate::metrics::EngineStats {
             cache: self.cache_counters(),
             pilot: self.pilot_counters(),
@@ -355,8 +356,8 @@ impl StreamingExperts {
             drives_busy: self.drives_busy(),
             buffer_bytes: self.buffer_bytes(),
             peak_buffer_bytes: self.peak_buffer_bytes(),
-            buffers_allocated: self.buffer_takes().0,
-            buffers_reused: self.buffer_takes().1,
+            buffers_allocated,
+            buffers_reused,
             decompress_seconds: self.decompress_seconds(),
             restore_seconds: self.restore_micros.load(Ordering::Relaxed) as f64 / 1e6,
             stall_seconds: self.stall_seconds(),

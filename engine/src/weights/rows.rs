@@ -57,7 +57,6 @@ pub struct FileRows {
     file: SafetensorsFile,
     name: String,
     info: TensorInfo,
-    matrix_rows: usize,
     cols: usize,
     row_bytes: usize,
     format: crate::kernels::Format,
@@ -92,7 +91,6 @@ impl FileRows {
                     file,
                     name,
                     info,
-                    matrix_rows: held.rows(),
                     cols: held.cols(),
                     row_bytes: held.row_bytes(),
                     format: held.format(),
@@ -140,7 +138,7 @@ impl EmbeddingRows for FileRows {
             return Err(RowsError::OutOfRange {
                 tensor: self.name.clone(),
                 row: id,
-                rows: self.matrix_rows,
+                rows: self.hashes.len(),
             });
         };
         let row_bytes = self.row_bytes as u64;
