@@ -104,6 +104,7 @@ impl StreamingExperts {
         );
         let automatic = self.automatic;
         let packing = self.packing_inputs();
+        let sustained = self.sustained_seconds_per_byte;
         let spawned = std::thread::Builder::new()
             .name("longhaul-policy".into())
             .spawn(move || {
@@ -135,7 +136,8 @@ impl StreamingExperts {
                         replay(&trace, found.chosen, shape, warmup_lookups(&trace))
                     };
                     let now_packed = shared.packing.load(Ordering::Relaxed);
-                    found.packing = weigh(window, (at(true), at(false)), *record, now_packed);
+                    found.packing =
+                        weigh(window, (at(true), at(false)), *record, sustained, now_packed);
                     if let Some(c) = &found.packing {
                         shared.packing.store(c.packed, Ordering::Relaxed);
                     }

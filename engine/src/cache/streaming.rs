@@ -21,6 +21,7 @@ use crate::pack::Manifest;
 use crate::pack::encoding::ExpertEncoding;
 use crate::pack::manifest::{ExpertLayer, Record, Segment};
 use crate::pilot::PilotCounters;
+use crate::store::probe::ProbeReport;
 use crate::store::{
     DriveSnapshot, DriveStore, Priority, ReadTarget, SegmentRead, StoreConfig, StoreError,
 };
@@ -89,6 +90,20 @@ const FREE_BUFFER_WINDOWS: u64 = 2;
 /// each drive read one 6 MB segment at a time, and a 32-token prompt read at
 /// 0.67 of the drives' rate.
 pub const WINDOW_RECORDS: u64 = 4;
+
+/// Seconds per byte at the aggregate rate of the pack's last probe, if it
+/// probed exactly `drives`; 0 otherwise.
+fn sustained_seconds_per_byte(pack: &Path, drives: &[PathBuf]) -> f64 {
+    match ProbeReport::load(pack) {
+        Some(p)
+            if p.aggregate_mb_per_s > 0.0
+                && p.drives.iter().map(|d| &d.path).eq(drives.iter()) =>
+        {
+            1.0 / (p.aggregate_mb_per_s * 1e6)
+        }
+        _ => 0.0,
+    }
+}
 
 /// The bytes a window holds for a pack whose largest record is
 /// `largest_record` bytes: the option's, or [`WINDOW_RECORDS`] records.
@@ -169,6 +184,10 @@ pub struct StreamingExperts {
     next_choice: AtomicU64,
     /// Decode passes measured, to weigh keeping records packed.
     pub(super) meter: Mutex<PackMeter>,
+    /// Seconds per byte at the rate the pack's last probe of these drives
+    /// measured (0 without one): the least a read can cost when the drives
+    /// are what a pass waits for.
+    pub(super) sustained_seconds_per_byte: f64,
     opened: std::time::Instant,
 }
 
@@ -250,6 +269,7 @@ impl StreamingExperts {
             choosing: Arc::new(AtomicBool::new(false)),
             next_choice: AtomicU64::new(first_replay(may_pack)),
             meter: Mutex::new(PackMeter::default()),
+            sustained_seconds_per_byte: sustained_seconds_per_byte(pack, &manifest.drives),
             opened: std::time::Instant::now(),
         };
         let me = Self {
