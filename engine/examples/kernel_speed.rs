@@ -186,23 +186,34 @@ fn formats_speed() {
         .iter()
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1));
+    // `--inputs 1,2,4,8` times products with that many input rows at once.
+    let inputs: Vec<usize> = args
+        .iter()
+        .position(|a| a == "--inputs")
+        .and_then(|i| args.get(i + 1))
+        .map_or(vec![1], |list| {
+            list.split(',').filter_map(|n| n.parse().ok()).collect()
+        });
     for (format, m) in &matrices {
         if only.is_some_and(|name| name != format.name()) {
             continue;
         }
-        let reps = 2000;
-        let started = Instant::now();
-        for _ in 0..reps {
-            std::hint::black_box(m.matmul_serial(&x, 1).unwrap());
+        for &n in &inputs {
+            let xs: Vec<f32> = x.iter().copied().cycle().take(n * cols).collect();
+            let reps = 2000 / n;
+            let started = Instant::now();
+            for _ in 0..reps {
+                std::hint::black_box(m.matmul_serial(&xs, n).unwrap());
+            }
+            let secs = started.elapsed().as_secs_f64() / reps as f64;
+            println!(
+                "{:>5} [{rows}x{cols}] x {n} on one thread: {:7.3} ms  {:5.2} G weights/s  {:5.1} GB/s stored",
+                format.name(),
+                secs * 1e3,
+                (rows * cols * n) as f64 / secs / 1e9,
+                m.stored_bytes() as f64 / secs / 1e9
+            );
         }
-        let secs = started.elapsed().as_secs_f64() / reps as f64;
-        println!(
-            "{:>5} [{rows}x{cols}] x 1 on one thread: {:7.3} ms  {:5.2} G weights/s  {:5.1} GB/s stored",
-            format.name(),
-            secs * 1e3,
-            (rows * cols) as f64 / secs / 1e9,
-            m.stored_bytes() as f64 / secs / 1e9
-        );
     }
 }
 
