@@ -61,6 +61,7 @@ pub(super) fn each_max_inputs(format: crate::kernels::Format) -> usize {
         _ => 1,
     }
 }
+
 /// Bytes of weight rows computed for every input row before the next rows:
 /// they stay in a core's L2 cache from the first input row to the last.
 const EACH_CHUNK_BYTES: usize = 256 << 10;
