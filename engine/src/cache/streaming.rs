@@ -91,20 +91,6 @@ const FREE_BUFFER_WINDOWS: u64 = 2;
 /// 0.67 of the drives' rate.
 pub const WINDOW_RECORDS: u64 = 4;
 
-/// Seconds per byte at the aggregate rate of the pack's last probe, if it
-/// probed exactly `drives`; 0 otherwise.
-fn sustained_seconds_per_byte(pack: &Path, drives: &[PathBuf]) -> f64 {
-    match ProbeReport::load(pack) {
-        Some(p)
-            if p.aggregate_mb_per_s > 0.0
-                && p.drives.iter().map(|d| &d.path).eq(drives.iter()) =>
-        {
-            1.0 / (p.aggregate_mb_per_s * 1e6)
-        }
-        _ => 0.0,
-    }
-}
-
 /// The bytes a window holds for a pack whose largest record is
 /// `largest_record` bytes: the option's, or [`WINDOW_RECORDS`] records.
 pub fn window_for(window_bytes: u64, largest_record: u64) -> u64 {
@@ -269,7 +255,9 @@ impl StreamingExperts {
             choosing: Arc::new(AtomicBool::new(false)),
             next_choice: AtomicU64::new(first_replay(may_pack)),
             meter: Mutex::new(PackMeter::default()),
-            sustained_seconds_per_byte: sustained_seconds_per_byte(pack, &manifest.drives),
+            sustained_seconds_per_byte: ProbeReport::load(pack)
+                .and_then(|p| p.seconds_per_byte(&manifest.drives))
+                .unwrap_or(0.0),
             opened: std::time::Instant::now(),
         };
         let me = Self {
@@ -468,12 +456,12 @@ impl StreamingExperts {
         self.shared.pool.allocated_bytes()
     }
 
-    /// The most bytes of record buffers held at once (cache, reads, compute).
     /// Record buffers allocated and reused so far.
     pub fn buffer_takes(&self) -> (u64, u64) {
         self.shared.pool.takes()
     }
 
+    /// The most bytes of record buffers held at once (cache, reads, compute).
     pub fn peak_buffer_bytes(&self) -> u64 {
         self.shared.pool.peak_held_bytes()
     }

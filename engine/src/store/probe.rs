@@ -49,6 +49,13 @@ impl ProbeReport {
             crate::regular::read_text(&pack.join(PROBE_FILE), crate::regular::SETTINGS_LIMIT).ok()?;
         serde_json::from_str(&text).ok()
     }
+
+    /// Seconds per byte at the aggregate rate measured, if this probe read
+    /// exactly `drives` (a probe of other drives says nothing of these).
+    pub fn seconds_per_byte(&self, drives: &[PathBuf]) -> Option<f64> {
+        let same = self.drives.iter().map(|d| &d.path).eq(drives.iter());
+        (same && self.aggregate_mb_per_s > 0.0).then(|| 1.0 / (self.aggregate_mb_per_s * 1e6))
+    }
 }
 
 /// Reads up to `limit` bytes from each drive's `files` (name, size) in
@@ -111,4 +118,28 @@ pub fn probe(
         chunk_bytes: chunk,
         seconds,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_probe_prices_bytes_only_on_the_drives_it_read() {
+        let drive = |p: &str| ProbeDrive {
+            path: PathBuf::from(p),
+            bytes: 1 << 28,
+            mb_per_s: 200.0,
+        };
+        let report = ProbeReport {
+            drives: vec![drive("/a"), drive("/b")],
+            aggregate_mb_per_s: 800.0,
+            chunk_bytes: 4 << 20,
+            seconds: 0.7,
+        };
+        let same = [PathBuf::from("/a"), PathBuf::from("/b")];
+        assert_eq!(report.seconds_per_byte(&same), Some(1.0 / 800e6));
+        assert_eq!(report.seconds_per_byte(&same[..1]), None);
+        assert_eq!(report.seconds_per_byte(&[PathBuf::from("/b"), PathBuf::from("/a")]), None);
+    }
 }
