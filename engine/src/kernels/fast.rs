@@ -9,12 +9,15 @@
 //! products are most of a token's time and their weights come from DRAM at
 //! about 40 GB/s; the buffer round trip kept them below that.
 //!
-//! While eight rows are computed, the next eight are prefetched, one cache
-//! line per row per 32 weights: the hardware prefetchers restart at every
-//! 4 KiB page and follow only a few streams, and an expert's matrices are
-//! short (1–2 KiB rows). A [32000×1024] product went from 1.43 ms to 1.07 ms
-//! (46 to 61 GB/s), and warm decoding of the 5.1 GB Qwen3-MoE from 37.6 to
-//! 48.3 tok/s (200 tokens, three runs each, interleaved).
+//! While a group of rows is computed (eight; two for F16 and BF16, see
+//! `STREAMED_ROWS`), the next group is prefetched, one cache line per row
+//! per 32 weights: the hardware prefetchers restart at every 4 KiB page and
+//! follow only a few streams, and an expert's matrices are short (1–2 KiB
+//! rows). A [32000×1024] product went from 1.43 ms to 1.07 ms (46 to 61
+//! GB/s), and warm decoding of the 5.1 GB Qwen3-MoE from 37.6 to 48.3 tok/s
+//! (200 tokens, three runs each, interleaved). Two F16 rows at a time
+//! without the prefetches read a decode step's experts at 14–19 GB/s,
+//! against 24–36 with them.
 //!
 //! GGML's Q8_0 blocks are widened the same way, one block's weights sixteen
 //! to a register: a one-row [1024×1024] product went from 3.5 to 28.8 G
