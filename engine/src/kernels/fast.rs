@@ -136,16 +136,26 @@ mod x86 {
     /// thread then keeps enough reads in flight to stream a matrix from DRAM:
     /// a decode step's 192 experts took 22 ms with four rows, 13.6 ms with
     /// eight (44 GB/s, the machine's read bandwidth) and 20 ms with sixteen.
+    /// MXFP4, INT4 and Q8_0 rows go eight at a time; a warm Q8_0 GGUF of
+    /// the Qwen3-MoE decoded no faster with four (39.8–50.3 tok/s against
+    /// 46.3–52.8 with eight, runs taken in turn on an AMD EPYC).
     const ROWS: usize = 8;
     /// F16 and BF16 rows fused together. A warm decode step streams them
     /// from DRAM at one multiply-add per weight, and on an AMD EPYC (Zen 4)
     /// eight streams at once read slower than two: a decode step's 192
     /// experts took 24–35 ms with eight rows and 19–23 ms with two (26–31
     /// GB/s, the two cores' read bandwidth), in runs taken in turn. The
-    /// formats that take more work per weight keep [`ROWS`], whose chains
-    /// hide the multiply-adds' latency: Q4_K with two rows ran at 15.8 G
-    /// weights/s from cache against 18.1 with eight.
+    /// formats that take more work per weight fuse more rows
+    /// ([`BLOCKWISE_ROWS`], [`ROWS`]), whose chains hide the multiply-adds'
+    /// latency.
     const STREAMED_ROWS: usize = 2;
+    /// Q4_K and Q6_K rows fused together. From cache their blockwise sums
+    /// run fastest as eight chains side by side (Q4_K: 18.1 G weights/s
+    /// against 15.8 with two), but a warm decode streams them from DRAM,
+    /// where eight streams read slower here too: a warm Q4_K_M Qwen3-MoE
+    /// decoded at 37–49 tok/s (mean 43.6) with eight rows, 43–60 (mean
+    /// 49.7) with two and 47–67 (mean 53.4) with four, in runs taken in turn.
+    const BLOCKWISE_ROWS: usize = 4;
     /// Bytes of sixteen F16 weights.
     const BLOCK_BYTES: usize = 2 * LANES;
     const CACHE_LINE: usize = 64;
@@ -216,58 +226,40 @@ mod x86 {
 
         #[inline(always)]
         fn with_simd<S: Simd>(self, _: S) {
-            let MatVec {
-                format,
-                simd,
-                bytes,
-                row_bytes,
-                rows,
-                x,
-                sums,
-                out,
-            } = self;
-            let row = |r: usize| &bytes[r * row_bytes..(r + 1) * row_bytes];
-            let mut r = 0;
-            if matches!(format, Format::F16 | Format::BF16) {
-                while r + STREAMED_ROWS <= rows {
-                    let next = bytes.as_ptr().wrapping_add((r + STREAMED_ROWS) * row_bytes);
-                    let w = std::array::from_fn(|i| row(r + i));
-                    let got = match format {
-                        Format::BF16 => block::<STREAMED_ROWS, true>(simd, w, x, next),
-                        _ => block::<STREAMED_ROWS, false>(simd, w, x, next),
-                    };
-                    out[r..r + STREAMED_ROWS].copy_from_slice(&got);
-                    r += STREAMED_ROWS;
-                }
-            }
-            while r + ROWS <= rows {
-                let next = bytes.as_ptr().wrapping_add((r + ROWS) * row_bytes);
-                let w = std::array::from_fn(|i| row(r + i));
-                let got = match format {
-                    Format::Mxfp4 => block_mxfp4::<ROWS>(simd, w, x, next),
-                    Format::Int4G32 => block_int4::<ROWS>(simd, w, x, next),
-                    Format::Q8_0 => ggml_q8_0::<ROWS>(simd, w, x, next),
-                    Format::Q4K => blockwise_q4_k::<ROWS>(simd, w, x, sums, next),
-                    Format::Q6K => blockwise_q6_k::<ROWS>(simd, w, x, next),
-                    Format::BF16 => block::<ROWS, true>(simd, w, x, next),
-                    _ => block::<ROWS, false>(simd, w, x, next),
+            let mut this = self;
+            let r = match this.format {
+                Format::F16 | Format::BF16 => this.groups::<STREAMED_ROWS>(0),
+                Format::Q4K | Format::Q6K => this.groups::<BLOCKWISE_ROWS>(0),
+                _ => this.groups::<ROWS>(0),
+            };
+            this.groups::<1>(r);
+        }
+    }
+
+    impl MatVec<'_> {
+        /// Rows from `first` on, `R` at a time while `R` are left, the next
+        /// `R` prefetched meanwhile; returns the first row not computed.
+        #[inline(always)]
+        fn groups<const R: usize>(&mut self, first: usize) -> usize {
+            let (simd, x, sums, bytes, row_bytes) =
+                (self.simd, self.x, self.sums, self.bytes, self.row_bytes);
+            let mut r = first;
+            while r + R <= self.rows {
+                let next = bytes.as_ptr().wrapping_add((r + R) * row_bytes);
+                let w = std::array::from_fn(|i| &bytes[(r + i) * row_bytes..(r + i + 1) * row_bytes]);
+                let got = match self.format {
+                    Format::Mxfp4 => block_mxfp4::<R>(simd, w, x, next),
+                    Format::Int4G32 => block_int4::<R>(simd, w, x, next),
+                    Format::Q8_0 => ggml_q8_0::<R>(simd, w, x, next),
+                    Format::Q4K => blockwise_q4_k::<R>(simd, w, x, sums, next),
+                    Format::Q6K => blockwise_q6_k::<R>(simd, w, x, next),
+                    Format::BF16 => block::<R, true>(simd, w, x, next),
+                    _ => block::<R, false>(simd, w, x, next),
                 };
-                out[r..r + ROWS].copy_from_slice(&got);
-                r += ROWS;
+                self.out[r..r + R].copy_from_slice(&got);
+                r += R;
             }
-            while r < rows {
-                let none = std::ptr::null();
-                out[r] = match format {
-                    Format::Mxfp4 => block_mxfp4::<1>(simd, [row(r)], x, none)[0],
-                    Format::Int4G32 => block_int4::<1>(simd, [row(r)], x, none)[0],
-                    Format::Q8_0 => ggml_q8_0::<1>(simd, [row(r)], x, none)[0],
-                    Format::Q4K => blockwise_q4_k::<1>(simd, [row(r)], x, sums, none)[0],
-                    Format::Q6K => blockwise_q6_k::<1>(simd, [row(r)], x, none)[0],
-                    Format::BF16 => block::<1, true>(simd, [row(r)], x, none)[0],
-                    _ => block::<1, false>(simd, [row(r)], x, none)[0],
-                };
-                r += 1;
-            }
+            r
         }
     }
 

@@ -513,7 +513,8 @@ mod tests {
     /// 1e-6 of the dequantised product relative to its magnitude.
     #[test]
     fn every_path_sums_in_the_documented_order() {
-        // 19 rows: two groups of eight in the fast path, and three alone.
+        // 19 rows: four groups of four in the fast path (Q4_K, Q6_K), then
+        // three alone.
         let (rows, cols, n) = (19, 768, 5);
         for format in FORMATS {
             let bytes = rows_of(format, rows, cols, format.block_bytes());
