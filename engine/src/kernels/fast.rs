@@ -9,8 +9,9 @@
 //! products are most of a token's time and their weights come from DRAM at
 //! about 40 GB/s; the buffer round trip kept them below that.
 //!
-//! While a group of rows is computed (eight; two for F16 and BF16, see
-//! `STREAMED_ROWS`), the next group is prefetched, one cache line per row
+//! While a group of rows is computed (two for F16 and BF16, four for Q4_K
+//! and Q6_K, eight for the others: `STREAMED_ROWS`, `BLOCKWISE_ROWS`,
+//! `ROWS`), the next group is prefetched, one cache line per row
 //! per 32 weights: the hardware prefetchers restart at every 4 KiB page and
 //! follow only a few streams, and an expert's matrices are short (1–2 KiB
 //! rows). A [32000×1024] product went from 1.43 ms to 1.07 ms (46 to 61
@@ -24,7 +25,7 @@
 //! weights/s; F16 runs at 41. Q4_K and Q6_K are summed blockwise
 //! ([`crate::kernels::kquant`]): integers into lanes (Q4_K's nibbles made
 //! floats by a sixteen-entry lookup, Q6_K's bits put together 64 bytes at a
-//! time), scales unpacked with byte shuffles, eight rows' chains of
+//! time), scales unpacked with byte shuffles, several rows' chains of
 //! multiply-adds side by side. Widened per weight they ran at 11.4 (Q4_K)
 //! and 5.7 (Q6_K) G weights/s; blockwise at 30 and 14.6. Block scales are
 //! then widened from F16 by `vcvtph2ps`, as F16 weights are, rather than by
@@ -555,7 +556,7 @@ mod x86 {
             let sub_sums: __m512 = cast(sub_sums);
             let x = |k: usize| -> __m512 { cast(xs[16 * b + k]) };
             // Rows inner: each row's sums are a chain of dependent
-            // multiply-adds, and eight chains side by side hide their latency.
+            // multiply-adds, and `R` chains side by side hide their latency.
             let blk = |r: usize| &w[r].as_chunks::<{ ggml::Q4_K_BYTES }>().0[b];
             let mut d = [[0f32; LANES]; R];
             for r in 0..R {
@@ -611,7 +612,7 @@ mod x86 {
         let mut acc = [zero; R];
         for b in 0..xs.len() / 16 {
             prefetch_blocks::<R, { ggml::Q6_K_BYTES }>(next, b);
-            // Rows inner, as in Q4_K: eight chains of multiply-adds side by side.
+            // Rows inner, as in Q4_K: `R` chains of multiply-adds side by side.
             let blk = |r: usize| &w[r].as_chunks::<{ ggml::Q6_K_BYTES }>().0[b];
             let mut d = [[0f32; LANES]; R];
             for (r, d) in d.iter_mut().enumerate() {
