@@ -40,31 +40,39 @@
 //! DeepSeek-V3 in INT4 from 110–120 to 146–163 (BF16: 126–130).
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use x86::matvec;
+pub(super) use x86::{matvec, matvec_inputs};
 
-/// Most input rows a product with `format` takes through the one-row fast
-/// paths, one input row after another (see [`matvec_each`]); more go through
-/// the portable tiles, which decode a weight once for four input rows.
-/// Through the tiles, two input rows of a [1024×1024] F16 matrix took 0.25
-/// ms on one AVX-512 core against 0.048 for one (Q8_0: 0.54 against 0.065;
-/// Q4_K: 0.29 against 0.065), so answers decoded together and guesses
-/// verified at once paid several times a token's products. One row after
-/// another, two took 0.115 ms (Q8_0 0.14, Q4_K 0.14) and eight 0.36 against
-/// the tiles' 0.40 (Q8_0 0.57 against 0.68, Q4_K 0.52 against 0.67). BF16
-/// widens by a shift, so its tiles are quick: 0.088 against 0.097 ms for two
-/// rows one after another, but 0.18 against 0.16 for four. INT4 and MXFP4
-/// tiles decode each weight once for four input rows, where the one-row
-/// paths decode it again for each: eight answers of a DeepSeek-V3-shaped
-/// INT4 pack decoded together at 35–40 tok/s one row after another and at
-/// 61 through the tiles, so those formats keep the tiles.
+/// Most input rows a product with `format` takes through the fast paths
+/// (see [`matvec_each`]); more go through the portable tiles, which decode a
+/// weight once for four input rows. Through the tiles, two input rows of a
+/// [1024×1024] F16 matrix took 0.25 ms on one AVX-512 core against 0.048
+/// for one (Q8_0: 0.54 against 0.065; Q4_K: 0.29 against 0.065), so answers
+/// decoded together and guesses verified at once paid several times a
+/// token's products. Q8_0, Q4_K and Q6_K rows go through the one-row paths
+/// one input after another: two took 0.14 ms, and eight 0.57 against the
+/// tiles' 0.68 (Q4_K 0.52 against 0.67). F16 and BF16 rows widen each
+/// weight register once for up to four inputs ([`matvec_inputs`]): on an
+/// AMD EPYC (Zen 4), two inputs took 0.064–0.087 ms against 0.118–0.161
+/// one after another, four 0.099–0.136 against the tiles' 0.161–0.32, eight
+/// 0.19–0.25 against 0.29–0.63 and sixteen 0.41–0.45 against 0.47–0.73;
+/// from 64 inputs on the two ran alike (1.7–2.3 ms), so prompts keep the
+/// tiles. INT4 and MXFP4 tiles decode each weight once for four input
+/// rows, where the one-row paths decode it again for each: eight answers of
+/// a DeepSeek-V3-shaped INT4 pack decoded together at 35–40 tok/s one row
+/// after another and at 61 through the tiles, so those formats keep the
+/// tiles.
 pub(super) fn each_max_inputs(format: crate::kernels::Format) -> usize {
     use crate::kernels::Format;
     match format {
-        Format::F16 | Format::Q8_0 | Format::Q4K | Format::Q6K => 8,
-        Format::BF16 => 2,
+        Format::F16 | Format::BF16 => FUSED_MAX_INPUTS,
+        Format::Q8_0 | Format::Q4K | Format::Q6K => 8,
         _ => 1,
     }
 }
+
+/// Most input rows F16 and BF16 products take through [`matvec_inputs`]
+/// (see [`each_max_inputs`]).
+const FUSED_MAX_INPUTS: usize = 16;
 
 /// Bytes of weight rows computed for every input row before the next rows:
 /// they stay in a core's L2 cache from the first input row to the last.
@@ -72,8 +80,9 @@ const EACH_CHUNK_BYTES: usize = 256 << 10;
 
 /// `out[r·n + t] = Σ_k W[r][k] · x[t][k]` for the `n` input rows of `x`
 /// (`sums` holds each row's sub-block sums in turn, for blockwise formats),
-/// each through the one-row fast path: bitwise what `n` one-row products
-/// give, because it is them. Weight rows go a cache-sized chunk at a time.
+/// F16 and BF16 rows through [`matvec_inputs`], others through the one-row
+/// fast path for each input: bitwise what `n` one-row products give. Weight
+/// rows go a cache-sized chunk at a time.
 /// `false` (and nothing written) where [`matvec`] has no fast path.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn matvec_each(
@@ -92,6 +101,9 @@ pub(super) fn matvec_each(
     for first in (0..rows).step_by(chunk) {
         let count = chunk.min(rows - first);
         let w = &bytes[first * row_bytes..(first + count) * row_bytes];
+        if matvec_inputs(format, w, row_bytes, count, x, n, &mut out[first * n..(first + count) * n]) {
+            continue;
+        }
         for t in 0..n {
             let xt = &x[t * cols..(t + 1) * cols];
             let st = &sums[t * per..(t + 1) * per];
@@ -104,6 +116,19 @@ pub(super) fn matvec_each(
         }
     }
     true
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) fn matvec_inputs(
+    _: crate::kernels::Format,
+    _: &[u8],
+    _: usize,
+    _: usize,
+    _: &[f32],
+    _: usize,
+    _: &mut [f32],
+) -> bool {
+    false
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -262,6 +287,164 @@ mod x86 {
             }
             r
         }
+    }
+
+    /// Input rows fused with each F16 or BF16 weight row: every weight
+    /// register is widened once and multiplied into this many inputs' sums.
+    /// Through [`block`] one input after another, each widened again.
+    const FUSED_INPUTS: usize = 4;
+
+    /// `out[r·n + t] = Σ_k W[r][k] · x[t][k]` for F16 and BF16 rows and the
+    /// `n` input rows of `x`, up to [`FUSED_INPUTS`] inputs per pass over the
+    /// weights, each sum the chain [`block`] forms for one input: bitwise
+    /// the one-row products. `false` (and nothing written) for other formats
+    /// or where the machine has no AVX-512.
+    pub(in crate::kernels) fn matvec_inputs(
+        format: Format,
+        bytes: &[u8],
+        row_bytes: usize,
+        rows: usize,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) -> bool {
+        if !matches!(format, Format::F16 | Format::BF16) || n == 0 {
+            return false;
+        }
+        let Some(simd) = V4::try_new() else {
+            return false;
+        };
+        let bf = format == Format::BF16;
+        Simd::vectorize(
+            simd,
+            MatVecInputs {
+                bf,
+                simd,
+                bytes,
+                row_bytes,
+                rows,
+                x,
+                n,
+                out,
+            },
+        );
+        true
+    }
+
+    struct MatVecInputs<'a> {
+        bf: bool,
+        simd: V4,
+        bytes: &'a [u8],
+        row_bytes: usize,
+        rows: usize,
+        x: &'a [f32],
+        n: usize,
+        out: &'a mut [f32],
+    }
+
+    impl WithSimd for MatVecInputs<'_> {
+        type Output = ();
+
+        #[inline(always)]
+        fn with_simd<S: Simd>(self, _: S) {
+            let mut this = self;
+            let mut t = 0;
+            while t < this.n {
+                t += match (this.n - t).min(FUSED_INPUTS) {
+                    1 => this.inputs::<1>(t),
+                    2 => this.inputs::<2>(t),
+                    3 => this.inputs::<3>(t),
+                    _ => this.inputs::<FUSED_INPUTS>(t),
+                };
+            }
+        }
+    }
+
+    impl MatVecInputs<'_> {
+        /// Inputs `t0..t0 + N` against every row; returns `N`.
+        #[inline(always)]
+        fn inputs<const N: usize>(&mut self, t0: usize) -> usize {
+            let r = self.groups::<STREAMED_ROWS, N>(t0, 0);
+            self.groups::<1, N>(t0, r);
+            N
+        }
+
+        /// Rows from `first` on, `R` at a time while `R` are left, against
+        /// inputs `t0..t0 + N`; returns the first row not computed.
+        #[inline(always)]
+        fn groups<const R: usize, const N: usize>(&mut self, t0: usize, first: usize) -> usize {
+            let (simd, bytes, row_bytes, n) = (self.simd, self.bytes, self.row_bytes, self.n);
+            let cols = self.x.len() / n;
+            let x: [&[f32]; N] = std::array::from_fn(|j| &self.x[(t0 + j) * cols..(t0 + j + 1) * cols]);
+            let mut r = first;
+            while r + R <= self.rows {
+                let next = bytes.as_ptr().wrapping_add((r + R) * row_bytes);
+                let w = std::array::from_fn(|i| &bytes[(r + i) * row_bytes..(r + i + 1) * row_bytes]);
+                let got = match self.bf {
+                    true => block_inputs::<R, N, true>(simd, w, x, next),
+                    false => block_inputs::<R, N, false>(simd, w, x, next),
+                };
+                for (i, got) in got.iter().enumerate() {
+                    self.out[(r + i) * n + t0..(r + i) * n + t0 + N].copy_from_slice(got);
+                }
+                r += R;
+            }
+            r
+        }
+    }
+
+    /// [`block`] for `N` inputs at once: each weight register widened once
+    /// and fused into every input's sums, each sum the same chain in the
+    /// same lanes as one input's.
+    #[inline(always)]
+    fn block_inputs<const R: usize, const N: usize, const BF: bool>(
+        simd: V4,
+        w: [&[u8]; R],
+        x: [&[f32]; N],
+        next: *const u8,
+    ) -> [[f32; N]; R] {
+        let a = simd.avx512f;
+        let blocks = x[0].len() / LANES;
+        let mut acc = [[a._mm512_setzero_ps(); N]; R];
+        for i in 0..blocks {
+            if !next.is_null() && i % 2 == 0 {
+                for l in 0..R {
+                    let p = next.wrapping_add((i / 2 * R + l) * CACHE_LINE);
+                    // SAFETY: SSE is part of x86-64, and a prefetch is a
+                    // hint that never faults, whatever the address.
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
+                }
+            }
+            let xv: [__m512; N] = std::array::from_fn(|t| {
+                let (xs, _) = x[t].as_chunks::<LANES>();
+                cast(xs[i])
+            });
+            for r in 0..R {
+                let (wb, _) = w[r].as_chunks::<BLOCK_BYTES>();
+                let wv = match BF {
+                    true => {
+                        let halves = a._mm512_cvtepu16_epi32(cast(wb[i]));
+                        a._mm512_castsi512_ps(a._mm512_slli_epi32::<16>(halves))
+                    }
+                    false => a._mm512_cvtph_ps(cast(wb[i])),
+                };
+                for t in 0..N {
+                    acc[r][t] = a._mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+                }
+            }
+        }
+        std::array::from_fn(|r| {
+            let tail: Vec<f32> = w[r][blocks * BLOCK_BYTES..]
+                .as_chunks::<2>()
+                .0
+                .iter()
+                .map(|h| match BF {
+                    true => bf16_to_f32(u16::from_le_bytes(*h)),
+                    false => f16_to_f32(u16::from_le_bytes(*h)),
+                })
+                .collect();
+            std::array::from_fn(|t| finish(cast(acc[r][t]), &tail, &x[t][blocks * LANES..]))
+        })
     }
 
     /// `R` F16 rows (BF16 ones when `BF`) dotted with `x`, each in the
