@@ -290,8 +290,13 @@ mod x86 {
     }
 
     /// Input rows fused with each F16 or BF16 weight row: every weight
-    /// register is widened once and multiplied into this many inputs' sums.
-    /// Through [`block`] one input after another, each widened again.
+    /// register is widened once and multiplied into this many inputs' sums
+    /// (through [`block`], one input after another, it is widened again for
+    /// each). With four, a product from cache runs at about one 512-bit
+    /// multiply-add per cycle, the core's rate on Zen 4: 39–46 G
+    /// weight-inputs/s for four and eight inputs of a [1024×1024] matrix.
+    /// One input keeps [`block`]: [`block_inputs`] with one input ran 10–15 %
+    /// slower from cache.
     const FUSED_INPUTS: usize = 4;
 
     /// `out[r·n + t] = Σ_k W[r][k] · x[t][k]` for F16 and BF16 rows and the
