@@ -398,6 +398,47 @@ mod x86 {
         }
     }
 
+    /// Prefetches the `R` rows at `next` while block `i` of sixteen halves
+    /// is summed: one cache line per row every second block.
+    #[inline(always)]
+    fn prefetch_halves<const R: usize>(next: *const u8, i: usize) {
+        if next.is_null() || !i.is_multiple_of(2) {
+            return;
+        }
+        for l in 0..R {
+            let p = next.wrapping_add((i / 2 * R + l) * CACHE_LINE);
+            // SAFETY: SSE is part of x86-64, and a prefetch is a hint that
+            // never faults, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
+        }
+    }
+
+    /// Sixteen F16 weights (BF16 ones when `BF`) widened exactly.
+    #[inline(always)]
+    fn widen_halves<const BF: bool>(simd: V4, halves: [u8; BLOCK_BYTES]) -> __m512 {
+        let a = simd.avx512f;
+        match BF {
+            true => {
+                let halves = a._mm512_cvtepu16_epi32(cast(halves));
+                a._mm512_castsi512_ps(a._mm512_slli_epi32::<16>(halves))
+            }
+            false => a._mm512_cvtph_ps(cast(halves)),
+        }
+    }
+
+    /// The halves of a row past its last whole block, widened.
+    fn tail_halves<const BF: bool>(bytes: &[u8]) -> Vec<f32> {
+        bytes
+            .as_chunks::<2>()
+            .0
+            .iter()
+            .map(|h| match BF {
+                true => bf16_to_f32(u16::from_le_bytes(*h)),
+                false => f16_to_f32(u16::from_le_bytes(*h)),
+            })
+            .collect()
+    }
+
     /// [`block`] for `N` inputs at once: each weight register widened once
     /// and fused into every input's sums, each sum the same chain in the
     /// same lanes as one input's.
@@ -412,42 +453,21 @@ mod x86 {
         let blocks = x[0].len() / LANES;
         let mut acc = [[a._mm512_setzero_ps(); N]; R];
         for i in 0..blocks {
-            if !next.is_null() && i % 2 == 0 {
-                for l in 0..R {
-                    let p = next.wrapping_add((i / 2 * R + l) * CACHE_LINE);
-                    // SAFETY: SSE is part of x86-64, and a prefetch is a
-                    // hint that never faults, whatever the address.
-                    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
-                }
-            }
+            prefetch_halves::<R>(next, i);
             let xv: [__m512; N] = std::array::from_fn(|t| {
                 let (xs, _) = x[t].as_chunks::<LANES>();
                 cast(xs[i])
             });
             for r in 0..R {
                 let (wb, _) = w[r].as_chunks::<BLOCK_BYTES>();
-                let wv = match BF {
-                    true => {
-                        let halves = a._mm512_cvtepu16_epi32(cast(wb[i]));
-                        a._mm512_castsi512_ps(a._mm512_slli_epi32::<16>(halves))
-                    }
-                    false => a._mm512_cvtph_ps(cast(wb[i])),
-                };
+                let wv = widen_halves::<BF>(simd, wb[i]);
                 for t in 0..N {
                     acc[r][t] = a._mm512_fmadd_ps(wv, xv[t], acc[r][t]);
                 }
             }
         }
         std::array::from_fn(|r| {
-            let tail: Vec<f32> = w[r][blocks * BLOCK_BYTES..]
-                .as_chunks::<2>()
-                .0
-                .iter()
-                .map(|h| match BF {
-                    true => bf16_to_f32(u16::from_le_bytes(*h)),
-                    false => f16_to_f32(u16::from_le_bytes(*h)),
-                })
-                .collect();
+            let tail = tail_halves::<BF>(&w[r][blocks * BLOCK_BYTES..]);
             std::array::from_fn(|t| finish(cast(acc[r][t]), &tail, &x[t][blocks * LANES..]))
         })
     }
@@ -469,39 +489,18 @@ mod x86 {
         let blocks = xs.len();
         let mut acc = [a._mm512_setzero_ps(); R];
         for (i, xb) in xs.iter().enumerate() {
-            if !next.is_null() && i % 2 == 0 {
-                for l in 0..R {
-                    let p = next.wrapping_add((i / 2 * R + l) * CACHE_LINE);
-                    // SAFETY: SSE is part of x86-64, and a prefetch is a
-                    // hint that never faults, whatever the address.
-                    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
-                }
-            }
+            prefetch_halves::<R>(next, i);
             let xv = cast(*xb);
             for r in 0..R {
                 let (wb, _) = w[r].as_chunks::<BLOCK_BYTES>();
-                let wv = match BF {
-                    true => {
-                        let halves = a._mm512_cvtepu16_epi32(cast(wb[i]));
-                        a._mm512_castsi512_ps(a._mm512_slli_epi32::<16>(halves))
-                    }
-                    false => a._mm512_cvtph_ps(cast(wb[i])),
-                };
+                let wv = widen_halves::<BF>(simd, wb[i]);
                 acc[r] = a._mm512_fmadd_ps(wv, xv, acc[r]);
             }
         }
         let mut sums = [0f32; R];
         for r in 0..R {
             let lanes: [f32; LANES] = cast(acc[r]);
-            let tail: Vec<f32> = w[r][blocks * BLOCK_BYTES..]
-                .as_chunks::<2>()
-                .0
-                .iter()
-                .map(|h| match BF {
-                    true => bf16_to_f32(u16::from_le_bytes(*h)),
-                    false => f16_to_f32(u16::from_le_bytes(*h)),
-                })
-                .collect();
+            let tail = tail_halves::<BF>(&w[r][blocks * BLOCK_BYTES..]);
             sums[r] = finish(lanes, &tail, x_tail);
         }
         sums
