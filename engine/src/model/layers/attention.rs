@@ -3,11 +3,34 @@
 
 use candle_core::{Device, Tensor};
 
+use super::indexer::Selection;
 use super::rope::{Rope, RopeTables};
 use super::{Linear, RmsNorm, Stacked, values};
 use crate::kernels::ops::{self, AttentionShape};
 use crate::model::{ModelError, state::SequenceState};
 use crate::weights::Weights;
+
+/// One sequence's rows in a pass: its cache, its rotary tables, how many
+/// rows it has, and (for sparse latent attention) the positions the last
+/// indexer of the pass chose for it.
+pub struct AttentionPart<'a> {
+    pub cache: &'a mut SequenceState,
+    pub tables: &'a RopeTables,
+    pub rows: usize,
+    pub chosen: &'a mut Option<Selection>,
+}
+
+/// Rows `span` of `values`, which holds `rows` rows of equal width.
+pub(super) fn part_rows(
+    values: &[f32],
+    rows: usize,
+    span: std::ops::Range<usize>,
+) -> Result<&[f32], ModelError> {
+    let width = values.len() / rows.max(1);
+    values
+        .get(span.start * width..span.end * width)
+        .ok_or(ModelError::Internal("attention parts hold more rows than the pass"))
+}
 
 /// Multi-head attention with fewer key/value heads than query heads.
 pub struct GroupedQueryAttention {
@@ -207,19 +230,52 @@ impl GroupedQueryAttention {
         })
     }
 
+    /// Attention of every part's rows after what its cache holds, the parts'
+    /// rows one after another in `x`. The projections run once over all the
+    /// rows (each weight read once for every sequence of a pass, and the
+    /// kernels give a row the same bits whatever rows run with it); the
+    /// attention itself runs part by part on its own cache.
     pub fn forward(
         &self,
         x: &Tensor,
         layer: usize,
-        cache: &mut SequenceState,
-        tables: &RopeTables,
+        parts: &mut [AttentionPart<'_>],
     ) -> Result<Tensor, ModelError> {
         let seq = x.dim(0)?;
+        let q_out = self.heads * self.head_dim;
+        let xs = values(x)?;
+        let qkv = self.qkv_proj.forward_values(&xs, seq)?;
+        let mut out = Vec::with_capacity(seq * q_out);
+        let mut at = 0;
+        for part in parts.iter_mut() {
+            let rows = part_rows(&qkv, seq, at..at + part.rows)?;
+            out.extend(self.attend_part(rows, part.rows, layer, part.cache, part.tables)?);
+            at += part.rows;
+        }
+        if let Some(g_proj) = &self.head_gate {
+            gate_output(&mut out, q_out, g_proj, &xs, seq)?;
+        }
+        let y = self.o_proj.forward_values(&out, seq)?;
+        Ok(Tensor::from_vec(
+            y,
+            (seq, self.o_proj.weight().rows()),
+            &Device::Cpu,
+        )?)
+    }
+
+    /// One sequence's `seq` projected rows (`qkv`) attended after what
+    /// `cache` holds: `[seq, heads × head_dim]`, output gate applied.
+    fn attend_part(
+        &self,
+        qkv: &[f32],
+        seq: usize,
+        layer: usize,
+        cache: &mut SequenceState,
+        tables: &RopeTables,
+    ) -> Result<Vec<f32>, ModelError> {
         let start = cache.len();
         let hd = self.head_dim;
         let (q_out, kv_out) = (self.heads * hd, self.kv_heads * hd);
-        let xs = values(x)?;
-        let qkv = self.qkv_proj.forward_values(&xs, seq)?;
         let own_tables;
         let tables = if self.own_rope {
             own_tables = self.rope.tables(start, seq);
@@ -288,14 +344,6 @@ impl GroupedQueryAttention {
         for (o, g) in out.iter_mut().zip(&gate) {
             *o *= 1.0 / (1.0 + (-g).exp());
         }
-        if let Some(g_proj) = &self.head_gate {
-            gate_output(&mut out, q_out, g_proj, &xs, seq)?;
-        }
-        let y = self.o_proj.forward_values(&out, seq)?;
-        Ok(Tensor::from_vec(
-            y,
-            (seq, self.o_proj.weight().rows()),
-            &Device::Cpu,
-        )?)
+        Ok(out)
     }
 }

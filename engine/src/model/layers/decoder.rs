@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 
-use super::attention::GroupedQueryAttention;
+use super::attention::{AttentionPart, GroupedQueryAttention};
 use super::compressed::CompressedAttention;
 use super::embedding::Embedding;
 use super::hyper::{HyperConnection, HyperHead, Mixing};
@@ -15,7 +15,8 @@ use super::experts::ExpertProvider;
 use super::linear::LinearAttention;
 use super::mla::LatentAttention;
 use super::moe::MoeBlock;
-use super::rope::Rope;
+use super::indexer::Selection;
+use super::rope::{Rope, RopeTables};
 use crate::model::lockstep::Lockstep;
 use super::{Linear, Mlp, RmsNorm, values};
 use crate::model::{ModelError, state::SequenceState};
@@ -276,25 +277,20 @@ impl Decoder {
             };
             let (input, mixing) = collapse(attn_hc, &x, seq)?;
             let h = layer.input_norm.forward(&input)?;
-            let mut outs = Vec::with_capacity(parts.len());
-            let mut at = 0;
-            for (k, part) in parts.iter_mut().enumerate() {
-                let (len, cache) = (lens[k], &mut *part.state);
-                let h = if lens.len() == 1 { h.clone() } else { h.narrow(0, at, len)? };
-                at += len;
-                outs.push(match &layer.attention {
-                    Attention::Grouped(a) => a.forward(&h, index, cache, &tables[k])?,
-                    Attention::Latent(a) => a.forward(&h, index, cache, &tables[k], &mut chosen[k])?,
-                    Attention::Linear(a) => a.forward(&h, index, cache)?,
-                    Attention::Compressed(a) => {
-                        let y = a.forward(&values(&h)?, len, index, cache)?;
-                        Tensor::from_vec(y, (len, hidden), &Device::Cpu)?
-                    }
-                });
-            }
-            let h = match outs.len() {
-                1 => outs.remove(0),
-                _ => Tensor::cat(&outs, 0)?,
+            let h = match &layer.attention {
+                Attention::Grouped(a) => {
+                    a.forward(&h, index, &mut attention_parts(parts, &tables, &lens, &mut chosen))?
+                }
+                Attention::Latent(a) => {
+                    a.forward(&h, index, &mut attention_parts(parts, &tables, &lens, &mut chosen))?
+                }
+                Attention::Linear(a) => {
+                    each_part(parts, &h, &lens, |h, _, cache| a.forward(h, index, cache))?
+                }
+                Attention::Compressed(a) => each_part(parts, &h, &lens, |h, len, cache| {
+                    let y = a.forward(&values(h)?, len, index, cache)?;
+                    Ok(Tensor::from_vec(y, (len, hidden), &Device::Cpu)?)
+                })?,
             };
             x = spread(attn_hc, mixing, x, h)?;
             let (input, mixing) = collapse(ffn_hc, &x, seq)?;
@@ -365,6 +361,48 @@ impl Decoder {
         }
         Ok(out)
     }
+}
+
+/// Attention that runs on each sequence's rows alone (`h` holds the parts'
+/// rows one after another), its outputs stacked again.
+fn each_part(
+    parts: &mut [Part<'_>],
+    h: &Tensor,
+    lens: &[usize],
+    mut attend: impl FnMut(&Tensor, usize, &mut SequenceState) -> Result<Tensor, ModelError>,
+) -> Result<Tensor, ModelError> {
+    if let [part] = parts {
+        return attend(h, h.dim(0)?, part.state);
+    }
+    let mut outs = Vec::with_capacity(parts.len());
+    let mut at = 0;
+    for (part, &len) in parts.iter_mut().zip(lens) {
+        outs.push(attend(&h.narrow(0, at, len)?, len, part.state)?);
+        at += len;
+    }
+    Ok(Tensor::cat(&outs, 0)?)
+}
+
+/// The parts of a pass as attention sees them: each sequence's cache,
+/// rotary tables, row count and sparse-attention choice.
+fn attention_parts<'a>(
+    parts: &'a mut [Part<'_>],
+    tables: &'a [RopeTables],
+    lens: &[usize],
+    chosen: &'a mut [Option<Selection>],
+) -> Vec<AttentionPart<'a>> {
+    parts
+        .iter_mut()
+        .zip(tables)
+        .zip(lens)
+        .zip(chosen.iter_mut())
+        .map(|(((part, tables), &rows), chosen)| AttentionPart {
+            cache: &mut *part.state,
+            tables,
+            rows,
+            chosen,
+        })
+        .collect()
 }
 
 /// One sequence's rows in a pass over several (see [`Decoder::forward_parts`]).

@@ -11,12 +11,13 @@
 
 use candle_core::{Device, Tensor};
 
-use super::indexer::{Indexer, Selection};
-use super::rope::{Rope, RopeTables};
+use super::attention::{AttentionPart, part_rows};
+use super::indexer::Indexer;
+use super::rope::Rope;
 use super::{Linear, RmsNorm, values};
 use crate::kernels::Matrix;
 use crate::kernels::ops::{LatentShape, latent_attention};
-use crate::model::{ModelError, state::SequenceState};
+use crate::model::ModelError;
 use crate::weights::Weights;
 
 /// The query path: one projection, or a low-rank pair with a norm between.
@@ -50,6 +51,15 @@ impl KeyProjection {
             KeyProjection::Transposed(m) => m.matmul(q, seq)?,
         })
     }
+}
+
+/// One sequence's rows of a pass's input and projections; its queries are
+/// its own copy, which rope turns.
+struct Projected<'a> {
+    xs: &'a [f32],
+    q_resid: Option<&'a [f32]>,
+    q: Vec<f32>,
+    compressed: &'a [f32],
 }
 
 /// Where a sparse-attention layer's choice of positions comes from.
@@ -172,22 +182,20 @@ pub fn split_kv_b(
 }
 
 impl LatentAttention {
-    /// Attention of `x`'s rows after what `cache` holds. `chosen` carries
-    /// the last sparse-attention choice of this pass from layer to layer.
+    /// Attention of every part's rows after what its cache holds, the parts'
+    /// rows one after another in `x`. The projections run once over all the
+    /// rows (each weight read once for every sequence of a pass, and the
+    /// kernels give a row the same bits whatever rows run with it); the
+    /// attention itself runs part by part on its own cache.
     pub fn forward(
         &self,
         x: &Tensor,
         layer: usize,
-        cache: &mut SequenceState,
-        tables: &RopeTables,
-        chosen: &mut Option<Selection>,
+        parts: &mut [AttentionPart<'_>],
     ) -> Result<Tensor, ModelError> {
         let seq = x.dim(0)?;
-        let start = cache.len();
         let xs = values(x)?;
-        let (nope, rope, lat) = (self.qk_nope_dim, self.qk_rope_dim, self.kv_lora_rank);
-        let qk = nope + rope;
-        let (q_resid, mut q) = match &self.q {
+        let (q_resid, q) = match &self.q {
             QueryProjection::Direct(p) => (None, p.forward_values(&xs, seq)?),
             QueryProjection::LowRank { a, norm, b } => {
                 let resid = norm.forward_values(&a.forward_values(&xs, seq)?);
@@ -195,22 +203,66 @@ impl LatentAttention {
                 (Some(resid), q)
             }
         };
+        let compressed = self.kv_a.forward_values(&xs, seq)?;
+        let mut out = Vec::with_capacity(seq * self.heads * self.v_dim);
+        let mut at = 0;
+        for part in parts.iter_mut() {
+            let span = at..at + part.rows;
+            let rows = |v| part_rows(v, seq, span.clone());
+            let projected = Projected {
+                xs: rows(&xs)?,
+                q_resid: q_resid.as_deref().map(rows).transpose()?,
+                q: rows(&q)?.to_vec(),
+                compressed: rows(&compressed)?,
+            };
+            out.extend(self.attend_part(projected, part.rows, layer, part)?);
+            at = span.end;
+        }
+        if let Some(g_proj) = &self.head_gate {
+            super::attention::gate_output(&mut out, self.heads * self.v_dim, g_proj, &xs, seq)?;
+        }
+        let y = self.o_proj.forward_values(&out, seq)?;
+        Ok(Tensor::from_vec(
+            y,
+            (seq, self.o_proj.weight().rows()),
+            &Device::Cpu,
+        )?)
+    }
+
+    /// One sequence's `seq` projected rows attended after what its cache
+    /// holds: `[seq, heads × v]`.
+    fn attend_part(
+        &self,
+        projected: Projected<'_>,
+        seq: usize,
+        layer: usize,
+        part: &mut AttentionPart<'_>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let Projected {
+            xs,
+            q_resid,
+            mut q,
+            compressed,
+        } = projected;
+        let (cache, tables) = (&mut *part.cache, part.tables);
+        let start = cache.len();
+        let (nope, rope, lat) = (self.qk_nope_dim, self.qk_rope_dim, self.kv_lora_rank);
+        let qk = nope + rope;
         let selection = match &self.sparse {
             None => None,
             Some(SparseKeys::Own(indexer)) => {
-                let resid = q_resid.as_deref().ok_or(ModelError::Internal(
+                let resid = q_resid.ok_or(ModelError::Internal(
                     "sparse attention needs a low-rank query",
                 ))?;
-                *chosen = Some(indexer.select(&xs, resid, seq, cache, tables)?);
-                chosen.as_ref()
+                *part.chosen = Some(indexer.select(xs, resid, seq, cache, tables)?);
+                part.chosen.as_ref()
             }
-            Some(SparseKeys::Shared) => Some(chosen.as_ref().ok_or(ModelError::Internal(
+            Some(SparseKeys::Shared) => Some(part.chosen.as_ref().ok_or(ModelError::Internal(
                 "a shared sparse-attention layer before any indexer",
             ))?),
         };
         // `[seq][heads][nope + rope]`: the rotary part of every head turns.
         self.rope.rotate(&mut q, self.heads, qk, nope, tables)?;
-        let compressed = self.kv_a.forward_values(&xs, seq)?;
         let (mut latent, mut k_rot) = (
             Vec::with_capacity(seq * lat),
             Vec::with_capacity(seq * rope),
@@ -232,23 +284,14 @@ impl LatentAttention {
             q_pass[at * nope..(at + 1) * nope].copy_from_slice(&src[..nope]);
             q_rot[at * rope..(at + 1) * rope].copy_from_slice(&src[nope..]);
         }
-        let mut out = self.attend(
+        self.attend(
             &q_pass,
             &q_rot,
             latents,
             k_rots,
             start,
             selection.map(Vec::as_slice),
-        )?;
-        if let Some(g_proj) = &self.head_gate {
-            super::attention::gate_output(&mut out, self.heads * self.v_dim, g_proj, &xs, seq)?;
-        }
-        let y = self.o_proj.forward_values(&out, seq)?;
-        Ok(Tensor::from_vec(
-            y,
-            (seq, self.o_proj.weight().rows()),
-            &Device::Cpu,
-        )?)
+        )
     }
 
     /// Attention of `[heads, seq, nope]` / `[heads, seq, rope]` queries on
