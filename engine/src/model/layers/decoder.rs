@@ -235,7 +235,8 @@ impl Decoder {
     }
 
     /// Runs several sequences' rows in one pass: attention reads each
-    /// part's own state, everything else runs over all rows at once, so a
+    /// part's own state (grouped-query and latent attention project all the
+    /// rows at once first), everything else runs over all rows at once, so a
     /// MoE layer asks for the union of the parts' experts once. Every kernel
     /// is batch-invariant, so each part's logits are bitwise what a pass of
     /// its own would give.
