@@ -128,6 +128,28 @@ pub fn gate_output(
     Ok(())
 }
 
+/// The attention output of a pass's `seq` rows (`out`, `width` wide), gated
+/// by `head_gate` of the layer's input rows `xs` when the layer has one, then
+/// through `o_proj`.
+pub(super) fn project_output(
+    mut out: Vec<f32>,
+    width: usize,
+    head_gate: Option<&Linear>,
+    o_proj: &Linear,
+    xs: &[f32],
+    seq: usize,
+) -> Result<Tensor, ModelError> {
+    if let Some(g_proj) = head_gate {
+        gate_output(&mut out, width, g_proj, xs, seq)?;
+    }
+    let y = o_proj.forward_values(&out, seq)?;
+    Ok(Tensor::from_vec(
+        y,
+        (seq, o_proj.weight().rows()),
+        &Device::Cpu,
+    )?)
+}
+
 /// Llama 4's attention temperature: the query at position `p` is scaled by
 /// `log1p(floor((p + 1) / floor_scale)) · attn_scale + 1`, in f32.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -252,15 +274,7 @@ impl GroupedQueryAttention {
             out.extend(self.attend_part(rows, part.rows, layer, part.cache, part.tables)?);
             at += part.rows;
         }
-        if let Some(g_proj) = &self.head_gate {
-            gate_output(&mut out, q_out, g_proj, &xs, seq)?;
-        }
-        let y = self.o_proj.forward_values(&out, seq)?;
-        Ok(Tensor::from_vec(
-            y,
-            (seq, self.o_proj.weight().rows()),
-            &Device::Cpu,
-        )?)
+        project_output(out, q_out, self.head_gate.as_ref(), &self.o_proj, &xs, seq)
     }
 
     /// One sequence's `seq` projected rows (`qkv`) attended after what

@@ -9,9 +9,9 @@
 //! for every batch size keeps a row's result independent of the rows computed
 //! with it (a prompt fed in one pass and token by token agree bitwise).
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 
-use super::attention::{AttentionPart, part_rows};
+use super::attention::{AttentionPart, part_rows, project_output};
 use super::indexer::Indexer;
 use super::rope::Rope;
 use super::{Linear, RmsNorm, values};
@@ -218,15 +218,8 @@ impl LatentAttention {
             out.extend(self.attend_part(projected, part.rows, layer, part)?);
             at = span.end;
         }
-        if let Some(g_proj) = &self.head_gate {
-            super::attention::gate_output(&mut out, self.heads * self.v_dim, g_proj, &xs, seq)?;
-        }
-        let y = self.o_proj.forward_values(&out, seq)?;
-        Ok(Tensor::from_vec(
-            y,
-            (seq, self.o_proj.weight().rows()),
-            &Device::Cpu,
-        )?)
+        let width = self.heads * self.v_dim;
+        project_output(out, width, self.head_gate.as_ref(), &self.o_proj, &xs, seq)
     }
 
     /// One sequence's `seq` projected rows attended after what its cache
@@ -342,7 +335,7 @@ impl LatentAttention {
 mod tests {
     use super::*;
     use crate::model::layers::rope::{RopeKind, RopeParams};
-    use candle_core::DType;
+    use candle_core::{DType, Device};
 
     fn random(shape: &[usize], seed: u64) -> Tensor {
         // A small deterministic generator keeps the test free of global RNG state.
