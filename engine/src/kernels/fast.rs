@@ -97,13 +97,16 @@ pub(super) fn matvec_each(
 ) -> bool {
     let (cols, per) = (x.len() / n.max(1), sums.len() / n.max(1));
     let chunk = (EACH_CHUNK_BYTES / row_bytes.max(1)).max(1);
-    let mut part = vec![0f32; chunk.min(rows)];
+    // One input's outputs, for formats without a fused path (allocated
+    // only then).
+    let mut part = Vec::new();
     for first in (0..rows).step_by(chunk) {
         let count = chunk.min(rows - first);
         let w = &bytes[first * row_bytes..(first + count) * row_bytes];
         if matvec_inputs(format, w, row_bytes, count, x, n, &mut out[first * n..(first + count) * n]) {
             continue;
         }
+        part.resize(chunk.min(rows), 0f32);
         for t in 0..n {
             let xt = &x[t * cols..(t + 1) * cols];
             let st = &sums[t * per..(t + 1) * per];
