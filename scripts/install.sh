@@ -9,10 +9,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PREFIX="${LONGHAUL_PREFIX:-$HOME/.local}"
 source scripts/setup.sh
+source scripts/phases.sh
+trap phases_report EXIT
+phase "system packages"
 longhaul_setup
+phase "web UI"
 longhaul_build_ui
-
+phase "build"
+# The release profile, which scripts/test.sh builds in too.
 cargo build --release --locked -p longhaul-service
+phase "install"
 lib="$PREFIX/lib/longhaul"
 mkdir -p "$PREFIX/bin" "$lib/assets"
 install -m 0755 "$CARGO_TARGET_DIR/release/longhaul" "$PREFIX/bin/longhaul"

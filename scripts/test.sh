@@ -1,43 +1,65 @@
 #!/usr/bin/env bash
-# Runs every Longhaul check: formatting, lints and all tests.
+# Runs every Longhaul check: formatting, generated files, lints and all tests.
+#
+# Everything builds in the `release` profile, the one `scripts/start.sh`
+# installs from, and the workspace's members resolve their dependencies'
+# features alike (see `unify/`), so after `start.sh` this rebuilds only the
+# desktop shell's own dependencies, the crates under test and their test
+# harnesses. The time of each phase is printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
+source scripts/phases.sh
+log="$(mktemp)"
+trap 'rm -f "$log"; phases_report' EXIT
+
+phase "system packages"
 longhaul_setup
 # The desktop shell (Tauri) builds against WebKitGTK; its smoke test runs it
 # under Xvfb with a D-Bus session and takes a screenshot with ImageMagick; the
 # browser tests drive Debian's Chromium.
 longhaul_apt libwebkit2gtk-4.1-dev libayatana-appindicator3-dev librsvg2-dev libssl-dev libxdo-dev \
     xvfb dbus-daemon imagemagick chromium
+phase "web UI"
 longhaul_build_ui
 
-echo "== format"
+phase "format"
 cargo fmt --all --check
-echo "== lints"
-cargo clippy --workspace --all-targets --locked -- -D warnings
-echo "== the engine's face"
-# Without the engine's `internals` feature (its own tests turn it on), the
-# service sees only Engine, Session, settings, stats and tools.
-cargo check -p longhaul-service --lib --bins --locked
-echo "== binaries"
-# The end-to-end tests run the binaries beside their own (tests/support): cargo
-# test builds a package's binaries only for that package's own tests, so the
-# workspace's `longhaul` and `longhaul-desktop` are built here first.
-cargo build --workspace --bins --locked
-echo "== tests"
-log="$(mktemp)"
-trap 'rm -f "$log"' EXIT
+phase "generated files"
+# Every member's dependencies resolve with one feature set (unify/).
+python3 scripts/unify.py --check
+phase "lints"
+cargo clippy --release --workspace --all-targets --locked -- -D warnings
+phase "build"
+# The binaries as start.sh builds them: without the engine's `internals`
+# feature (its own tests turn it on), so this is also the check that the
+# service and the desktop shell see only the engine's face (Engine, Session,
+# settings, stats, tools). The end-to-end tests run these binaries, found
+# beside their own (tests/tests/support).
+cargo build --release --locked -p longhaul-service -p longhaul-desktop --bins
+# The engine's tests open its internals; the other members' tests build
+# against the engine as the binaries do, so they run in a second cargo call
+# that reuses the binaries' crates.
+ENGINE=(-p longhaul-engine)
+OTHERS=(-p longhaul-service -p longhaul-desktop -p longhaul-e2e)
+cargo test --release --locked --all-targets --no-run "${ENGINE[@]}"
+cargo test --release --locked --all-targets --no-run "${OTHERS[@]}"
+phase "tests"
 status=0
-cargo test --workspace --locked --all-targets --no-fail-fast 2>&1 | tee "$log" || status=1
-echo "== browser tests"
-# Against the debug binary the Rust tests just built.
-LONGHAUL_BIN="$CARGO_TARGET_DIR/debug/longhaul" node --test tests/ui/ 2>&1 | tee -a "$log" || status=1
-echo "== SDK clients"
+for members in ENGINE OTHERS; do
+    selection="$members[@]"
+    cargo test --release --locked --all-targets --no-fail-fast "${!selection}" 2>&1 | tee -a "$log" || status=1
+done
+phase "browser tests"
+# Against the binary the Rust tests just ran.
+LONGHAUL_BIN="$CARGO_TARGET_DIR/release/longhaul" node --test tests/ui/ 2>&1 | tee -a "$log" || status=1
+phase "SDK clients"
 # OpenAI's and Anthropic's own Python libraries against the same binary, on loopback.
 longhaul_sdk_venv
 for t in tests/sdk/*_tools.py; do
-    "$LONGHAUL_SDK_PYTHON" "$t" "$CARGO_TARGET_DIR/debug/longhaul" 2>&1 | tee -a "$log" || status=1
+    "$LONGHAUL_SDK_PYTHON" "$t" "$CARGO_TARGET_DIR/release/longhaul" 2>&1 | tee -a "$log" || status=1
 done
+phase_end
 # One closing line for the whole run: the sum over every test binary, the browser and the SDK tests.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p += $(i-1); if ($i ~ /^failed/) f += $(i-1) } }
      /^# pass / { p += $3 } /^# fail / { f += $3 }

@@ -6,8 +6,9 @@
 //! Roots, nearest first: the binary's folder; `../lib/longhaul` (a Unix
 //! prefix, as `scripts/install.sh` lays it out — not `share/longhaul`, which
 //! under `~/.local` is the default data dir); `../Resources` (a macOS app
-//! bundle, whose binaries sit in `Contents/MacOS`). Debug builds, which run
-//! from the build folder, also look in the source tree they were built from.
+//! bundle, whose binaries sit in `Contents/MacOS`). A binary that runs from
+//! Cargo's build folder (the tests', `cargo run`'s) also looks in the source
+//! tree it was built from; an installed one never does.
 
 use std::path::{Path, PathBuf};
 
@@ -26,11 +27,18 @@ pub fn roots() -> Vec<PathBuf> {
     {
         roots.push(dir.join("../lib/longhaul"));
         roots.push(dir.join("../Resources"));
+        if in_build_folder(&dir) {
+            roots.push(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/..")));
+        }
         roots.insert(0, dir);
     }
-    #[cfg(debug_assertions)]
-    roots.push(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/..")));
     roots
+}
+
+/// Whether `dir` is a profile folder of Cargo's build folder
+/// (`target/PROFILE`), where Cargo keeps its `.fingerprint` records.
+fn in_build_folder(dir: &Path) -> bool {
+    dir.join(".fingerprint").is_dir()
 }
 
 /// The first `relative` folder under a root that holds `marker`, or every

@@ -1,6 +1,8 @@
 //! Helpers shared by the engine's integration tests.
 #![allow(dead_code)]
 
+pub mod mutate;
+
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;

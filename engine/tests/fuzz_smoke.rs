@@ -1,120 +1,22 @@
 //! The fuzz targets' entry points (see `fuzz/`), run in CI for a fixed
-//! number of mutated inputs each: pack manifests, config.json, job request
-//! bodies, chat-template conversations and template texts, tokenizer.json,
-//! and GGUF metadata values opened the whole way to a model. Each input must give a value or
+//! number of mutated inputs each: pack manifests, config.json, chat-template
+//! conversations and template texts, tokenizer.json, and GGUF metadata
+//! values opened the whole way to a model. Each input must give a value or
 //! an error, never a panic or an abort. Mutations are seeded, so a failure
-//! reproduces; longer runs use cargo-fuzz (README).
+//! reproduces; longer runs use cargo-fuzz (README). Job request bodies are
+//! the service's, in its own smoke test.
 
-mod support;
+mod common;
 
 use std::path::Path;
 
+use common::mutate::{fuzz, iterations};
 use longhaul_engine::model::{ModelSpec, RawConfig};
 use longhaul_engine::pack::Manifest;
 use longhaul_engine::tokenizer::{ChatMessage, TextTokenizer};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
-
-/// Mutated inputs per target in CI; `LONGHAUL_FUZZ_ITERATIONS` for more.
-const ITERATIONS: usize = 1500;
-
-fn iterations() -> usize {
-    std::env::var("LONGHAUL_FUZZ_ITERATIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(ITERATIONS)
-}
-
-/// Values that break careless code: sizes, signs, types.
-fn nasty(rng: &mut StdRng) -> Value {
-    match rng.random_range(0..9) {
-        0 => json!(null),
-        1 => json!(-1),
-        2 => json!(u64::MAX),
-        3 => json!(1u64 << 40),
-        4 => json!(1e308),
-        5 => json!(""),
-        6 => json!([]),
-        7 => json!({}),
-        _ => json!("\u{0}\u{FFFF}{{ x }}{% for %}"),
-    }
-}
-
-/// A JSON value with one nested value replaced, removed or duplicated.
-fn mutate_json(v: &mut Value, rng: &mut StdRng) {
-    match v {
-        Value::Object(map) if !map.is_empty() && rng.random_bool(0.8) => {
-            let keys: Vec<String> = map.keys().cloned().collect();
-            let key = &keys[rng.random_range(0..keys.len())];
-            match rng.random_range(0..6) {
-                0 => {
-                    map.remove(key);
-                }
-                1 => {
-                    map.insert(key.clone(), nasty(rng));
-                }
-                _ => mutate_json(map.get_mut(key).unwrap_or(&mut Value::Null), rng),
-            }
-        }
-        Value::Array(items) if !items.is_empty() && rng.random_bool(0.8) => {
-            let i = rng.random_range(0..items.len());
-            match rng.random_range(0..5) {
-                0 => {
-                    items.remove(i);
-                }
-                1 => items.push(items[i].clone()),
-                _ => mutate_json(&mut items[i], rng),
-            }
-        }
-        other => *other = nasty(rng),
-    }
-}
-
-/// Bytes with a few flips, cuts or repeats.
-fn mutate_bytes(bytes: &mut Vec<u8>, rng: &mut StdRng) {
-    for _ in 0..rng.random_range(1..4) {
-        if bytes.is_empty() {
-            bytes.push(rng.random());
-            continue;
-        }
-        let at = rng.random_range(0..bytes.len());
-        match rng.random_range(0..4) {
-            0 => bytes[at] ^= 1 << rng.random_range(0..8),
-            1 => bytes.truncate(at),
-            2 => {
-                let end = (at + rng.random_range(1..16)).min(bytes.len());
-                let piece = bytes[at..end].to_vec();
-                bytes.splice(at..at, piece);
-            }
-            _ => bytes.insert(at, rng.random()),
-        }
-    }
-}
-
-/// Runs `check` (true: the input was accepted) on [`iterations`] mutations
-/// of `seeds`, structural and raw; both outcomes must occur, so the
-/// mutations reach past the first parse.
-fn fuzz(name: &str, seeds: &[Value], check: impl Fn(&[u8]) -> bool) {
-    let mut rng = StdRng::seed_from_u64(name.len() as u64 * 7919);
-    let (mut accepted, total) = (0, iterations());
-    for i in 0..total {
-        let mut v = seeds[i % seeds.len()].clone();
-        for _ in 0..rng.random_range(1..4) {
-            mutate_json(&mut v, &mut rng);
-        }
-        let mut bytes = serde_json::to_vec(&v).unwrap_or_default();
-        if rng.random_bool(0.3) {
-            mutate_bytes(&mut bytes, &mut rng);
-        }
-        accepted += usize::from(check(&bytes));
-    }
-    println!("{name}: {total} inputs, {accepted} accepted");
-    assert!(
-        accepted > 0 && accepted < total,
-        "{name}: {accepted} accepted"
-    );
-}
 
 fn read_json(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
@@ -123,21 +25,10 @@ fn read_json(path: &Path) -> Value {
 #[test]
 fn pack_manifests() {
     let tmp = tempfile::tempdir().unwrap();
-    let pack = tmp.path().join("pack");
-    let drive = tmp.path().join("drive0");
-    std::fs::create_dir_all(&drive).unwrap();
-    let status = std::process::Command::new(support::longhaul())
-        .arg("pack")
-        .arg(support::fixture("deepseek_v3_released"))
-        .arg("--out")
-        .arg(&pack)
-        .arg("--drives")
-        .arg(&drive)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success());
+    let pack = common::pack_on_two_drives(
+        &common::fixtures_dir().join("deepseek_v3_released"),
+        tmp.path(),
+    );
     let seed = read_json(&pack.join("longhaul-pack.json"));
     fuzz("pack_manifest", &[seed], |bytes| {
         std::str::from_utf8(bytes)
@@ -154,24 +45,13 @@ fn model_configs() {
         "kimi_k25_text",
     ]
     .iter()
-    .map(|f| read_json(&support::fixture(f).join("config.json")))
+    .map(|f| read_json(&common::fixtures_dir().join(f).join("config.json")))
     .collect();
     fuzz("model_config", &seeds, |bytes| {
         std::str::from_utf8(bytes)
             .ok()
             .and_then(|text| RawConfig::parse(Path::new("config.json"), text).ok())
             .is_some_and(|raw| ModelSpec::parse(&raw).is_ok())
-    });
-}
-
-#[test]
-fn job_requests() {
-    let seeds = [
-        json!({ "model": "m", "prompt": "Audit this", "max_tokens": 64, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 1, "stop": ["\n\n"], "title": "t", "priority": 2 }),
-        json!({ "model": "m", "messages": [{ "role": "system", "content": "Be brief." }, { "role": "user", "content": "Hi" }], "attachments": ["/tmp"] }),
-    ];
-    fuzz("job_request", &seeds, |bytes| {
-        longhaul_service::http::jobs::check_submission(bytes).is_ok()
     });
 }
 
@@ -249,8 +129,7 @@ fn chat_template_texts() {
 #[test]
 fn gguf_metadata_values() {
     use longhaul_engine::weights::gguf::{GgufFile, GgufValue};
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../engine/tests/fixtures/gguf/qwen3moe-f16.gguf");
+    let path = common::fixtures_dir().join("gguf/qwen3moe-f16.gguf");
     let seed = std::fs::read(&path).unwrap();
     let file = GgufFile::open(&path).unwrap();
     let scalars: Vec<(String, usize)> = file

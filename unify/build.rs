@@ -1,0 +1,2 @@
+//! Present so that Cargo reads this crate's build dependencies.
+fn main() {}
