@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Checks that building the service alone resolves its dependencies as the
-whole workspace does.
+"""Checks that each part of the workspace the scripts build alone resolves
+its dependencies as the whole workspace does.
 
 `scripts/start.sh` builds `longhaul-service` alone; `scripts/test.sh` builds
 the workspace, whose desktop shell (Tauri) and tests turn on more features of
@@ -18,7 +18,13 @@ dependency change has made it stale.
 import subprocess
 import sys
 
-SERVICE = "longhaul-service"
+# The cargo calls of scripts/start.sh and scripts/test.sh that build a part of
+# the workspace, and the dependency kinds each builds.
+SELECTIONS = {
+    "start.sh's build of the service": ["-p", "longhaul-service", "-e", "normal,build"],
+    "test.sh's engine tests": ["-p", "longhaul-engine"],
+    "test.sh's other tests": ["-p", "longhaul-service", "-p", "longhaul-desktop", "-p", "longhaul-e2e"],
+}
 
 
 def resolved(*selection: str) -> set[tuple[str, str]]:
@@ -44,21 +50,24 @@ def main() -> int:
     if sys.argv[1:] != ["--check"]:
         print(__doc__.strip(), file=sys.stderr)
         return 2
-    alone = resolved("-p", SERVICE, "-e", "normal,build")
-    together = resolved("--workspace", "-e", "normal,build,dev")
-    stale = sorted(alone - together)
-    if stale:
+    together = resolved("--workspace")
+    failed = False
+    for name, selection in SELECTIONS.items():
+        alone = resolved(*selection)
+        stale = sorted(alone - together)
+        if not stale:
+            print(f"{name}: its {len(alone)} crates resolve as the workspace's")
+            continue
+        failed = True
         print(
-            f"{len(stale)} crates build with other features for {SERVICE} alone than for the "
-            "workspace, so scripts/test.sh would rebuild them after scripts/start.sh. "
-            "Run `cargo hakari generate` (cargo install cargo-hakari) and commit unify/:",
+            f"{name}: {len(stale)} crates resolve with other features than in the workspace, "
+            "so they would be built twice. Run `cargo hakari generate` "
+            "(cargo install cargo-hakari) and commit unify/:",
             file=sys.stderr,
         )
         for package, features in stale:
             print(f"  {package}: [{features}]", file=sys.stderr)
-        return 1
-    print(f"{len(alone)} crates of {SERVICE}'s build resolve as the workspace's")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
