@@ -14,23 +14,79 @@
 //! model, cache and store code. The `internals` feature opens the modules to
 //! the engine's own tests.
 
-/// Declares modules that are public only with the `internals` feature.
-macro_rules! internal_modules {
-    ($($name:ident),* $(,)?) => {
-        $(
-            #[cfg(feature = "internals")]
-            pub mod $name;
-            #[cfg(not(feature = "internals"))]
-            #[allow(dead_code, unused_imports)]
-            mod $name;
-        )*
-    };
-}
-
-internal_modules!(
-    aligned, cache, generate, import, kernels, metrics, model, pack, pilot, prefix, store, synth,
-    tokenizer, weights,
-);
+// Modules public only with the `internals` feature. They are declared one by
+// one (not by a macro) so that rustfmt, which does not look inside macro
+// calls, formats them.
+#[cfg(feature = "internals")]
+pub mod aligned;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod aligned;
+#[cfg(feature = "internals")]
+pub mod cache;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod cache;
+#[cfg(feature = "internals")]
+pub mod generate;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod generate;
+#[cfg(feature = "internals")]
+pub mod import;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod import;
+#[cfg(feature = "internals")]
+pub mod kernels;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod kernels;
+#[cfg(feature = "internals")]
+pub mod metrics;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod metrics;
+#[cfg(feature = "internals")]
+pub mod model;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod model;
+#[cfg(feature = "internals")]
+pub mod pack;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod pack;
+#[cfg(feature = "internals")]
+pub mod pilot;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod pilot;
+#[cfg(feature = "internals")]
+pub mod prefix;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod prefix;
+#[cfg(feature = "internals")]
+pub mod store;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod store;
+#[cfg(feature = "internals")]
+pub mod synth;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod synth;
+#[cfg(feature = "internals")]
+pub mod tokenizer;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod tokenizer;
+#[cfg(feature = "internals")]
+pub mod weights;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod weights;
 
 mod background;
 mod engine;

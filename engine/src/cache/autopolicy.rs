@@ -18,8 +18,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::choose::{PolicyReport, Shape, choose, replay, warmup_lookups};
-use super::packed::{RecordBytes, keeps_packed, packed_class, weigh};
 use super::heat::Routed;
+use super::packed::{RecordBytes, keeps_packed, packed_class, weigh};
 use super::policy::EvictionPolicy;
 use super::streaming::StreamingExperts;
 
@@ -136,8 +136,13 @@ impl StreamingExperts {
                         replay(&trace, found.chosen, shape, warmup_lookups(&trace))
                     };
                     let now_packed = shared.packing.load(Ordering::Relaxed);
-                    found.packing =
-                        weigh(window, (at(true), at(false)), *record, sustained, now_packed);
+                    found.packing = weigh(
+                        window,
+                        (at(true), at(false)),
+                        *record,
+                        sustained,
+                        now_packed,
+                    );
                     if let Some(c) = &found.packing {
                         shared.packing.store(c.packed, Ordering::Relaxed);
                     }
@@ -165,7 +170,13 @@ impl StreamingExperts {
     /// decode passes measured since last time, each layer's bytes per expert
     /// held packed and as weights, and a record's bytes as read and restored.
     #[allow(clippy::type_complexity)]
-    fn packing_inputs(&self) -> Option<(super::packed::Tally, HashMap<usize, (u64, u64)>, RecordBytes)> {
+    fn packing_inputs(
+        &self,
+    ) -> Option<(
+        super::packed::Tally,
+        HashMap<usize, (u64, u64)>,
+        RecordBytes,
+    )> {
         if !self.shared.may_pack {
             return None;
         }
@@ -245,4 +256,3 @@ fn with_passes(trace: &[Routed], now: u64) -> Vec<((usize, usize), u32, u64)> {
     }
     out
 }
-

@@ -167,9 +167,7 @@ impl<V: Clone> ExpertCache<V> {
 
     /// The expert if it is held and read, without counting a lookup.
     pub fn peek(&self, layer: usize, id: usize) -> Option<V> {
-        self.entries
-            .get(&(layer, id))
-            .and_then(|e| e.value.clone())
+        self.entries.get(&(layer, id)).and_then(|e| e.value.clone())
     }
 
     /// Whether the cache holds or is reading `(layer, id)`.
@@ -297,7 +295,12 @@ impl<V: Clone> ExpertCache<V> {
     /// value stays.
     pub fn replace(&mut self, layer: usize, id: usize, value: V, bytes: u64) -> bool {
         let key = (layer, id);
-        let Some(old) = self.entries.get(&key).filter(|e| e.value.is_some()).map(|e| e.bytes) else {
+        let Some(old) = self
+            .entries
+            .get(&key)
+            .filter(|e| e.value.is_some())
+            .map(|e| e.bytes)
+        else {
             return false;
         };
         if bytes > self.budget {
@@ -377,8 +380,8 @@ impl<V: Clone> ExpertCache<V> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
     use crate::cache::policy::Rule;
+    use proptest::prelude::*;
 
     fn expert() -> Arc<Expert> {
         let m =
@@ -471,10 +474,16 @@ mod tests {
             c.insert(0, id, expert(), 10);
         }
         c.get(0, 0);
-        assert!(c.replace(0, 2, expert(), 18), "room made from the least recent");
+        assert!(
+            c.replace(0, 2, expert(), 18),
+            "room made from the least recent"
+        );
         assert!(c.peek(0, 1).is_none() && c.peek(0, 0).is_some());
         assert_eq!(c.counters().held_bytes, 28);
-        assert!(!c.replace(0, 2, expert(), 31), "larger than the budget: unchanged");
+        assert!(
+            !c.replace(0, 2, expert(), 31),
+            "larger than the budget: unchanged"
+        );
         assert_eq!(c.counters().held_bytes, 28);
         assert!(!c.replace(0, 9, expert(), 5), "not held");
     }
@@ -489,7 +498,10 @@ mod tests {
         for id in 0..4 {
             c.insert(0, id, expert(), 10);
         }
-        assert!(c.peek(1, 0).is_some() && c.peek(1, 1).is_some(), "layer 1 kept its share");
+        assert!(
+            c.peek(1, 0).is_some() && c.peek(1, 1).is_some(),
+            "layer 1 kept its share"
+        );
         assert!(c.peek(0, 2).is_some() && c.peek(0, 3).is_some());
         assert!(c.peek(0, 0).is_none(), "layer 0 made room in its own share");
     }

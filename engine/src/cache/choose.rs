@@ -85,7 +85,12 @@ pub struct Shape<'a> {
 }
 
 /// Hit rate of `policy` on `trace`, counting lookups from access `count_from` on.
-pub fn replay(trace: &[Routed], policy: EvictionPolicy, shape: Shape<'_>, count_from: usize) -> f64 {
+pub fn replay(
+    trace: &[Routed],
+    policy: EvictionPolicy,
+    shape: Shape<'_>,
+    count_from: usize,
+) -> f64 {
     let mut cache: ExpertCache<()> = ExpertCache::with_policy(shape.budget, policy);
     cache.set_layers(shape.layers);
     let (mut at, mut hits, mut counted) = (0usize, 0u64, 0u64);
@@ -146,7 +151,12 @@ pub fn choose_counting(
         .collect();
     // Stable: equal rates keep the candidates' order.
     candidates.sort_by(|a, b| b.hit_rate.total_cmp(&a.hit_rate));
-    let rate_of = |p: EvictionPolicy| candidates.iter().find(|c| c.policy == p).map(|c| c.hit_rate);
+    let rate_of = |p: EvictionPolicy| {
+        candidates
+            .iter()
+            .find(|c| c.policy == p)
+            .map(|c| c.hit_rate)
+    };
     let chosen = match (candidates.first(), rate_of(current)) {
         (Some(best), Some(now)) if best.hit_rate < now + SWITCH_MARGIN => current,
         (Some(best), _) => best.policy,

@@ -88,7 +88,8 @@ pub enum TraceError {
 /// The trace in its stored form (see [`HeatFile::trace`]).
 fn encode_trace(trace: &VecDeque<Routed>) -> std::io::Result<String> {
     let mut raw = Vec::new();
-    let mut put = |v: usize| raw.extend_from_slice(&(v.min(u16::MAX as usize) as u16).to_le_bytes());
+    let mut put =
+        |v: usize| raw.extend_from_slice(&(v.min(u16::MAX as usize) as u16).to_le_bytes());
     for r in trace {
         put(r.layer);
         put(r.experts.len());
@@ -157,7 +158,10 @@ impl HeatMap {
                 let trace = match f.trace.is_empty() {
                     true => VecDeque::new(),
                     false => decode_trace(&f.trace).unwrap_or_else(|e| {
-                        tracing::warn!("{}: {e}; the trace starts anew", Self::path(pack).display());
+                        tracing::warn!(
+                            "{}: {e}; the trace starts anew",
+                            Self::path(pack).display()
+                        );
                         VecDeque::new()
                     }),
                 };

@@ -23,6 +23,6 @@ pub use choose::{PolicyReport, Replayed};
 pub use heat::Routed;
 pub use policy::{EvictionPolicy, PolicySetting, Rule};
 pub use streaming::{
-    DEFAULT_PINNED_FRACTION, DEFAULT_WINDOW_BYTES, StreamingExperts, StreamingOptions, WINDOW_RECORDS,
-    window_for,
+    DEFAULT_PINNED_FRACTION, DEFAULT_WINDOW_BYTES, StreamingExperts, StreamingOptions,
+    WINDOW_RECORDS, window_for,
 };

@@ -42,7 +42,6 @@ pub(super) fn packs_records(manifest: &Manifest, options: &StreamingOptions) -> 
         && options.budget_bytes < manifest.plain_expert_bytes()
 }
 
-
 /// Counters at one moment, to measure a window of decoding.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Tally {

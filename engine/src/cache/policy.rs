@@ -525,7 +525,8 @@ impl Order for Arc {
         let (b1, b2) = (self.b1_bytes.max(1) as f64, self.b2_bytes.max(1) as f64);
         match self.unghost(key) {
             Some((false, bytes)) => {
-                self.target = (self.target + (b2 / b1).max(1.0) * bytes as f64).min(self.cap as f64);
+                self.target =
+                    (self.target + (b2 / b1).max(1.0) * bytes as f64).min(self.cap as f64);
                 self.returning.insert(key);
             }
             Some((true, bytes)) => {
@@ -589,7 +590,15 @@ mod tests {
             let p: EvictionPolicy = text.parse().unwrap();
             assert_eq!(p.to_string(), text);
         }
-        for bad in ["mru", "lfu:3", "slru", "slru:0", "slru:100", "lfu-decay:x", "arc/"] {
+        for bad in [
+            "mru",
+            "lfu:3",
+            "slru",
+            "slru:0",
+            "slru:100",
+            "lfu-decay:x",
+            "arc/",
+        ] {
             assert!(bad.parse::<EvictionPolicy>().is_err(), "{bad}");
         }
     }
@@ -613,7 +622,11 @@ mod tests {
         plain.touched((0, 1), 1, 10, false);
         plain.inserted((0, 0), 1);
         plain.inserted((0, 1), 1);
-        assert_eq!(plain.order().next(), Some((0, 1)), "LFU keeps the old counts");
+        assert_eq!(
+            plain.order().next(),
+            Some((0, 1)),
+            "LFU keeps the old counts"
+        );
     }
 
     #[test]
@@ -636,7 +649,11 @@ mod tests {
         a.inserted((0, 0), 1);
         a.inserted((0, 1), 1);
         a.touched((0, 0), 1, 0, true);
-        assert_eq!(a.order().next(), Some((0, 1)), "T1 first while over target 0");
+        assert_eq!(
+            a.order().next(),
+            Some((0, 1)),
+            "T1 first while over target 0"
+        );
         a.removed((0, 1), true);
         a.touched((0, 1), 1, 1, false);
         assert!(a.target > 0.0, "a miss on B1 grows T1's target");

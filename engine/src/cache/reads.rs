@@ -164,7 +164,10 @@ impl Shared {
 
     /// Files an arrived (or failed) record and wakes its waiters.
     fn arrived(&self, key: Key, landed: Result<Landed, ExpertError>) {
-        let outcome = landed.as_ref().map(|l| Arc::clone(&l.expert)).map_err(Clone::clone);
+        let outcome = landed
+            .as_ref()
+            .map(|l| Arc::clone(&l.expert))
+            .map_err(Clone::clone);
         let flight = {
             let Ok(mut st) = self.state.lock() else {
                 return;
@@ -289,10 +292,9 @@ impl ReadTarget for RecordRead {
             let failed = self.error.lock().ok().and_then(|mut e| e.take());
             let outcome = match failed {
                 Some(e) => Err(ExpertError::Source(e.to_string())),
-                None => {
-                    self.shared
-                        .decode(self.key, &self.buf, &self.segments, self.shared.verify)
-                }
+                None => self
+                    .shared
+                    .decode(self.key, &self.buf, &self.segments, self.shared.verify),
             };
             self.shared.arrived(self.key, outcome);
         }

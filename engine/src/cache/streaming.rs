@@ -81,7 +81,6 @@ const SEED_MAX_USES: f64 = 4.0;
 /// 2 GiB: 6.63 s against 6.47 s) and left less memory for the cache.
 pub const DEFAULT_WINDOW_BYTES: u64 = 32 << 20;
 
-
 /// Free record buffers kept for the next reads, in windows: one layer's
 /// demand reads and its prefetches.
 const FREE_BUFFER_WINDOWS: u64 = 2;
@@ -702,7 +701,11 @@ impl ExpertProvider for StreamingExperts {
         let weight = |pos: usize| rows.get(pos).copied().unwrap_or(1).max(1);
         let routed = Routed {
             layer,
-            experts: ids.iter().enumerate().map(|(p, &id)| (id, weight(p))).collect(),
+            experts: ids
+                .iter()
+                .enumerate()
+                .map(|(p, &id)| (id, weight(p)))
+                .collect(),
         };
         if let Some(Ok(mut trace)) = self.trace.as_ref().map(|t| t.lock()) {
             trace.push(routed.clone());

@@ -57,9 +57,7 @@ impl<'m> TextBridge<'m> {
         if draft_context.is_empty() {
             return Ok(Vec::new());
         }
-        let (draft_guesses, _) = self
-            .draft
-            .propose(&draft_context, max + EXTRA_DRAFT_TOKENS);
+        let (draft_guesses, _) = self.draft.propose(&draft_context, max + EXTRA_DRAFT_TOKENS);
         if draft_guesses.is_empty() {
             return Ok(Vec::new());
         }

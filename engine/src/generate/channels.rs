@@ -326,11 +326,21 @@ mod tests {
     fn tokenizer(added: &[&str], template: &str) -> TextTokenizer {
         let alphabet: Vec<char> = (0u32..256)
             .map(|b| {
-                let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+                let printable =
+                    (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
                 if printable {
                     char::from_u32(b).unwrap_or('?')
                 } else {
-                    char::from_u32(256 + (0..b).filter(|x| !((33..=126).contains(x) || (161..=172).contains(x) || (174..=255).contains(x))).count() as u32).unwrap_or('?')
+                    char::from_u32(
+                        256 + (0..b)
+                            .filter(|x| {
+                                !((33..=126).contains(x)
+                                    || (161..=172).contains(x)
+                                    || (174..=255).contains(x))
+                            })
+                            .count() as u32,
+                    )
+                    .unwrap_or('?')
                 }
             })
             .collect();
@@ -355,8 +365,13 @@ mod tests {
                       "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "vocab": vocab, "merges": []}
         });
         let config = serde_json::json!({"chat_template": template});
-        TextTokenizer::from_parts(std::path::Path::new("test"), json.to_string().as_bytes(), &config, None)
-            .unwrap()
+        TextTokenizer::from_parts(
+            std::path::Path::new("test"),
+            json.to_string().as_bytes(),
+            &config,
+            None,
+        )
+        .unwrap()
     }
 
     fn split(tok: &TextTokenizer, format: OutputFormat, text: &str) -> Parts {
@@ -379,27 +394,58 @@ mod tests {
         // Tags as special tokens.
         let tok = tokenizer(&["<think>", "</think>"], "");
         let f = OutputFormat::for_chat(&tok, "<user>hi<assistant>");
-        assert!(matches!(f, OutputFormat::Think { open: false, open_id: Some(_), .. }));
+        assert!(matches!(
+            f,
+            OutputFormat::Think {
+                open: false,
+                open_id: Some(_),
+                ..
+            }
+        ));
         let p = split(&tok, f, "\n<think>plan it</think>\n\nThe answer.");
-        assert_eq!((p.reasoning.as_str(), p.answer.as_str()), ("plan it", "\n\nThe answer."));
+        assert_eq!(
+            (p.reasoning.as_str(), p.answer.as_str()),
+            ("plan it", "\n\nThe answer.")
+        );
         // A prompt that opened thinking: everything up to the tag is reasoning.
         let open = OutputFormat::for_chat(&tok, "<assistant><think>\n");
         let p = split(&tok, open, "still thinking</think>Done");
-        assert_eq!((p.reasoning.as_str(), p.answer.as_str()), ("still thinking", "Done"));
+        assert_eq!(
+            (p.reasoning.as_str(), p.answer.as_str()),
+            ("still thinking", "Done")
+        );
         // Tags written as text (no such tokens), named by the template.
         let plain = tokenizer(&[], "{{ '<think></think>' }}");
         let f = OutputFormat::for_chat(&plain, "x");
         let p = split(&plain, f, "<think>a < b</thi</think> ok");
-        assert_eq!((p.reasoning.as_str(), p.answer.as_str()), ("a < b</thi", " ok"));
+        assert_eq!(
+            (p.reasoning.as_str(), p.answer.as_str()),
+            ("a < b</thi", " ok")
+        );
         // No thinking at all: the answer as it is.
         let p = split(&plain, f, "  <thin> is not a tag");
-        assert_eq!((p.reasoning.as_str(), p.answer.as_str()), ("", "  <thin> is not a tag"));
-        assert_eq!(OutputFormat::for_chat(&tokenizer(&[], ""), "x"), OutputFormat::Plain);
+        assert_eq!(
+            (p.reasoning.as_str(), p.answer.as_str()),
+            ("", "  <thin> is not a tag")
+        );
+        assert_eq!(
+            OutputFormat::for_chat(&tokenizer(&[], ""), "x"),
+            OutputFormat::Plain
+        );
     }
 
     #[test]
     fn harmony_channels_split_analysis_from_final() {
-        let tok = tokenizer(&["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>"], "");
+        let tok = tokenizer(
+            &[
+                "<|start|>",
+                "<|end|>",
+                "<|message|>",
+                "<|channel|>",
+                "<|constrain|>",
+            ],
+            "",
+        );
         let f = OutputFormat::for_chat(&tok, "<|start|>assistant");
         assert!(matches!(f, OutputFormat::Harmony(_)));
         let p = split(
@@ -407,13 +453,23 @@ mod tests {
             f,
             "<|channel|>analysis<|message|>User greets.<|end|><|start|>assistant<|channel|>final<|message|>Hello!",
         );
-        assert_eq!((p.reasoning.as_str(), p.answer.as_str()), ("User greets.", "Hello!"));
+        assert_eq!(
+            (p.reasoning.as_str(), p.answer.as_str()),
+            ("User greets.", "Hello!")
+        );
     }
 
     #[test]
     fn harmony_ends_at_return_call_and_the_final_message_end() {
         let tok = tokenizer(
-            &["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>"],
+            &[
+                "<|start|>",
+                "<|end|>",
+                "<|message|>",
+                "<|channel|>",
+                "<|return|>",
+                "<|call|>",
+            ],
             "",
         );
         let f = OutputFormat::for_chat(&tok, "<|start|>assistant");
@@ -433,14 +489,27 @@ mod tests {
         assert!(!ends(&mut s, "<|channel|>analysis<|message|>x").contains(&true));
         assert!(!s.ends(id("<|end|>")), "an analysis message's end goes on");
         assert!(s.ends(id("<|return|>")) && s.ends(id("<|call|>")));
-        ends(&mut s, "<|end|><|start|>assistant<|channel|>final<|message|>y");
-        assert!(s.ends(id("<|end|>")), "the final message's end ends the answer");
+        ends(
+            &mut s,
+            "<|end|><|start|>assistant<|channel|>final<|message|>y",
+        );
+        assert!(
+            s.ends(id("<|end|>")),
+            "the final message's end ends the answer"
+        );
     }
 
     #[test]
     fn a_harmony_message_to_a_tool_is_written_out_as_a_call() {
         let tok = tokenizer(
-            &["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|call|>"],
+            &[
+                "<|start|>",
+                "<|end|>",
+                "<|message|>",
+                "<|channel|>",
+                "<|constrain|>",
+                "<|call|>",
+            ],
             "",
         );
         let f = OutputFormat::for_chat(&tok, "<|start|>assistant");
@@ -451,6 +520,9 @@ mod tests {
             answer += &s.push(t).unwrap().answer;
         }
         answer += &s.finish().unwrap().answer;
-        assert_eq!(answer, "<|channel|>commentary to=functions.get_weather<|message|>{\"city\":\"Paris\"}");
+        assert_eq!(
+            answer,
+            "<|channel|>commentary to=functions.get_weather<|message|>{\"city\":\"Paris\"}"
+        );
     }
 }

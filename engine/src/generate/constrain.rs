@@ -58,7 +58,11 @@ impl<'t> Constraint<'t> {
         let allowed: Vec<bool> = (0..logits.len())
             .map(|id| {
                 Some(id as u32) == also
-                    || self.texts.get(id).and_then(Option::as_deref).is_some_and(|t| self.allows(t))
+                    || self
+                        .texts
+                        .get(id)
+                        .and_then(Option::as_deref)
+                        .is_some_and(|t| self.allows(t))
             })
             .collect();
         if !allowed.iter().any(|&a| a) {
@@ -92,10 +96,23 @@ mod tests {
     use super::*;
 
     fn texts() -> Vec<Option<String>> {
-        ["<tool_call>", "\n", "{\"", "name", "\":", " \"", "read", "_file", "write", "\"", "hi", "  "]
-            .iter()
-            .map(|s| Some(s.to_string()))
-            .collect()
+        [
+            "<tool_call>",
+            "\n",
+            "{\"",
+            "name",
+            "\":",
+            " \"",
+            "read",
+            "_file",
+            "write",
+            "\"",
+            "hi",
+            "  ",
+        ]
+        .iter()
+        .map(|s| Some(s.to_string()))
+        .collect()
     }
 
     #[test]
@@ -105,7 +122,9 @@ mod tests {
         let mut c = Constraint::new(&starts, &texts);
         let mut logits = vec![0.0; texts.len()];
         c.mask(&mut logits, None);
-        let open: Vec<usize> = (0..texts.len()).filter(|&i| logits[i].is_finite()).collect();
+        let open: Vec<usize> = (0..texts.len())
+            .filter(|&i| logits[i].is_finite())
+            .collect();
         // The opener and whitespace (before the answer) only.
         assert_eq!(open, vec![0, 1, 11]);
         for piece in ["<tool_call>", "\n", "{\"", "name", "\":", " \"", "read"] {
@@ -114,7 +133,10 @@ mod tests {
         }
         let mut logits = vec![0.0; texts.len()];
         c.mask(&mut logits, None);
-        assert!(logits[7].is_finite() && !logits[8].is_finite(), "{logits:?}");
+        assert!(
+            logits[7].is_finite() && !logits[8].is_finite(),
+            "{logits:?}"
+        );
         c.push("_file");
         c.push("\"");
         assert!(!c.active(), "the start is written: decoding is free");

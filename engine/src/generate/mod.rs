@@ -244,13 +244,22 @@ pub fn generate(
     settings: &GenerationSettings,
     mut on_text: impl FnMut(&str) -> Flow,
 ) -> Result<Generation, GenerateError> {
-    generate_resumed(model, tokenizer, prompt, &[], &[], settings, None, |piece| {
-        if piece.text.is_empty() {
-            Flow::Continue
-        } else {
-            on_text(piece.text)
-        }
-    })
+    generate_resumed(
+        model,
+        tokenizer,
+        prompt,
+        &[],
+        &[],
+        settings,
+        None,
+        |piece| {
+            if piece.text.is_empty() {
+                Flow::Continue
+            } else {
+                on_text(piece.text)
+            }
+        },
+    )
 }
 
 /// Prompt positions fed per forward pass. Every kernel is batch-invariant,
@@ -417,7 +426,8 @@ pub fn generate_drafted(
     let _together = model.lockstep.join();
     let sampler = Sampler::new(settings.sampling.clone())?;
     let mut session = Session::new(model);
-    let mut splitter = channels::Splitter::new(tokenizer, settings.output, settings.keep_special_tokens);
+    let mut splitter =
+        channels::Splitter::new(tokenizer, settings.output, settings.keep_special_tokens);
     let mut stops = StopScanner::new(settings.stop_strings.clone());
     let texts = if settings.answer_starts.is_empty() {
         &[][..]
@@ -642,8 +652,14 @@ pub fn generate_drafted(
             gate.record_step(fed.elapsed());
             stats.speculation.plain_steps += 1;
         } else {
-            let (after, kept) =
-                verify(&mut session, &sampler, id, &guesses, tokens.len(), seen.as_mut())?;
+            let (after, kept) = verify(
+                &mut session,
+                &sampler,
+                id,
+                &guesses,
+                tokens.len(),
+                seen.as_mut(),
+            )?;
             logits = after;
             ahead.extend(kept);
             gate.record_verify(kind, guesses.len(), ahead.len(), step.elapsed());

@@ -91,7 +91,9 @@ impl SamplingParams {
 
     /// Whether any penalty is on.
     pub fn penalizes(&self) -> bool {
-        self.repetition_penalty != 1.0 || self.frequency_penalty != 0.0 || self.presence_penalty != 0.0
+        self.repetition_penalty != 1.0
+            || self.frequency_penalty != 0.0
+            || self.presence_penalty != 0.0
     }
 }
 
@@ -280,7 +282,13 @@ mod tests {
             top_k: Some(0),
             ..Default::default()
         }));
-        for (r, f, p) in [(0.0, 0.0, 0.0), (f32::NAN, 0.0, 0.0), (1.0, 2.5, 0.0), (1.0, 0.0, -3.0), (1.0, f32::NAN, 0.0)] {
+        for (r, f, p) in [
+            (0.0, 0.0, 0.0),
+            (f32::NAN, 0.0, 0.0),
+            (1.0, 2.5, 0.0),
+            (1.0, 0.0, -3.0),
+            (1.0, f32::NAN, 0.0),
+        ] {
             assert!(bad(SamplingParams {
                 repetition_penalty: r,
                 frequency_penalty: f,
@@ -303,7 +311,10 @@ mod tests {
         let seen = Seen::new(&[1, 3], &[2, 2, 3]);
         let mut logits = vec![1.0, 4.0, -2.0, 3.0, 0.5];
         s.penalize(&mut logits, &seen);
-        assert_eq!(logits, vec![1.0, 2.0, (-4.0 - 1.0) - 0.25, (1.5 - 0.5) - 0.25, 0.5]);
+        assert_eq!(
+            logits,
+            vec![1.0, 2.0, (-4.0 - 1.0) - 0.25, (1.5 - 0.5) - 0.25, 0.5]
+        );
         let mut tried = seen.clone();
         tried.push(4);
         tried.pop(4);

@@ -81,7 +81,11 @@ impl<'m> DraftModel<'m> {
         Self { session }
     }
 
-    fn try_propose(&mut self, context: &[u32], max: usize) -> Result<Vec<u32>, crate::model::ModelError> {
+    fn try_propose(
+        &mut self,
+        context: &[u32],
+        max: usize,
+    ) -> Result<Vec<u32>, crate::model::ModelError> {
         let shared = self
             .session
             .ids()
@@ -266,8 +270,8 @@ struct Record {
 
 impl Record {
     fn new(kind: usize) -> Self {
-        let prior = (PRIOR_CONTINUE_BASE + PRIOR_CONTINUE_PER_KIND * kind as f64)
-            .min(PRIOR_CONTINUE_MAX);
+        let prior =
+            (PRIOR_CONTINUE_BASE + PRIOR_CONTINUE_PER_KIND * kind as f64).min(PRIOR_CONTINUE_MAX);
         Self::with_prior(prior, PRIOR_WEIGHT)
     }
 
@@ -298,7 +302,8 @@ impl Gate {
     /// of plain steps (see [`Gate::record_shadow`]): every kind starts shut.
     pub fn shadowed() -> Self {
         Self {
-            kinds: [Record::with_prior(SHADOWED_PRIOR_CONTINUE, SHADOWED_PRIOR_WEIGHT); GUESS_KINDS],
+            kinds: [Record::with_prior(SHADOWED_PRIOR_CONTINUE, SHADOWED_PRIOR_WEIGHT);
+                GUESS_KINDS],
             ..Self::default()
         }
     }
@@ -480,7 +485,10 @@ mod tests {
             g.record_shadow(4, true);
             g.guesses(4, MAX_DRAFT) > 0
         });
-        assert!(matches!(opened, Some(3..=6)), "opened after {opened:?} kept shadows");
+        assert!(
+            matches!(opened, Some(3..=6)),
+            "opened after {opened:?} kept shadows"
+        );
         // A drafter that guesses only when asked is asked every few steps.
         let asked = (0..10 * SHADOW_EVERY).filter(|_| g.wants_shadow(5)).count();
         assert_eq!(asked, 10);

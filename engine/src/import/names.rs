@@ -9,9 +9,7 @@ use std::collections::BTreeMap;
 use super::ImportError;
 use crate::kernels::Format;
 use crate::weights::gguf::{GgmlType, GgufFile, GgufTensor};
-use crate::weights::{
-    Dtype, RowOrder, SafetensorsCheckpoint, SafetensorsFile, TensorInfo,
-};
+use crate::weights::{Dtype, RowOrder, SafetensorsCheckpoint, SafetensorsFile, TensorInfo};
 
 /// GGUF tensor types Longhaul computes with, by GGML's names.
 pub fn supported_types() -> Vec<&'static str> {

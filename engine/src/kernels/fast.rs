@@ -103,7 +103,15 @@ pub(super) fn matvec_each(
     for first in (0..rows).step_by(chunk) {
         let count = chunk.min(rows - first);
         let w = &bytes[first * row_bytes..(first + count) * row_bytes];
-        if matvec_inputs(format, w, row_bytes, count, x, n, &mut out[first * n..(first + count) * n]) {
+        if matvec_inputs(
+            format,
+            w,
+            row_bytes,
+            count,
+            x,
+            n,
+            &mut out[first * n..(first + count) * n],
+        ) {
             continue;
         }
         part.resize(chunk.min(rows), 0f32);
@@ -275,7 +283,8 @@ mod x86 {
             let mut r = first;
             while r + R <= self.rows {
                 let next = bytes.as_ptr().wrapping_add((r + R) * row_bytes);
-                let w = std::array::from_fn(|i| &bytes[(r + i) * row_bytes..(r + i + 1) * row_bytes]);
+                let w =
+                    std::array::from_fn(|i| &bytes[(r + i) * row_bytes..(r + i + 1) * row_bytes]);
                 let got = match self.format {
                     Format::Mxfp4 => block_mxfp4::<R>(simd, w, x, next),
                     Format::Int4G32 => block_int4::<R>(simd, w, x, next),
@@ -383,11 +392,13 @@ mod x86 {
         fn groups<const R: usize, const N: usize>(&mut self, t0: usize, first: usize) -> usize {
             let (simd, bytes, row_bytes, n) = (self.simd, self.bytes, self.row_bytes, self.n);
             let cols = self.x.len() / n;
-            let x: [&[f32]; N] = std::array::from_fn(|j| &self.x[(t0 + j) * cols..(t0 + j + 1) * cols]);
+            let x: [&[f32]; N] =
+                std::array::from_fn(|j| &self.x[(t0 + j) * cols..(t0 + j + 1) * cols]);
             let mut r = first;
             while r + R <= self.rows {
                 let next = bytes.as_ptr().wrapping_add((r + R) * row_bytes);
-                let w = std::array::from_fn(|i| &bytes[(r + i) * row_bytes..(r + i + 1) * row_bytes]);
+                let w =
+                    std::array::from_fn(|i| &bytes[(r + i) * row_bytes..(r + i + 1) * row_bytes]);
                 let got = match self.bf {
                     true => block_inputs::<R, N, true>(simd, w, x, next),
                     false => block_inputs::<R, N, false>(simd, w, x, next),
@@ -700,7 +711,10 @@ mod x86 {
             packed,
             cast([0i8, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11]),
         );
-        let tops = s3._mm_shuffle_epi8(packed, cast([z, z, z, z, 0, 1, 2, 3, z, z, z, z, 4, 5, 6, 7]));
+        let tops = s3._mm_shuffle_epi8(
+            packed,
+            cast([z, z, z, z, 0, 1, 2, 3, z, z, z, z, 4, 5, 6, 7]),
+        );
         let shifted = s2._mm_srli_epi16::<4>(base);
         let upper_nibbles: __m128i = cast([0i8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1]);
         let low = s2._mm_or_si128(
@@ -709,7 +723,9 @@ mod x86 {
         );
         let low = s2._mm_and_si128(
             low,
-            cast([63i8, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15]),
+            cast([
+                63i8, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15,
+            ]),
         );
         let tops = s2._mm_and_si128(s2._mm_srli_epi16::<2>(tops), s2._mm_set1_epi8(0x30));
         let six = a._mm512_cvtepi32_ps(a._mm512_cvtepu8_epi32(s2._mm_or_si128(low, tops)));
@@ -762,7 +778,10 @@ mod x86 {
                 for r in 0..R {
                     let z0 = a._mm512_cvtepu8_epi32(cast(sixteen(blk(r), at)));
                     let z1 = a._mm512_cvtepu8_epi32(cast(sixteen(blk(r), at + 16)));
-                    let lo = [a._mm512_permutexvar_ps(z0, values), a._mm512_permutexvar_ps(z1, values)];
+                    let lo = [
+                        a._mm512_permutexvar_ps(z0, values),
+                        a._mm512_permutexvar_ps(z1, values),
+                    ];
                     let hi = [
                         a._mm512_permutexvar_ps(a._mm512_srli_epi32::<4>(z0), values),
                         a._mm512_permutexvar_ps(a._mm512_srli_epi32::<4>(z1), values),
@@ -795,8 +814,12 @@ mod x86 {
         // Values 32j + l of a half (l < 32) take their high bits from byte
         // l shifted by 2j: left by 4 and 2 for j = 0, 1, right by 0 and 2
         // for j = 2, 3, in 16-bit lanes and masked to bits 4–5.
-        let left: __m512i = cast(std::array::from_fn::<u16, 32, _>(|i| if i < 16 { 4 } else { 2 }));
-        let right: __m512i = cast(std::array::from_fn::<u16, 32, _>(|i| if i < 16 { 0 } else { 2 }));
+        let left: __m512i = cast(std::array::from_fn::<u16, 32, _>(|i| {
+            if i < 16 { 4 } else { 2 }
+        }));
+        let right: __m512i = cast(std::array::from_fn::<u16, 32, _>(|i| {
+            if i < 16 { 0 } else { 2 }
+        }));
         let (xs, _) = x.as_chunks::<LANES>();
         let zero = a._mm512_setzero_ps();
         let mut acc = [zero; R];
@@ -808,10 +831,9 @@ mod x86 {
             for (r, d) in d.iter_mut().enumerate() {
                 // `d × scale`, the products [`ggml::q6_k_scales`] forms.
                 let blk = blk(r);
-                let scales = a._mm512_cvtepi32_ps(a._mm512_cvtepi8_epi32(cast(sixteen(
-                    blk,
-                    ggml::Q6_K_SCALES,
-                ))));
+                let scales = a._mm512_cvtepi32_ps(
+                    a._mm512_cvtepi8_epi32(cast(sixteen(blk, ggml::Q6_K_SCALES))),
+                );
                 let dd = u16::from_le_bytes([blk[ggml::Q6_K_BYTES - 2], blk[ggml::Q6_K_BYTES - 1]]);
                 let dd = a._mm512_cvtph_ps(cast([dd; LANES]));
                 *d = cast(a._mm512_mul_ps(dd, scales));
@@ -824,14 +846,18 @@ mod x86 {
                     ql.copy_from_slice(&blk[64 * n..64 * n + 64]);
                     let ql: __m512i = cast(ql);
                     let mut qh = [0u8; 64];
-                    qh[..32].copy_from_slice(&blk[ggml::Q6_K_QH + 32 * n..ggml::Q6_K_QH + 32 * n + 32]);
+                    qh[..32]
+                        .copy_from_slice(&blk[ggml::Q6_K_QH + 32 * n..ggml::Q6_K_QH + 32 * n + 32]);
                     qh.copy_within(..32, 32);
                     let qh: __m512i = cast(qh);
                     let lows = [
                         a._mm512_and_si512(ql, low),
                         a._mm512_and_si512(bw._mm512_srli_epi16::<4>(ql), low),
                     ];
-                    let highs = [bw._mm512_sllv_epi16(qh, left), bw._mm512_srlv_epi16(qh, right)];
+                    let highs = [
+                        bw._mm512_sllv_epi16(qh, left),
+                        bw._mm512_srlv_epi16(qh, right),
+                    ];
                     for (q, (lows, highs)) in q.iter_mut().zip(lows.into_iter().zip(highs)) {
                         let v = a._mm512_or_si512(lows, a._mm512_and_si512(highs, high));
                         *q = bw._mm512_sub_epi8(v, bias);

@@ -123,7 +123,13 @@ const fn row(
 }
 
 /// A GGML block type, stored under its GGML name.
-const fn ggml_blocks(format: Format, name: &'static str, block: usize, bytes: usize, id: u32) -> FormatRow {
+const fn ggml_blocks(
+    format: Format,
+    name: &'static str,
+    block: usize,
+    bytes: usize,
+    id: u32,
+) -> FormatRow {
     row(format, name, block, bytes, Some(name), Some((id, name)))
 }
 
@@ -137,7 +143,14 @@ pub const FORMATS: [FormatRow; 26] = [
     row(Format::BF16, "BF16", 1, 2, None, Some((30, "BF16"))),
     ggml_blocks(Format::Q8_0, "Q8_0", ggml::QK, ggml::Q8_0_BYTES, 8),
     // Longhaul's `--experts q4k` names it without the underscore.
-    row(Format::Q4K, "Q4K", ggml::QK_K, ggml::Q4_K_BYTES, Some("Q4_K"), Some((12, "Q4_K"))),
+    row(
+        Format::Q4K,
+        "Q4K",
+        ggml::QK_K,
+        ggml::Q4_K_BYTES,
+        Some("Q4_K"),
+        Some((12, "Q4_K")),
+    ),
     ggml_blocks(Format::Q4_0, "Q4_0", ggml::QK, ggml::Q4_0_BYTES, 2),
     ggml_blocks(Format::Q4_1, "Q4_1", ggml::QK, ggml::Q4_1_BYTES, 3),
     ggml_blocks(Format::Q5_0, "Q5_0", ggml::QK, ggml::Q5_0_BYTES, 6),
@@ -164,8 +177,22 @@ pub const FORMATS: [FormatRow; 26] = [
         Some("GGML_MXFP4"),
         Some((39, "MXFP4")),
     ),
-    row(Format::Fp8Block, "FP8_E4M3_B128", FP8_BLOCK, FP8_SCALE_BYTES + FP8_BLOCK, None, None),
-    row(Format::Int4G32, "INT4_G32", INT4_GROUP, INT4_BYTES, None, None),
+    row(
+        Format::Fp8Block,
+        "FP8_E4M3_B128",
+        FP8_BLOCK,
+        FP8_SCALE_BYTES + FP8_BLOCK,
+        None,
+        None,
+    ),
+    row(
+        Format::Int4G32,
+        "INT4_G32",
+        INT4_GROUP,
+        INT4_BYTES,
+        None,
+        None,
+    ),
     row(Format::Mxfp4, "MXFP4", MXFP4_BLOCK, MXFP4_BYTES, None, None),
 ];
 
@@ -477,7 +504,10 @@ mod tests {
         }
         let ids: std::collections::BTreeSet<u32> =
             FORMATS.iter().filter_map(|r| r.ggml).map(|g| g.0).collect();
-        assert_eq!(ids.len(), FORMATS.iter().filter(|r| r.ggml.is_some()).count());
+        assert_eq!(
+            ids.len(),
+            FORMATS.iter().filter(|r| r.ggml.is_some()).count()
+        );
     }
     use candle_core::quantized::{GgmlDType, QTensor};
     use candle_core::{Device, Tensor};

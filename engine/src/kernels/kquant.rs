@@ -121,7 +121,11 @@ impl Unpacked {
         let parts = row
             .chunks_exact(bytes)
             .zip(self.q.chunks_exact_mut(QK_K))
-            .zip(self.d.chunks_exact_mut(subs).zip(self.m.chunks_exact_mut(subs)));
+            .zip(
+                self.d
+                    .chunks_exact_mut(subs)
+                    .zip(self.m.chunks_exact_mut(subs)),
+            );
         for ((b, q), (d, m)) in parts {
             unpack(format, b, q, d, m);
         }
@@ -197,7 +201,11 @@ fn nibbles(qs: &[u8; QK_K / 2], qh: &[u8; QK_K / 8], v: &mut [u8; QK_K], q: &mut
             let w = word(qs, 32 * g + l);
             let h = word(qh, l) >> (2 * g);
             put(v, 64 * g + l, (w & NIBBLES) | ((h & ONES) << 4));
-            put(v, 64 * g + 32 + l, ((w >> 4) & NIBBLES) | (((h >> 1) & ONES) << 4));
+            put(
+                v,
+                64 * g + 32 + l,
+                ((w >> 4) & NIBBLES) | (((h >> 1) & ONES) << 4),
+            );
         }
     }
     widen(v, q, 0.0);
@@ -405,7 +413,13 @@ impl pulp::WithSimd for Rows<'_> {
                 };
                 match (tile, k) {
                     (ROW_TILE, TOKEN_TILE) => {
-                        let got = dot(simd, layout, [&w[0], &w[1], &w[2], &w[3]], [xr(t), xr(t + 1)], [sr(t), sr(t + 1)]);
+                        let got = dot(
+                            simd,
+                            layout,
+                            [&w[0], &w[1], &w[2], &w[3]],
+                            [xr(t), xr(t + 1)],
+                            [sr(t), sr(t + 1)],
+                        );
                         for (i, sums) in got.iter().enumerate() {
                             put(i, sums);
                         }
@@ -416,7 +430,16 @@ impl pulp::WithSimd for Rows<'_> {
                             put(i, sums);
                         }
                     }
-                    (_, TOKEN_TILE) => put(0, &dot(simd, layout, [&w[0]], [xr(t), xr(t + 1)], [sr(t), sr(t + 1)])[0]),
+                    (_, TOKEN_TILE) => put(
+                        0,
+                        &dot(
+                            simd,
+                            layout,
+                            [&w[0]],
+                            [xr(t), xr(t + 1)],
+                            [sr(t), sr(t + 1)],
+                        )[0],
+                    ),
                     _ => put(0, &dot(simd, layout, [&w[0]], [xr(t)], [sr(t)])[0]),
                 }
                 t += k;
@@ -432,7 +455,13 @@ mod tests {
     use crate::kernels::format::decode_row;
     use crate::kernels::{Isa, Matrix};
 
-    const FORMATS: [Format; 5] = [Format::Q2K, Format::Q3K, Format::Q4K, Format::Q5K, Format::Q6K];
+    const FORMATS: [Format; 5] = [
+        Format::Q2K,
+        Format::Q3K,
+        Format::Q4K,
+        Format::Q5K,
+        Format::Q6K,
+    ];
 
     /// Rows of arbitrary bytes with every super-block's f16 scales set to
     /// small finite values.
@@ -528,14 +557,30 @@ mod tests {
                 for t in 0..k {
                     let xt = &x[t * cols..(t + 1) * cols];
                     for r in 0..rows {
-                        let want = by_the_doc(format, &bytes[r * row_bytes..(r + 1) * row_bytes], xt);
+                        let want =
+                            by_the_doc(format, &bytes[r * row_bytes..(r + 1) * row_bytes], xt);
                         let (g, s) = (got[t * rows + r], scalar[t * rows + r]);
-                        assert_eq!(g.to_bits(), want.to_bits(), "{format:?} row {r}, {k} inputs: {g} vs {want}");
+                        assert_eq!(
+                            g.to_bits(),
+                            want.to_bits(),
+                            "{format:?} row {r}, {k} inputs: {g} vs {want}"
+                        );
                         assert_eq!(s.to_bits(), want.to_bits(), "{format:?} row {r}, scalar");
                         let w = &dense[r * cols..(r + 1) * cols];
-                        let exact: f64 = w.iter().zip(xt).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
-                        let size: f64 = w.iter().zip(xt).map(|(a, b)| f64::from((a * b).abs())).sum();
-                        assert!((f64::from(g) - exact).abs() <= 1e-6 * size, "{format:?}: {g} vs {exact}");
+                        let exact: f64 = w
+                            .iter()
+                            .zip(xt)
+                            .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                            .sum();
+                        let size: f64 = w
+                            .iter()
+                            .zip(xt)
+                            .map(|(a, b)| f64::from((a * b).abs()))
+                            .sum();
+                        assert!(
+                            (f64::from(g) - exact).abs() <= 1e-6 * size,
+                            "{format:?}: {g} vs {exact}"
+                        );
                     }
                 }
             }

@@ -98,9 +98,13 @@ pub fn index_scores(q: &[f32], weights: &[f32], keys: &[f32], d: usize, scale: f
         );
     };
     if n * q.len() < PARALLEL_MIN_WORK {
-        out.chunks_mut(INDEX_KEYS_PER_TASK).enumerate().for_each(one);
+        out.chunks_mut(INDEX_KEYS_PER_TASK)
+            .enumerate()
+            .for_each(one);
     } else {
-        out.par_chunks_mut(INDEX_KEYS_PER_TASK).enumerate().for_each(one);
+        out.par_chunks_mut(INDEX_KEYS_PER_TASK)
+            .enumerate()
+            .for_each(one);
     }
     out
 }
@@ -261,8 +265,16 @@ struct SinkRow<'a> {
 impl SinkRow<'_> {
     fn rows(&self) -> impl Iterator<Item = &[f32]> + '_ {
         let d = self.q.len();
-        let window = self.keys.window.clone().map(move |t| &self.window[t * d..(t + 1) * d]);
-        let entries = self.keys.entries.iter().map(move |&e| self.entries.get(e, d));
+        let window = self
+            .keys
+            .window
+            .clone()
+            .map(move |t| &self.window[t * d..(t + 1) * d]);
+        let entries = self
+            .keys
+            .entries
+            .iter()
+            .map(move |&e| self.entries.get(e, d));
         window.chain(entries)
     }
 }

@@ -44,8 +44,15 @@ const MANTISSA_BITS: u32 = 23;
 /// e^x in every lane, for `x ≤ 88` (NaN stays NaN, −∞ gives 0).
 #[inline(always)]
 pub fn exp_f32s<S: Simd>(simd: S, x: S::f32s) -> S::f32s {
-    let xc = simd.min_f32s(simd.max_f32s(x, simd.splat_f32s(EXP_MIN)), simd.splat_f32s(EXP_MAX));
-    let k = simd.mul_add_f32s(xc, simd.splat_f32s(std::f32::consts::LOG2_E), simd.splat_f32s(SHIFTER));
+    let xc = simd.min_f32s(
+        simd.max_f32s(x, simd.splat_f32s(EXP_MIN)),
+        simd.splat_f32s(EXP_MAX),
+    );
+    let k = simd.mul_add_f32s(
+        xc,
+        simd.splat_f32s(std::f32::consts::LOG2_E),
+        simd.splat_f32s(SHIFTER),
+    );
     let n = simd.sub_f32s(k, simd.splat_f32s(SHIFTER));
     let r = simd.mul_add_f32s(n, simd.splat_f32s(-LN2_HI), xc);
     let r = simd.mul_add_f32s(n, simd.splat_f32s(-LN2_LO), r);
@@ -60,7 +67,11 @@ pub fn exp_f32s<S: Simd>(simd: S, x: S::f32s) -> S::f32s {
     let bits = simd.add_u32s(simd.transmute_u32s_f32s(k), simd.splat_u32s(bias));
     let two_n = simd.wrapping_dyn_shl_u32s(bits, simd.splat_u32s(MANTISSA_BITS));
     let e = simd.mul_f32s(y, simd.transmute_f32s_u32s(two_n));
-    let e = simd.select_f32s(simd.less_than_f32s(x, simd.splat_f32s(EXP_MIN)), simd.splat_f32s(0.0), e);
+    let e = simd.select_f32s(
+        simd.less_than_f32s(x, simd.splat_f32s(EXP_MIN)),
+        simd.splat_f32s(0.0),
+        e,
+    );
     simd.select_f32s(simd.equal_f32s(x, x), e, x)
 }
 
@@ -101,7 +112,10 @@ fn row_max(row: &[f32]) -> f32 {
             *l = l.max(*x);
         }
     }
-    rest.iter().chain(&lanes).copied().fold(f32::NEG_INFINITY, f32::max)
+    rest.iter()
+        .chain(&lanes)
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max)
 }
 
 /// `Σ row` in the canonical order: value `k` into running sum `k mod 16`,
@@ -157,16 +171,31 @@ mod tests {
     #[test]
     fn softmax_has_one_result_on_every_instruction_set() {
         let row: Vec<f32> = (0..53)
-            .map(|i| if i % 11 == 5 { f32::NEG_INFINITY } else { ((i * 37 % 29) as f32 - 14.0) * 0.7 })
+            .map(|i| {
+                if i % 11 == 5 {
+                    f32::NEG_INFINITY
+                } else {
+                    ((i * 37 % 29) as f32 - 14.0) * 0.7
+                }
+            })
             .collect();
         for sink in [None, Some(2.5)] {
             let (mut best, mut scalar) = (row.clone(), row.clone());
             dispatch(Isa::Best, Softmax(&mut best, sink));
             dispatch(Isa::Scalar, Softmax(&mut scalar, sink));
-            assert!(best.iter().zip(&scalar).all(|(a, b)| a.to_bits() == b.to_bits()));
+            assert!(
+                best.iter()
+                    .zip(&scalar)
+                    .all(|(a, b)| a.to_bits() == b.to_bits())
+            );
             let exact: Vec<f64> = row.iter().map(|&s| s as f64).collect();
-            let max = exact.iter().copied().chain(sink.map(f64::from)).fold(f64::NEG_INFINITY, f64::max);
-            let total: f64 = exact.iter().map(|s| (s - max).exp()).sum::<f64>() + sink.map_or(0.0, |s| (s as f64 - max).exp());
+            let max = exact
+                .iter()
+                .copied()
+                .chain(sink.map(f64::from))
+                .fold(f64::NEG_INFINITY, f64::max);
+            let total: f64 = exact.iter().map(|s| (s - max).exp()).sum::<f64>()
+                + sink.map_or(0.0, |s| (s as f64 - max).exp());
             for (got, s) in best.iter().zip(&exact) {
                 assert!((*got as f64 - (s - max).exp() / total).abs() < 1e-7);
             }

@@ -106,7 +106,11 @@ fn keys_by_dimension(k: &[f32], s: &AttentionShape) -> Vec<f32> {
     let d = s.dim;
     let blocks = s.total.div_ceil(KEY_BLOCK);
     let mut out = vec![0f32; s.kv_heads * blocks * d * KEY_BLOCK];
-    for (t, key) in k.chunks_exact(d.max(1)).take(s.total * s.kv_heads).enumerate() {
+    for (t, key) in k
+        .chunks_exact(d.max(1))
+        .take(s.total * s.kv_heads)
+        .enumerate()
+    {
         let (position, kv) = (t / s.kv_heads.max(1), t % s.kv_heads.max(1));
         let (block, lane) = (position / KEY_BLOCK, position % KEY_BLOCK);
         let base = (kv * blocks + block) * d * KEY_BLOCK + lane;
@@ -160,7 +164,12 @@ impl WithSimd for AttendTile<'_> {
                 })
                 .collect();
             let lo = rows.iter().map(|r| r.visible.start).min().unwrap_or(0) / KEY_BLOCK;
-            let hi = rows.iter().map(|r| r.visible.end).max().unwrap_or(0).div_ceil(KEY_BLOCK);
+            let hi = rows
+                .iter()
+                .map(|r| r.visible.end)
+                .max()
+                .unwrap_or(0)
+                .div_ceil(KEY_BLOCK);
             let width = (hi - lo) * KEY_BLOCK;
             let mut probs = vec![0f32; rows.len() * width];
             let head_keys = &self.keys[kv * blocks * s.dim * KEY_BLOCK..];
@@ -179,7 +188,11 @@ impl WithSimd for AttendTile<'_> {
             for (r, row) in rows.iter().enumerate() {
                 let at = r * width + row.visible.start - lo * KEY_BLOCK;
                 let seen = &mut probs[at..at + row.visible.len()];
-                softmax(simd, seen, self.sinks.and_then(|v| v.get(row.head).copied()));
+                softmax(
+                    simd,
+                    seen,
+                    self.sinks.and_then(|v| v.get(row.head).copied()),
+                );
             }
             let sums = ValueSums {
                 values: self.values,
@@ -213,7 +226,10 @@ fn block_scores<S: Simd>(simd: S, q: &[f32], keys: &[f32], scale: f32, out: &mut
     let full = q.len() / LANES * LANES;
     for (sub, o) in ov.iter_mut().enumerate().take(per) {
         let mut acc = [simd.splat_f32s(0.0); LANES];
-        for (qs, ks) in q[..full].chunks_exact(LANES).zip(kv.chunks_exact(LANES * per)) {
+        for (qs, ks) in q[..full]
+            .chunks_exact(LANES)
+            .zip(kv.chunks_exact(LANES * per))
+        {
             for l in 0..LANES {
                 acc[l] = simd.mul_add_f32s(simd.splat_f32s(qs[l]), ks[l * per + sub], acc[l]);
             }
@@ -307,13 +323,29 @@ impl ValueSums<'_> {
         for (s, row) in seen.iter_mut().zip(rows) {
             *s = row.visible.start.max(keys.start)..row.visible.end.min(keys.end);
         }
-        let lo = seen.iter().filter(|s| !s.is_empty()).map(|s| s.start).min().unwrap_or(0);
+        let lo = seen
+            .iter()
+            .filter(|s| !s.is_empty())
+            .map(|s| s.start)
+            .min()
+            .unwrap_or(0);
         let hi = seen.iter().map(|s| s.end).max().unwrap_or(0);
         if lo >= hi {
             return;
         }
-        let all_lo = seen.iter().take(rows.len()).map(|s| s.start).max().unwrap_or(lo);
-        let all_hi = seen.iter().take(rows.len()).map(|s| s.end).min().unwrap_or(lo).max(all_lo);
+        let all_lo = seen
+            .iter()
+            .take(rows.len())
+            .map(|s| s.start)
+            .max()
+            .unwrap_or(lo);
+        let all_hi = seen
+            .iter()
+            .take(rows.len())
+            .map(|s| s.end)
+            .min()
+            .unwrap_or(lo)
+            .max(all_lo);
         let prob = |r: usize, t: usize| self.probs[(index + r) * self.width + t - self.first_key];
         let mut acc = [[simd.splat_f32s(0.0); C]; VALUE_ROWS];
         for (a, row) in acc.iter_mut().zip(rows) {
@@ -377,7 +409,12 @@ mod tests {
                 .map(|i| (((i * 7 + seed) * 37 % 101) as f32) / 50.0 - 1.0)
                 .collect()
         };
-        for (heads, kv_heads, dim, value_dim) in [(8, 2, 16, 16), (16, 4, 64, 64), (4, 1, 72, 40), (3, 3, 24, 8)] {
+        for (heads, kv_heads, dim, value_dim) in [
+            (8, 2, 16, 16),
+            (16, 4, 64, 64),
+            (4, 1, 72, 40),
+            (3, 3, 24, 8),
+        ] {
             let k = val(total * kv_heads * dim, 1);
             let v = val(total * kv_heads * value_dim, 2);
             let sinks = val(heads, 4);
@@ -411,7 +448,14 @@ mod tests {
                                 start: start + i,
                                 ..shape
                             };
-                            attention_with_sinks(&q[i * heads * dim..(i + 1) * heads * dim], &k, &v, &one, 0.25, sink)
+                            attention_with_sinks(
+                                &q[i * heads * dim..(i + 1) * heads * dim],
+                                &k,
+                                &v,
+                                &one,
+                                0.25,
+                                sink,
+                            )
                         })
                         .collect();
                     for isa in [Isa::Best, Isa::Scalar] {

@@ -23,9 +23,9 @@ use serde_json::json;
 use super::config::{ConfigError, RawConfig};
 use super::family::{FamilyConfig, Parsed, Row, hybrid_layout};
 use super::glm4_moe::{MoeDefaults, parse_moe};
+use super::kimi_linear::load_kda;
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
-use super::kimi_linear::load_kda;
 use super::layers::linear::DeltaShape;
 use super::layers::mla::{LatentAttention, MlaShape};
 use super::layers::moe::SigmoidGroupedMoe;
@@ -33,7 +33,9 @@ use super::layers::rope::{Rope, RopeParams};
 use super::layers::{Linear, Mlp};
 use super::state::StateLayout;
 use super::{CommonConfig, ModelError, assemble};
-use crate::synth::{Add, DEEPSEEK_MOE, FLOAT_DTYPES, Fill, MlaDims, Shape, SynthAttention, SynthSpec};
+use crate::synth::{
+    Add, DEEPSEEK_MOE, FLOAT_DTYPES, Fill, MlaDims, Shape, SynthAttention, SynthSpec,
+};
 use crate::weights::{Renamed, TensorSource, Weights};
 
 /// `BailingHybridConfig`'s defaults.
@@ -86,8 +88,13 @@ impl Config {
         let n = common.num_layers;
         let heads = raw.positive("num_attention_heads")?;
         let head_dim = raw.usize_any(&["head_dim"])?.unwrap_or(DEFAULT_HEAD_DIM);
-        let kernel = raw.usize_any(&["short_conv_kernel_size"])?.unwrap_or(DEFAULT_KERNEL);
-        let group = raw.usize_any(&["layer_group_size"])?.unwrap_or(DEFAULT_GROUP).max(1);
+        let kernel = raw
+            .usize_any(&["short_conv_kernel_size"])?
+            .unwrap_or(DEFAULT_KERNEL);
+        let group = raw
+            .usize_any(&["layer_group_size"])?
+            .unwrap_or(DEFAULT_GROUP)
+            .max(1);
         if head_dim == 0 || kernel == 0 {
             return Err(raw.invalid("head_dim", "KDA's head size and kernel must be positive"));
         }
@@ -102,8 +109,12 @@ impl Config {
                 heads,
                 q_lora_rank: raw.usize_any(&["q_lora_rank"])?,
                 kv_lora_rank: raw.usize_any(&["kv_lora_rank"])?.unwrap_or(DEFAULT_KV_LORA),
-                nope: raw.usize_any(&["qk_nope_head_dim"])?.unwrap_or(DEFAULT_NOPE),
-                rope: raw.usize_any(&["qk_rope_head_dim"])?.unwrap_or(DEFAULT_ROPE),
+                nope: raw
+                    .usize_any(&["qk_nope_head_dim"])?
+                    .unwrap_or(DEFAULT_NOPE),
+                rope: raw
+                    .usize_any(&["qk_rope_head_dim"])?
+                    .unwrap_or(DEFAULT_ROPE),
                 v: raw.usize_any(&["v_head_dim"])?.unwrap_or(DEFAULT_V),
                 bias: raw.bool_or("attention_bias", false)?,
                 eps: LATENT_NORM_EPS,
@@ -133,7 +144,9 @@ pub fn build(
 ) -> Result<Decoder, ModelError> {
     let h = c.common.hidden_size;
     let rope = Rope::new(&c.rope, c.mla.rope, true);
-    let scale = c.rope.mla_softmax_scale(1.0 / ((c.mla.nope + c.mla.rope) as f64).sqrt());
+    let scale = c
+        .rope
+        .mla_softmax_scale(1.0 / ((c.mla.nope + c.mla.rope) as f64).sqrt());
     let mut experts = ExpertSetup::new(experts);
     let mut layers = Vec::with_capacity(c.common.num_layers);
     for i in 0..c.common.num_layers {
@@ -159,7 +172,13 @@ pub fn build(
         } else {
             FeedForward::Dense(Mlp::load(&mw, h, c.intermediate_size)?)
         };
-        layers.push(DecoderLayer::load(&lw, h, c.common.rms_norm_eps, attention, ffn)?);
+        layers.push(DecoderLayer::load(
+            &lw,
+            h,
+            c.common.rms_norm_eps,
+            attention,
+            ffn,
+        )?);
     }
     assemble(&c.common, w, layers, rope, experts)
 }
@@ -201,11 +220,31 @@ fn synth_attention(s: &SynthSpec, p: &str, l: usize, t: &mut Add) {
     let std = |fan_in: usize| Fill::Uniform(1.0 / (fan_in as f32).sqrt());
     if (l + 1).is_multiple_of(DEFAULT_GROUP) {
         let m = MlaDims::of(s);
-        t(format!("{a}.q_proj.weight"), vec![s.heads * (m.nope + m.rope), h], std(h));
-        t(format!("{a}.kv_a_proj_with_mqa.weight"), vec![m.kv_lora + m.rope, h], std(h));
-        t(format!("{a}.kv_a_layernorm.weight"), vec![m.kv_lora], Fill::NearOne);
-        t(format!("{a}.kv_b_proj.weight"), vec![s.heads * (m.nope + m.v), m.kv_lora], std(m.kv_lora));
-        t(format!("{a}.o_proj.weight"), vec![h, s.heads * m.v], std(s.heads * m.v));
+        t(
+            format!("{a}.q_proj.weight"),
+            vec![s.heads * (m.nope + m.rope), h],
+            std(h),
+        );
+        t(
+            format!("{a}.kv_a_proj_with_mqa.weight"),
+            vec![m.kv_lora + m.rope, h],
+            std(h),
+        );
+        t(
+            format!("{a}.kv_a_layernorm.weight"),
+            vec![m.kv_lora],
+            Fill::NearOne,
+        );
+        t(
+            format!("{a}.kv_b_proj.weight"),
+            vec![s.heads * (m.nope + m.v), m.kv_lora],
+            std(m.kv_lora),
+        );
+        t(
+            format!("{a}.o_proj.weight"),
+            vec![h, s.heads * m.v],
+            std(s.heads * m.v),
+        );
         t(format!("{a}.g_proj.weight"), vec![s.heads, h], std(h));
         return;
     }
@@ -213,11 +252,19 @@ fn synth_attention(s: &SynthSpec, p: &str, l: usize, t: &mut Add) {
     for name in ["q_proj", "k_proj", "v_proj", "g_proj", "forget_gate.f_proj"] {
         t(format!("{a}.{name}.weight"), vec![width, h], std(h));
     }
-    t(format!("{a}.conv1d.weight"), vec![3 * width, 1, DEFAULT_KERNEL], std(DEFAULT_KERNEL));
+    t(
+        format!("{a}.conv1d.weight"),
+        vec![3 * width, 1, DEFAULT_KERNEL],
+        std(DEFAULT_KERNEL),
+    );
     t(format!("{a}.forget_gate.A_log"), vec![s.heads], Fill::Zeros);
     t(format!("{a}.forget_gate.dt_bias"), vec![width], Fill::Zeros);
     t(format!("{a}.b_proj.weight"), vec![s.heads, h], std(h));
-    t(format!("{a}.o_norm.weight"), vec![width / s.heads], Fill::NearOne);
+    t(
+        format!("{a}.o_norm.weight"),
+        vec![width / s.heads],
+        Fill::NearOne,
+    );
     t(format!("{a}.o_proj.weight"), vec![h, width], std(width));
 }
 
@@ -275,8 +322,14 @@ mod tests {
         let c = Config::parse(&raw).unwrap();
         assert_eq!(c.linear, vec![true, true, false, true, true, false, true]);
         assert_eq!(c.sparse, vec![false, false, true, true, true, true, true]);
-        assert_eq!((c.moe.experts, c.moe.top_k, c.moe.n_group, c.moe.topk_group), (16, 4, 4, 2));
-        assert_eq!((c.kda.k_dim, c.mla.eps, c.lower_bound), (16, 1e-6, Some(-5.0)));
+        assert_eq!(
+            (c.moe.experts, c.moe.top_k, c.moe.n_group, c.moe.topk_group),
+            (16, 4, 4, 2)
+        );
+        assert_eq!(
+            (c.kda.k_dim, c.mla.eps, c.lower_bound),
+            (16, 1e-6, Some(-5.0))
+        );
         assert!(!c.common.tie_word_embeddings);
     }
 }

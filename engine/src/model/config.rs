@@ -60,10 +60,13 @@ pub struct RawConfig {
 
 impl RawConfig {
     pub fn read(path: &Path) -> Result<Self, ConfigError> {
-        let text = crate::regular::read_text(path, crate::regular::SETTINGS_LIMIT).map_err(|source| ConfigError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text =
+            crate::regular::read_text(path, crate::regular::SETTINGS_LIMIT).map_err(|source| {
+                ConfigError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?;
         Self::parse(path, &text)
     }
 
@@ -346,11 +349,9 @@ impl RawConfig {
             .map(|t| match t.as_str() {
                 "full_attention" => Ok(false),
                 other if other == kind => Ok(true),
-                other => Err(self.unsupported(
-                    "layer_types",
-                    other,
-                    &format!("{kind}, full_attention"),
-                )),
+                other => {
+                    Err(self.unsupported("layer_types", other, &format!("{kind}, full_attention")))
+                }
             })
             .collect()
     }
@@ -472,7 +473,9 @@ impl RawConfig {
                 let original = sub
                     .usize_any(&["original_max_position_embeddings"])?
                     .or(max_pos)
-                    .ok_or_else(|| sub.missing(&format!("{field}.original_max_position_embeddings")))?;
+                    .ok_or_else(|| {
+                        sub.missing(&format!("{field}.original_max_position_embeddings"))
+                    })?;
                 RopeKind::Llama3 {
                     factor: number("factor")?,
                     low_freq_factor: number("low_freq_factor")?,

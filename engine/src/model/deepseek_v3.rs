@@ -6,17 +6,17 @@
 use std::sync::Arc;
 
 use super::config::{ConfigError, RawConfig};
+use super::family::{Family, FamilyConfig, Parsed};
 use super::layers::Mlp;
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
 use super::layers::mla::{LatentAttention, MlaShape, SparseKeys};
 use super::layers::moe::{MoeBlock, SigmoidGroupedMoe};
 use super::layers::rope::{Rope, RopeParams};
-use super::{CommonConfig, ModelError, assemble};
-use crate::weights::Weights;
-use super::family::{Family, FamilyConfig, Parsed};
 use super::state::{SlotKind, StateLayout};
-use crate::synth::{self, ALL_DTYPES, SynthAttention, DEEPSEEK_MOE, Shape, SynthFamily};
+use super::{CommonConfig, ModelError, assemble};
+use crate::synth::{self, ALL_DTYPES, DEEPSEEK_MOE, Shape, SynthAttention, SynthFamily};
+use crate::weights::Weights;
 use serde_json::json;
 
 const DEFAULT_ROPE_THETA: f64 = 10_000.0;
@@ -183,9 +183,13 @@ pub fn build(
     w: &Weights,
     experts: Option<Arc<dyn ExpertProvider>>,
 ) -> Result<Decoder, ModelError> {
-    build_with(c, w, experts, |i| i < c.first_k_dense_replace, |_, _, _| {
-        Ok(None)
-    })
+    build_with(
+        c,
+        w,
+        experts,
+        |i| i < c.first_k_dense_replace,
+        |_, _, _| Ok(None),
+    )
 }
 
 /// The decoder of this family, with the layers `dense` names using a dense

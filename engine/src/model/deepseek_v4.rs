@@ -9,6 +9,8 @@
 use std::sync::Arc;
 
 use super::config::{ConfigError, RawConfig};
+use super::family::{Family, FamilyConfig, Parsed};
+use super::layers::Mlp;
 use super::layers::compressed::{CompressedAttention, CompressedShape, IndexShape, LayerKind};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{Activation, ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
@@ -16,12 +18,10 @@ use super::layers::hyper::{HyperConnection, HyperHead, HyperShape};
 use super::layers::moe::MoeBlock;
 use super::layers::rope::{Rope, RopeKind, RopeParams};
 use super::layers::router::Scoring;
-use super::layers::Mlp;
-use super::{CommonConfig, ModelError, assemble};
-use crate::weights::{RawTensor, TensorSource, Weights, WeightsError};
-use super::family::{Family, FamilyConfig, Parsed};
 use super::state::{SlotKind, SlotRole, StateLayout};
+use super::{CommonConfig, ModelError, assemble};
 use crate::synth::{Shape, SynthFamily};
+use crate::weights::{RawTensor, TensorSource, Weights, WeightsError};
 
 /// `DeepseekV4Config`'s defaults for fields a config may omit.
 const DEFAULT_RMS_EPS: f64 = 1e-6;
@@ -129,7 +129,8 @@ impl Config {
             hash_layers: hash_layers(raw, n)?,
             experts,
             top_k,
-            moe_intermediate_size: raw.positive_any(&["moe_intermediate_size", "intermediate_size"])?,
+            moe_intermediate_size: raw
+                .positive_any(&["moe_intermediate_size", "intermediate_size"])?,
             routed_scaling_factor: raw.f64_or("routed_scaling_factor", DEFAULT_ROUTED_SCALING)?,
             swiglu_limit: raw.f64_or("swiglu_limit", DEFAULT_SWIGLU_LIMIT)?,
             hyper: HyperShape {
@@ -179,7 +180,10 @@ impl Config {
 /// `compress`, or one flat setting (`rope_parameters` or `rope_scaling`)
 /// that is the compressed branches' with `compress_rope_theta` as its base.
 fn ropes(raw: &RawConfig, head_dim: usize) -> Result<(RopeParams, RopeParams), ConfigError> {
-    let factor = match (raw.f64_opt("partial_rotary_factor")?, raw.usize_any(&["qk_rope_head_dim"])?) {
+    let factor = match (
+        raw.f64_opt("partial_rotary_factor")?,
+        raw.usize_any(&["qk_rope_head_dim"])?,
+    ) {
         (Some(f), _) => f,
         (None, Some(dim)) => dim as f64 / head_dim as f64,
         (None, None) => DEFAULT_ROPE_DIM as f64 / DEFAULT_HEAD_DIM as f64,
@@ -191,7 +195,10 @@ fn ropes(raw: &RawConfig, head_dim: usize) -> Result<(RopeParams, RopeParams), C
     let (main, mut compress) = match nested {
         Some(_) => (
             raw.rope_at(&["rope_parameters", "main"], DEFAULT_ROPE_THETA)?,
-            raw.rope_at(&["rope_parameters", "compress"], DEFAULT_COMPRESS_ROPE_THETA)?,
+            raw.rope_at(
+                &["rope_parameters", "compress"],
+                DEFAULT_COMPRESS_ROPE_THETA,
+            )?,
         ),
         None => {
             let main = RopeParams {
@@ -202,7 +209,10 @@ fn ropes(raw: &RawConfig, head_dim: usize) -> Result<(RopeParams, RopeParams), C
             let mut compress = raw.rope(DEFAULT_COMPRESS_ROPE_THETA)?;
             compress.theta = raw.f64_or("compress_rope_theta", DEFAULT_COMPRESS_ROPE_THETA)?;
             compress.partial_rotary_factor = factor;
-            if let RopeKind::Yarn { attention_factor, .. } = &mut compress.kind {
+            if let RopeKind::Yarn {
+                attention_factor, ..
+            } = &mut compress.kind
+            {
                 attention_factor.get_or_insert(1.0);
             }
             (main, compress)
@@ -251,7 +261,10 @@ fn layer_kinds(raw: &RawConfig, layers: usize) -> Result<Vec<LayerKind>, ConfigE
             .collect()
     };
     if names.len() < layers {
-        return Err(raw.invalid("layer_types", format!("{} entries for {layers} layers", names.len())));
+        return Err(raw.invalid(
+            "layer_types",
+            format!("{} entries for {layers} layers", names.len()),
+        ));
     }
     names
         .iter()
@@ -260,7 +273,10 @@ fn layer_kinds(raw: &RawConfig, layers: usize) -> Result<Vec<LayerKind>, ConfigE
             SLIDING => Ok(LayerKind::Sliding),
             CSA => Ok(LayerKind::Sparse { rate: csa }),
             HCA => Ok(LayerKind::Heavy { rate: hca }),
-            other => Err(raw.invalid("layer_types", format!("`{other}` is not a DeepSeek-V4 layer"))),
+            other => Err(raw.invalid(
+                "layer_types",
+                format!("`{other}` is not a DeepSeek-V4 layer"),
+            )),
         })
         .collect()
 }
@@ -275,7 +291,10 @@ fn hash_layers(raw: &RawConfig, layers: usize) -> Result<Vec<bool>, ConfigError>
             .map(|k| match k.as_str() {
                 "hash_moe" => Ok(true),
                 "moe" => Ok(false),
-                other => Err(raw.invalid("mlp_layer_types", format!("`{other}` is neither hash_moe nor moe"))),
+                other => Err(raw.invalid(
+                    "mlp_layer_types",
+                    format!("`{other}` is neither hash_moe nor moe"),
+                )),
             })
             .collect(),
         Some(kinds) => Err(raw.invalid(
@@ -283,7 +302,9 @@ fn hash_layers(raw: &RawConfig, layers: usize) -> Result<Vec<bool>, ConfigError>
             format!("{} entries for {layers} layers", kinds.len()),
         )),
         None => {
-            let hashed = raw.usize_any(&["num_hash_layers"])?.unwrap_or(DEFAULT_HASH_LAYERS);
+            let hashed = raw
+                .usize_any(&["num_hash_layers"])?
+                .unwrap_or(DEFAULT_HASH_LAYERS);
             Ok((0..layers).map(|i| i < hashed).collect())
         }
     }
@@ -406,7 +427,9 @@ pub struct ReleasedNames<'a> {
 /// as released (`layers.0.attn_norm.weight`), or as transformers'
 /// `save_pretrained` writes them back (`model.layers.0.attn_norm.weight`).
 pub fn has_released_names(source: &dyn TensorSource) -> bool {
-    source.shape("model.layers.0.input_layernorm.weight").is_none()
+    source
+        .shape("model.layers.0.input_layernorm.weight")
+        .is_none()
         && (source.shape("layers.0.attn_norm.weight").is_some()
             || source.shape("model.layers.0.attn_norm.weight").is_some())
 }
@@ -417,8 +440,14 @@ const LAYER_NAMES: &[(&str, &str)] = &[
     ("post_attention_layernorm.", "ffn_norm."),
     ("attn_hc.", "hc_attn_"),
     ("ffn_hc.", "hc_ffn_"),
-    ("self_attn.compressor.indexer.q_b_proj.", "attn.indexer.wq_b."),
-    ("self_attn.compressor.indexer.scorer.weights_proj.", "attn.indexer.weights_proj."),
+    (
+        "self_attn.compressor.indexer.q_b_proj.",
+        "attn.indexer.wq_b.",
+    ),
+    (
+        "self_attn.compressor.indexer.scorer.weights_proj.",
+        "attn.indexer.weights_proj.",
+    ),
     ("self_attn.compressor.indexer.", "attn.indexer.compressor."),
     ("self_attn.sinks", "attn.attn_sink"),
     ("self_attn.", "attn."),
@@ -438,7 +467,8 @@ const MODULE_NAMES: &[(&str, &str)] = &[
     ("o_b_proj", "wo_b"),
 ];
 
-const EXPERT_NAMES: &[(&str, &str)] = &[("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")];
+const EXPERT_NAMES: &[(&str, &str)] =
+    &[("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")];
 
 /// The released name of transformers' tensor `name`.
 pub fn released_name(name: &str) -> String {
@@ -597,9 +627,13 @@ mod tests {
         let (spec, model) = load_checkpoint(&dir).unwrap();
         let mut state = model.new_state();
         let ids: Vec<u32> = (0..40).map(|i| (i * 11 % 300 + 5) as u32).collect();
-        model.forward(&ids[..16], &mut state, LogitsFor::Last).unwrap();
+        model
+            .forward(&ids[..16], &mut state, LogitsFor::Last)
+            .unwrap();
         let before = state.bytes();
-        model.forward(&ids[16..], &mut state, LogitsFor::Last).unwrap();
+        model
+            .forward(&ids[16..], &mut state, LogitsFor::Last)
+            .unwrap();
         let grown = (state.bytes() - before) as u64;
         assert_eq!(grown, 24 * spec.state_bytes().per_token);
     }

@@ -12,11 +12,11 @@
 
 use serde_json::json;
 
+use super::CommonConfig;
 use super::config::{ConfigError, RawConfig};
 use super::family::{Parsed, Row};
 use super::glm4_moe::{self, MoeDefaults, check_rotary, parse_moe};
 use super::qwen3_moe::check_heads;
-use super::CommonConfig;
 use crate::synth::{ALL_DTYPES, DEEPSEEK_MOE, QkNorm, Shape, SynthAttention};
 
 /// `Dots1Config`'s defaults.
@@ -128,7 +128,10 @@ mod tests {
     #[test]
     fn defaults_follow_dots1_config() {
         let c = config(r#", "n_shared_experts": 2, "n_group": null"#).unwrap();
-        assert_eq!((c.kv_heads, c.head_dim, c.first_k_dense_replace), (4, 16, 0));
+        assert_eq!(
+            (c.kv_heads, c.head_dim, c.first_k_dense_replace),
+            (4, 16, 0)
+        );
         assert!(c.qk_norm && !c.attention_bias && !c.moe.renormalize);
         assert_eq!((c.moe.n_group, c.moe.shared, c.moe.scaling), (1, 2, 1.0));
         assert_eq!(c.common.rms_norm_eps, 1e-6);
@@ -142,10 +145,12 @@ mod tests {
         let c = config(r#", "n_shared_experts": 1, "max_window_layers": 2"#).unwrap();
         let w = Some(DEFAULT_SLIDING_WINDOW);
         assert_eq!(c.windows, vec![None, None, w, w]);
-        let c = config(r#", "n_shared_experts": 1, "max_window_layers": 2, "sliding_window": null"#)
-            .unwrap();
+        let c =
+            config(r#", "n_shared_experts": 1, "max_window_layers": 2, "sliding_window": null"#)
+                .unwrap();
         assert_eq!(c.windows, vec![None; 4]);
-        let types = r#"["full_attention", "sliding_attention", "full_attention", "full_attention"]"#;
+        let types =
+            r#"["full_attention", "sliding_attention", "full_attention", "full_attention"]"#;
         let c = config(&format!(
             r#", "n_shared_experts": 1, "sliding_window": 5, "layer_types": {types}"#
         ))

@@ -74,9 +74,14 @@ impl Config {
         let experts = raw.positive_any(&["moe_num_experts", "num_experts"])?;
         let top_k = raw.positive_any(&["moe_k", "num_experts_per_tok"])?;
         if top_k > experts {
-            return Err(raw.invalid("moe_k", format!("{top_k} exceeds moe_num_experts {experts}")));
+            return Err(raw.invalid(
+                "moe_k",
+                format!("{top_k} exceeds moe_num_experts {experts}"),
+            ));
         }
-        let start = raw.usize_any(&["moe_layer_start_index"])?.unwrap_or(DEFAULT_START);
+        let start = raw
+            .usize_any(&["moe_layer_start_index"])?
+            .unwrap_or(DEFAULT_START);
         // -1 (and absence) means the last layer.
         let end = match raw.get("moe_layer_end_index").and_then(|v| v.as_i64()) {
             Some(e) if e >= 0 => e as usize,
@@ -116,10 +121,17 @@ fn load_moe(c: &Config, mw: &Weights, i: usize) -> Result<MoeBlock, ModelError> 
         .into_iter()
         .find(|n| mw.has(n))
         .unwrap_or(BIAS_NAMES[0]);
-    let bias = mw.get(bias_name, &[1, c.experts])?.flatten_all()?.to_vec1()?;
+    let bias = mw
+        .get(bias_name, &[1, c.experts])?
+        .flatten_all()?
+        .to_vec1()?;
     let shared = match c.shared_experts {
         0 => None,
-        n => Some(Mlp::load(&mw.pp("shared_experts"), h, c.moe_intermediate_size * n)?),
+        n => Some(Mlp::load(
+            &mw.pp("shared_experts"),
+            h,
+            c.moe_intermediate_size * n,
+        )?),
     };
     let scoring = Scoring::SoftmaxBiased {
         correction_bias: bias,
@@ -155,7 +167,13 @@ pub fn build(
         } else {
             FeedForward::Dense(Mlp::load(&mw, h, c.intermediate_size)?)
         };
-        layers.push(DecoderLayer::load(&lw, h, eps, Attention::Grouped(attention), ffn)?);
+        layers.push(DecoderLayer::load(
+            &lw,
+            h,
+            eps,
+            Attention::Grouped(attention),
+            ffn,
+        )?);
     }
     assemble(&c.common, w, layers, rope, experts)
 }

@@ -138,9 +138,18 @@ mod tests {
         }
         // DeepSeek-V4's released names have no `model.`.
         let v4 = names(&["", "model."], 43);
-        assert_eq!(v4.extra_block("mtp.0.attn.wq_a.weight"), Some(ExtraBlock::Mtp));
-        assert_eq!(v4.layer_of("layers.7.ffn.experts.1.w2.weight").map(|l| l.0), Some(7));
+        assert_eq!(
+            v4.extra_block("mtp.0.attn.wq_a.weight"),
+            Some(ExtraBlock::Mtp)
+        );
+        assert_eq!(
+            v4.layer_of("layers.7.ffn.experts.1.w2.weight").map(|l| l.0),
+            Some(7)
+        );
         // Names that merely contain the letters are the decoder's.
-        assert_eq!(qwen.extra_block("model.layers.3.mlp.gate_mtp_like.weight"), None);
+        assert_eq!(
+            qwen.extra_block("model.layers.3.mlp.gate_mtp_like.weight"),
+            None
+        );
     }
 }

@@ -129,7 +129,6 @@ pub trait FamilyConfig: Debug + Send + Sync + AsAny {
     fn extra_layer_prefixes(&self) -> &'static [&'static str] {
         &[]
     }
-
 }
 
 /// Lets a `dyn FamilyConfig` be looked at as its own type (the pack

@@ -88,7 +88,11 @@ impl Config {
 }
 
 /// Checks that the rotated lanes are an even count within the head.
-pub fn check_rotary(raw: &RawConfig, head_dim: usize, rope: &RopeParams) -> Result<(), ConfigError> {
+pub fn check_rotary(
+    raw: &RawConfig,
+    head_dim: usize,
+    rope: &RopeParams,
+) -> Result<(), ConfigError> {
     let rotated = (head_dim as f64 * rope.partial_rotary_factor) as usize;
     if rotated == 0 || rotated > head_dim || !rotated.is_multiple_of(2) {
         return Err(raw.invalid(
@@ -120,7 +124,9 @@ const GLM_MOE: MoeDefaults = MoeDefaults {
 pub fn parse_moe(raw: &RawConfig, d: &MoeDefaults) -> Result<SigmoidGroupedMoe, ConfigError> {
     let experts = raw.positive_any(&["n_routed_experts", "num_local_experts", "num_experts"])?;
     let top_k = raw.positive_any(&["num_experts_per_tok", "num_experts_per_token"])?;
-    let n_group = raw.usize_any(&["n_group", "num_expert_group"])?.unwrap_or(1);
+    let n_group = raw
+        .usize_any(&["n_group", "num_expert_group"])?
+        .unwrap_or(1);
     let topk_group = raw.usize_any(&["topk_group"])?.unwrap_or(1);
     if n_group == 0 || !experts.is_multiple_of(n_group) {
         return Err(raw.invalid(
@@ -134,7 +140,10 @@ pub fn parse_moe(raw: &RawConfig, d: &MoeDefaults) -> Result<SigmoidGroupedMoe, 
             format!("{topk_group} of {n_group} groups cannot hold num_experts_per_tok {top_k}"),
         ));
     }
-    let shared = match (raw.usize_any(&["n_shared_experts", "num_shared_experts"])?, d.shared) {
+    let shared = match (
+        raw.usize_any(&["n_shared_experts", "num_shared_experts"])?,
+        d.shared,
+    ) {
         (Some(n), _) | (None, Some(n)) => n,
         (None, None) => return Err(raw.missing("n_shared_experts")),
     };

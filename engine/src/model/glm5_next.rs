@@ -30,6 +30,7 @@ use super::config::{ConfigError, RawConfig};
 use super::family::{FamilyConfig, Parsed, Row};
 use super::glm4_moe::{MoeDefaults, parse_moe};
 use super::kimi_linear::load_kda;
+use super::layers::Mlp;
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{Activation, ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
 use super::layers::hyper::{HyperConnection, HyperHead, HyperShape};
@@ -38,7 +39,6 @@ use super::layers::linear::DeltaShape;
 use super::layers::mla::{LatentAttention, MlaShape, SparseKeys};
 use super::layers::moe::SigmoidGroupedMoe;
 use super::layers::rope::{Rope, RopeKind, RopeParams};
-use super::layers::Mlp;
 use super::state::{SlotKind, SlotRole, StateLayout};
 use super::{CommonConfig, ModelError, assemble};
 use crate::synth::{
@@ -112,7 +112,12 @@ impl Config {
             _ => None,
         };
         let from_lin = |key: &str, top: &str, default: usize| -> Result<usize, ConfigError> {
-            match lin.as_ref().map(|l| l.usize_any(&[key])).transpose()?.flatten() {
+            match lin
+                .as_ref()
+                .map(|l| l.usize_any(&[key]))
+                .transpose()?
+                .flatten()
+            {
                 Some(v) => Ok(v),
                 None => Ok(raw.usize_any(&[top])?.unwrap_or(default)),
             }
@@ -142,15 +147,25 @@ impl Config {
                 v_heads: from_lin("num_heads", "linear_num_heads", DEFAULT_LINEAR_HEADS)?,
                 k_dim: kda_dim,
                 v_dim: kda_dim,
-                kernel: from_lin("short_conv_kernel_size", "linear_conv_kernel_dim", DEFAULT_KERNEL)?,
+                kernel: from_lin(
+                    "short_conv_kernel_size",
+                    "linear_conv_kernel_dim",
+                    DEFAULT_KERNEL,
+                )?,
             },
             lower_bound,
             index: IndexerShape {
                 hidden: common.hidden_size,
                 q_lora_rank: raw.positive("q_lora_rank")?,
-                heads: raw.usize_any(&["index_n_heads"])?.unwrap_or(DEFAULT_INDEX_HEADS),
-                head_dim: raw.usize_any(&["index_head_dim"])?.unwrap_or(DEFAULT_INDEX_DIM),
-                top_k: raw.usize_any(&["index_topk"])?.unwrap_or(DEFAULT_INDEX_TOPK),
+                heads: raw
+                    .usize_any(&["index_n_heads"])?
+                    .unwrap_or(DEFAULT_INDEX_HEADS),
+                head_dim: raw
+                    .usize_any(&["index_head_dim"])?
+                    .unwrap_or(DEFAULT_INDEX_DIM),
+                top_k: raw
+                    .usize_any(&["index_topk"])?
+                    .unwrap_or(DEFAULT_INDEX_TOPK),
             },
             kpool,
             tail: raw.bool_or("index_kpool_always_select_tail", true)?,
@@ -161,11 +176,16 @@ impl Config {
             moe: parse_moe(raw, &MOE)?,
             swiglu_limit: raw.positive_f64_or("swiglu_limit", DEFAULT_SWIGLU_LIMIT)? as f32,
             hyper: HyperShape {
-                streams: raw.usize_any(&["hc_mult"])?.unwrap_or(DEFAULT_HC_MULT).max(1),
+                streams: raw
+                    .usize_any(&["hc_mult"])?
+                    .unwrap_or(DEFAULT_HC_MULT)
+                    .max(1),
                 hidden: common.hidden_size,
                 norm_eps: common.rms_norm_eps,
                 eps: raw.f64_or("hc_eps", DEFAULT_HC_EPS)? as f32,
-                sinkhorn_iters: raw.usize_any(&["hc_sinkhorn_iters"])?.unwrap_or(DEFAULT_SINKHORN),
+                sinkhorn_iters: raw
+                    .usize_any(&["hc_sinkhorn_iters"])?
+                    .unwrap_or(DEFAULT_SINKHORN),
             },
             common,
         })
@@ -200,14 +220,19 @@ fn layer_kinds(raw: &RawConfig, n: usize) -> Result<Vec<bool>, ConfigError> {
         return Ok((0..n).map(|i| i % 4 != 3).collect());
     };
     if types.len() != n {
-        return Err(raw.invalid("layer_types", format!("{} entries for {n} layers", types.len())));
+        return Err(raw.invalid(
+            "layer_types",
+            format!("{} entries for {n} layers", types.len()),
+        ));
     }
     types
         .iter()
         .map(|t| match t.as_str() {
             "linear_attention" => Ok(true),
             "indexed_attention" | "deepseek_sparse_attention" | "full_attention" => Ok(false),
-            other => Err(raw.unsupported("layer_types", other, "linear_attention, indexed_attention")),
+            other => {
+                Err(raw.unsupported("layer_types", other, "linear_attention, indexed_attention"))
+            }
         })
         .collect()
 }
@@ -225,16 +250,23 @@ fn indexer_kinds(raw: &RawConfig, linear: &[bool]) -> Result<Vec<bool>, ConfigEr
     } else {
         let freq = raw.usize_any(&["index_topk_freq"])?.unwrap_or(1).max(1);
         let offset = raw.usize_any(&["index_skip_topk_offset"])?.unwrap_or(2);
-        (0..n).map(|i| (i + 1).saturating_sub(offset).is_multiple_of(freq)).collect()
+        (0..n)
+            .map(|i| (i + 1).saturating_sub(offset).is_multiple_of(freq))
+            .collect()
     };
     if kinds.len() != n {
-        return Err(raw.invalid("indexer_types", format!("{} entries for {n} layers", kinds.len())));
+        return Err(raw.invalid(
+            "indexer_types",
+            format!("{} entries for {n} layers", kinds.len()),
+        ));
     }
     for i in (0..n).filter(|&i| !linear[i] && !kinds[i]) {
         if i == 0 || linear[i - 1] || !kinds[i - 1] {
             return Err(raw.invalid(
                 "indexer_types",
-                format!("layer {i} shares an indexer, but the layer before it runs none of its own"),
+                format!(
+                    "layer {i} shares an indexer, but the layer before it runs none of its own"
+                ),
             ));
         }
     }
@@ -249,10 +281,19 @@ impl Config {
         mlp
     }
 
-    fn feed_forward(&self, lw: &Weights, i: usize, experts: &mut ExpertSetup) -> Result<FeedForward, ModelError> {
+    fn feed_forward(
+        &self,
+        lw: &Weights,
+        i: usize,
+        experts: &mut ExpertSetup,
+    ) -> Result<FeedForward, ModelError> {
         let (h, mw) = (self.common.hidden_size, lw.pp("mlp"));
         if !self.sparse[i] {
-            return Ok(FeedForward::Dense(self.limited(Mlp::load(&mw, h, self.intermediate_size)?)));
+            return Ok(FeedForward::Dense(self.limited(Mlp::load(
+                &mw,
+                h,
+                self.intermediate_size,
+            )?)));
         }
         let shape = ExpertShape {
             count: self.moe.experts,
@@ -296,8 +337,14 @@ pub fn build(
             let mut mla = LatentAttention::load(&aw, &c.mla, &rope, scale)?;
             mla.sparse = Some(if c.own_indexer[i] {
                 let slot = layout.slot(SlotRole::IndexKeys(i))?;
-                let indexer =
-                    Indexer::load_pooled(&aw.pp("indexer"), &c.index, &rope, slot, c.kpool, c.tail)?;
+                let indexer = Indexer::load_pooled(
+                    &aw.pp("indexer"),
+                    &c.index,
+                    &rope,
+                    slot,
+                    c.kpool,
+                    c.tail,
+                )?;
                 SparseKeys::Own(Box::new(indexer))
             } else {
                 SparseKeys::Shared
@@ -366,19 +413,55 @@ fn synth_layer(s: &SynthSpec, p: &str, l: usize, t: &mut Add) {
     let a = format!("{p}.self_attn");
     if (l + 1).is_multiple_of(SYNTH_GROUP) {
         t(format!("{a}.q_a_proj.weight"), vec![m.q_lora, h], std(h));
-        t(format!("{a}.q_a_layernorm.weight"), vec![m.q_lora], Fill::NearOne);
-        t(format!("{a}.q_b_proj.weight"), vec![s.heads * m.nope, m.q_lora], std(m.q_lora));
-        t(format!("{a}.kv_a_proj_with_mqa.weight"), vec![m.kv_lora, h], std(h));
-        t(format!("{a}.kv_a_layernorm.weight"), vec![m.kv_lora], Fill::NearOne);
-        t(format!("{a}.kv_b_proj.weight"), vec![s.heads * (m.nope + m.v), m.kv_lora], std(m.kv_lora));
-        t(format!("{a}.o_proj.weight"), vec![h, s.heads * m.v], std(s.heads * m.v));
+        t(
+            format!("{a}.q_a_layernorm.weight"),
+            vec![m.q_lora],
+            Fill::NearOne,
+        );
+        t(
+            format!("{a}.q_b_proj.weight"),
+            vec![s.heads * m.nope, m.q_lora],
+            std(m.q_lora),
+        );
+        t(
+            format!("{a}.kv_a_proj_with_mqa.weight"),
+            vec![m.kv_lora, h],
+            std(h),
+        );
+        t(
+            format!("{a}.kv_a_layernorm.weight"),
+            vec![m.kv_lora],
+            Fill::NearOne,
+        );
+        t(
+            format!("{a}.kv_b_proj.weight"),
+            vec![s.heads * (m.nope + m.v), m.kv_lora],
+            std(m.kv_lora),
+        );
+        t(
+            format!("{a}.o_proj.weight"),
+            vec![h, s.heads * m.v],
+            std(s.heads * m.v),
+        );
         let (x, d) = (format!("{a}.indexer"), m.index_dim);
-        t(format!("{x}.wq_b.weight"), vec![m.index_heads * d, m.q_lora], std(m.q_lora));
+        t(
+            format!("{x}.wq_b.weight"),
+            vec![m.index_heads * d, m.q_lora],
+            std(m.q_lora),
+        );
         t(format!("{x}.wk.weight"), vec![d, h], std(h));
         t(format!("{x}.k_norm.weight"), vec![d], Fill::NearOne);
         t(format!("{x}.k_norm.bias"), vec![d], Fill::Zeros);
-        t(format!("{x}.weights_proj.weight"), vec![m.index_heads, h], std(h));
-        t(format!("{x}.index_kpool_compress_ape"), vec![DEFAULT_KPOOL, d], Fill::Zeros);
+        t(
+            format!("{x}.weights_proj.weight"),
+            vec![m.index_heads, h],
+            std(h),
+        );
+        t(
+            format!("{x}.index_kpool_compress_ape"),
+            vec![DEFAULT_KPOOL, d],
+            Fill::Zeros,
+        );
         t(format!("{x}.index_kpool_compress_gate"), vec![d, h], std(h));
         return;
     }
@@ -387,9 +470,21 @@ fn synth_layer(s: &SynthSpec, p: &str, l: usize, t: &mut Add) {
     for name in ["q_proj", "k_proj", "v_proj"] {
         t(format!("{a}.{name}.weight"), vec![width, h], std(h));
     }
-    t(format!("{a}.conv1d.weight"), vec![3 * width, 1, DEFAULT_KERNEL], std(DEFAULT_KERNEL));
-    t(format!("{a}.forget_gate.f_a_proj.weight"), vec![d, h], std(h));
-    t(format!("{a}.forget_gate.f_b_proj.weight"), vec![width, d], std(d));
+    t(
+        format!("{a}.conv1d.weight"),
+        vec![3 * width, 1, DEFAULT_KERNEL],
+        std(DEFAULT_KERNEL),
+    );
+    t(
+        format!("{a}.forget_gate.f_a_proj.weight"),
+        vec![d, h],
+        std(h),
+    );
+    t(
+        format!("{a}.forget_gate.f_b_proj.weight"),
+        vec![width, d],
+        std(d),
+    );
     t(format!("{a}.forget_gate.A_log"), vec![heads], Fill::Zeros);
     t(format!("{a}.forget_gate.dt_bias"), vec![width], Fill::Zeros);
     t(format!("{a}.b_proj.weight"), vec![heads, h], std(h));
@@ -489,14 +584,23 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.linear, vec![true, true, true, false, true]);
-        assert_eq!((c.kda.k_heads, c.kda.k_dim, c.lower_bound), (4, 16, Some(-5.0)));
+        assert_eq!(
+            (c.kda.k_heads, c.kda.k_dim, c.lower_bound),
+            (4, 16, Some(-5.0))
+        );
         assert_eq!(c.sparse, vec![false, false, false, true, true]);
         assert_eq!((c.kpool, c.tail, c.hyper.streams), (4, true, 4));
         // The safe gate stays on through a null bound when the linear config asks for it.
-        let c = config(r#", "linear_lower_bound": null, "linear_attn_config": {"safe_gate": true}"#)
-            .unwrap();
+        let c =
+            config(r#", "linear_lower_bound": null, "linear_attn_config": {"safe_gate": true}"#)
+                .unwrap();
         assert_eq!(c.lower_bound, Some(-5.0));
-        assert_eq!(config(r#", "linear_lower_bound": null"#).unwrap().lower_bound, None);
+        assert_eq!(
+            config(r#", "linear_lower_bound": null"#)
+                .unwrap()
+                .lower_bound,
+            None
+        );
     }
 
     #[test]

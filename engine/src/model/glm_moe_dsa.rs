@@ -11,16 +11,16 @@ use std::sync::Arc;
 
 use super::config::{ConfigError, RawConfig};
 use super::deepseek_v3::{self, Defaults};
+use super::family::{Family, FamilyConfig, Parsed};
 use super::layers::decoder::Decoder;
 use super::layers::experts::ExpertProvider;
 use super::layers::indexer::{Indexer, IndexerShape};
 use super::layers::mla::SparseKeys;
 use super::layers::rope::Rope;
-use super::{CommonConfig, ModelError};
-use crate::weights::Weights;
-use super::family::{Family, FamilyConfig, Parsed};
 use super::state::{SlotKind, SlotRole, StateLayout};
-use crate::synth::{self, ALL_DTYPES, SynthAttention, DEEPSEEK_MOE, Shape, SynthFamily};
+use super::{CommonConfig, ModelError};
+use crate::synth::{self, ALL_DTYPES, DEEPSEEK_MOE, Shape, SynthAttention, SynthFamily};
+use crate::weights::Weights;
 use serde_json::json;
 
 /// A family built on DeepSeek sparse attention, as its transformers config

@@ -14,20 +14,20 @@
 use std::sync::Arc;
 
 use super::config::{ConfigError, RawConfig};
+use super::family::{Family, FamilyConfig, Parsed, grouped_layout};
 use super::layers::attention::{GqaShape, GroupedQueryAttention};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{Activation, ExpertProvider, ExpertSetup};
-use super::layers::stacked::{self, GateUp, StackedExperts};
 use super::layers::moe::{ExpertBiases, ExpertExtras, MoeBlock};
 use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::{Router, Scoring};
+use super::layers::stacked::{self, GateUp, StackedExperts};
 use super::layers::{Linear, values};
 use super::qwen3_moe::check_heads;
-use super::{CommonConfig, ModelError, assemble};
-use crate::weights::Weights;
-use super::family::{Family, FamilyConfig, Parsed, grouped_layout};
 use super::state::StateLayout;
+use super::{CommonConfig, ModelError, assemble};
 use crate::synth::{Shape, SynthFamily};
+use crate::weights::Weights;
 
 const DEFAULT_ROPE_THETA: f64 = 150_000.0;
 const DEFAULT_RMS_EPS: f64 = 1e-5;

@@ -30,8 +30,7 @@ use super::qwen3_moe::check_heads;
 use super::state::StateLayout;
 use super::{CommonConfig, ModelError, assemble};
 use crate::synth::{
-    Add, FLOAT_DTYPES, PROJ_MOE, QkNorm, Shape, SynthAttention, SynthSpec, experts,
-    grouped,
+    Add, FLOAT_DTYPES, PROJ_MOE, QkNorm, Shape, SynthAttention, SynthSpec, experts, grouped,
 };
 use crate::weights::{Renamed, TensorSource, Weights, respell};
 
@@ -81,7 +80,10 @@ impl Config {
             return Err(raw.unsupported("use_mixed_mlp_moe", false, "true (one shared MLP)"));
         }
         let intermediate_size = raw.positive("intermediate_size")?;
-        for (field, want) in [("moe_intermediate_size", intermediate_size), ("num_shared_expert", 1)] {
+        for (field, want) in [
+            ("moe_intermediate_size", intermediate_size),
+            ("num_shared_expert", 1),
+        ] {
             if let Some(v) = per_layer(raw, field, layers)?
                 && let Some(&other) = v.iter().find(|&&x| x != want)
             {
@@ -93,7 +95,9 @@ impl Config {
         }
         let experts = raw.positive_any(&["num_experts", "num_local_experts"])?;
         let top_k = per_layer(raw, "moe_topk", layers)?
-            .or(raw.usize_any(&["num_experts_per_tok"])?.map(|k| vec![k; layers]))
+            .or(raw
+                .usize_any(&["num_experts_per_tok"])?
+                .map(|k| vec![k; layers]))
             .unwrap_or_else(|| vec![1; layers]);
         if let Some(&k) = top_k.iter().find(|&&k| k == 0 || k > experts) {
             return Err(raw.invalid("moe_topk", format!("{k} is not within 1..={experts}")));
@@ -114,13 +118,19 @@ impl Config {
 
 /// A field given as one number for every layer or as a list of one per
 /// layer; `None` when absent.
-fn per_layer(raw: &RawConfig, field: &str, layers: usize) -> Result<Option<Vec<usize>>, ConfigError> {
+fn per_layer(
+    raw: &RawConfig,
+    field: &str,
+    layers: usize,
+) -> Result<Option<Vec<usize>>, ConfigError> {
     match raw.get(field) {
         None => Ok(None),
         Some(Value::Array(_)) => {
             let list = raw.usize_list(field)?;
             if list.len() != layers {
-                return Err(raw.invalid(field, format!("{} entries for {layers} layers", list.len())));
+                return Err(
+                    raw.invalid(field, format!("{} entries for {layers} layers", list.len()))
+                );
             }
             Ok(Some(list))
         }
@@ -203,7 +213,13 @@ static SYNTH: Shape = Shape {
 /// Layer `l`'s attention and MoE block under Hunyuan's names.
 fn synth_layer(s: &SynthSpec, p: &str, _l: usize, t: &mut Add) {
     let mut named = |name: String, shape: Vec<usize>, fill| t(respell(&name, NAMES), shape, fill);
-    grouped(s, &format!("{p}.self_attn"), QkNorm::PerHead, false, &mut named);
+    grouped(
+        s,
+        &format!("{p}.self_attn"),
+        QkNorm::PerHead,
+        false,
+        &mut named,
+    );
     let moe = crate::synth::Moe {
         shared_experts: true,
         ..PROJ_MOE
@@ -281,7 +297,10 @@ mod tests {
             (r#", "num_shared_expert": [1, 2]"#, "num_shared_expert"),
             (r#", "moe_topk": [2]"#, "moe_topk"),
             (r#", "moe_topk": 5"#, "moe_topk"),
-            (r#", "rope_scaling": {"factor": 2.0, "type": "dynamic"}"#, "rope"),
+            (
+                r#", "rope_scaling": {"factor": 2.0, "type": "dynamic"}"#,
+                "rope",
+            ),
         ] {
             let err = config(extra).unwrap_err().to_string();
             assert!(err.contains(field), "{extra}: {err}");

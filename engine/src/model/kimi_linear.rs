@@ -11,6 +11,7 @@
 use std::sync::Arc;
 
 use super::config::{ConfigError, RawConfig};
+use super::family::{Family, FamilyConfig, Parsed, hybrid_layout};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{
     ExpertNames, ExpertProvider, ExpertSetup, ExpertShape, MIXTRAL_NAMES, PROJ_NAMES,
@@ -20,11 +21,10 @@ use super::layers::mla::{LatentAttention, MlaShape};
 use super::layers::moe::{MoeBlock, SigmoidGroupedMoe};
 use super::layers::rope::{Rope, RopeKind, RopeParams};
 use super::layers::{Linear, Mlp, RmsNorm, Stacked};
-use super::{CommonConfig, ModelError, assemble};
-use crate::weights::Weights;
-use super::family::{Family, FamilyConfig, Parsed, hybrid_layout};
 use super::state::StateLayout;
+use super::{CommonConfig, ModelError, assemble};
 use crate::synth::{Shape, SynthFamily};
+use crate::weights::Weights;
 
 /// Defaults of transformers' `KimiLinearConfig` for fields a config may omit.
 const DEFAULT_RMS_EPS: f64 = 1e-5;
@@ -290,7 +290,13 @@ pub fn build(
         let lw = w.pp(format_args!("model.layers.{i}"));
         let aw = lw.pp("self_attn");
         let attention = if c.linear_layers[i] {
-            Attention::Linear(Box::new(load_kda(&aw, h, c.linear, c.common.rms_norm_eps, None)?))
+            Attention::Linear(Box::new(load_kda(
+                &aw,
+                h,
+                c.linear,
+                c.common.rms_norm_eps,
+                None,
+            )?))
         } else {
             Attention::Latent(LatentAttention::load(&aw, &c.mla, &rope, scale)?)
         };

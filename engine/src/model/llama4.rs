@@ -77,19 +77,28 @@ impl Config {
         let common = CommonConfig::parse(raw, DEFAULT_RMS_EPS)?;
         let layers = common.num_layers;
         let heads = raw.positive("num_attention_heads")?;
-        let kv_heads = raw
-            .usize_any(&["num_key_value_heads"])?
-            .unwrap_or(if raw.has("num_key_value_heads") { heads } else { DEFAULT_KV_HEADS });
+        let kv_heads =
+            raw.usize_any(&["num_key_value_heads"])?
+                .unwrap_or(if raw.has("num_key_value_heads") {
+                    heads
+                } else {
+                    DEFAULT_KV_HEADS
+                });
         check_heads(raw, heads, kv_heads)?;
         let head_dim = match raw.usize_any(&["head_dim"])? {
             Some(d) => d,
             None if raw.has("head_dim") => common.hidden_size / heads,
             None => DEFAULT_HEAD_DIM,
         };
-        let experts = raw.usize_any(&["num_local_experts"])?.unwrap_or(DEFAULT_EXPERTS);
+        let experts = raw
+            .usize_any(&["num_local_experts"])?
+            .unwrap_or(DEFAULT_EXPERTS);
         let top_k = raw.usize_any(&["num_experts_per_tok"])?.unwrap_or(1);
         if top_k == 0 || top_k > experts {
-            return Err(raw.invalid("num_experts_per_tok", format!("{top_k} is not within 1..={experts}")));
+            return Err(raw.invalid(
+                "num_experts_per_tok",
+                format!("{top_k} is not within 1..={experts}"),
+            ));
         }
         let sparse = moe_layers(raw, layers)?;
         let rope_layers: Vec<bool> = match raw.usize_list("no_rope_layers")? {
@@ -98,7 +107,9 @@ impl Config {
                     .usize_any(&["no_rope_layer_interval"])?
                     .unwrap_or(DEFAULT_NO_ROPE_INTERVAL)
                     .max(1);
-                (0..layers).map(|i| !(i + 1).is_multiple_of(interval)).collect()
+                (0..layers)
+                    .map(|i| !(i + 1).is_multiple_of(interval))
+                    .collect()
             }
             list if list.len() >= layers => list[..layers].iter().map(|&r| r != 0).collect(),
             list => {
@@ -130,7 +141,9 @@ impl Config {
             kv_heads,
             head_dim,
             attention_bias: raw.bool_or("attention_bias", false)?,
-            intermediate_size: raw.usize_any(&["intermediate_size"])?.unwrap_or(DEFAULT_INTERMEDIATE),
+            intermediate_size: raw
+                .usize_any(&["intermediate_size"])?
+                .unwrap_or(DEFAULT_INTERMEDIATE),
             intermediate_size_mlp: raw
                 .usize_any(&["intermediate_size_mlp"])?
                 .unwrap_or(DEFAULT_INTERMEDIATE_MLP),
@@ -196,7 +209,9 @@ fn chunked_layers(
             "full_attention" => Ok(false),
             "chunked_attention" if chunk.is_some() => Ok(true),
             "chunked_attention" => Err(raw.missing("attention_chunk_size")),
-            other => Err(raw.unsupported("layer_types", other, "chunked_attention, full_attention")),
+            other => {
+                Err(raw.unsupported("layer_types", other, "chunked_attention, full_attention"))
+            }
         })
         .collect()
 }
@@ -243,7 +258,13 @@ pub fn build(
         } else {
             FeedForward::Dense(Mlp::load(&fw, h, c.intermediate_size_mlp)?)
         };
-        layers.push(DecoderLayer::load(&lw, h, eps, Attention::Grouped(attention), ffn)?);
+        layers.push(DecoderLayer::load(
+            &lw,
+            h,
+            eps,
+            Attention::Grouped(attention),
+            ffn,
+        )?);
     }
     assemble(&c.common, w, layers, rope, experts)
 }
@@ -295,14 +316,35 @@ static SYNTH: Shape = Shape {
 fn synth_layer(s: &SynthSpec, p: &str, _l: usize, t: &mut Add) {
     let (h, i, e) = (s.hidden, s.moe_intermediate, s.experts);
     let std = |fan_in: usize| Fill::Uniform(1.0 / (fan_in as f32).sqrt());
-    grouped(s, &format!("{p}.self_attn"), crate::synth::QkNorm::None, false, t);
+    grouped(
+        s,
+        &format!("{p}.self_attn"),
+        crate::synth::QkNorm::None,
+        false,
+        t,
+    );
     let f = format!("{p}.feed_forward");
     let popularity = crate::synth::popularity(e, s.zipf);
-    t(format!("{f}.router.weight"), vec![e, h], Fill::Router { std: 1.0 / (h as f32).sqrt(), popularity });
+    t(
+        format!("{f}.router.weight"),
+        vec![e, h],
+        Fill::Router {
+            std: 1.0 / (h as f32).sqrt(),
+            popularity,
+        },
+    );
     for (name, rows, cols) in [("gate_proj", i, h), ("up_proj", i, h), ("down_proj", h, i)] {
-        t(format!("{f}.shared_expert.{name}.weight"), vec![rows, cols], std(cols));
+        t(
+            format!("{f}.shared_expert.{name}.weight"),
+            vec![rows, cols],
+            std(cols),
+        );
     }
-    t(format!("{f}.experts.gate_up_proj"), vec![e, h, 2 * i], std(h));
+    t(
+        format!("{f}.experts.gate_up_proj"),
+        vec![e, h, 2 * i],
+        std(h),
+    );
     t(format!("{f}.experts.down_proj"), vec![e, i, h], std(i));
 }
 
@@ -349,7 +391,10 @@ mod tests {
     #[test]
     fn defaults_follow_llama4_text_config() {
         let c = config("").unwrap();
-        assert_eq!((c.kv_heads, c.head_dim, c.experts, c.top_k), (8, 128, 16, 1));
+        assert_eq!(
+            (c.kv_heads, c.head_dim, c.experts, c.top_k),
+            (8, 128, 16, 1)
+        );
         let nope = [false, false, false, true, false, false, false, true];
         assert_eq!(c.rope_layers, nope.map(|n| !n));
         assert_eq!(c.chunked, c.rope_layers);

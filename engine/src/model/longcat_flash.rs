@@ -31,7 +31,9 @@ use super::layers::router::{Router, Scoring};
 use super::layers::{Linear, Mlp, RmsNorm};
 use super::state::{SlotKind, StateLayout};
 use super::{CommonConfig, ModelError, assemble};
-use crate::synth::{Add, FLOAT_DTYPES, Fill, MlaDims, Shape, SynthAttention, SynthSpec, popularity};
+use crate::synth::{
+    Add, FLOAT_DTYPES, Fill, MlaDims, Shape, SynthAttention, SynthSpec, popularity,
+};
 use crate::weights::Weights;
 
 /// `LongcatFlashConfig`'s defaults.
@@ -71,7 +73,10 @@ impl Config {
             None => raw.positive("num_hidden_layers")? / SUBLAYERS,
         };
         // The common fields count layers, not sublayers.
-        let common = CommonConfig::parse(&raw.with("num_hidden_layers", json!(layers)), DEFAULT_RMS_EPS)?;
+        let common = CommonConfig::parse(
+            &raw.with("num_hidden_layers", json!(layers)),
+            DEFAULT_RMS_EPS,
+        )?;
         if common.num_layers == 0 {
             return Err(raw.invalid("num_layers", "must be positive"));
         }
@@ -81,15 +86,22 @@ impl Config {
             return Err(raw.unsupported("zero_expert_type", kind, "identity"));
         }
         let heads = raw.positive("num_attention_heads")?;
-        let experts = raw.usize_any(&["n_routed_experts", "num_local_experts"])?.unwrap_or(DEFAULT_EXPERTS);
+        let experts = raw
+            .usize_any(&["n_routed_experts", "num_local_experts"])?
+            .unwrap_or(DEFAULT_EXPERTS);
         let zero_experts = match raw.get("zero_expert_num") {
             Some(_) => raw.usize_req("zero_expert_num")?,
             None if raw.has("zero_expert_num") => 0,
             None => DEFAULT_ZERO_EXPERTS,
         };
-        let top_k = raw.usize_any(&["moe_topk", "num_experts_per_tok"])?.unwrap_or(DEFAULT_TOP_K);
+        let top_k = raw
+            .usize_any(&["moe_topk", "num_experts_per_tok"])?
+            .unwrap_or(DEFAULT_TOP_K);
         if top_k == 0 || top_k > experts + zero_experts {
-            return Err(raw.invalid("moe_topk", format!("{top_k} of {} experts", experts + zero_experts)));
+            return Err(raw.invalid(
+                "moe_topk",
+                format!("{top_k} of {} experts", experts + zero_experts),
+            ));
         }
         Ok(Self {
             mla: MlaShape {
@@ -97,14 +109,19 @@ impl Config {
                 heads,
                 q_lora_rank: Some(raw.usize_any(&["q_lora_rank"])?.unwrap_or(DEFAULT_Q_LORA)),
                 kv_lora_rank: raw.usize_any(&["kv_lora_rank"])?.unwrap_or(DEFAULT_KV_LORA),
-                nope: raw.usize_any(&["qk_nope_head_dim"])?.unwrap_or(DEFAULT_NOPE),
-                rope: raw.usize_any(&["qk_rope_head_dim"])?.unwrap_or(DEFAULT_ROPE),
+                nope: raw
+                    .usize_any(&["qk_nope_head_dim"])?
+                    .unwrap_or(DEFAULT_NOPE),
+                rope: raw
+                    .usize_any(&["qk_rope_head_dim"])?
+                    .unwrap_or(DEFAULT_ROPE),
                 v: raw.usize_any(&["v_head_dim"])?.unwrap_or(DEFAULT_V),
                 bias: raw.bool_or("attention_bias", false)?,
                 eps: LATENT_NORM_EPS,
             },
             ffn_hidden_size: raw.positive_any(&["ffn_hidden_size", "intermediate_size"])?,
-            expert_ffn_hidden_size: raw.positive_any(&["expert_ffn_hidden_size", "moe_intermediate_size"])?,
+            expert_ffn_hidden_size: raw
+                .positive_any(&["expert_ffn_hidden_size", "moe_intermediate_size"])?,
             experts,
             zero_experts,
             top_k,
@@ -117,7 +134,12 @@ impl Config {
 
 /// Sublayer `j`'s latent attention under `aw` (`self_attn.j`), the LoRA
 /// scales folded into its latent norms.
-fn load_mla(c: &Config, aw: &Weights, rope: &Rope, scale: f64) -> Result<LatentAttention, ModelError> {
+fn load_mla(
+    c: &Config,
+    aw: &Weights,
+    rope: &Rope,
+    scale: f64,
+) -> Result<LatentAttention, ModelError> {
     let mut mla = LatentAttention::load(aw, &c.mla, rope, scale)?;
     let h = c.common.hidden_size as f64;
     if let QueryProjection::LowRank { norm, .. } = &mut mla.q {
@@ -165,7 +187,9 @@ pub fn build(
     let h = c.common.hidden_size;
     let eps = c.common.rms_norm_eps;
     let rope = Rope::new(&c.rope, c.mla.rope, true);
-    let scale = c.rope.mla_softmax_scale(1.0 / ((c.mla.nope + c.mla.rope) as f64).sqrt());
+    let scale = c
+        .rope
+        .mla_softmax_scale(1.0 / ((c.mla.nope + c.mla.rope) as f64).sqrt());
     let mut experts = ExpertSetup::new(experts);
     let mut layers = Vec::with_capacity(SUBLAYERS * c.common.num_layers);
     for i in 0..c.common.num_layers {
@@ -190,7 +214,12 @@ pub fn build(
             layers.push(DecoderLayer {
                 input_norm: RmsNorm::load(&lw.pp("input_layernorm"), &j.to_string(), h, eps)?,
                 attention: Attention::Latent(attention),
-                post_attention_norm: RmsNorm::load(&lw.pp("post_attention_layernorm"), &j.to_string(), h, eps)?,
+                post_attention_norm: RmsNorm::load(
+                    &lw.pp("post_attention_layernorm"),
+                    &j.to_string(),
+                    h,
+                    eps,
+                )?,
                 ffn,
                 hyper: None,
             });
@@ -239,24 +268,71 @@ fn synth_layer(s: &SynthSpec, p: &str, _l: usize, t: &mut Add) {
         let a = format!("{p}.self_attn.{j}");
         let qk = m.nope + m.rope;
         t(format!("{a}.q_a_proj.weight"), vec![m.q_lora, h], std(h));
-        t(format!("{a}.q_a_layernorm.weight"), vec![m.q_lora], Fill::NearOne);
-        t(format!("{a}.q_b_proj.weight"), vec![s.heads * qk, m.q_lora], std(m.q_lora));
-        t(format!("{a}.kv_a_proj_with_mqa.weight"), vec![m.kv_lora + m.rope, h], std(h));
-        t(format!("{a}.kv_a_layernorm.weight"), vec![m.kv_lora], Fill::NearOne);
-        t(format!("{a}.kv_b_proj.weight"), vec![s.heads * (m.nope + m.v), m.kv_lora], std(m.kv_lora));
-        t(format!("{a}.o_proj.weight"), vec![h, s.heads * m.v], std(s.heads * m.v));
+        t(
+            format!("{a}.q_a_layernorm.weight"),
+            vec![m.q_lora],
+            Fill::NearOne,
+        );
+        t(
+            format!("{a}.q_b_proj.weight"),
+            vec![s.heads * qk, m.q_lora],
+            std(m.q_lora),
+        );
+        t(
+            format!("{a}.kv_a_proj_with_mqa.weight"),
+            vec![m.kv_lora + m.rope, h],
+            std(h),
+        );
+        t(
+            format!("{a}.kv_a_layernorm.weight"),
+            vec![m.kv_lora],
+            Fill::NearOne,
+        );
+        t(
+            format!("{a}.kv_b_proj.weight"),
+            vec![s.heads * (m.nope + m.v), m.kv_lora],
+            std(m.kv_lora),
+        );
+        t(
+            format!("{a}.o_proj.weight"),
+            vec![h, s.heads * m.v],
+            std(s.heads * m.v),
+        );
         let i = s.dense_intermediate;
         for (name, rows, cols) in [("gate_proj", i, h), ("up_proj", i, h), ("down_proj", h, i)] {
-            t(format!("{p}.mlps.{j}.{name}.weight"), vec![rows, cols], std(cols));
+            t(
+                format!("{p}.mlps.{j}.{name}.weight"),
+                vec![rows, cols],
+                std(cols),
+            );
         }
-        t(format!("{p}.input_layernorm.{j}.weight"), vec![h], Fill::NearOne);
-        t(format!("{p}.post_attention_layernorm.{j}.weight"), vec![h], Fill::NearOne);
+        t(
+            format!("{p}.input_layernorm.{j}.weight"),
+            vec![h],
+            Fill::NearOne,
+        );
+        t(
+            format!("{p}.post_attention_layernorm.{j}.weight"),
+            vec![h],
+            Fill::NearOne,
+        );
     }
     let scored = s.experts + s.experts / 2;
     let mut pop = popularity(s.experts, s.zipf);
     pop.resize(scored, 1.0);
-    t(format!("{p}.mlp.router.classifier.weight"), vec![scored, h], Fill::Router { std: 1.0 / (h as f32).sqrt(), popularity: pop });
-    t(format!("{p}.mlp.router.e_score_correction_bias"), vec![scored], Fill::Zeros);
+    t(
+        format!("{p}.mlp.router.classifier.weight"),
+        vec![scored, h],
+        Fill::Router {
+            std: 1.0 / (h as f32).sqrt(),
+            popularity: pop,
+        },
+    );
+    t(
+        format!("{p}.mlp.router.e_score_correction_bias"),
+        vec![scored],
+        Fill::Zeros,
+    );
     let i = s.moe_intermediate;
     for e in 0..s.experts {
         let x = format!("{p}.mlp.experts.{e}");
@@ -273,9 +349,11 @@ impl FamilyConfig for Config {
 
     /// Two latent caches a layer, one per sublayer.
     fn state_layout(&self) -> StateLayout {
-        StateLayout::layers((0..SUBLAYERS * self.common.num_layers).map(|_| SlotKind::Appending {
-            per_position: self.mla.kv_lora_rank + self.mla.rope,
-        }))
+        StateLayout::layers(
+            (0..SUBLAYERS * self.common.num_layers).map(|_| SlotKind::Appending {
+                per_position: self.mla.kv_lora_rank + self.mla.rope,
+            }),
+        )
     }
 
     fn build(
@@ -310,12 +388,17 @@ mod tests {
             Config::parse(&raw)
         };
         let c = parse(r#", "num_layers": 3, "zero_expert_num": null"#).unwrap();
-        assert_eq!((c.common.num_layers, c.zero_experts, c.experts), (3, 0, 512));
+        assert_eq!(
+            (c.common.num_layers, c.zero_experts, c.experts),
+            (3, 0, 512)
+        );
         assert_eq!(c.state_layout().len(), 6);
         let c = parse(r#", "num_hidden_layers": 4"#).unwrap();
         assert_eq!((c.common.num_layers, c.zero_experts, c.top_k), (2, 256, 12));
         assert_eq!((c.mla.eps, c.scaling), (LATENT_NORM_EPS, 6.0));
-        let err = parse(r#", "num_layers": 2, "zero_expert_type": "zero""#).unwrap_err().to_string();
+        let err = parse(r#", "num_layers": 2, "zero_expert_type": "zero""#)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("zero_expert_type"), "{err}");
     }
 }

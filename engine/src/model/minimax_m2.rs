@@ -14,6 +14,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::config::{ConfigError, RawConfig};
+use super::family::{Family, FamilyConfig, Parsed, grouped_layout};
 use super::layers::attention::{GqaShape, GroupedQueryAttention};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, MIXTRAL_NAMES};
@@ -22,11 +23,12 @@ use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::Scoring;
 use super::mixtral::moe_block;
 use super::qwen3_moe::check_heads;
-use super::{CommonConfig, ModelError, assemble};
-use crate::weights::Weights;
-use super::family::{Family, FamilyConfig, Parsed, grouped_layout};
 use super::state::StateLayout;
-use crate::synth::{ALL_DTYPES, SynthAttention, MIXTRAL_MOE, Moe, QkNorm, RouterBias, Shape, SynthFamily};
+use super::{CommonConfig, ModelError, assemble};
+use crate::synth::{
+    ALL_DTYPES, MIXTRAL_MOE, Moe, QkNorm, RouterBias, Shape, SynthAttention, SynthFamily,
+};
+use crate::weights::Weights;
 use serde_json::json;
 
 const DEFAULT_ROPE_THETA: f64 = 5_000_000.0;
@@ -103,7 +105,10 @@ fn refuse_other_variants(raw: &RawConfig) -> Result<(), ConfigError> {
             return Err(raw.unsupported(key, got, &want.to_string()));
         }
     }
-    if let Some(n) = raw.usize_any(&["shared_intermediate_size"])?.filter(|&n| n > 0) {
+    if let Some(n) = raw
+        .usize_any(&["shared_intermediate_size"])?
+        .filter(|&n| n > 0)
+    {
         return Err(raw.unsupported("shared_intermediate_size", n, "0 (no shared expert)"));
     }
     if let Some(Value::Array(types)) = raw.get("attn_type_list")

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use super::config::{ConfigError, RawConfig};
+use super::family::{Family, FamilyConfig, Parsed, grouped_layout};
 use super::layers::attention::{GqaShape, GroupedQueryAttention};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, MIXTRAL_NAMES};
@@ -11,11 +12,10 @@ use super::layers::moe::MoeBlock;
 use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::Scoring;
 use super::qwen3_moe::check_heads;
-use super::{CommonConfig, ModelError, assemble};
-use crate::weights::Weights;
-use super::family::{Family, FamilyConfig, Parsed, grouped_layout};
 use super::state::StateLayout;
-use crate::synth::{ALL_DTYPES, SynthAttention, MIXTRAL_MOE, QkNorm, Shape, SynthFamily};
+use super::{CommonConfig, ModelError, assemble};
+use crate::synth::{ALL_DTYPES, MIXTRAL_MOE, QkNorm, Shape, SynthAttention, SynthFamily};
+use crate::weights::Weights;
 use serde_json::json;
 
 const DEFAULT_ROPE_THETA: f64 = 1_000_000.0;

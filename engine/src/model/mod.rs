@@ -17,10 +17,10 @@ pub mod glm_moe_dsa;
 pub mod gpt_oss;
 pub mod hunyuan_v1_moe;
 pub mod kimi_linear;
-pub mod llama4;
-pub mod longcat_flash;
 pub mod layers;
+pub mod llama4;
 pub mod lockstep;
+pub mod longcat_flash;
 pub mod minimax_m2;
 pub mod mixtral;
 pub mod quantization;
@@ -186,7 +186,12 @@ impl ModelSpec {
         if self.nested_language_model {
             prefixes.push("model.language_model.".to_string());
         }
-        prefixes.extend(self.config.extra_layer_prefixes().iter().map(|p| p.to_string()));
+        prefixes.extend(
+            self.config
+                .extra_layer_prefixes()
+                .iter()
+                .map(|p| p.to_string()),
+        );
         DecoderNames {
             prefixes,
             layers: self.common().num_layers,

@@ -272,7 +272,10 @@ mod tests {
         let err = parse_json(json!({ "quantization_config": v4, "expert_dtype": "int2" }))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("expert_dtype") && err.contains("int2"), "{err}");
+        assert!(
+            err.contains("expert_dtype") && err.contains("int2"),
+            "{err}"
+        );
         for (config, names) in [
             (json!({ "quant_method": "gptq", "bits": 4 }), "gptq"),
             (
@@ -410,11 +413,31 @@ mod tests {
             Some(Quantization::Fp8Scaled)
         );
         let edits: [(&str, Value, &str); 5] = [
-            ("/config_groups/group_0/weights/strategy", "group".into(), "strategy"),
-            ("/config_groups/group_0/weights/num_bits", 4.into(), "num_bits"),
-            ("/config_groups/group_0/input_activations/type", "int".into(), "input_activations"),
-            ("/config_groups/group_1/weights/block_structure", json!([64, 64]), "block_structure"),
-            ("/config_groups/group_0/output_activations", json!({ "num_bits": 8 }), "output_activations"),
+            (
+                "/config_groups/group_0/weights/strategy",
+                "group".into(),
+                "strategy",
+            ),
+            (
+                "/config_groups/group_0/weights/num_bits",
+                4.into(),
+                "num_bits",
+            ),
+            (
+                "/config_groups/group_0/input_activations/type",
+                "int".into(),
+                "input_activations",
+            ),
+            (
+                "/config_groups/group_1/weights/block_structure",
+                json!([64, 64]),
+                "block_structure",
+            ),
+            (
+                "/config_groups/group_0/output_activations",
+                json!({ "num_bits": 8 }),
+                "output_activations",
+            ),
         ];
         for (pointer, value, names) in edits {
             let mut q = fp8_channel();

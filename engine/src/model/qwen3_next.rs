@@ -14,6 +14,7 @@
 use std::sync::Arc;
 
 use super::config::{ConfigError, RawConfig};
+use super::family::{Family, FamilyConfig, Parsed};
 use super::layers::attention::{GqaShape, GroupedQueryAttention};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
@@ -22,11 +23,10 @@ use super::layers::moe::MoeBlock;
 use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::Scoring;
 use super::layers::{Linear, Mlp, RmsNorm, Stacked};
+use super::state::{SlotKind, StateLayout};
 use super::{CommonConfig, ModelError};
 use crate::kernels::Matrix;
 use crate::weights::Weights;
-use super::family::{Family, FamilyConfig, Parsed};
-use super::state::{SlotKind, StateLayout};
 
 const DEFAULT_ROPE_THETA: f64 = 10_000.0;
 const DEFAULT_RMS_EPS: f64 = 1e-6;
@@ -277,7 +277,9 @@ pub fn build(
         } else {
             FeedForward::Dense(Mlp::load(&mw, h, c.intermediate_size)?)
         };
-        layers.push(DecoderLayer::load_offset(&lw, h, eps, CENTRED, attention, ffn)?);
+        layers.push(DecoderLayer::load_offset(
+            &lw, h, eps, CENTRED, attention, ffn,
+        )?);
     }
     let mut decoder = super::assemble(&c.common, w, layers, rope, experts)?;
     decoder.norm = RmsNorm::load_offset(&w.pp("model"), "norm", h, eps, CENTRED)?;

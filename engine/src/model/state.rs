@@ -82,7 +82,9 @@ impl StateLayout {
         self.slots
             .iter()
             .position(|(r, _)| *r == role)
-            .ok_or(ModelError::Internal("a layer asked for a state slot its layout lacks"))
+            .ok_or(ModelError::Internal(
+                "a layer asked for a state slot its layout lacks",
+            ))
     }
 
     pub fn len(&self) -> usize {
@@ -247,7 +249,9 @@ impl SequenceState {
     pub fn recurrent_state(&self, slot: usize) -> Result<&[f32], ModelError> {
         match self.layers.get(slot) {
             Some(LayerState::Recurrent { state, .. }) => Ok(state),
-            _ => Err(ModelError::Internal("recurrent state asked of another slot")),
+            _ => Err(ModelError::Internal(
+                "recurrent state asked of another slot",
+            )),
         }
     }
 

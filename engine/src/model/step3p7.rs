@@ -100,7 +100,9 @@ impl Config {
         }
         let common = CommonConfig::parse(&raw.without("hidden_act"), DEFAULT_RMS_EPS)?;
         let layers = common.num_layers;
-        let mtp = raw.usize_any(&["num_nextn_predict_layers", "num_mtp_layers"])?.unwrap_or(0);
+        let mtp = raw
+            .usize_any(&["num_nextn_predict_layers", "num_mtp_layers"])?
+            .unwrap_or(0);
         if raw.bool_or("use_bidirectional_attention", false)? {
             return Err(raw.unsupported("use_bidirectional_attention", true, "false"));
         }
@@ -127,7 +129,11 @@ impl Config {
                 .map(|t| match t.as_str() {
                     "full_attention" => Ok(false),
                     "sliding_attention" => Ok(true),
-                    other => Err(raw.unsupported("layer_types", other, "full_attention, sliding_attention")),
+                    other => Err(raw.unsupported(
+                        "layer_types",
+                        other,
+                        "full_attention, sliding_attention",
+                    )),
                 })
                 .collect::<Result<_, _>>()?,
         };
@@ -205,7 +211,10 @@ fn numbers(raw: &RawConfig, field: &str) -> Result<Option<Vec<Option<f64>>>, Con
             .iter()
             .map(|v| match v {
                 Value::Null => Ok(None),
-                v => v.as_f64().map(Some).ok_or_else(|| raw.invalid(field, "expected numbers")),
+                v => v
+                    .as_f64()
+                    .map(Some)
+                    .ok_or_else(|| raw.invalid(field, "expected numbers")),
             })
             .collect::<Result<Vec<_>, _>>()
             .map(Some),
@@ -214,7 +223,12 @@ fn numbers(raw: &RawConfig, field: &str) -> Result<Option<Vec<Option<f64>>>, Con
 }
 
 /// Per layer, a clamp bound: 0 and `null` mean none.
-fn limits(raw: &RawConfig, field: &str, layers: usize, mtp: usize) -> Result<Vec<Option<f32>>, ConfigError> {
+fn limits(
+    raw: &RawConfig,
+    field: &str,
+    layers: usize,
+    mtp: usize,
+) -> Result<Vec<Option<f32>>, ConfigError> {
     let Some(list) = numbers(raw, field)? else {
         return Ok(vec![None; layers]);
     };
@@ -249,7 +263,11 @@ fn sparse_layers(raw: &RawConfig, layers: usize, mtp: usize) -> Result<Vec<bool>
         Some(_) => Some(raw.usize_list("moe_layers_enum")?),
     };
     Ok((0..layers)
-        .map(|i| listed.as_ref().map_or(i >= DEFAULT_FIRST_SPARSE, |l| l.contains(&i)))
+        .map(|i| {
+            listed
+                .as_ref()
+                .map_or(i >= DEFAULT_FIRST_SPARSE, |l| l.contains(&i))
+        })
         .collect())
 }
 
@@ -257,7 +275,11 @@ fn sparse_layers(raw: &RawConfig, layers: usize, mtp: usize) -> Result<Vec<bool>
 /// the release's `rope_theta` (one, or one per layer) and
 /// `partial_rotary_factors`, from the first layer of each type, with
 /// `rope_scaling` on full layers.
-fn ropes(raw: &RawConfig, sliding: &[bool], mtp: usize) -> Result<(RopeParams, RopeParams), ConfigError> {
+fn ropes(
+    raw: &RawConfig,
+    sliding: &[bool],
+    mtp: usize,
+) -> Result<(RopeParams, RopeParams), ConfigError> {
     let per_type = raw.get("rope_parameters").and_then(Value::as_object);
     let layers = sliding.len();
     // One `rope_theta` for every layer, or a list of one per layer.
@@ -272,8 +294,15 @@ fn ropes(raw: &RawConfig, sliding: &[bool], mtp: usize) -> Result<(RopeParams, R
         None => None,
     };
     let rope_for = |kind: &str, is_sliding: bool| -> Result<RopeParams, ConfigError> {
-        if let Some(p) = per_type.and_then(|m| m.get(kind)).and_then(Value::as_object) {
-            return raw.rope_from(&format!("rope_parameters.{kind}"), p.clone(), DEFAULT_ROPE_THETA);
+        if let Some(p) = per_type
+            .and_then(|m| m.get(kind))
+            .and_then(Value::as_object)
+        {
+            return raw.rope_from(
+                &format!("rope_parameters.{kind}"),
+                p.clone(),
+                DEFAULT_ROPE_THETA,
+            );
         }
         let first = sliding.iter().position(|&s| s == is_sliding).unwrap_or(0);
         let mut params = Map::new();
@@ -282,8 +311,14 @@ fn ropes(raw: &RawConfig, sliding: &[bool], mtp: usize) -> Result<(RopeParams, R
             Some(t) => t.get(first).copied().flatten(),
             None => raw.f64_opt("rope_theta")?,
         };
-        params.insert("rope_theta".into(), json!(theta.unwrap_or(DEFAULT_ROPE_THETA)));
-        if let Some(f) = factors.as_ref().and_then(|f| f.get(first).copied().flatten()) {
+        params.insert(
+            "rope_theta".into(),
+            json!(theta.unwrap_or(DEFAULT_ROPE_THETA)),
+        );
+        if let Some(f) = factors
+            .as_ref()
+            .and_then(|f| f.get(first).copied().flatten())
+        {
             params.insert("partial_rotary_factor".into(), json!(f));
         }
         if !is_sliding && let Some(Value::Object(scaling)) = raw.get("rope_scaling") {
@@ -294,7 +329,10 @@ fn ropes(raw: &RawConfig, sliding: &[bool], mtp: usize) -> Result<(RopeParams, R
         }
         raw.rope_from("rope_scaling", params, DEFAULT_ROPE_THETA)
     };
-    Ok((rope_for("full_attention", false)?, rope_for("sliding_attention", true)?))
+    Ok((
+        rope_for("full_attention", false)?,
+        rope_for("sliding_attention", true)?,
+    ))
 }
 
 /// An MLP with Step's clamp, where the layer has one.
@@ -327,7 +365,11 @@ pub fn build(
             qk_norm_eps: Some(eps),
             centred_norms: true,
             window: c.sliding_window.filter(|_| c.sliding[i]),
-            head_gate: Some(if c.gate_per_head { heads } else { heads * c.head_dim }),
+            head_gate: Some(if c.gate_per_head {
+                heads
+            } else {
+                heads * c.head_dim
+            }),
             softmax_scale: Some(1.0 / c.query_pre_attn_scalar.sqrt()),
             own_rope: true,
             ..GqaShape::new(h, heads, c.kv_heads, c.head_dim)
@@ -342,7 +384,10 @@ pub fn build(
                 intermediate: c.moe_intermediate_size,
             };
             experts.add_layer(&mw, PROJ_NAMES, i, shape)?;
-            let bias = mw.pp("gate").get("e_score_correction_bias", &[c.experts])?.to_vec1()?;
+            let bias = mw
+                .pp("gate")
+                .get("e_score_correction_bias", &[c.experts])?
+                .to_vec1()?;
             let scoring = Scoring::SigmoidGrouped {
                 correction_bias: bias,
                 n_group: 1,
@@ -351,16 +396,29 @@ pub fn build(
                 scaling: c.scaling as f32,
             };
             let shared = Mlp::load(&mw.pp("shared_experts"), h, c.share_expert_dim)?;
-            let mut moe = MoeBlock::load(&mw, i, h, c.experts, c.top_k, scoring, Some(clamped(shared, shared_limit)))?;
+            let mut moe = MoeBlock::load(
+                &mw,
+                i,
+                h,
+                c.experts,
+                c.top_k,
+                scoring,
+                Some(clamped(shared, shared_limit)),
+            )?;
             if let Some(limit) = c.limits[i] {
                 moe.extras.activation = Activation::SiluClamped { limit };
             }
             FeedForward::Sparse(moe)
         } else {
-            FeedForward::Dense(clamped(Mlp::load(&mw, h, c.intermediate_size)?, shared_limit))
+            FeedForward::Dense(clamped(
+                Mlp::load(&mw, h, c.intermediate_size)?,
+                shared_limit,
+            ))
         };
         let attention = Attention::Grouped(attention);
-        layers.push(DecoderLayer::load_offset(&lw, h, eps, CENTRED, attention, ffn)?);
+        layers.push(DecoderLayer::load_offset(
+            &lw, h, eps, CENTRED, attention, ffn,
+        )?);
     }
     let mut decoder = assemble(&c.common, w, layers, full_rope, experts)?;
     decoder.norm = RmsNorm::load_offset(&w.pp("model"), "norm", h, eps, CENTRED)?;
@@ -412,7 +470,11 @@ fn synth_attention(s: &crate::synth::SynthSpec, p: &str, _l: usize, t: &mut crat
     let a = format!("{p}.self_attn");
     crate::synth::grouped(s, &a, QkNorm::PerHead, false, t);
     let std = 1.0 / (s.hidden as f32).sqrt();
-    t(format!("{a}.g_proj.weight"), vec![s.heads, s.hidden], crate::synth::Fill::Uniform(std));
+    t(
+        format!("{a}.g_proj.weight"),
+        vec![s.heads, s.hidden],
+        crate::synth::Fill::Uniform(std),
+    );
 }
 
 impl FamilyConfig for Config {
@@ -466,13 +528,20 @@ mod tests {
 
     #[test]
     fn the_release_legacy_fields_read_as_transformers_reads_them() {
-        let c = Config::parse(&RawConfig::parse(Path::new("config.json"), RELEASED).unwrap()).unwrap();
+        let c =
+            Config::parse(&RawConfig::parse(Path::new("config.json"), RELEASED).unwrap()).unwrap();
         assert_eq!((c.heads, c.sliding_heads, c.kv_heads), (4, 6, 2));
         assert_eq!(c.sliding, vec![false, true, true, true, false]);
         assert_eq!(c.sparse, vec![false, false, true, true, true]);
-        assert_eq!((c.rope_full.theta, c.rope_full.partial_rotary_factor), (5e6, 0.5));
+        assert_eq!(
+            (c.rope_full.theta, c.rope_full.partial_rotary_factor),
+            (5e6, 0.5)
+        );
         assert!(matches!(c.rope_full.kind, RopeKind::Llama3 { .. }));
-        assert_eq!((c.rope_sliding.theta, c.rope_sliding.kind.clone()), (1e4, RopeKind::Default));
+        assert_eq!(
+            (c.rope_sliding.theta, c.rope_sliding.kind.clone()),
+            (1e4, RopeKind::Default)
+        );
         assert_eq!(c.limits, vec![None, None, None, Some(7.0), Some(7.0)]);
         assert_eq!(c.shared_limits[4], Some(16.0));
         assert_eq!(c.query_pre_attn_scalar, 16.0);

@@ -11,8 +11,7 @@ use super::manifest::Manifest;
 use crate::weights::SafetensorsFile;
 
 /// config.json keys naming the experts each token is routed to, by family.
-const EXPERTS_PER_TOKEN_KEYS: [&str; 3] =
-    ["num_experts_per_tok", "experts_per_token", "moe_topk"];
+const EXPERTS_PER_TOKEN_KEYS: [&str; 3] = ["num_experts_per_tok", "experts_per_token", "moe_topk"];
 /// Matrices in one expert record: gate, up and down.
 const MATRICES_PER_EXPERT: u64 = 3;
 
@@ -53,12 +52,11 @@ pub struct DriveShare {
 /// The details of the pack at `dir` whose manifest is `manifest`; `None`
 /// when its config cannot be read.
 pub fn describe(dir: &Path, manifest: &Manifest) -> Option<PackDetails> {
-    let config: serde_json::Value =
-        serde_json::from_str(
-            &crate::regular::read_text(&dir.join("config.json"), crate::regular::SETTINGS_LIMIT)
-                .ok()?,
-        )
-        .ok()?;
+    let config: serde_json::Value = serde_json::from_str(
+        &crate::regular::read_text(&dir.join("config.json"), crate::regular::SETTINGS_LIMIT)
+            .ok()?,
+    )
+    .ok()?;
     let spec = crate::model::ModelSpec::read(&dir.join("config.json")).ok();
     let resident_path = if manifest.resident.path.is_absolute() {
         manifest.resident.path.clone()
@@ -85,9 +83,8 @@ pub fn describe(dir: &Path, manifest: &Manifest) -> Option<PackDetails> {
         .iter()
         .find_map(|k| config.get(*k)?.as_u64())
         .and_then(|k| usize::try_from(k).ok());
-    let active_params = experts_per_token.map(|k| {
-        resident_params + layers.iter().map(|l| per_expert(l) * k as u64).sum::<u64>()
-    });
+    let active_params = experts_per_token
+        .map(|k| resident_params + layers.iter().map(|l| per_expert(l) * k as u64).sum::<u64>());
     let mut drives: Vec<DriveShare> = manifest
         .drives
         .iter()

@@ -65,7 +65,12 @@ pub fn discard_pack(out: &Path) -> Result<Discarded, crate::pack::PackError> {
 
 fn folder_bytes(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
-        .map(|r| r.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
+        .map(|r| {
+            r.flatten()
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
         .unwrap_or(0)
 }
 
@@ -105,7 +110,13 @@ mod tests {
         std::fs::write(drive.join("m/resident.safetensors.partial"), [0u8; 3]).unwrap();
         std::fs::write(drive.join("m/notes.txt"), b"mine").unwrap();
         let gone = discard_unfinished(&out, std::slice::from_ref(&drive)).unwrap();
-        assert_eq!(gone, Discarded { files: 3, bytes: 18 });
+        assert_eq!(
+            gone,
+            Discarded {
+                files: 3,
+                bytes: 18
+            }
+        );
         assert!(!out.exists());
         assert!(drive.join("m/notes.txt").exists(), "not the writer's");
         std::fs::remove_file(drive.join("m/notes.txt")).unwrap();

@@ -237,7 +237,10 @@ mod tests {
             layers: 2,
         };
         let sorted = ExpertTensors::classify(names.iter().copied(), &decoder).unwrap();
-        assert_eq!(sorted.experts.layers.keys().copied().collect::<Vec<_>>(), [0]);
+        assert_eq!(
+            sorted.experts.layers.keys().copied().collect::<Vec<_>>(),
+            [0]
+        );
         assert!(sorted.resident.is_empty(), "{:?}", sorted.resident);
         assert_eq!(
             sorted.left_out[&ExtraBlock::Mtp],

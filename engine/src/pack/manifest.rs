@@ -189,12 +189,13 @@ impl Manifest {
 
     pub fn read(pack: &Path) -> Result<Self, PackError> {
         let path = pack.join(MANIFEST_FILE);
-        let text = crate::regular::read_text(&path, crate::regular::LARGE_LIMIT).map_err(
-            |source| PackError::Io {
-                path: path.clone(),
-                source,
-            },
-        )?;
+        let text =
+            crate::regular::read_text(&path, crate::regular::LARGE_LIMIT).map_err(|source| {
+                PackError::Io {
+                    path: path.clone(),
+                    source,
+                }
+            })?;
         Self::parse(&path, &text)
     }
 
@@ -291,7 +292,10 @@ impl Manifest {
                             where_()
                         )));
                     }
-                    if segments.iter().any(|s| s.offset.checked_add(s.len).is_none()) {
+                    if segments
+                        .iter()
+                        .any(|s| s.offset.checked_add(s.len).is_none())
+                    {
                         return Err(bad(format!("{}: a segment's end overflows", where_())));
                     }
                     if segments.iter().map(|s| s.len).sum::<u64>() != record.stored() {
@@ -323,7 +327,14 @@ impl Manifest {
         for layer in &self.experts.layers {
             for (id, record) in layer.records.iter().enumerate() {
                 for s in record.placements().flatten() {
-                    pieces.push((s.drive, &s.file, s.offset, s.offset + s.len, layer.layer, id));
+                    pieces.push((
+                        s.drive,
+                        &s.file,
+                        s.offset,
+                        s.offset + s.len,
+                        layer.layer,
+                        id,
+                    ));
                 }
             }
         }

@@ -51,8 +51,12 @@ impl<'a> LayerPlan<'a> {
             let (g, u, d) = (info(gate)?, info(up)?, info(down)?);
             match (g.shape.as_slice(), d.shape.as_slice()) {
                 ([e, i, h], [e2, h2, i2])
-                    if e == e2 && h == h2 && i == i2 && g.shape == u.shape
-                        && g.dtype == u.dtype && g.dtype == d.dtype
+                    if e == e2
+                        && h == h2
+                        && i == i2
+                        && g.shape == u.shape
+                        && g.dtype == u.dtype
+                        && g.dtype == d.dtype
                         && !matches!(g.dtype, Dtype::F8E4M3) =>
                 {
                     (*e, *h, *i, ExpertEncoding::Plain(g.dtype))
@@ -184,8 +188,9 @@ impl<'a> LayerPlan<'a> {
         };
         let prefix = gate_up.trim_end_matches(".gate_up_proj");
         let ew = Weights::root(ckpt).pp(prefix);
-        let records = stacked::layer_records(&ew, self.count, self.hidden, self.intermediate, order)
-            .map_err(|e| PackError::Source(format!("layer {}: {e}", self.layer)))?;
+        let records =
+            stacked::layer_records(&ew, self.count, self.hidden, self.intermediate, order)
+                .map_err(|e| PackError::Source(format!("layer {}: {e}", self.layer)))?;
         Ok(Some(records.into_iter().map(|(_, bytes)| bytes).collect()))
     }
 

@@ -15,8 +15,9 @@ use super::compress;
 use super::encoding::{ErrorSums, ExpertEncoding, Quantization, quantize_matrix, quantize_record};
 use super::layout::ExpertTensors;
 use super::manifest::{
-    self, ExpertLayer, LeftOut, ExpertSection, FORMAT, MANIFEST_FILE, Manifest, QuantizationReport, Record,
-    ResidentFile, Segment, SourceFile, SourceIdentity, VERSION, VERSION_COMPRESSED, hash_file,
+    self, ExpertLayer, ExpertSection, FORMAT, LeftOut, MANIFEST_FILE, Manifest, QuantizationReport,
+    Record, ResidentFile, Segment, SourceFile, SourceIdentity, VERSION, VERSION_COMPRESSED,
+    hash_file,
 };
 use super::plan::LayerPlan;
 use crate::import::ModelSource;

@@ -200,7 +200,8 @@ impl Folder {
             source,
         };
         let mut file = crate::private::create(&partial).map_err(io)?;
-        file.write_all(&header(key, start, end, bytes)).map_err(io)?;
+        file.write_all(&header(key, start, end, bytes))
+            .map_err(io)?;
         file.write_all(bytes).map_err(io)?;
         drop(file);
         fs::rename(&partial, &path).map_err(|source| PrefixError::Io {

@@ -60,7 +60,9 @@ pub enum PrefixError {
         #[source]
         source: std::io::Error,
     },
-    #[error("prefix cache block {path} is damaged ({reason}); it was removed and will be computed again")]
+    #[error(
+        "prefix cache block {path} is damaged ({reason}); it was removed and will be computed again"
+    )]
     Corrupt { path: PathBuf, reason: String },
 }
 
@@ -206,7 +208,11 @@ impl Ram {
             return;
         }
         while self.bytes + size > limit {
-            let Some(oldest) = self.blocks.iter().min_by_key(|(_, b)| b.used).map(|(k, _)| *k)
+            let Some(oldest) = self
+                .blocks
+                .iter()
+                .min_by_key(|(_, b)| b.used)
+                .map(|(k, _)| *k)
             else {
                 break;
             };
@@ -217,7 +223,15 @@ impl Ram {
         self.clock += 1;
         self.bytes += size;
         let used = self.clock;
-        self.blocks.insert(key, RamBlock { start, end, bytes, used });
+        self.blocks.insert(
+            key,
+            RamBlock {
+                start,
+                end,
+                bytes,
+                used,
+            },
+        );
     }
 }
 
@@ -240,7 +254,9 @@ pub struct PrefixCache {
 
 impl std::fmt::Debug for PrefixCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PrefixCache").field("stats", &self.stats()).finish()
+        f.debug_struct("PrefixCache")
+            .field("stats", &self.stats())
+            .finish()
     }
 }
 
@@ -322,13 +338,16 @@ impl PrefixCache {
         let bytes = Arc::new(block.bytes);
         inner.stats.read_disk_bytes += bytes.len() as u64;
         let limit = self.ram_limit;
-        inner.ram.put(*key, block.start, block.end, Arc::clone(&bytes), limit);
+        inner
+            .ram
+            .put(*key, block.start, block.end, Arc::clone(&bytes), limit);
         Ok(Some((block.start, block.end, bytes)))
     }
 
     fn contains(&self, a: &Address) -> bool {
         let inner = self.lock();
-        inner.ram.blocks.contains_key(&a.key) || inner.folder.as_ref().is_some_and(|f| f.contains(a))
+        inner.ram.blocks.contains_key(&a.key)
+            || inner.folder.as_ref().is_some_and(|f| f.contains(a))
     }
 
     fn put(&self, a: Address, start: usize, end: usize, bytes: Vec<u8>) {
@@ -358,7 +377,10 @@ impl PrefixCache {
         let mut done = Restored::default();
         let mut parent = model.root();
         for key in &keys {
-            let a = Address { key: *key, tail: None };
+            let a = Address {
+                key: *key,
+                tail: None,
+            };
             match self.apply(&a, session, prompt, BLOCK) {
                 Ok(Some(bytes)) => {
                     parent = *key;
@@ -377,11 +399,20 @@ impl PrefixCache {
                 .lock()
                 .tails
                 .get(&parent)
-                .map(|l| l.iter().rev().copied().filter(|&n| at + n <= usable).collect())
+                .map(|l| {
+                    l.iter()
+                        .rev()
+                        .copied()
+                        .filter(|&n| at + n <= usable)
+                        .collect()
+                })
                 .unwrap_or_default();
             for len in lens {
                 let key = chain(&parent, &prompt[at..at + len]);
-                let a = Address { key, tail: Some((parent, len)) };
+                let a = Address {
+                    key,
+                    tail: Some((parent, len)),
+                };
                 match self.apply(&a, session, prompt, len) {
                     Ok(Some(bytes)) => {
                         done.bytes += bytes;
@@ -495,7 +526,10 @@ impl PrefixCache {
             return Ok(());
         }
         let key = chain(&parent, &ids[from..]);
-        let a = Address { key, tail: Some((parent, len)) };
+        let a = Address {
+            key,
+            tail: Some((parent, len)),
+        };
         if self.contains(&a) {
             return Ok(());
         }

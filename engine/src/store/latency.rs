@@ -73,7 +73,10 @@ impl Latencies {
     /// after `since` reads (as many of them as the window still holds), by
     /// nearest rank; `None` when no read finished since.
     pub fn quantiles_ms_since(&self, since: u64, qs: &[f64]) -> Option<Vec<f64>> {
-        let fresh = self.recorded.saturating_sub(since).min(self.micros.len() as u64) as usize;
+        let fresh = self
+            .recorded
+            .saturating_sub(since)
+            .min(self.micros.len() as u64) as usize;
         if fresh == 0 {
             return None;
         }

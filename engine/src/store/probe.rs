@@ -46,7 +46,8 @@ impl ProbeReport {
     /// The pack's last probe, if it has one that reads.
     pub fn load(pack: &Path) -> Option<Self> {
         let text =
-            crate::regular::read_text(&pack.join(PROBE_FILE), crate::regular::SETTINGS_LIMIT).ok()?;
+            crate::regular::read_text(&pack.join(PROBE_FILE), crate::regular::SETTINGS_LIMIT)
+                .ok()?;
         serde_json::from_str(&text).ok()
     }
 
@@ -140,6 +141,9 @@ mod tests {
         let same = [PathBuf::from("/a"), PathBuf::from("/b")];
         assert_eq!(report.seconds_per_byte(&same), Some(1.0 / 800e6));
         assert_eq!(report.seconds_per_byte(&same[..1]), None);
-        assert_eq!(report.seconds_per_byte(&[PathBuf::from("/b"), PathBuf::from("/a")]), None);
+        assert_eq!(
+            report.seconds_per_byte(&[PathBuf::from("/b"), PathBuf::from("/a")]),
+            None
+        );
     }
 }

@@ -5,7 +5,7 @@
 
 use serde_json::{Value, json};
 
-use super::{Add, SynthAttention, FLOAT_DTYPES, Fill, PROJ_MOE, Shape, SynthSpec};
+use super::{Add, FLOAT_DTYPES, Fill, PROJ_MOE, Shape, SynthAttention, SynthSpec};
 
 /// DeepSeek-V4-Flash's proportions: hyper-connections, compressed and
 /// sliding attention, hashed routing first; its layer adds the router's
@@ -94,26 +94,50 @@ fn layer(s: &SynthSpec, p: &str, l: usize, t: &mut Add) {
     let std = |fan_in: usize| Fill::Uniform(1.0 / (fan_in as f32).sqrt());
     let hc = (2 + HC_MULT) * HC_MULT;
     for name in ["attn_hc", "ffn_hc"] {
-        t(format!("{p}.{name}.fn"), vec![hc, HC_MULT * h], std(HC_MULT * h));
+        t(
+            format!("{p}.{name}.fn"),
+            vec![hc, HC_MULT * h],
+            std(HC_MULT * h),
+        );
         t(format!("{p}.{name}.base"), vec![hc], Fill::Zeros);
         t(format!("{p}.{name}.scale"), vec![3], Fill::NearOne);
     }
     let a = format!("{p}.self_attn");
     let heads_width = s.heads * d.head;
     t(format!("{a}.q_a_proj.weight"), vec![d.q_lora, h], std(h));
-    t(format!("{a}.q_a_norm.weight"), vec![d.q_lora], Fill::NearOne);
-    t(format!("{a}.q_b_proj.weight"), vec![heads_width, d.q_lora], std(d.q_lora));
+    t(
+        format!("{a}.q_a_norm.weight"),
+        vec![d.q_lora],
+        Fill::NearOne,
+    );
+    t(
+        format!("{a}.q_b_proj.weight"),
+        vec![heads_width, d.q_lora],
+        std(d.q_lora),
+    );
     t(format!("{a}.kv_proj.weight"), vec![d.head, h], std(h));
     t(format!("{a}.kv_norm.weight"), vec![d.head], Fill::NearOne);
     let group = heads_width / d.o_groups;
-    t(format!("{a}.o_a_proj.weight"), vec![d.o_groups * d.o_lora, group], std(group));
-    t(format!("{a}.o_b_proj.weight"), vec![h, d.o_groups * d.o_lora], std(d.o_groups * d.o_lora));
+    t(
+        format!("{a}.o_a_proj.weight"),
+        vec![d.o_groups * d.o_lora, group],
+        std(group),
+    );
+    t(
+        format!("{a}.o_b_proj.weight"),
+        vec![h, d.o_groups * d.o_lora],
+        std(d.o_groups * d.o_lora),
+    );
     t(format!("{a}.sinks"), vec![s.heads], Fill::Zeros);
     let mut compressor = |prefix: String, dim: usize, rate: usize, overlap: bool| {
         let width = if overlap { 2 * dim } else { dim };
         t(format!("{prefix}.kv_proj.weight"), vec![width, h], std(h));
         t(format!("{prefix}.gate_proj.weight"), vec![width, h], std(h));
-        t(format!("{prefix}.position_bias"), vec![rate, width], Fill::Zeros);
+        t(
+            format!("{prefix}.position_bias"),
+            vec![rate, width],
+            Fill::Zeros,
+        );
         t(format!("{prefix}.kv_norm.weight"), vec![dim], Fill::NearOne);
     };
     match layer_type(l) {
@@ -126,7 +150,11 @@ fn layer(s: &SynthSpec, p: &str, l: usize, t: &mut Add) {
                 vec![d.index_heads * d.index_dim, d.q_lora],
                 std(d.q_lora),
             );
-            t(format!("{ix}.scorer.weights_proj.weight"), vec![d.index_heads, h], std(h));
+            t(
+                format!("{ix}.scorer.weights_proj.weight"),
+                vec![d.index_heads, h],
+                std(h),
+            );
         }
         "heavily_compressed_attention" => {
             compressor(format!("{a}.compressor"), d.head, HCA_RATE, false);
@@ -141,19 +169,39 @@ fn layer(s: &SynthSpec, p: &str, l: usize, t: &mut Add) {
             Fill::TokenExperts { experts: s.experts },
         );
     } else {
-        t(format!("{m}.gate.e_score_correction_bias"), vec![s.experts], Fill::Zeros);
+        t(
+            format!("{m}.gate.e_score_correction_bias"),
+            vec![s.experts],
+            Fill::Zeros,
+        );
     }
     let i = s.moe_intermediate;
-    t(format!("{m}.shared_experts.gate_proj.weight"), vec![i, h], std(h));
-    t(format!("{m}.shared_experts.up_proj.weight"), vec![i, h], std(h));
-    t(format!("{m}.shared_experts.down_proj.weight"), vec![h, i], std(i));
+    t(
+        format!("{m}.shared_experts.gate_proj.weight"),
+        vec![i, h],
+        std(h),
+    );
+    t(
+        format!("{m}.shared_experts.up_proj.weight"),
+        vec![i, h],
+        std(h),
+    );
+    t(
+        format!("{m}.shared_experts.down_proj.weight"),
+        vec![h, i],
+        std(i),
+    );
 }
 
 /// The final collapse of the residual streams.
 fn head(s: &SynthSpec, t: &mut Add) {
     let h = s.hidden;
     let std = Fill::Uniform(1.0 / ((HC_MULT * h) as f32).sqrt());
-    t("model.hc_head.hc_fn".into(), vec![HC_MULT, HC_MULT * h], std);
+    t(
+        "model.hc_head.hc_fn".into(),
+        vec![HC_MULT, HC_MULT * h],
+        std,
+    );
     t("model.hc_head.hc_base".into(), vec![HC_MULT], Fill::Zeros);
     t("model.hc_head.hc_scale".into(), vec![1], Fill::NearOne);
 }

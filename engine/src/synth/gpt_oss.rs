@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use super::{Add, SynthAttention, Fill, Shape, SynthDtype, SynthSpec, popularity};
+use super::{Add, Fill, Shape, SynthAttention, SynthDtype, SynthSpec, popularity};
 
 /// gpt-oss as released (MXFP4 experts) or as `save_pretrained` writes it.
 pub static SHAPE: Shape = Shape {

@@ -8,7 +8,9 @@
 
 use serde_json::{Value, json};
 
-use super::{Add, SynthAttention, FLOAT_DTYPES, Fill, MIXTRAL_MOE, Moe, RouterBias, Shape, SynthSpec};
+use super::{
+    Add, FLOAT_DTYPES, Fill, MIXTRAL_MOE, Moe, RouterBias, Shape, SynthAttention, SynthSpec,
+};
 
 /// Kimi-Linear as released: `block_sparse_moe` with the bias under its gate
 /// and a shared expert, one dense layer first.

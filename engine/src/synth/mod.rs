@@ -30,8 +30,8 @@ pub mod kimi_linear;
 mod shape;
 
 pub use shape::{
-    ALL_DTYPES, Add, DEEPSEEK_MOE, FLOAT_DTYPES, MIXTRAL_MOE, Moe, PROJ_MOE, QkNorm,
-    RouterBias, Shape, SynthAttention, SynthFamily, experts, grouped,
+    ALL_DTYPES, Add, DEEPSEEK_MOE, FLOAT_DTYPES, MIXTRAL_MOE, Moe, PROJ_MOE, QkNorm, RouterBias,
+    Shape, SynthAttention, SynthFamily, experts, grouped,
 };
 
 /// Values generated and written per chunk.
@@ -238,7 +238,9 @@ pub enum Fill {
     /// These values in order (an INT4 matrix's recorded shape).
     List(Vec<f32>),
     /// A token's distinct experts (DeepSeek-V4's `tid2eid` rows).
-    TokenExperts { experts: usize },
+    TokenExperts {
+        experts: usize,
+    },
 }
 
 struct TensorPlan {
@@ -361,7 +363,9 @@ fn value(fill: &Fill, rng: &mut SmallRng, row: usize, col: usize) -> f32 {
         Fill::Zeros => 0.0,
         Fill::Constant(v) => *v,
         Fill::List(values) => values.get(col).copied().unwrap_or(0.0),
-        Fill::TokenExperts { experts } => ((row * TOKEN_EXPERT_STRIDE + col) % experts.max(&1)) as f32,
+        Fill::TokenExperts { experts } => {
+            ((row * TOKEN_EXPERT_STRIDE + col) % experts.max(&1)) as f32
+        }
     }
 }
 
@@ -646,11 +650,7 @@ pub fn extended(mut base: Value, extra: Value) -> Value {
 
 /// The fields DeepSeek-V3 and GLM-5 share: MLA sizes, the MoE, and
 /// `(n_group, topk_group)` of its group-limited routing.
-pub fn mla_config(
-    s: &SynthSpec,
-    model_type: &str,
-    (n_group, topk_group): (usize, usize),
-) -> Value {
+pub fn mla_config(s: &SynthSpec, model_type: &str, (n_group, topk_group): (usize, usize)) -> Value {
     let m = MlaDims::of(s);
     json!({
         "model_type": model_type,

@@ -206,16 +206,44 @@ pub fn latent(s: &SynthSpec, a: &str, indexer: bool, t: &mut Add) {
     let (h, m) = (s.hidden, MlaDims::of(s));
     let qk = m.nope + m.rope;
     t(format!("{a}.q_a_proj.weight"), vec![m.q_lora, h], std(h));
-    t(format!("{a}.q_a_layernorm.weight"), vec![m.q_lora], Fill::NearOne);
-    t(format!("{a}.q_b_proj.weight"), vec![s.heads * qk, m.q_lora], std(m.q_lora));
-    t(format!("{a}.kv_a_proj_with_mqa.weight"), vec![m.kv_lora + m.rope, h], std(h));
-    t(format!("{a}.kv_a_layernorm.weight"), vec![m.kv_lora], Fill::NearOne);
-    t(format!("{a}.kv_b_proj.weight"), vec![s.heads * (m.nope + m.v), m.kv_lora], std(m.kv_lora));
-    t(format!("{a}.o_proj.weight"), vec![h, s.heads * m.v], std(s.heads * m.v));
+    t(
+        format!("{a}.q_a_layernorm.weight"),
+        vec![m.q_lora],
+        Fill::NearOne,
+    );
+    t(
+        format!("{a}.q_b_proj.weight"),
+        vec![s.heads * qk, m.q_lora],
+        std(m.q_lora),
+    );
+    t(
+        format!("{a}.kv_a_proj_with_mqa.weight"),
+        vec![m.kv_lora + m.rope, h],
+        std(h),
+    );
+    t(
+        format!("{a}.kv_a_layernorm.weight"),
+        vec![m.kv_lora],
+        Fill::NearOne,
+    );
+    t(
+        format!("{a}.kv_b_proj.weight"),
+        vec![s.heads * (m.nope + m.v), m.kv_lora],
+        std(m.kv_lora),
+    );
+    t(
+        format!("{a}.o_proj.weight"),
+        vec![h, s.heads * m.v],
+        std(s.heads * m.v),
+    );
     if indexer {
         let (heads, dim) = (m.index_heads, m.index_dim);
         let ix = format!("{a}.indexer");
-        t(format!("{ix}.wq_b.weight"), vec![heads * dim, m.q_lora], std(m.q_lora));
+        t(
+            format!("{ix}.wq_b.weight"),
+            vec![heads * dim, m.q_lora],
+            std(m.q_lora),
+        );
         t(format!("{ix}.wk.weight"), vec![dim, h], std(h));
         t(format!("{ix}.k_norm.weight"), vec![dim], Fill::NearOne);
         t(format!("{ix}.k_norm.bias"), vec![dim], Fill::Zeros);
@@ -247,10 +275,18 @@ pub fn experts(s: &SynthSpec, p: &str, moe: &Moe, t: &mut Add) {
     match moe.bias {
         RouterBias::None => {}
         RouterBias::UnderGate => {
-            t(format!("{m}.gate.e_score_correction_bias"), vec![s.experts], Fill::Zeros);
+            t(
+                format!("{m}.gate.e_score_correction_bias"),
+                vec![s.experts],
+                Fill::Zeros,
+            );
         }
         RouterBias::UnderBlock => {
-            t(format!("{m}.e_score_correction_bias"), vec![s.experts], Fill::Zeros);
+            t(
+                format!("{m}.e_score_correction_bias"),
+                vec![s.experts],
+                Fill::Zeros,
+            );
         }
         RouterBias::MoeStatics => {
             let name = format!("{m}.moe_statics.e_score_correction_bias");

@@ -137,7 +137,9 @@ impl ChatTemplate {
         });
         env.add_filter("tojson", python::tojson);
         env.add_function("raise_exception", raise_exception);
-        let now = options.now.unwrap_or_else(|| chrono::Utc::now().timestamp());
+        let now = options
+            .now
+            .unwrap_or_else(|| chrono::Utc::now().timestamp());
         env.add_function("strftime_now", move |format: String| strftime(now, &format));
         env.add_function("dict", dict);
         let describe = |e: JinjaError| TemplateError::Render(describe_error(&e));
@@ -267,7 +269,12 @@ mod tests {
     fn renders_chatml_with_python_string_methods() {
         let t = ChatTemplate::new(CHATML.to_string());
         let out = t
-            .render(&[ChatMessage::user("  hi  ")], &ChatOptions::generation(), None, None)
+            .render(
+                &[ChatMessage::user("  hi  ")],
+                &ChatOptions::generation(),
+                None,
+                None,
+            )
             .unwrap();
         assert_eq!(
             out,
@@ -279,7 +286,10 @@ mod tests {
     fn raise_exception_becomes_an_error() {
         let t =
             ChatTemplate::new("{{ raise_exception('only user and assistant roles') }}".to_string());
-        let err = t.render(&[], &ChatOptions::default(), None, None).unwrap_err().to_string();
+        let err = t
+            .render(&[], &ChatOptions::default(), None, None)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("only user and assistant roles"), "{err}");
     }
 

@@ -127,8 +127,8 @@ impl TextTokenizer {
     pub fn from_dir(dir: &Path) -> Result<Self, TokenizerError> {
         let config_path = dir.join(TOKENIZER_CONFIG_FILE);
         let config = if config_path.is_file() {
-            let text =
-                crate::regular::read_text(&config_path, crate::regular::SETTINGS_LIMIT).map_err(|source| TokenizerError::Io {
+            let text = crate::regular::read_text(&config_path, crate::regular::SETTINGS_LIMIT)
+                .map_err(|source| TokenizerError::Io {
                     path: config_path.clone(),
                     source,
                 })?;
@@ -142,10 +142,12 @@ impl TextTokenizer {
         let template_path = dir.join(CHAT_TEMPLATE_FILE);
         let template = if template_path.is_file() {
             Some(
-                crate::regular::read_text(&template_path, crate::regular::SETTINGS_LIMIT).map_err(|source| TokenizerError::Io {
-                    path: template_path.clone(),
-                    source,
-                })?,
+                crate::regular::read_text(&template_path, crate::regular::SETTINGS_LIMIT).map_err(
+                    |source| TokenizerError::Io {
+                        path: template_path.clone(),
+                        source,
+                    },
+                )?,
             )
         } else {
             None
@@ -154,9 +156,7 @@ impl TextTokenizer {
         // config); a multimodal release's processor template after both.
         let template = match template {
             Some(t) => Some(t),
-            None if config.get("chat_template").is_none_or(Value::is_null) => {
-                legacy_template(dir)?
-            }
+            None if config.get("chat_template").is_none_or(Value::is_null) => legacy_template(dir)?,
             None => None,
         };
         let path = dir.join(TOKENIZER_FILE);
@@ -169,9 +169,11 @@ impl TextTokenizer {
                 dir: dir.to_path_buf(),
             });
         }
-        let bytes = crate::regular::read(&path, crate::regular::LARGE_LIMIT).map_err(|source| TokenizerError::Io {
-            path: path.clone(),
-            source,
+        let bytes = crate::regular::read(&path, crate::regular::LARGE_LIMIT).map_err(|source| {
+            TokenizerError::Io {
+                path: path.clone(),
+                source,
+            }
         })?;
         Self::from_parts(dir, &bytes, &config, template)
     }
@@ -214,10 +216,12 @@ impl TextTokenizer {
         };
         let prompt = match template_source {
             Some(t) => PromptBuilder::Template(ChatTemplate::new(t)),
-            None => match model_type(origin).and_then(|t| encoders::PromptEncoder::for_model_type(&t)) {
-                Some(e) => PromptBuilder::Encoder(e),
-                None => PromptBuilder::None,
-            },
+            None => {
+                match model_type(origin).and_then(|t| encoders::PromptEncoder::for_model_type(&t)) {
+                    Some(e) => PromptBuilder::Encoder(e),
+                    None => PromptBuilder::None,
+                }
+            }
         };
         Ok(Self {
             inner,
@@ -235,10 +239,11 @@ impl TextTokenizer {
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
         match &self.inner {
             Vocabulary::Hf(t) => {
-                let encoded = caught(|| t.encode(text, add_special_tokens))
-                .map_err(|panic| TokenizerError::PatternGaveUp {
-                    path: self.dir.join(TOKENIZER_FILE),
-                    reason: panic_text(&*panic),
+                let encoded = caught(|| t.encode(text, add_special_tokens)).map_err(|panic| {
+                    TokenizerError::PatternGaveUp {
+                        path: self.dir.join(TOKENIZER_FILE),
+                        reason: panic_text(&*panic),
+                    }
                 })?;
                 let enc = encoded.map_err(|e| TokenizerError::Encode(e.to_string()))?;
                 Ok(enc.get_ids().to_vec())
@@ -385,7 +390,9 @@ impl TextStream<'_> {
     /// Adds one token and returns the new text it completes (possibly empty).
     pub fn push(&mut self, id: u32) -> Result<String, TokenizerError> {
         self.ids.push(id);
-        let text = self.tokenizer.decode_skipping(&self.ids, self.skip_special)?;
+        let text = self
+            .tokenizer
+            .decode_skipping(&self.ids, self.skip_special)?;
         // A trailing replacement character means a multi-byte character is
         // still incomplete: wait for the next token.
         if text.ends_with('\u{FFFD}')
@@ -402,7 +409,9 @@ impl TextStream<'_> {
     /// Whatever text is still held back (an incomplete character at the end
     /// decodes to U+FFFD, as a full decode would print it).
     pub fn finish(&mut self) -> Result<String, TokenizerError> {
-        let text = self.tokenizer.decode_skipping(&self.ids, self.skip_special)?;
+        let text = self
+            .tokenizer
+            .decode_skipping(&self.ids, self.skip_special)?;
         let rest = text.get(self.emitted..).unwrap_or_default().to_string();
         self.emitted = text.len();
         Ok(rest)
@@ -427,10 +436,13 @@ fn legacy_template(dir: &Path) -> Result<Option<String>, TokenizerError> {
         path: path.clone(),
         reason,
     };
-    let text = crate::regular::read_text(&path, crate::regular::SETTINGS_LIMIT).map_err(|source| TokenizerError::Io {
-        path: path.clone(),
-        source,
-    })?;
+    let text =
+        crate::regular::read_text(&path, crate::regular::SETTINGS_LIMIT).map_err(|source| {
+            TokenizerError::Io {
+                path: path.clone(),
+                source,
+            }
+        })?;
     let value: Value =
         serde_json::from_str(&text).map_err(|e| invalid(format!("not valid JSON: {e}")))?;
     match value.get("chat_template") {

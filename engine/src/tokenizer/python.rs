@@ -42,10 +42,16 @@ impl DumpOptions {
         if args.len() > TOJSON_PARAMS.len() {
             return Err(invalid("tojson takes at most 4 arguments"));
         }
-        let mut given: Vec<(&str, Value)> = TOJSON_PARAMS.iter().copied().zip(args.iter().cloned()).collect();
+        let mut given: Vec<(&str, Value)> = TOJSON_PARAMS
+            .iter()
+            .copied()
+            .zip(args.iter().cloned())
+            .collect();
         for name in kwargs.args() {
             if !TOJSON_PARAMS.contains(&name) {
-                return Err(invalid(format!("tojson got an unexpected argument `{name}`")));
+                return Err(invalid(format!(
+                    "tojson got an unexpected argument `{name}`"
+                )));
             }
             if given.iter().any(|(n, _)| *n == name) {
                 return Err(invalid(format!("tojson got `{name}` twice")));
@@ -89,7 +95,9 @@ fn indent(v: &Value) -> Result<Option<String>, Error> {
     }
     match v.as_i64() {
         // Python: `' ' * n`, empty for n <= 0.
-        Some(n) => Ok(Some(" ".repeat(usize::try_from(n).unwrap_or(0).min(MAX_INDENT)))),
+        Some(n) => Ok(Some(
+            " ".repeat(usize::try_from(n).unwrap_or(0).min(MAX_INDENT)),
+        )),
         None => Err(invalid("tojson: `indent` must be a number or a string")),
     }
 }
@@ -295,7 +303,10 @@ pub fn py_repr(value: &Value) -> String {
         },
         ValueKind::String => quote_repr(value.as_str().unwrap_or_default()),
         ValueKind::Seq => match value.try_iter() {
-            Ok(items) => format!("[{}]", items.map(|v| py_repr(&v)).collect::<Vec<_>>().join(", ")),
+            Ok(items) => format!(
+                "[{}]",
+                items.map(|v| py_repr(&v)).collect::<Vec<_>>().join(", ")
+            ),
             Err(_) => value.to_string(),
         },
         ValueKind::Map => match value.try_iter() {
@@ -354,7 +365,9 @@ fn quote_repr(s: &str) -> String {
 /// Python's `str.isprintable` for the characters templates meet: control
 /// characters and every separator but the space are not.
 fn printable(c: char) -> bool {
-    !(c.is_control() || (c.is_whitespace() && c != ' ') || matches!(c, '\u{ad}' | '\u{200b}'..='\u{200f}' | '\u{2060}'..='\u{2064}' | '\u{feff}'))
+    !(c.is_control()
+        || (c.is_whitespace() && c != ' ')
+        || matches!(c, '\u{ad}' | '\u{200b}'..='\u{200f}' | '\u{2060}'..='\u{2064}' | '\u{feff}'))
 }
 
 #[cfg(test)]

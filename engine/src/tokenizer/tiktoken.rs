@@ -101,8 +101,10 @@ impl Tiktoken {
             .enumerate()
             .map(|(rank, bytes)| (bytes.clone(), rank as u32))
             .collect();
-        let by_name: HashMap<String, u32> =
-            specials.iter().map(|(&id, s)| (s.name.clone(), id)).collect();
+        let by_name: HashMap<String, u32> = specials
+            .iter()
+            .map(|(&id, s)| (s.name.clone(), id))
+            .collect();
         let special_encoder: FxHashMap<String, u32> =
             by_name.iter().map(|(k, &v)| (k.clone(), v)).collect();
         let bpe = CoreBPE::new(encoder, special_encoder, KIMI_PATTERN)
@@ -302,7 +304,10 @@ fn specials(config: &Value, base: u32, reserved: u32) -> Result<BTreeMap<u32, Sp
                 // Kimi's tokenizer names only ids in the reserved range.
                 continue;
             }
-            let skipped = token.get("special").and_then(Value::as_bool).unwrap_or(true);
+            let skipped = token
+                .get("special")
+                .and_then(Value::as_bool)
+                .unwrap_or(true);
             named.insert(
                 id,
                 Special {
@@ -440,7 +445,10 @@ mod tests {
         assert_eq!(t.encode_ordinary("<|im_end|>").unwrap().len(), 10);
         // Unnamed reserved ids get placeholder names.
         assert_eq!(t.encode("<|reserved_token_260|>").unwrap(), [260]);
-        assert_eq!(t.decode(&[258, 261, 262], true).unwrap(), "hell<|tool_call_begin|>");
+        assert_eq!(
+            t.decode(&[258, 261, 262], true).unwrap(),
+            "hell<|tool_call_begin|>"
+        );
         assert_eq!(t.decode(&[258, 261], false).unwrap(), "hell<|im_end|>");
         assert!(t.decode(&[263], false).is_err());
         assert_eq!(t.vocab_size(), 263);
@@ -470,7 +478,10 @@ mod tests {
         assert_eq!(p.len(), 2);
         assert_eq!(p[0].len(), MAX_RUN_CHARS);
         assert_eq!(p.concat(), text);
-        assert!(pieces("").is_empty(), "as Python: no piece of an empty text");
+        assert!(
+            pieces("").is_empty(),
+            "as Python: no piece of an empty text"
+        );
         assert!(python_isspace('\u{1f}') && !'\u{1f}'.is_whitespace());
     }
 }

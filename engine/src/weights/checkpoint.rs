@@ -112,10 +112,12 @@ impl SafetensorsCheckpoint {
 fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>, WeightsError> {
     let index_path = dir.join(INDEX_FILE);
     if index_path.is_file() {
-        let text = crate::regular::read_text(&index_path, crate::regular::LARGE_LIMIT).map_err(|source| WeightsError::Io {
-            path: index_path.clone(),
-            source,
-        })?;
+        let text = crate::regular::read_text(&index_path, crate::regular::LARGE_LIMIT).map_err(
+            |source| WeightsError::Io {
+                path: index_path.clone(),
+                source,
+            },
+        )?;
         let invalid = |reason: String| WeightsError::InvalidFile {
             path: index_path.clone(),
             reason,

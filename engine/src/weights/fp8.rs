@@ -153,7 +153,13 @@ pub fn load_scales(
 /// `grid`) as [`Format::Fp8Block`] rows: each 128-wide block led by the
 /// scale that covers it. Every grid's column span is 128 or the whole row,
 /// so one scale covers each block.
-pub fn block_rows(fp8: &[u8], scales: &[f32], rows: usize, cols: usize, grid: ScaleGrid) -> Vec<u8> {
+pub fn block_rows(
+    fp8: &[u8],
+    scales: &[f32],
+    rows: usize,
+    cols: usize,
+    grid: ScaleGrid,
+) -> Vec<u8> {
     let grid_cols = cols.div_ceil(grid.cols.max(1));
     let row_bytes = Format::Fp8Block.row_bytes(cols).unwrap_or(0);
     let mut out = Vec::with_capacity(rows * row_bytes);
@@ -265,17 +271,31 @@ mod tests {
             let mut t = Tensors::default();
             t.insert("w.weight", Dtype::F8E4M3, &[rows, cols], fp8.clone());
             t.insert("w.weight_scale", Dtype::F32, shape, bytes(&scales));
-            let w = Weights::root(&t).matrix("w.weight", rows, cols).unwrap().to_f32();
+            let w = Weights::root(&t)
+                .matrix("w.weight", rows, cols)
+                .unwrap()
+                .to_f32();
             for (r, c) in [(0, 0), (1, 299), (127, 128), (128, 5), (129, 256)] {
                 let want = fp8_e4m3_to_f32(fp8[r * cols + c]) * scale_at(&scales, r, c);
-                assert_eq!(w[r * cols + c].to_bits(), want.to_bits(), "{shape:?} ({r}, {c})");
+                assert_eq!(
+                    w[r * cols + c].to_bits(),
+                    want.to_bits(),
+                    "{shape:?} ({r}, {c})"
+                );
             }
         }
         // A scale that fits no grid is named with the per-row shape.
         let mut t = Tensors::default();
         t.insert("w.weight", Dtype::F8E4M3, &[rows, cols], fp8);
-        t.insert("w.weight_scale", Dtype::F32, &[1, cols], bytes(&vec![1.0; cols]));
-        let err = Weights::root(&t).matrix("w.weight", rows, cols).unwrap_err();
+        t.insert(
+            "w.weight_scale",
+            Dtype::F32,
+            &[1, cols],
+            bytes(&vec![1.0; cols]),
+        );
+        let err = Weights::root(&t)
+            .matrix("w.weight", rows, cols)
+            .unwrap_err();
         assert!(
             matches!(&err, WeightsError::Shape { name, expected, .. } if name == "w.weight_scale" && *expected == vec![rows, 1]),
             "{err}"

@@ -23,8 +23,8 @@ pub use checkpoint::SafetensorsCheckpoint;
 pub use rows::{FileRows, RowsError};
 
 use crate::kernels::{Format, Matrix};
-pub use safetensors::{Dtype, RowOrder, SafetensorsFile, TensorInfo};
 use safetensors::UnsupportedDtype;
+pub use safetensors::{Dtype, RowOrder, SafetensorsFile, TensorInfo};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
@@ -124,9 +124,12 @@ impl<'a> Renamed<'a> {
         probe: &str,
         pairs: &'a [(&'a str, &'a str)],
     ) -> Option<Box<dyn TensorSource + 'a>> {
-        source
-            .shape(probe)
-            .map(|_| Box::new(Renamed { inner: source, pairs }) as Box<dyn TensorSource + 'a>)
+        source.shape(probe).map(|_| {
+            Box::new(Renamed {
+                inner: source,
+                pairs,
+            }) as Box<dyn TensorSource + 'a>
+        })
     }
 }
 
@@ -137,7 +140,10 @@ pub fn respell(name: &str, pairs: &[(&str, &str)]) -> String {
     pairs
         .iter()
         .find(|(asked, _)| name.contains(asked))
-        .map_or_else(|| name.to_string(), |(asked, stored)| name.replacen(asked, stored, 1))
+        .map_or_else(
+            || name.to_string(),
+            |(asked, stored)| name.replacen(asked, stored, 1),
+        )
 }
 
 impl TensorSource for Renamed<'_> {

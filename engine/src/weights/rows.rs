@@ -112,7 +112,11 @@ impl FileRows {
     }
 }
 
-fn same_bytes(file: &SafetensorsFile, info: &TensorInfo, held: &[u8]) -> Result<bool, WeightsError> {
+fn same_bytes(
+    file: &SafetensorsFile,
+    info: &TensorInfo,
+    held: &[u8],
+) -> Result<bool, WeightsError> {
     let mut at = 0u64;
     while at < info.len {
         let len = COMPARE_CHUNK_BYTES.min(info.len - at);
@@ -183,8 +187,18 @@ mod tests {
         let len = embed.len() as u64;
         let shape = [ROWS, COLS];
         let entries = [
-            TensorEntry { name: "lm_head.weight", dtype: "F16", shape: &shape, len },
-            TensorEntry { name: "model.word_embeddings.weight", dtype: "F16", shape: &shape, len },
+            TensorEntry {
+                name: "lm_head.weight",
+                dtype: "F16",
+                shape: &shape,
+                len,
+            },
+            TensorEntry {
+                name: "model.word_embeddings.weight",
+                dtype: "F16",
+                shape: &shape,
+                len,
+            },
         ];
         let mut bytes = header_bytes(&entries);
         bytes.extend(&head);
@@ -199,7 +213,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (path, embed, _) = write(dir.path());
         let held = Matrix::from_bytes(ROWS, COLS, Format::F16, &embed).unwrap();
-        let rows = FileRows::find(&path, &held).unwrap().expect("the embedding is found");
+        let rows = FileRows::find(&path, &held)
+            .unwrap()
+            .expect("the embedding is found");
         assert_eq!(rows.name(), "model.word_embeddings.weight");
         for id in 0..ROWS {
             let (mut want, mut got) = ([0f32; COLS], [0f32; COLS]);
@@ -221,7 +237,10 @@ mod tests {
         let other = Matrix::from_bytes(ROWS, COLS, Format::F16, &halves(11)).unwrap();
         assert!(FileRows::find(&path, &other).unwrap().is_none());
         let narrower = Matrix::from_bytes(ROWS * 2, COLS / 2, Format::F16, &halves(3)).unwrap();
-        assert!(FileRows::find(&path, &narrower).unwrap().is_none(), "same bytes, other shape");
+        assert!(
+            FileRows::find(&path, &narrower).unwrap().is_none(),
+            "same bytes, other shape"
+        );
     }
 
     #[test]

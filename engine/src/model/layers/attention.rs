@@ -29,7 +29,9 @@ pub(super) fn part_rows(
     let width = values.len() / rows.max(1);
     values
         .get(span.start * width..span.end * width)
-        .ok_or(ModelError::Internal("attention parts hold more rows than the pass"))
+        .ok_or(ModelError::Internal(
+            "attention parts hold more rows than the pass",
+        ))
 }
 
 /// Multi-head attention with fewer key/value heads than query heads.
@@ -120,7 +122,10 @@ pub fn gate_output(
     let gates = g_proj.forward_values(xs, seq)?;
     let gate_width = g_proj.weight().rows().max(1);
     let lanes = (width / gate_width).max(1);
-    for (row, g) in out.chunks_exact_mut(width.max(1)).zip(gates.chunks_exact(gate_width)) {
+    for (row, g) in out
+        .chunks_exact_mut(width.max(1))
+        .zip(gates.chunks_exact(gate_width))
+    {
         for (lane, o) in row.iter_mut().enumerate() {
             *o *= 1.0 / (1.0 + (-g[lane / lanes]).exp());
         }
@@ -238,9 +243,7 @@ impl GroupedQueryAttention {
                 Some(width) => Some(Linear::load(w, "g_proj", s.hidden, width, false)?),
                 None => None,
             },
-            softmax_scale: s
-                .softmax_scale
-                .unwrap_or(1.0 / (s.head_dim as f64).sqrt()) as f32,
+            softmax_scale: s.softmax_scale.unwrap_or(1.0 / (s.head_dim as f64).sqrt()) as f32,
             own_rope: s.own_rope,
             heads: s.heads,
             kv_heads: s.kv_heads,

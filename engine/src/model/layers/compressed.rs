@@ -51,9 +51,13 @@ pub struct CompressedShape {
 pub enum LayerKind {
     Sliding,
     /// Every entry, pooled from `rate` tokens each.
-    Heavy { rate: usize },
+    Heavy {
+        rate: usize,
+    },
     /// Entries pooled from overlapping windows, as many as the indexer picks.
-    Sparse { rate: usize },
+    Sparse {
+        rate: usize,
+    },
 }
 
 /// The lightning indexer's sizes.
@@ -103,7 +107,11 @@ impl Compressor {
 
     /// Values then gates of one position.
     fn raw_width(&self) -> usize {
-        if self.overlap { 4 * self.dim } else { 2 * self.dim }
+        if self.overlap {
+            4 * self.dim
+        } else {
+            2 * self.dim
+        }
     }
 
     /// The raw rows of `seq` new positions.
@@ -122,7 +130,11 @@ impl Compressor {
     /// Rows of raw projections a window's pooling reads: its own tokens, and
     /// with `overlap` the window's before.
     fn ring_rows(&self) -> usize {
-        if self.overlap { 2 * self.rate } else { self.rate }
+        if self.overlap {
+            2 * self.rate
+        } else {
+            self.rate
+        }
     }
 
     /// Floats of one entry's share of each position's row in the entry
@@ -149,7 +161,9 @@ impl Compressor {
         let mut piece = vec![0f32; self.piece()];
         if t >= self.rate {
             let from = (t % self.rate) * self.piece();
-            let part = latest.get(from..(from + self.piece()).min(self.dim)).unwrap_or(&[]);
+            let part = latest
+                .get(from..(from + self.piece()).min(self.dim))
+                .unwrap_or(&[]);
             piece[..part.len()].copy_from_slice(part);
         }
         piece
@@ -304,7 +318,14 @@ impl CompressedAttention {
         let (compressor, indexer) = match kind {
             LayerKind::Sliding => (None, None),
             LayerKind::Heavy { rate } => (
-                Some(Compressor::load(&w.pp("compressor"), h, hd, rate, false, s.eps)?),
+                Some(Compressor::load(
+                    &w.pp("compressor"),
+                    h,
+                    hd,
+                    rate,
+                    false,
+                    s.eps,
+                )?),
                 None,
             ),
             LayerKind::Sparse { rate } => {
@@ -365,15 +386,21 @@ impl CompressedAttention {
         let start = cache.len();
         // The layer's own rope (plain or the compressed branches'), not the decoder's.
         let tables = &self.rope.tables(start, seq);
-        let q_res = self.q_a_norm.forward_values(&self.q_a.forward_values(xs, seq)?);
+        let q_res = self
+            .q_a_norm
+            .forward_values(&self.q_a.forward_values(xs, seq)?);
         let mut q = rms_norm(
             &self.q_b.forward_values(&q_res, seq)?,
             &vec![1.0; hd],
             s.eps as f32,
         );
-        self.rope.rotate_pairs(&mut q, heads, hd, offset, tables, false)?;
-        let mut kv = self.kv_norm.forward_values(&self.kv_proj.forward_values(xs, seq)?);
-        self.rope.rotate_pairs(&mut kv, 1, hd, offset, tables, false)?;
+        self.rope
+            .rotate_pairs(&mut q, heads, hd, offset, tables, false)?;
+        let mut kv = self
+            .kv_norm
+            .forward_values(&self.kv_proj.forward_values(xs, seq)?);
+        self.rope
+            .rotate_pairs(&mut kv, 1, hd, offset, tables, false)?;
         cache.append(layer, &kv, hd, &[], 0)?;
         let chosen = self.update_entries(xs, &q_res, seq, cache, tables)?;
         let keys: Vec<QueryKeys> = (0..seq)
@@ -392,7 +419,8 @@ impl CompressedAttention {
         };
         let scale = (hd as f32).powf(-0.5);
         let mut out = sink_attention(&q, heads, window, entries, &keys, &self.sinks, scale);
-        self.rope.rotate_pairs(&mut out, heads, hd, offset, tables, true)?;
+        self.rope
+            .rotate_pairs(&mut out, heads, hd, offset, tables, true)?;
         self.project_out(&out, seq)
     }
 
@@ -428,9 +456,17 @@ impl CompressedAttention {
         }
         let index_pieces = streams.get(1).map_or(&[][..], |p| &p.pieces);
         let index_piece = index.map_or(0, Compressor::piece);
-        cache.append(self.slots.0, &streams[0].pieces, main.piece(), index_pieces, index_piece)?;
+        cache.append(
+            self.slots.0,
+            &streams[0].pieces,
+            main.piece(),
+            index_pieces,
+            index_piece,
+        )?;
         let Some(indexer) = &self.indexer else {
-            return Ok((0..seq).map(|i| (0..(start + i + 1) / main.rate).collect()).collect());
+            return Ok((0..seq)
+                .map(|i| (0..(start + i + 1) / main.rate).collect())
+                .collect());
         };
         let index_entries = self.entries(cache, true, start + seq)?;
         indexer.select(q_res, xs, seq, start, &index_entries, &self.rope, tables)
@@ -503,7 +539,11 @@ impl EntryIndexer {
         rope: &Rope,
         tables: &RopeTables,
     ) -> Result<Vec<Vec<usize>>, ModelError> {
-        let IndexShape { heads, head_dim: d, top_k } = self.shape;
+        let IndexShape {
+            heads,
+            head_dim: d,
+            top_k,
+        } = self.shape;
         let m = self.compressor.rate;
         let rope_offset = d - rope.dim();
         let mut q = self.q_b_proj.forward_values(q_res, seq)?;

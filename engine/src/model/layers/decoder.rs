@@ -10,15 +10,15 @@ use candle_core::{Device, Tensor};
 use super::attention::{AttentionPart, GroupedQueryAttention};
 use super::compressed::CompressedAttention;
 use super::embedding::Embedding;
-use super::hyper::{HyperConnection, HyperHead, Mixing};
 use super::experts::ExpertProvider;
+use super::hyper::{HyperConnection, HyperHead, Mixing};
+use super::indexer::Selection;
 use super::linear::LinearAttention;
 use super::mla::LatentAttention;
 use super::moe::MoeBlock;
-use super::indexer::Selection;
 use super::rope::{Rope, RopeTables};
-use crate::model::lockstep::Lockstep;
 use super::{Linear, Mlp, RmsNorm, values};
+use crate::model::lockstep::Lockstep;
 use crate::model::{ModelError, state::SequenceState};
 use crate::weights::Weights;
 
@@ -37,7 +37,10 @@ pub enum FeedForward {
     /// LongCat-Flash's first sublayer: a dense MLP, and a MoE block on the
     /// same input whose output is held back (its reads go on meanwhile)
     /// and added after the next sublayer's MLP.
-    Shortcut { mlp: Mlp, moe: Box<MoeBlock> },
+    Shortcut {
+        mlp: Mlp,
+        moe: Box<MoeBlock>,
+    },
     /// LongCat-Flash's second sublayer: its MLP plus the held-back MoE output.
     AddShortcut(Mlp),
 }
@@ -217,7 +220,8 @@ impl Decoder {
             which,
         }];
         let mut out = self.forward_parts(&mut parts)?;
-        out.pop().ok_or(ModelError::Internal("a pass gave no logits"))
+        out.pop()
+            .ok_or(ModelError::Internal("a pass gave no logits"))
     }
 
     /// Checks that `ids` can be fed: not empty, every id in the vocabulary.
@@ -279,12 +283,16 @@ impl Decoder {
             let (input, mixing) = collapse(attn_hc, &x, seq)?;
             let h = layer.input_norm.forward(&input)?;
             let h = match &layer.attention {
-                Attention::Grouped(a) => {
-                    a.forward(&h, index, &mut attention_parts(parts, &tables, &lens, &mut chosen))?
-                }
-                Attention::Latent(a) => {
-                    a.forward(&h, index, &mut attention_parts(parts, &tables, &lens, &mut chosen))?
-                }
+                Attention::Grouped(a) => a.forward(
+                    &h,
+                    index,
+                    &mut attention_parts(parts, &tables, &lens, &mut chosen),
+                )?,
+                Attention::Latent(a) => a.forward(
+                    &h,
+                    index,
+                    &mut attention_parts(parts, &tables, &lens, &mut chosen),
+                )?,
                 Attention::Linear(a) => {
                     each_part(parts, &h, &lens, |h, _, cache| a.forward(h, index, cache))?
                 }
@@ -318,16 +326,20 @@ impl Decoder {
                 FeedForward::AddShortcut(mlp) => {
                     self.pilot(index + 1, &input, &ids)?;
                     let y = mlp.forward(&h)?;
-                    let (moe, started) = held
-                        .take()
-                        .ok_or(ModelError::Internal("a shortcut added before its MoE block ran"))?;
+                    let (moe, started) = held.take().ok_or(ModelError::Internal(
+                        "a shortcut added before its MoE block ran",
+                    ))?;
                     (y + moe.finish(started)?)?
                 }
             };
             x = spread(ffn_hc, mixing, x, h)?;
         }
         if let Some(head) = &self.hyper_head {
-            x = Tensor::from_vec(head.collapse(&values(&x)?, seq)?, (seq, hidden), &Device::Cpu)?;
+            x = Tensor::from_vec(
+                head.collapse(&values(&x)?, seq)?,
+                (seq, hidden),
+                &Device::Cpu,
+            )?;
         }
         // The rows each part wants logits for, through the head in one product.
         let mut picked = Vec::with_capacity(parts.len());

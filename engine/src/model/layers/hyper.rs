@@ -54,11 +54,7 @@ impl HyperConnection {
         let n = shape.streams;
         let width = (2 + n) * n;
         Ok(Self {
-            mix: Linear::from_matrix(w.matrix(
-                &format!("{name}.fn"),
-                width,
-                n * shape.hidden,
-            )?),
+            mix: Linear::from_matrix(w.matrix(&format!("{name}.fn"), width, n * shape.hidden)?),
             base: values(&w.get(&format!("{name}.base"), &[width])?)?,
             scale: values(&w.get(&format!("{name}.scale"), &[3])?)?,
             shape: *shape,
@@ -147,7 +143,12 @@ impl HyperConnection {
 /// `Σ_j pre[j] · stream j`, over streams in order.
 fn weigh(streams: &[f32], pre: &[f32], d: usize) -> Vec<f32> {
     (0..d)
-        .map(|c| pre.iter().enumerate().map(|(j, p)| p * streams[j * d + c]).sum())
+        .map(|c| {
+            pre.iter()
+                .enumerate()
+                .map(|(j, p)| p * streams[j * d + c])
+                .sum()
+        })
         .collect()
 }
 

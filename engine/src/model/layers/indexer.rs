@@ -82,7 +82,9 @@ impl Pools {
                 let max = (0..self.size).map(logit).fold(f32::NEG_INFINITY, f32::max);
                 let weights: Vec<f32> = (0..self.size).map(|t| (logit(t) - max).exp()).collect();
                 let sum: f32 = weights.iter().sum();
-                (0..self.size).map(|t| weights[t] / sum * pool[t * 2 * dim + c]).sum()
+                (0..self.size)
+                    .map(|t| weights[t] / sum * pool[t * 2 * dim + c])
+                    .sum()
             })
             .collect()
     }
@@ -90,7 +92,14 @@ impl Pools {
     /// For the `seq` new positions from `start` (their rows `new`, after
     /// `open`, the rows of the pool they continue): the key of each pool a
     /// position completes, at that position; zeros at the others.
-    fn completed(&self, open: &[f32], new: &[f32], start: usize, seq: usize, dim: usize) -> Vec<f32> {
+    fn completed(
+        &self,
+        open: &[f32],
+        new: &[f32],
+        start: usize,
+        seq: usize,
+        dim: usize,
+    ) -> Vec<f32> {
         let mut rows = open.to_vec();
         let mut out = vec![0f32; seq * dim];
         for (i, row) in new.chunks_exact(2 * dim).enumerate() {
@@ -169,7 +178,9 @@ impl Indexer {
         let start = cache.len();
         let mut q = self.wq_b.forward_values(q_resid, seq)?;
         self.rope.rotate(&mut q, heads, d, 0, tables)?;
-        let mut k = self.k_norm.forward_values(&self.wk.forward_values(xs, seq)?);
+        let mut k = self
+            .k_norm
+            .forward_values(&self.wk.forward_values(xs, seq)?);
         self.rope.rotate(&mut k, 1, d, 0, tables)?;
         let weights = head_weights(&self.weights_proj, xs, seq, heads)?;
         if let Some(pools) = &self.pools {
@@ -183,7 +194,9 @@ impl Indexer {
         let (keys, _) = cache.append(self.slot, &k, d, &[], 0)?;
         let visible = (0..seq).map(|i| start + i + 1);
         let shape = (heads, d, s.top_k);
-        Ok(choose(&q, &weights, shape, visible, |n| Cow::Borrowed(&keys[..n * d])))
+        Ok(choose(&q, &weights, shape, visible, |n| {
+            Cow::Borrowed(&keys[..n * d])
+        }))
     }
 }
 
@@ -217,13 +230,18 @@ fn pooled_selection(
         .collect();
     let shape = (s.heads, d, s.top_k / size);
     let candidates = (0..seq).map(|i| (start + i + 1) / size);
-    let chosen = choose(q, weights, shape, candidates, |n| Cow::Borrowed(&keys[..n * d]));
+    let chosen = choose(q, weights, shape, candidates, |n| {
+        Cow::Borrowed(&keys[..n * d])
+    });
     chosen
         .into_iter()
         .enumerate()
         .map(|(i, kept)| {
             let seen = start + i + 1;
-            let mut tokens: Vec<usize> = kept.iter().flat_map(|&p| p * size..(p + 1) * size).collect();
+            let mut tokens: Vec<usize> = kept
+                .iter()
+                .flat_map(|&p| p * size..(p + 1) * size)
+                .collect();
             if pools.tail {
                 tokens.extend(seen / size * size..seen);
             }
@@ -366,7 +384,11 @@ mod tied {
     /// positions, DeepSeek-V4 choosing compressed entries.
     #[test]
     fn tied_index_scores_choose_the_same_positions_in_prefill_and_decode() {
-        for name in ["glm_moe_dsa_recent", "glm_moe_dsa_released", "deepseek_v4_recent"] {
+        for name in [
+            "glm_moe_dsa_recent",
+            "glm_moe_dsa_released",
+            "deepseek_v4_recent",
+        ] {
             let dir = fixture(name);
             let spec = ModelSpec::read(&dir.join("config.json")).unwrap();
             let source = Tied(SafetensorsCheckpoint::open(&dir).unwrap());
@@ -389,7 +411,10 @@ mod tied {
                 assert!(run(&model, chunk) == whole, "{name}: chunks of {chunk}");
             }
             // The tie-break decided something: the untied model reads other positions.
-            assert!(run(&honest, ids.len()) != whole, "{name}: the tie changed nothing");
+            assert!(
+                run(&honest, ids.len()) != whole,
+                "{name}: the tie changed nothing"
+            );
         }
     }
 }

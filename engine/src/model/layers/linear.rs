@@ -61,7 +61,12 @@ pub enum OutputGate {
 }
 
 /// `b(a(x))`, or `b(x)` without a low-rank first half.
-fn low_rank(a: Option<&Linear>, b: &Linear, xs: &[f32], seq: usize) -> Result<Vec<f32>, ModelError> {
+fn low_rank(
+    a: Option<&Linear>,
+    b: &Linear,
+    xs: &[f32],
+    seq: usize,
+) -> Result<Vec<f32>, ModelError> {
     match a {
         Some(a) => b.forward_values(&a.forward_values(xs, seq)?, seq),
         None => b.forward_values(xs, seq),
@@ -279,23 +284,25 @@ impl LinearAttention {
                 a_log,
                 dt_bias,
                 lower_bound,
-            } => (low_rank(f_a.as_ref(), f_b, xs, seq)?, a_log, dt_bias, *lower_bound),
+            } => (
+                low_rank(f_a.as_ref(), f_b, xs, seq)?,
+                a_log,
+                dt_bias,
+                *lower_bound,
+            ),
         };
         let width = dt_bias.len().max(1);
         let per_head = width / a_log.len().max(1);
         Ok(raw
             .chunks_exact(width)
             .flat_map(|row| {
-                row.iter()
-                    .zip(dt_bias)
-                    .enumerate()
-                    .map(move |(i, (x, b))| {
-                        let rate = a_log[i / per_head.max(1)].exp();
-                        match lower_bound {
-                            Some(bound) => bound * sigmoid(rate * (x + b)),
-                            None => -rate * softplus(x + b),
-                        }
-                    })
+                row.iter().zip(dt_bias).enumerate().map(move |(i, (x, b))| {
+                    let rate = a_log[i / per_head.max(1)].exp();
+                    match lower_bound {
+                        Some(bound) => bound * sigmoid(rate * (x + b)),
+                        None => -rate * softplus(x + b),
+                    }
+                })
             })
             .collect())
     }

@@ -316,8 +316,15 @@ impl LatentAttention {
             rope: self.qk_rope_dim,
             start,
         };
-        let out_latent =
-            latent_attention(&q_latent, q_rot, latent, k_rot, &shape, self.scale as f32, selected);
+        let out_latent = latent_attention(
+            &q_latent,
+            q_rot,
+            latent,
+            k_rot,
+            &shape,
+            self.scale as f32,
+            selected,
+        );
         let mut out = vec![0f32; seq * self.heads * v];
         for (h, p) in self.absorbed.iter().enumerate() {
             let y = p

@@ -95,7 +95,11 @@ impl SigmoidGroupedMoe {
             .to_vec1()?;
         let shared = match self.shared {
             0 => None,
-            n => Some(Mlp::load(&w.pp("shared_experts"), hidden, self.intermediate * n)?),
+            n => Some(Mlp::load(
+                &w.pp("shared_experts"),
+                hidden,
+                self.intermediate * n,
+            )?),
         };
         let scoring = Scoring::SigmoidGrouped {
             correction_bias: bias,
@@ -265,15 +269,15 @@ impl MoeBlock {
     /// The experts this layer's router picks for the `n` rows of `normed`
     /// (already through the layer's post-attention norm), ascending: the
     /// pilot's guess when `normed` comes from an earlier layer.
-    pub fn predict(
-        &self,
-        normed: &[f32],
-        n: usize,
-        ids: &[u32],
-    ) -> Result<Vec<usize>, ModelError> {
+    pub fn predict(&self, normed: &[f32], n: usize, ids: &[u32]) -> Result<Vec<usize>, ModelError> {
         let routes = self.router.route_values(normed, n, ids)?;
         let real = |e: &usize| self.extras.identity_from.is_none_or(|from| *e < from);
-        let mut ids: Vec<usize> = routes.iter().flatten().map(|&(e, _)| e).filter(real).collect();
+        let mut ids: Vec<usize> = routes
+            .iter()
+            .flatten()
+            .map(|&(e, _)| e)
+            .filter(real)
+            .collect();
         ids.sort_unstable();
         ids.dedup();
         Ok(ids)

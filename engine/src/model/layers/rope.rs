@@ -107,7 +107,11 @@ impl RopeParams {
             } => {
                 // In f32, as the reference computes it; the blend is
                 // computed only inside the band, where its divisor is not 0.
-                let (factor, low, high) = (*factor as f32, *low_freq_factor as f32, *high_freq_factor as f32);
+                let (factor, low, high) = (
+                    *factor as f32,
+                    *low_freq_factor as f32,
+                    *high_freq_factor as f32,
+                );
                 let original = *original_max_position_embeddings as f32;
                 let (low_wavelen, high_wavelen) = (original / low, original / high);
                 let inv = base

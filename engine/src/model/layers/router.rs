@@ -144,7 +144,11 @@ impl Router {
                 scaling,
             } => {
                 let probs = softmax(logits);
-                let choice: Vec<f32> = probs.iter().zip(correction_bias).map(|(p, b)| p + b).collect();
+                let choice: Vec<f32> = probs
+                    .iter()
+                    .zip(correction_bias)
+                    .map(|(p, b)| p + b)
+                    .collect();
                 let mut route: Route = top_k(&choice, self.top_k)
                     .into_iter()
                     .map(|e| (e, probs[e]))
@@ -175,7 +179,11 @@ impl Router {
                     .get(id * self.top_k..(id + 1) * self.top_k)
                     .ok_or(ModelError::Internal("a token past the routing table"))?;
                 let scores: Vec<f32> = logits.iter().map(|&l| softplus(l).sqrt()).collect();
-                renormalised(chosen.iter().map(|&e| e as usize).collect(), &scores, *scaling)
+                renormalised(
+                    chosen.iter().map(|&e| e as usize).collect(),
+                    &scores,
+                    *scaling,
+                )
             }
         })
     }
@@ -255,11 +263,18 @@ mod tests {
         };
         let logits = [1.0, 3.0, 2.0, 0.0];
         let probs = softmax(&logits);
-        let route = router(scoring(None), 4, 2).route_one(&logits, None).unwrap();
+        let route = router(scoring(None), 4, 2)
+            .route_one(&logits, None)
+            .unwrap();
         assert_eq!(route, vec![(3, probs[3] * 2.0), (1, probs[1] * 2.0)]);
-        let route = router(scoring(Some(1e-12)), 4, 2).route_one(&logits, None).unwrap();
+        let route = router(scoring(Some(1e-12)), 4, 2)
+            .route_one(&logits, None)
+            .unwrap();
         let sum = probs[3] + probs[1];
-        assert_eq!(route, vec![(3, probs[3] / sum * 2.0), (1, probs[1] / sum * 2.0)]);
+        assert_eq!(
+            route,
+            vec![(3, probs[3] / sum * 2.0), (1, probs[1] / sum * 2.0)]
+        );
     }
 
     #[test]

@@ -68,7 +68,6 @@ pub fn expert(
     Expert::new(gate_up, down)
 }
 
-
 /// Every expert of one layer (`ew`: its `mlp.experts`) as a record at its
 /// stored width: gate rows, up rows (de-interleaved), then down rows. Each
 /// stacked tensor is read once; packs write exactly these bytes.
@@ -87,13 +86,23 @@ pub fn layer_records(
     if mxfp4::is_blocked(source, &gate_up) {
         let gu = mxfp4::load(source, &gate_up, &[count, 2 * inter, hidden])?;
         let d = mxfp4::load(source, &down, &[count, hidden, inter])?;
-        return Ok(stack_records(&gu, &d, Format::Mxfp4, count, hidden, inter, order));
+        return Ok(stack_records(
+            &gu,
+            &d,
+            Format::Mxfp4,
+            count,
+            hidden,
+            inter,
+            order,
+        ));
     }
     // Plain floats, stored `x · W`: transposed to rows of outputs.
     let gu = transposed(source, &gate_up, &[count, hidden, 2 * inter])?;
     let d = transposed(source, &down, &[count, inter, hidden])?;
     let format = gu.0;
-    Ok(stack_records(&gu.1, &d.1, format, count, hidden, inter, order))
+    Ok(stack_records(
+        &gu.1, &d.1, format, count, hidden, inter, order,
+    ))
 }
 
 /// Records from experts stored one by one, gate and up apart (a GGUF's
@@ -206,4 +215,3 @@ fn stack_records(
         })
         .collect()
 }
-

@@ -122,7 +122,11 @@ fn tools_and_format(m: &ChatMessage) -> Result<String, String> {
     Ok(out)
 }
 
-fn render_message(index: usize, messages: &[ChatMessage], mode: ThinkingMode) -> Result<String, String> {
+fn render_message(
+    index: usize,
+    messages: &[ChatMessage],
+    mode: ThinkingMode,
+) -> Result<String, String> {
     let m = &messages[index];
     let last_user = last_user_index(messages);
     let thinking = mode == ThinkingMode::Thinking;

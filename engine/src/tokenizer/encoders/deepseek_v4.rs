@@ -191,11 +191,15 @@ fn sort_tool_results(messages: &mut [Msg]) {
         } else if role(m) == "user"
             && let Some(Value::Array(blocks)) = m.get_mut("content_blocks")
         {
-            let is_result = |b: &Value| b.get("type").and_then(Value::as_str) == Some("tool_result");
+            let is_result =
+                |b: &Value| b.get("type").and_then(Value::as_str) == Some("tool_result");
             let mut results: Vec<Value> = blocks.iter().filter(|b| is_result(b)).cloned().collect();
             if results.len() > 1 && !order.is_empty() {
                 let rank = |b: &Value| {
-                    let id = b.get("tool_use_id").and_then(Value::as_str).unwrap_or_default();
+                    let id = b
+                        .get("tool_use_id")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
                     order.iter().find(|(k, _)| k == id).map_or(0, |(_, i)| *i)
                 };
                 // Python's sort is stable, as this one is.
@@ -214,7 +218,13 @@ fn sort_tool_results(messages: &mut [Msg]) {
 /// `_drop_thinking_messages`.
 fn drop_thinking(messages: &[Msg]) -> Vec<Msg> {
     let last = last_user_index(messages);
-    const KEEP: &[&str] = &["user", "system", "tool", "latest_reminder", "direct_search_results"];
+    const KEEP: &[&str] = &[
+        "user",
+        "system",
+        "tool",
+        "latest_reminder",
+        "direct_search_results",
+    ];
     messages
         .iter()
         .enumerate()
@@ -287,7 +297,11 @@ fn user_blocks(blocks: &[Value]) -> String {
         .map(|b| {
             let kind = b.get("type").and_then(Value::as_str).unwrap_or("None");
             match kind {
-                "text" => b.get("text").and_then(Value::as_str).unwrap_or_default().to_string(),
+                "text" => b
+                    .get("text")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
                 "tool_result" => {
                     let content = match b.get("content") {
                         Some(Value::Array(items)) => items
@@ -367,7 +381,11 @@ fn render_message(
             if thinking && !prev_has_task && (!drop || index as isize > last_user) {
                 reasoning = format!("{}{THINK_END}", text(m, "reasoning_content"));
             }
-            let eos = if get(m, "wo_eos").is_some_and(truthy) { "" } else { EOS };
+            let eos = if get(m, "wo_eos").is_some_and(truthy) {
+                ""
+            } else {
+                EOS
+            };
             prompt += &format!("{reasoning}{}{tool_calls}{eos}", text(m, "content"));
         }
         other => return Err(format!("unknown role `{other}`")),
