@@ -2,10 +2,10 @@
 # Runs every Longhaul check: formatting, generated files, lints and all tests.
 #
 # Everything builds in the `release` profile, the one `scripts/start.sh`
-# installs from, and the workspace's members resolve their dependencies'
-# features alike (see `unify/`), so after `start.sh` this rebuilds only the
-# desktop shell's own dependencies, the crates under test and their test
-# harnesses. The time of each phase is printed at the end.
+# installs from, and every build resolves shared crates alike (see
+# scripts/unify.py), so after `start.sh` this builds only the desktop
+# shell's own dependencies, the engine with its tests' `internals` and the
+# test harnesses. The time of each phase is printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
@@ -26,7 +26,7 @@ longhaul_build_ui
 phase "format"
 cargo fmt --all --check
 phase "generated files"
-# Every member's dependencies resolve with one feature set (unify/).
+# Every build below and start.sh's resolve shared crates alike (unify/).
 python3 scripts/unify.py --check
 phase "lints"
 cargo clippy --release --workspace --all-targets --locked -- -D warnings
