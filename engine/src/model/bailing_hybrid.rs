@@ -21,7 +21,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::config::{ConfigError, RawConfig};
-use super::family::{FamilyConfig, Parsed, Row, hybrid_layout};
+use super::family::{Family, Parsed, family_config, hybrid_layout};
 use super::glm4_moe::{MoeDefaults, parse_moe};
 use super::kimi_linear::load_kda;
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
@@ -31,7 +31,6 @@ use super::layers::mla::{LatentAttention, MlaShape};
 use super::layers::moe::SigmoidGroupedMoe;
 use super::layers::rope::{Rope, RopeParams};
 use super::layers::{Linear, Mlp};
-use super::state::StateLayout;
 use super::{CommonConfig, ModelError, assemble};
 use crate::synth::{
     Add, DEEPSEEK_MOE, FLOAT_DTYPES, Fill, MlaDims, Shape, SynthAttention, SynthSpec,
@@ -184,9 +183,10 @@ pub fn build(
 }
 
 /// Ling 3.0.
-pub static FAMILY: Row = Row {
+pub static FAMILY: Family = Family {
     types: &["bailing_hybrid"],
     parse: |raw, _| Ok(Parsed::plain(Config::parse(raw)?)),
+    gguf: &[],
     synth: Some(&SYNTH),
 };
 
@@ -268,27 +268,15 @@ fn synth_attention(s: &SynthSpec, p: &str, l: usize, t: &mut Add) {
     t(format!("{a}.o_proj.weight"), vec![h, width], std(width));
 }
 
-impl FamilyConfig for Config {
-    fn common(&self) -> &CommonConfig {
-        &self.common
-    }
-
+family_config! {
     /// KDA layers' fixed state; MLA layers' latents.
-    fn state_layout(&self) -> StateLayout {
+    layout: |c| {
         hybrid_layout(
-            &self.linear,
-            self.kda.state_values(),
-            self.mla.kv_lora_rank + self.mla.rope,
+            &c.linear,
+            c.kda.state_values(),
+            c.mla.kv_lora_rank + c.mla.rope,
         )
-    }
-
-    fn build(
-        &self,
-        w: &Weights,
-        experts: Option<Arc<dyn ExpertProvider>>,
-    ) -> Result<Decoder, ModelError> {
-        build(self, w, experts)
-    }
+    },
 
     /// Ling's own names, where the files use them.
     fn released_names<'a>(

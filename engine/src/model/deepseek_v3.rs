@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use super::config::{ConfigError, RawConfig};
-use super::family::{Family, FamilyConfig, Parsed};
+use super::family::{Family, Parsed, family_config};
 use super::layers::Mlp;
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
@@ -15,7 +15,7 @@ use super::layers::moe::{MoeBlock, SigmoidGroupedMoe};
 use super::layers::rope::{Rope, RopeParams};
 use super::state::{SlotKind, StateLayout};
 use super::{CommonConfig, ModelError, assemble};
-use crate::synth::{self, ALL_DTYPES, DEEPSEEK_MOE, Shape, SynthAttention, SynthFamily};
+use crate::synth::{self, ALL_DTYPES, DEEPSEEK_MOE, Shape, SynthAttention};
 use crate::weights::Weights;
 use serde_json::json;
 
@@ -236,44 +236,34 @@ pub fn build_with(
 
 /// DeepSeek-V3 and Kimi K2 (K2.5 wraps a K2 text model; its vision tower
 /// is not used).
-pub struct DeepseekV3Family;
+pub static FAMILY: Family = Family {
+    types: &["deepseek_v3", "kimi_k2", "kimi_k25"],
+    parse: parse_family,
+    gguf: &["deepseek2"],
+    synth: Some(&SYNTH),
+};
 
-pub static FAMILY: DeepseekV3Family = DeepseekV3Family;
-
-impl Family for DeepseekV3Family {
-    fn synth(&self) -> Option<&'static dyn SynthFamily> {
-        Some(&SYNTH)
+/// Reads a config of one of [`FAMILY`]'s types.
+fn parse_family(raw: &RawConfig, model_type: &str) -> Result<Parsed, ConfigError> {
+    if model_type != "kimi_k25" {
+        return Ok(Parsed::plain(Config::parse(raw)?));
     }
-
-    fn model_types(&self) -> &'static [&'static str] {
-        &["deepseek_v3", "kimi_k2", "kimi_k25"]
-    }
-
-    fn parse(&self, raw: &RawConfig, model_type: &str) -> Result<Parsed, ConfigError> {
-        if model_type != "kimi_k25" {
-            return Ok(Parsed::plain(Config::parse(raw)?));
+    let text = raw.sub_config("text_config")?;
+    let mut c = Config::parse(&text)?;
+    // The wrapper's own setting decides; absent, the files do.
+    match raw.get("tie_word_embeddings") {
+        Some(v) => {
+            c.common.tie_word_embeddings = v
+                .as_bool()
+                .ok_or_else(|| raw.invalid("tie_word_embeddings", "expected true or false"))?;
         }
-        let text = raw.sub_config("text_config")?;
-        let mut c = Config::parse(&text)?;
-        // The wrapper's own setting decides; absent, the files do.
-        match raw.get("tie_word_embeddings") {
-            Some(v) => {
-                c.common.tie_word_embeddings = v
-                    .as_bool()
-                    .ok_or_else(|| raw.invalid("tie_word_embeddings", "expected true or false"))?;
-            }
-            None => c.common.tie_if_head_missing = true,
-        }
-        Ok(Parsed {
-            quantization: super::quantization::parse(&text)?,
-            weight_prefix: "language_model.",
-            ..Parsed::plain(c)
-        })
+        None => c.common.tie_if_head_missing = true,
     }
-
-    fn gguf_architectures(&self) -> &'static [&'static str] {
-        &["deepseek2"]
-    }
+    Ok(Parsed {
+        quantization: super::quantization::parse(&text)?,
+        weight_prefix: "language_model.",
+        ..Parsed::plain(c)
+    })
 }
 
 impl Config {
@@ -308,20 +298,6 @@ static SYNTH: Shape = Shape {
     head: None,
 };
 
-impl FamilyConfig for Config {
-    fn common(&self) -> &CommonConfig {
-        &self.common
-    }
-
-    fn state_layout(&self) -> StateLayout {
-        self.latent_layout()
-    }
-
-    fn build(
-        &self,
-        w: &Weights,
-        experts: Option<Arc<dyn ExpertProvider>>,
-    ) -> Result<Decoder, ModelError> {
-        build(self, w, experts)
-    }
+family_config! {
+    layout: |c| c.latent_layout(),
 }

@@ -10,11 +10,10 @@
 
 use serde_json::json;
 
-use super::config::{ConfigError, RawConfig};
 use super::deepseek_v3::DEEPSEEK_V3;
 use super::family::{Family, Parsed};
 use super::glm_moe_dsa::{Config, Variant};
-use crate::synth::{self, ALL_DTYPES, DEEPSEEK_MOE, Shape, SynthAttention, SynthFamily};
+use crate::synth::{self, ALL_DTYPES, DEEPSEEK_MOE, Shape, SynthAttention};
 
 /// `DeepseekV32Config`'s.
 pub const DEEPSEEK_V32: Variant = Variant {
@@ -25,23 +24,12 @@ pub const DEEPSEEK_V32: Variant = Variant {
 };
 
 /// DeepSeek-V3.2.
-pub struct DeepseekV32Family;
-
-pub static FAMILY: DeepseekV32Family = DeepseekV32Family;
-
-impl Family for DeepseekV32Family {
-    fn model_types(&self) -> &'static [&'static str] {
-        &["deepseek_v32"]
-    }
-
-    fn parse(&self, raw: &RawConfig, _model_type: &str) -> Result<Parsed, ConfigError> {
-        Ok(Parsed::plain(Config::parse_with(raw, &DEEPSEEK_V32)?))
-    }
-
-    fn synth(&self) -> Option<&'static dyn SynthFamily> {
-        Some(&SYNTH)
-    }
-}
+pub static FAMILY: Family = Family {
+    types: &["deepseek_v32"],
+    parse: |raw, _| Ok(Parsed::plain(Config::parse_with(raw, &DEEPSEEK_V32)?)),
+    gguf: &[],
+    synth: Some(&SYNTH),
+};
 
 /// `synth --arch deepseek_v32`: DeepSeek-V3's shape with an indexer per layer.
 static SYNTH: Shape = Shape {

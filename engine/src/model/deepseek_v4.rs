@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use super::config::{ConfigError, RawConfig};
-use super::family::{Family, FamilyConfig, Parsed};
+use super::family::{Family, Parsed, family_config};
 use super::layers::Mlp;
 use super::layers::compressed::{CompressedAttention, CompressedShape, IndexShape, LayerKind};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
@@ -20,7 +20,7 @@ use super::layers::rope::{Rope, RopeKind, RopeParams};
 use super::layers::router::Scoring;
 use super::state::{SlotKind, SlotRole, StateLayout};
 use super::{CommonConfig, ModelError, assemble};
-use crate::synth::{Shape, SynthFamily};
+use crate::synth::Shape;
 use crate::weights::{RawTensor, TensorSource, Weights, WeightsError};
 
 /// `DeepseekV4Config`'s defaults for fields a config may omit.
@@ -560,43 +560,18 @@ impl TensorSource for ReleasedNames<'_> {
 }
 
 /// DeepSeek-V4.
-pub struct DeepseekV4Family;
-
-pub static FAMILY: DeepseekV4Family = DeepseekV4Family;
-
-impl Family for DeepseekV4Family {
-    fn synth(&self) -> Option<&'static dyn SynthFamily> {
-        Some(SYNTH)
-    }
-
-    fn model_types(&self) -> &'static [&'static str] {
-        &["deepseek_v4"]
-    }
-
-    fn parse(&self, raw: &RawConfig, _model_type: &str) -> Result<Parsed, ConfigError> {
-        Ok(Parsed::plain(Config::parse(raw)?))
-    }
-}
+pub static FAMILY: Family = Family {
+    types: &["deepseek_v4"],
+    parse: |raw, _| Ok(Parsed::plain(Config::parse(raw)?)),
+    gguf: &[],
+    synth: Some(SYNTH),
+};
 
 /// `synth --arch deepseek_v4`.
 static SYNTH: &Shape = &crate::synth::deepseek_v4::SHAPE;
 
-impl FamilyConfig for Config {
-    fn common(&self) -> &CommonConfig {
-        &self.common
-    }
-
-    fn state_layout(&self) -> StateLayout {
-        self.layout()
-    }
-
-    fn build(
-        &self,
-        w: &Weights,
-        experts: Option<Arc<dyn ExpertProvider>>,
-    ) -> Result<Decoder, ModelError> {
-        build(self, w, experts)
-    }
+family_config! {
+    layout: |c| c.layout(),
 
     fn released_names<'a>(
         &self,

@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::CommonConfig;
 use super::config::{ConfigError, RawConfig};
-use super::family::{Parsed, Row};
+use super::family::{Family, Parsed};
 use super::glm4_moe::{self, MoeDefaults, check_rotary, parse_moe};
 use super::qwen3_moe::check_heads;
 use crate::synth::{ALL_DTYPES, DEEPSEEK_MOE, QkNorm, Shape, SynthAttention};
@@ -75,9 +75,10 @@ pub fn parse(raw: &RawConfig) -> Result<glm4_moe::Config, ConfigError> {
 }
 
 /// dots.llm1.
-pub static FAMILY: Row = Row {
+pub static FAMILY: Family = Family {
     types: &["dots1"],
     parse: |raw, _| Ok(Parsed::plain(parse(raw)?)),
+    gguf: &[],
     synth: Some(&SYNTH),
 };
 

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::config::{ConfigError, RawConfig};
-use super::family::{FamilyConfig, Parsed, Row, grouped_layout};
+use super::family::{Family, Parsed, family_config, grouped_layout};
 use super::layers::Mlp;
 use super::layers::attention::{GqaShape, GroupedQueryAttention};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
@@ -26,7 +26,6 @@ use super::layers::moe::MoeBlock;
 use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::Scoring;
 use super::qwen3_moe::check_heads;
-use super::state::StateLayout;
 use super::{CommonConfig, ModelError, assemble};
 use crate::synth::{FLOAT_DTYPES, Moe, PROJ_MOE, QkNorm, RouterBias, Shape, SynthAttention};
 use crate::weights::Weights;
@@ -179,9 +178,10 @@ pub fn build(
 }
 
 /// ERNIE 4.5 MoE.
-pub static FAMILY: Row = Row {
+pub static FAMILY: Family = Family {
     types: &["ernie4_5_moe"],
     parse: |raw, _| Ok(Parsed::plain(Config::parse(raw)?)),
+    gguf: &[],
     synth: Some(&SYNTH),
 };
 
@@ -214,22 +214,8 @@ static SYNTH: Shape = Shape {
     head: None,
 };
 
-impl FamilyConfig for Config {
-    fn common(&self) -> &CommonConfig {
-        &self.common
-    }
-
-    fn state_layout(&self) -> StateLayout {
-        grouped_layout(self.common.num_layers, self.kv_heads, self.head_dim)
-    }
-
-    fn build(
-        &self,
-        w: &Weights,
-        experts: Option<Arc<dyn ExpertProvider>>,
-    ) -> Result<Decoder, ModelError> {
-        build(self, w, experts)
-    }
+family_config! {
+    layout: |c| grouped_layout(c.common.num_layers, c.kv_heads, c.head_dim),
 }
 
 #[cfg(test)]

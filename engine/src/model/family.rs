@@ -1,14 +1,13 @@
 //! A family is a file and a row.
 //!
-//! Each model family (Qwen3-MoE, DeepSeek-V3, …) lives in its own file and
-//! implements two traits: [`Family`] says which `model_type` values it reads
-//! and how (and which GGUF architectures and `synth` shapes it has), and the
-//! [`FamilyConfig`] it parses knows its state and builds its decoder. Most
-//! families' [`Family`] is a [`Row`]: their types, parser and synth shape.
-//! [`FAMILIES`] lists them; the supported types, config parsing, the GGUF
-//! architecture map and `synth --arch` all read that one table. Adding
-//! MiniMax-M2 before this took edits at seven places in `model/mod.rs` and
-//! four other model files; a family now touches its file and its row.
+//! Each model family (Qwen3-MoE, DeepSeek-V3, …) lives in its own file with
+//! its row, a [`Family`]: which `model_type` values it reads and how, which
+//! GGUF architectures and `synth` shape it has. The [`FamilyConfig`] it
+//! parses knows its state and builds its decoder. [`FAMILIES`] lists the
+//! rows; the supported types, config parsing, the GGUF architecture map and
+//! `synth --arch` all read that one table. Adding MiniMax-M2 before this took
+//! edits at seven places in `model/mod.rs` and four other model files; a
+//! family now touches its file and one line of [`FAMILIES`].
 
 use std::any::Any;
 use std::fmt::Debug;
@@ -22,43 +21,36 @@ use super::state::{SlotKind, StateLayout};
 use super::{CommonConfig, ModelError};
 use crate::weights::{TensorSource, Weights};
 
-/// One model family.
-pub trait Family: Sync {
-    /// The `model_type` values it reads; the first names the family.
-    fn model_types(&self) -> &'static [&'static str];
-
-    /// Reads `raw`, whose `model_type` is one of [`Family::model_types`].
-    fn parse(&self, raw: &RawConfig, model_type: &str) -> Result<Parsed, ConfigError>;
-
-    /// The GGUF `general.architecture` values its files are imported from.
-    fn gguf_architectures(&self) -> &'static [&'static str] {
-        &[]
-    }
-
-    /// How `synth --arch NAME` writes one, where it can.
-    fn synth(&self) -> Option<&'static dyn crate::synth::SynthFamily> {
-        None
-    }
-}
-
-/// A family with nothing of its own beyond its `model_type` values, how it
-/// reads a config and how `synth` writes one: most families' row.
-pub struct Row {
+/// One model family: the `model_type` values it reads (the first names it),
+/// how it reads a config, the GGUF `general.architecture` values its files
+/// are imported from, and how `synth --arch NAME` writes one, where it can.
+/// Each family's file holds its row as `FAMILY`.
+pub struct Family {
     pub types: &'static [&'static str],
+    /// Reads `raw`, whose `model_type` (the second argument) is one of `types`.
     pub parse: fn(&RawConfig, &str) -> Result<Parsed, ConfigError>,
+    pub gguf: &'static [&'static str],
     pub synth: Option<&'static dyn crate::synth::SynthFamily>,
 }
 
-impl Family for Row {
-    fn model_types(&self) -> &'static [&'static str] {
+impl Family {
+    /// The `model_type` values it reads; the first names the family.
+    pub fn model_types(&self) -> &'static [&'static str] {
         self.types
     }
 
-    fn parse(&self, raw: &RawConfig, model_type: &str) -> Result<Parsed, ConfigError> {
+    /// Reads `raw`, whose `model_type` is one of [`Family::model_types`].
+    pub fn parse(&self, raw: &RawConfig, model_type: &str) -> Result<Parsed, ConfigError> {
         (self.parse)(raw, model_type)
     }
 
-    fn synth(&self) -> Option<&'static dyn crate::synth::SynthFamily> {
+    /// The GGUF `general.architecture` values its files are imported from.
+    pub fn gguf_architectures(&self) -> &'static [&'static str] {
+        self.gguf
+    }
+
+    /// How `synth --arch NAME` writes one, where it can.
+    pub fn synth(&self) -> Option<&'static dyn crate::synth::SynthFamily> {
         self.synth
     }
 }
@@ -131,6 +123,41 @@ pub trait FamilyConfig: Debug + Send + Sync + AsAny {
     }
 }
 
+/// Implements [`FamilyConfig`] for the `Config` of the family file it is
+/// used in, whose `common` field is its [`CommonConfig`] and whose `build`
+/// function builds its decoder: `layout` gives the state layout from the
+/// config (`c`), and any further methods (`released_names`,
+/// `stacked_experts`, …) follow it. Sixteen files wrote those three methods
+/// out each.
+macro_rules! family_config {
+    ($(#[$doc:meta])* layout: |$c:ident| $layout:expr, $($methods:tt)*) => {
+        impl $crate::model::family::FamilyConfig for Config {
+            fn common(&self) -> &$crate::model::CommonConfig {
+                &self.common
+            }
+
+            $(#[$doc])*
+            fn state_layout(&self) -> $crate::model::state::StateLayout {
+                let $c = self;
+                $layout
+            }
+
+            fn build(
+                &self,
+                w: &$crate::weights::Weights,
+                experts: Option<
+                    std::sync::Arc<dyn $crate::model::layers::experts::ExpertProvider>,
+                >,
+            ) -> Result<$crate::model::layers::decoder::Decoder, $crate::model::ModelError> {
+                build(self, w, experts)
+            }
+
+            $($methods)*
+        }
+    };
+}
+pub(crate) use family_config;
+
 /// Lets a `dyn FamilyConfig` be looked at as its own type (the pack
 /// writer asks for a family's settings by type).
 pub trait AsAny: Any {
@@ -165,7 +192,7 @@ pub fn hybrid_layout(linear: &[bool], values: usize, per_position: usize) -> Sta
 }
 
 /// Every family Longhaul runs, in the order the README lists them.
-pub static FAMILIES: &[&dyn Family] = &[
+pub static FAMILIES: &[&Family] = &[
     &super::qwen3_moe::FAMILY,
     &super::mixtral::FAMILY,
     &super::deepseek_v3::FAMILY,
@@ -188,7 +215,7 @@ pub static FAMILIES: &[&dyn Family] = &[
 ];
 
 /// The family that reads `model_type`.
-pub fn family_of(model_type: &str) -> Option<&'static dyn Family> {
+pub fn family_of(model_type: &str) -> Option<&'static Family> {
     FAMILIES
         .iter()
         .copied()
@@ -204,7 +231,7 @@ pub fn supported_model_types() -> Vec<&'static str> {
 }
 
 /// The family a GGUF file's `general.architecture` names.
-pub fn family_of_gguf(architecture: &str) -> Option<&'static dyn Family> {
+pub fn family_of_gguf(architecture: &str) -> Option<&'static Family> {
     FAMILIES
         .iter()
         .copied()

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::config::{ConfigError, RawConfig};
-use super::family::{Family, FamilyConfig, Parsed, grouped_layout};
+use super::family::{Family, Parsed, family_config, grouped_layout};
 use super::layers::Mlp;
 use super::layers::attention::{GqaShape, GroupedQueryAttention};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
@@ -20,9 +20,8 @@ use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAME
 use super::layers::moe::SigmoidGroupedMoe;
 use super::layers::rope::{Rope, RopeParams};
 use super::qwen3_moe::check_heads;
-use super::state::StateLayout;
 use super::{CommonConfig, ModelError, assemble};
-use crate::synth::{ALL_DTYPES, DEEPSEEK_MOE, QkNorm, Shape, SynthAttention, SynthFamily};
+use crate::synth::{ALL_DTYPES, DEEPSEEK_MOE, QkNorm, Shape, SynthAttention};
 use crate::weights::Weights;
 
 /// `Glm4MoeConfig`'s defaults.
@@ -206,23 +205,12 @@ pub fn build(
 }
 
 /// GLM-4.5 to 4.7.
-pub struct Glm4MoeFamily;
-
-pub static FAMILY: Glm4MoeFamily = Glm4MoeFamily;
-
-impl Family for Glm4MoeFamily {
-    fn model_types(&self) -> &'static [&'static str] {
-        &["glm4_moe"]
-    }
-
-    fn parse(&self, raw: &RawConfig, _model_type: &str) -> Result<Parsed, ConfigError> {
-        Ok(Parsed::plain(Config::parse(raw)?))
-    }
-
-    fn synth(&self) -> Option<&'static dyn SynthFamily> {
-        Some(&SYNTH)
-    }
-}
+pub static FAMILY: Family = Family {
+    types: &["glm4_moe"],
+    parse: |raw, _| Ok(Parsed::plain(Config::parse(raw)?)),
+    gguf: &[],
+    synth: Some(&SYNTH),
+};
 
 /// `synth --arch glm4_moe`: GLM-4.5's proportions (q/k norms, biases, a
 /// shared expert, one dense layer first).
@@ -249,22 +237,8 @@ static SYNTH: Shape = Shape {
     head: None,
 };
 
-impl FamilyConfig for Config {
-    fn common(&self) -> &CommonConfig {
-        &self.common
-    }
-
-    fn state_layout(&self) -> StateLayout {
-        grouped_layout(self.common.num_layers, self.kv_heads, self.head_dim)
-    }
-
-    fn build(
-        &self,
-        w: &Weights,
-        experts: Option<Arc<dyn ExpertProvider>>,
-    ) -> Result<Decoder, ModelError> {
-        build(self, w, experts)
-    }
+family_config! {
+    layout: |c| grouped_layout(c.common.num_layers, c.kv_heads, c.head_dim),
 }
 
 #[cfg(test)]

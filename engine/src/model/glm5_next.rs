@@ -27,7 +27,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::config::{ConfigError, RawConfig};
-use super::family::{FamilyConfig, Parsed, Row};
+use super::family::{Family, FamilyConfig, Parsed, family_config};
 use super::glm4_moe::{MoeDefaults, parse_moe};
 use super::kimi_linear::load_kda;
 use super::layers::Mlp;
@@ -39,7 +39,7 @@ use super::layers::linear::DeltaShape;
 use super::layers::mla::{LatentAttention, MlaShape, SparseKeys};
 use super::layers::moe::SigmoidGroupedMoe;
 use super::layers::rope::{Rope, RopeKind, RopeParams};
-use super::state::{SlotKind, SlotRole, StateLayout};
+use super::state::{SlotKind, SlotRole};
 use super::{CommonConfig, ModelError, assemble};
 use crate::synth::{
     Add, DEEPSEEK_MOE, FLOAT_DTYPES, Fill, MlaDims, SYNTH_INDEX_TOPK, Shape, SynthAttention,
@@ -367,9 +367,10 @@ pub fn build(
 }
 
 /// GLM-5.3-Flash.
-pub static FAMILY: Row = Row {
+pub static FAMILY: Family = Family {
     types: &["glm5_next", "glm5_next_text"],
     parse: parse_config,
+    gguf: &[],
     synth: Some(&SYNTH),
 };
 
@@ -512,37 +513,25 @@ fn parse_config(raw: &RawConfig, _model_type: &str) -> Result<Parsed, ConfigErro
     })
 }
 
-impl FamilyConfig for Config {
-    fn common(&self) -> &CommonConfig {
-        &self.common
-    }
-
+family_config! {
     /// KDA layers' fixed state, latent layers' rows, then each indexer's
     /// key and gate rows and its completed pools' keys.
-    fn state_layout(&self) -> StateLayout {
+    layout: |c| {
         let mut layout = super::family::hybrid_layout(
-            &self.linear,
-            self.kda.state_values(),
-            self.mla.kv_lora_rank,
+            &c.linear,
+            c.kda.state_values(),
+            c.mla.kv_lora_rank,
         );
-        for i in (0..self.linear.len()).filter(|&i| !self.linear[i] && self.own_indexer[i]) {
+        for i in (0..c.linear.len()).filter(|&i| !c.linear[i] && c.own_indexer[i]) {
             layout.push(
                 SlotRole::IndexKeys(i),
                 SlotKind::Appending {
-                    per_position: 3 * self.index.head_dim,
+                    per_position: 3 * c.index.head_dim,
                 },
             );
         }
         layout
-    }
-
-    fn build(
-        &self,
-        w: &Weights,
-        experts: Option<Arc<dyn ExpertProvider>>,
-    ) -> Result<Decoder, ModelError> {
-        build(self, w, experts)
-    }
+    },
 
     /// The release's (and `save_pretrained`'s) hyper-connection names.
     fn released_names<'a>(

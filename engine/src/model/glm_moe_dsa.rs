@@ -19,7 +19,7 @@ use super::layers::mla::SparseKeys;
 use super::layers::rope::Rope;
 use super::state::{SlotKind, SlotRole, StateLayout};
 use super::{CommonConfig, ModelError};
-use crate::synth::{self, ALL_DTYPES, DEEPSEEK_MOE, Shape, SynthAttention, SynthFamily};
+use crate::synth::{self, ALL_DTYPES, DEEPSEEK_MOE, Shape, SynthAttention};
 use crate::weights::Weights;
 use serde_json::json;
 
@@ -235,23 +235,12 @@ pub fn build(
 }
 
 /// GLM-5.
-pub struct GlmMoeDsaFamily;
-
-pub static FAMILY: GlmMoeDsaFamily = GlmMoeDsaFamily;
-
-impl Family for GlmMoeDsaFamily {
-    fn synth(&self) -> Option<&'static dyn SynthFamily> {
-        Some(&SYNTH)
-    }
-
-    fn model_types(&self) -> &'static [&'static str] {
-        &["glm_moe_dsa"]
-    }
-
-    fn parse(&self, raw: &RawConfig, _model_type: &str) -> Result<Parsed, ConfigError> {
-        Ok(Parsed::plain(Config::parse(raw)?))
-    }
-}
+pub static FAMILY: Family = Family {
+    types: &["glm_moe_dsa"],
+    parse: |raw, _| Ok(Parsed::plain(Config::parse(raw)?)),
+    gguf: &[],
+    synth: Some(&SYNTH),
+};
 
 /// `synth --arch glm_moe_dsa`.
 static SYNTH: Shape = Shape {

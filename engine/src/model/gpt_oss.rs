@@ -14,7 +14,7 @@
 use std::sync::Arc;
 
 use super::config::{ConfigError, RawConfig};
-use super::family::{Family, FamilyConfig, Parsed, grouped_layout};
+use super::family::{Family, Parsed, family_config, grouped_layout};
 use super::layers::attention::{GqaShape, GroupedQueryAttention};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{Activation, ExpertProvider, ExpertSetup};
@@ -24,9 +24,8 @@ use super::layers::router::{Router, Scoring};
 use super::layers::stacked::{self, GateUp, StackedExperts};
 use super::layers::{Linear, values};
 use super::qwen3_moe::check_heads;
-use super::state::StateLayout;
 use super::{CommonConfig, ModelError, assemble};
-use crate::synth::{Shape, SynthFamily};
+use crate::synth::Shape;
 use crate::weights::Weights;
 
 const DEFAULT_ROPE_THETA: f64 = 150_000.0;
@@ -192,49 +191,20 @@ fn biases(
 }
 
 /// gpt-oss.
-pub struct GptOssFamily;
-
-pub static FAMILY: GptOssFamily = GptOssFamily;
-
-impl Family for GptOssFamily {
-    fn synth(&self) -> Option<&'static dyn SynthFamily> {
-        Some(SYNTH)
-    }
-
-    fn model_types(&self) -> &'static [&'static str] {
-        &["gpt_oss"]
-    }
-
-    fn parse(&self, raw: &RawConfig, _model_type: &str) -> Result<Parsed, ConfigError> {
-        Ok(Parsed::plain(Config::parse(raw)?))
-    }
-
-    fn gguf_architectures(&self) -> &'static [&'static str] {
-        &["gpt-oss"]
-    }
-}
+pub static FAMILY: Family = Family {
+    types: &["gpt_oss"],
+    parse: |raw, _| Ok(Parsed::plain(Config::parse(raw)?)),
+    gguf: &["gpt-oss"],
+    synth: Some(SYNTH),
+};
 
 /// `synth --arch gpt_oss`.
 static SYNTH: &Shape = &crate::synth::gpt_oss::SHAPE;
 
-impl FamilyConfig for Config {
-    fn common(&self) -> &CommonConfig {
-        &self.common
-    }
-
-    fn state_layout(&self) -> StateLayout {
-        grouped_layout(self.common.num_layers, self.kv_heads, self.head_dim)
-    }
+family_config! {
+    layout: |c| grouped_layout(c.common.num_layers, c.kv_heads, c.head_dim),
 
     fn stacked_experts(&self) -> Option<StackedExperts> {
         Some(self.stacked())
-    }
-
-    fn build(
-        &self,
-        w: &Weights,
-        experts: Option<Arc<dyn ExpertProvider>>,
-    ) -> Result<Decoder, ModelError> {
-        build(self, w, experts)
     }
 }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::config::{ConfigError, RawConfig};
-use super::family::{FamilyConfig, Parsed, Row, grouped_layout};
+use super::family::{Family, Parsed, family_config, grouped_layout};
 use super::layers::Mlp;
 use super::layers::attention::{GqaShape, GroupedQueryAttention};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
@@ -27,7 +27,6 @@ use super::layers::moe::MoeBlock;
 use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::Scoring;
 use super::qwen3_moe::check_heads;
-use super::state::StateLayout;
 use super::{CommonConfig, ModelError, assemble};
 use crate::synth::{
     Add, FLOAT_DTYPES, PROJ_MOE, QkNorm, Shape, SynthAttention, SynthSpec, experts, grouped,
@@ -180,9 +179,10 @@ pub fn build(
 }
 
 /// Hunyuan-A13B.
-pub static FAMILY: Row = Row {
+pub static FAMILY: Family = Family {
     types: &["hunyuan_v1_moe"],
     parse: |raw, _| Ok(Parsed::plain(Config::parse(raw)?)),
+    gguf: &[],
     synth: Some(&SYNTH),
 };
 
@@ -227,22 +227,8 @@ fn synth_layer(s: &SynthSpec, p: &str, _l: usize, t: &mut Add) {
     experts(s, p, &moe, &mut named);
 }
 
-impl FamilyConfig for Config {
-    fn common(&self) -> &CommonConfig {
-        &self.common
-    }
-
-    fn state_layout(&self) -> StateLayout {
-        grouped_layout(self.common.num_layers, self.kv_heads, self.head_dim)
-    }
-
-    fn build(
-        &self,
-        w: &Weights,
-        experts: Option<Arc<dyn ExpertProvider>>,
-    ) -> Result<Decoder, ModelError> {
-        build(self, w, experts)
-    }
+family_config! {
+    layout: |c| grouped_layout(c.common.num_layers, c.kv_heads, c.head_dim),
 
     fn released_names<'a>(
         &self,

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use super::config::{ConfigError, RawConfig};
-use super::family::{Family, FamilyConfig, Parsed, hybrid_layout};
+use super::family::{Family, Parsed, family_config, hybrid_layout};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{
     ExpertNames, ExpertProvider, ExpertSetup, ExpertShape, MIXTRAL_NAMES, PROJ_NAMES,
@@ -21,9 +21,8 @@ use super::layers::mla::{LatentAttention, MlaShape};
 use super::layers::moe::{MoeBlock, SigmoidGroupedMoe};
 use super::layers::rope::{Rope, RopeKind, RopeParams};
 use super::layers::{Linear, Mlp, RmsNorm, Stacked};
-use super::state::StateLayout;
 use super::{CommonConfig, ModelError, assemble};
-use crate::synth::{Shape, SynthFamily};
+use crate::synth::Shape;
 use crate::weights::Weights;
 
 /// Defaults of transformers' `KimiLinearConfig` for fields a config may omit.
@@ -324,46 +323,23 @@ pub fn build(
 }
 
 /// Kimi-Linear (the Kimi K3 line's kind).
-pub struct KimiLinearFamily;
-
-pub static FAMILY: KimiLinearFamily = KimiLinearFamily;
-
-impl Family for KimiLinearFamily {
-    fn synth(&self) -> Option<&'static dyn SynthFamily> {
-        Some(SYNTH)
-    }
-
-    fn model_types(&self) -> &'static [&'static str] {
-        &["kimi_linear"]
-    }
-
-    fn parse(&self, raw: &RawConfig, _model_type: &str) -> Result<Parsed, ConfigError> {
-        Ok(Parsed::plain(Config::parse(raw)?))
-    }
-}
+pub static FAMILY: Family = Family {
+    types: &["kimi_linear"],
+    parse: |raw, _| Ok(Parsed::plain(Config::parse(raw)?)),
+    gguf: &[],
+    synth: Some(SYNTH),
+};
 
 /// `synth --arch kimi_linear`.
 static SYNTH: &Shape = &crate::synth::kimi_linear::SHAPE;
 
-impl FamilyConfig for Config {
-    fn common(&self) -> &CommonConfig {
-        &self.common
-    }
-
+family_config! {
     /// Linear layers' fixed state; the others' latents.
-    fn state_layout(&self) -> StateLayout {
+    layout: |c| {
         hybrid_layout(
-            &self.linear_layers,
-            self.linear.state_values(),
-            self.mla.kv_lora_rank + self.mla.rope,
+            &c.linear_layers,
+            c.linear.state_values(),
+            c.mla.kv_lora_rank + c.mla.rope,
         )
-    }
-
-    fn build(
-        &self,
-        w: &Weights,
-        experts: Option<Arc<dyn ExpertProvider>>,
-    ) -> Result<Decoder, ModelError> {
-        build(self, w, experts)
-    }
+    },
 }

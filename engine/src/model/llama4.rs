@@ -21,7 +21,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::config::{ConfigError, RawConfig};
-use super::family::{FamilyConfig, Parsed, Row, grouped_layout};
+use super::family::{Family, Parsed, family_config, grouped_layout};
 use super::layers::attention::{GqaShape, GroupedQueryAttention, Temperature};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{ExpertProvider, ExpertSetup};
@@ -31,7 +31,6 @@ use super::layers::router::{Router, Scoring};
 use super::layers::stacked::{self, GateUp, StackedExperts};
 use super::layers::{Linear, Mlp};
 use super::qwen3_moe::check_heads;
-use super::state::StateLayout;
 use super::{CommonConfig, ModelError, assemble};
 use crate::synth::{Add, FLOAT_DTYPES, Fill, Shape, SynthAttention, SynthSpec, grouped};
 use crate::weights::Weights;
@@ -270,9 +269,10 @@ pub fn build(
 }
 
 /// Llama 4.
-pub static FAMILY: Row = Row {
+pub static FAMILY: Family = Family {
     types: &["llama4", "llama4_text"],
     parse: parse_config,
+    gguf: &[],
     synth: Some(&SYNTH),
 };
 
@@ -348,22 +348,8 @@ fn synth_layer(s: &SynthSpec, p: &str, _l: usize, t: &mut Add) {
     t(format!("{f}.experts.down_proj"), vec![e, i, h], std(i));
 }
 
-impl FamilyConfig for Config {
-    fn common(&self) -> &CommonConfig {
-        &self.common
-    }
-
-    fn state_layout(&self) -> StateLayout {
-        grouped_layout(self.common.num_layers, self.kv_heads, self.head_dim)
-    }
-
-    fn build(
-        &self,
-        w: &Weights,
-        experts: Option<Arc<dyn ExpertProvider>>,
-    ) -> Result<Decoder, ModelError> {
-        build(self, w, experts)
-    }
+family_config! {
+    layout: |c| grouped_layout(c.common.num_layers, c.kv_heads, c.head_dim),
 
     fn stacked_experts(&self) -> Option<StackedExperts> {
         Some(self.stacked())

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::config::{ConfigError, RawConfig};
-use super::family::{FamilyConfig, Parsed, Row};
+use super::family::{Family, Parsed, family_config};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
 use super::layers::mla::{LatentAttention, MlaShape, QueryProjection};
@@ -229,9 +229,10 @@ pub fn build(
 }
 
 /// LongCat-Flash.
-pub static FAMILY: Row = Row {
+pub static FAMILY: Family = Family {
     types: &["longcat_flash"],
     parse: |raw, _| Ok(Parsed::plain(Config::parse(raw)?)),
+    gguf: &[],
     synth: Some(&SYNTH),
 };
 
@@ -342,27 +343,13 @@ fn synth_layer(s: &SynthSpec, p: &str, _l: usize, t: &mut Add) {
     }
 }
 
-impl FamilyConfig for Config {
-    fn common(&self) -> &CommonConfig {
-        &self.common
-    }
-
+family_config! {
     /// Two latent caches a layer, one per sublayer.
-    fn state_layout(&self) -> StateLayout {
-        StateLayout::layers(
-            (0..SUBLAYERS * self.common.num_layers).map(|_| SlotKind::Appending {
-                per_position: self.mla.kv_lora_rank + self.mla.rope,
-            }),
-        )
-    }
-
-    fn build(
-        &self,
-        w: &Weights,
-        experts: Option<Arc<dyn ExpertProvider>>,
-    ) -> Result<Decoder, ModelError> {
-        build(self, w, experts)
-    }
+    layout: |c| {
+        StateLayout::layers((0..SUBLAYERS * c.common.num_layers).map(|_| SlotKind::Appending {
+            per_position: c.mla.kv_lora_rank + c.mla.rope,
+        }))
+    },
 
     fn last_layer_probe(&self, last: usize) -> String {
         format!("model.layers.{last}.input_layernorm.1.weight")
@@ -372,6 +359,7 @@ impl FamilyConfig for Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::family::FamilyConfig;
     use std::path::Path;
 
     #[test]

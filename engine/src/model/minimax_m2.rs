@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::config::{ConfigError, RawConfig};
-use super::family::{Family, FamilyConfig, Parsed, grouped_layout};
+use super::family::{Family, Parsed, family_config, grouped_layout};
 use super::layers::attention::{GqaShape, GroupedQueryAttention};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, MIXTRAL_NAMES};
@@ -23,11 +23,8 @@ use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::Scoring;
 use super::mixtral::moe_block;
 use super::qwen3_moe::check_heads;
-use super::state::StateLayout;
 use super::{CommonConfig, ModelError, assemble};
-use crate::synth::{
-    ALL_DTYPES, MIXTRAL_MOE, Moe, QkNorm, RouterBias, Shape, SynthAttention, SynthFamily,
-};
+use crate::synth::{ALL_DTYPES, MIXTRAL_MOE, Moe, QkNorm, RouterBias, Shape, SynthAttention};
 use crate::weights::Weights;
 use serde_json::json;
 
@@ -173,23 +170,12 @@ pub fn build(
 }
 
 /// MiniMax-M2.
-pub struct MinimaxM2Family;
-
-pub static FAMILY: MinimaxM2Family = MinimaxM2Family;
-
-impl Family for MinimaxM2Family {
-    fn synth(&self) -> Option<&'static dyn SynthFamily> {
-        Some(&SYNTH)
-    }
-
-    fn model_types(&self) -> &'static [&'static str] {
-        &["minimax_m2"]
-    }
-
-    fn parse(&self, raw: &RawConfig, _model_type: &str) -> Result<Parsed, ConfigError> {
-        Ok(Parsed::plain(Config::parse(raw)?))
-    }
-}
+pub static FAMILY: Family = Family {
+    types: &["minimax_m2"],
+    parse: |raw, _| Ok(Parsed::plain(Config::parse(raw)?)),
+    gguf: &[],
+    synth: Some(&SYNTH),
+};
 
 /// `synth --arch minimax_m2`: the bias under the block, as released.
 static SYNTH: Shape = Shape {
@@ -216,20 +202,6 @@ static SYNTH: Shape = Shape {
     head: None,
 };
 
-impl FamilyConfig for Config {
-    fn common(&self) -> &CommonConfig {
-        &self.common
-    }
-
-    fn state_layout(&self) -> StateLayout {
-        grouped_layout(self.common.num_layers, self.kv_heads, self.head_dim)
-    }
-
-    fn build(
-        &self,
-        w: &Weights,
-        experts: Option<Arc<dyn ExpertProvider>>,
-    ) -> Result<Decoder, ModelError> {
-        build(self, w, experts)
-    }
+family_config! {
+    layout: |c| grouped_layout(c.common.num_layers, c.kv_heads, c.head_dim),
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::config::{ConfigError, RawConfig};
-use super::family::{Family, FamilyConfig, Parsed, grouped_layout};
+use super::family::{Family, Parsed, family_config, grouped_layout};
 use super::layers::Mlp;
 use super::layers::attention::{GqaShape, GroupedQueryAttention};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
@@ -12,9 +12,8 @@ use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAME
 use super::layers::moe::MoeBlock;
 use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::Scoring;
-use super::state::StateLayout;
 use super::{CommonConfig, ModelError, assemble};
-use crate::synth::{ALL_DTYPES, PROJ_MOE, QkNorm, Shape, SynthAttention, SynthFamily};
+use crate::synth::{ALL_DTYPES, PROJ_MOE, QkNorm, Shape, SynthAttention};
 use crate::weights::Weights;
 use serde_json::json;
 
@@ -158,27 +157,12 @@ pub fn build(
 }
 
 /// Qwen3-MoE.
-pub struct Qwen3MoeFamily;
-
-pub static FAMILY: Qwen3MoeFamily = Qwen3MoeFamily;
-
-impl Family for Qwen3MoeFamily {
-    fn synth(&self) -> Option<&'static dyn SynthFamily> {
-        Some(&SYNTH)
-    }
-
-    fn model_types(&self) -> &'static [&'static str] {
-        &["qwen3_moe"]
-    }
-
-    fn parse(&self, raw: &RawConfig, _model_type: &str) -> Result<Parsed, ConfigError> {
-        Ok(Parsed::plain(Config::parse(raw)?))
-    }
-
-    fn gguf_architectures(&self) -> &'static [&'static str] {
-        &["qwen3moe"]
-    }
-}
+pub static FAMILY: Family = Family {
+    types: &["qwen3_moe"],
+    parse: |raw, _| Ok(Parsed::plain(Config::parse(raw)?)),
+    gguf: &["qwen3moe"],
+    synth: Some(&SYNTH),
+};
 
 /// `synth --arch qwen3_moe`.
 static SYNTH: Shape = Shape {
@@ -202,20 +186,6 @@ static SYNTH: Shape = Shape {
     head: None,
 };
 
-impl FamilyConfig for Config {
-    fn common(&self) -> &CommonConfig {
-        &self.common
-    }
-
-    fn state_layout(&self) -> StateLayout {
-        grouped_layout(self.common.num_layers, self.kv_heads, self.head_dim)
-    }
-
-    fn build(
-        &self,
-        w: &Weights,
-        experts: Option<Arc<dyn ExpertProvider>>,
-    ) -> Result<Decoder, ModelError> {
-        build(self, w, experts)
-    }
+family_config! {
+    layout: |c| grouped_layout(c.common.num_layers, c.kv_heads, c.head_dim),
 }

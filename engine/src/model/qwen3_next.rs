@@ -14,7 +14,7 @@
 use std::sync::Arc;
 
 use super::config::{ConfigError, RawConfig};
-use super::family::{Family, FamilyConfig, Parsed};
+use super::family::{Family, Parsed, family_config};
 use super::layers::attention::{GqaShape, GroupedQueryAttention};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
@@ -287,57 +287,43 @@ pub fn build(
 }
 
 /// Qwen3-Next and Qwen3.5-MoE's text model.
-pub struct Qwen3NextFamily;
+pub static FAMILY: Family = Family {
+    types: &["qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"],
+    parse: parse_family,
+    gguf: &[],
+    synth: None,
+};
 
-pub static FAMILY: Qwen3NextFamily = Qwen3NextFamily;
-
-impl Family for Qwen3NextFamily {
-    fn model_types(&self) -> &'static [&'static str] {
-        &["qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"]
-    }
-
-    fn parse(&self, raw: &RawConfig, model_type: &str) -> Result<Parsed, ConfigError> {
-        match model_type {
-            "qwen3_next" => Ok(Parsed::plain(Config::parse(raw, false)?)),
-            "qwen3_5_moe_text" => Ok(Parsed::plain(Config::parse(raw, true)?)),
-            // The vision tower is not used; text positions make MRoPE plain rotary.
-            _ => {
-                let text = raw.sub_config("text_config")?;
-                Ok(Parsed {
-                    quantization: super::quantization::parse(&text)?,
-                    nested_language_model: true,
-                    ..Parsed::plain(Config::parse(&text, true)?)
-                })
-            }
+/// Reads a config of one of [`FAMILY`]'s types.
+fn parse_family(raw: &RawConfig, model_type: &str) -> Result<Parsed, ConfigError> {
+    match model_type {
+        "qwen3_next" => Ok(Parsed::plain(Config::parse(raw, false)?)),
+        "qwen3_5_moe_text" => Ok(Parsed::plain(Config::parse(raw, true)?)),
+        // The vision tower is not used; text positions make MRoPE plain rotary.
+        _ => {
+            let text = raw.sub_config("text_config")?;
+            Ok(Parsed {
+                quantization: super::quantization::parse(&text)?,
+                nested_language_model: true,
+                ..Parsed::plain(Config::parse(&text, true)?)
+            })
         }
     }
 }
 
-impl FamilyConfig for Config {
-    fn common(&self) -> &CommonConfig {
-        &self.common
-    }
-
+family_config! {
     /// Linear layers' fixed state; the gated attention layers' keys and values.
-    fn state_layout(&self) -> StateLayout {
-        StateLayout::layers(self.linear_layers.iter().map(|&linear| {
+    layout: |c| {
+        StateLayout::layers(c.linear_layers.iter().map(|&linear| {
             if linear {
                 SlotKind::Fixed {
-                    values: self.linear.state_values(),
+                    values: c.linear.state_values(),
                 }
             } else {
                 SlotKind::Appending {
-                    per_position: 2 * self.kv_heads * self.head_dim,
+                    per_position: 2 * c.kv_heads * c.head_dim,
                 }
             }
         }))
-    }
-
-    fn build(
-        &self,
-        w: &Weights,
-        experts: Option<Arc<dyn ExpertProvider>>,
-    ) -> Result<Decoder, ModelError> {
-        build(self, w, experts)
-    }
+    },
 }

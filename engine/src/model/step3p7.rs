@@ -28,7 +28,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value, json};
 
 use super::config::{ConfigError, RawConfig};
-use super::family::{FamilyConfig, Parsed, Row, grouped_layout};
+use super::family::{Family, Parsed, family_config, grouped_layout};
 use super::layers::attention::{GqaShape, GroupedQueryAttention};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{Activation, ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
@@ -37,7 +37,6 @@ use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::Scoring;
 use super::layers::{Mlp, RmsNorm};
 use super::qwen3_moe::check_heads;
-use super::state::StateLayout;
 use super::{CommonConfig, ModelError, assemble};
 use crate::synth::{DEEPSEEK_MOE, FLOAT_DTYPES, QkNorm, Shape, SynthAttention};
 use crate::weights::{Renamed, TensorSource, Weights};
@@ -426,9 +425,10 @@ pub fn build(
 }
 
 /// Step-3.5 and 3.7.
-pub static FAMILY: Row = Row {
+pub static FAMILY: Family = Family {
     types: &["step3p7", "step3p5"],
     parse: parse_config,
+    gguf: &[],
     synth: Some(&SYNTH),
 };
 
@@ -477,22 +477,8 @@ fn synth_attention(s: &crate::synth::SynthSpec, p: &str, _l: usize, t: &mut crat
     );
 }
 
-impl FamilyConfig for Config {
-    fn common(&self) -> &CommonConfig {
-        &self.common
-    }
-
-    fn state_layout(&self) -> StateLayout {
-        grouped_layout(self.common.num_layers, self.kv_heads, self.head_dim)
-    }
-
-    fn build(
-        &self,
-        w: &Weights,
-        experts: Option<Arc<dyn ExpertProvider>>,
-    ) -> Result<Decoder, ModelError> {
-        build(self, w, experts)
-    }
+family_config! {
+    layout: |c| grouped_layout(c.common.num_layers, c.kv_heads, c.head_dim),
 
     /// The release's names, where its first sparse layer has them.
     fn released_names<'a>(
