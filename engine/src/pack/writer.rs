@@ -117,6 +117,135 @@ pub fn write_pack(
     opts: &PackOptions,
     report: &dyn Fn(PackProgress),
 ) -> Result<PackSummary, PackError> {
+    check_options(opts)?;
+    // Refuse unsupported models before writing anything.
+    let model = ModelSource::open(&opts.source).map_err(|e| PackError::Source(e.to_string()))?;
+    let spec = model.spec().map_err(|e| PackError::Source(e.to_string()))?;
+    let checkpoint = &model.checkpoint;
+    let sorted = ExpertTensors::classify(checkpoint.names(), &spec.decoder_names())
+        .map_err(|e| PackError::Source(e.to_string()))?;
+    let (experts, resident_names) = (sorted.experts, sorted.resident);
+    let left_out = left_out_blocks(checkpoint, sorted.left_out);
+    if experts.layers.is_empty() {
+        return Err(PackError::Source(format!(
+            "{}: no routed-expert tensors found; nothing to stream",
+            opts.source.display()
+        )));
+    }
+    let plans = experts
+        .layers
+        .iter()
+        .map(|(&layer, tensors)| LayerPlan::new(checkpoint, layer, tensors, &spec))
+        .collect::<Result<Vec<_>, _>>()?;
+    let encodings = Encodings::choose(&plans, opts)?;
+    let drive_dirs = drive_folders(opts)?;
+    crate::private::create_dir_all(&opts.out).map_err(|source| PackError::Io {
+        path: opts.out.clone(),
+        source,
+    })?;
+
+    let source = hash_source(&model, report)?;
+    let written = write_experts(checkpoint, &plans, &encodings, &drive_dirs, opts, report)?;
+    let mut partials = written.partials;
+
+    let resident_path = resident_folder(opts, &drive_dirs)?.join(RESIDENT_FILE);
+    let resident = write_resident(
+        checkpoint,
+        &resident_names,
+        &resident_path,
+        opts.resident_quantization,
+        report,
+    )?;
+    partials.push((partial_path(&resident_path), resident_path.clone()));
+
+    for (partial, done) in &partials {
+        fs::rename(partial, done).map_err(|source| PackError::Io {
+            path: done.clone(),
+            source,
+        })?;
+    }
+    model
+        .write_aux(&opts.out)
+        .map_err(|(path, source)| PackError::Io { path, source })?;
+    let (version, experts) = expert_section(written.layers, &encodings, opts, &written.error);
+    let manifest = Manifest {
+        format: FORMAT.to_string(),
+        version,
+        model_type: spec.model_type.clone(),
+        source,
+        alignment: opts.alignment,
+        drives: drive_dirs,
+        resident,
+        experts,
+        left_out,
+    };
+    write_manifest(&opts.out, &manifest)?;
+    Ok(PackSummary {
+        expert_bytes: written.bytes,
+        plain_expert_bytes: written.plain_bytes,
+        resident_bytes: manifest.resident.size,
+        records: manifest
+            .experts
+            .layers
+            .iter()
+            .map(|l| l.records.len())
+            .sum(),
+        manifest,
+    })
+}
+
+/// Where the resident file goes: `--resident-dir`, made, or the first
+/// drive's pack folder.
+fn resident_folder(opts: &PackOptions, drive_dirs: &[PathBuf]) -> Result<PathBuf, PackError> {
+    let Some(dir) = &opts.resident_dir else {
+        return Ok(drive_dirs[0].clone());
+    };
+    let io = |source| PackError::Io {
+        path: dir.clone(),
+        source,
+    };
+    crate::private::create_dir_all(dir).map_err(io)?;
+    fs::canonicalize(dir).map_err(io)
+}
+
+/// The manifest's expert section for `layers`, and the pack format version
+/// it needs (compressed records need the newer).
+fn expert_section(
+    layers: Vec<ExpertLayer>,
+    encodings: &Encodings,
+    opts: &PackOptions,
+    error: &ErrorSums,
+) -> (u32, ExpertSection) {
+    let compressed = layers
+        .iter()
+        .flat_map(|l| &l.records)
+        .any(|r| r.stored_len.is_some());
+    let dtype_name = encodings.encoding.name();
+    let section = ExpertSection {
+        dtype: encodings
+            .quantized
+            .map_or(dtype_name.clone(), ExpertEncoding::name),
+        quantization: encodings.quantized.map(|e| QuantizationReport {
+            from: dtype_name.clone(),
+            requested: opts
+                .quantization
+                .map(|q| q.name().to_string())
+                .filter(|q| *q != e.name()),
+            relative_rms_error: error.relative_rms(),
+        }),
+        compression: compressed.then(|| compress::COMPRESSION_NAME.to_string()),
+        layers,
+    };
+    let version = if compressed {
+        VERSION_COMPRESSED
+    } else {
+        VERSION
+    };
+    (version, section)
+}
+
+/// Refuses options no pack can be written with, before anything is read.
+fn check_options(opts: &PackOptions) -> Result<(), PackError> {
     if opts.drives.is_empty() {
         return Err(PackError::Options(
             "give at least one drive folder".to_string(),
@@ -143,15 +272,22 @@ pub fn write_pack(
             opts.out.display()
         )));
     }
-    // Refuse unsupported models before writing anything.
-    let model = ModelSource::open(&opts.source).map_err(|e| PackError::Source(e.to_string()))?;
-    let spec = model.spec().map_err(|e| PackError::Source(e.to_string()))?;
-    let checkpoint = &model.checkpoint;
-    let sorted = ExpertTensors::classify(checkpoint.names(), &spec.decoder_names())
-        .map_err(|e| PackError::Source(e.to_string()))?;
-    let (experts, resident_names) = (sorted.experts, sorted.resident);
-    let left_out = sorted
-        .left_out
+    if opts.replicas > 0 && opts.replicate.is_empty() {
+        return Err(PackError::Options(
+            "--replicas needs a heat histogram naming the experts to copy (--heat-from)"
+                .to_string(),
+        ));
+    }
+    Ok(())
+}
+
+/// The release's blocks a pack leaves out (MTP layers and the like), with
+/// their sizes, for the manifest.
+fn left_out_blocks(
+    checkpoint: &SafetensorsCheckpoint,
+    blocks: std::collections::BTreeMap<crate::model::ExtraBlock, Vec<String>>,
+) -> Vec<LeftOut> {
+    blocks
         .into_iter()
         .map(|(block, names)| LeftOut {
             block,
@@ -163,78 +299,93 @@ pub fn write_pack(
                 .sum(),
             first: names.first().cloned().unwrap_or_default(),
         })
-        .collect();
-    if experts.layers.is_empty() {
-        return Err(PackError::Source(format!(
-            "{}: no routed-expert tensors found; nothing to stream",
-            opts.source.display()
-        )));
-    }
-    let plans = experts
-        .layers
-        .iter()
-        .map(|(&layer, tensors)| LayerPlan::new(checkpoint, layer, tensors, &spec))
-        .collect::<Result<Vec<_>, _>>()?;
-    // A GGUF's layers may store experts in other block types (llama.cpp's
-    // Q4_K_M gives some layers' down rows Q6_K): each layer keeps its own,
-    // and the pack names the most common.
-    let gguf = |e: ExpertEncoding| matches!(e, ExpertEncoding::Gguf { .. });
-    let encoding = if plans.iter().all(|p| gguf(p.encoding)) {
-        most_common(plans.iter().map(|p| p.encoding))
-    } else {
-        plans[0].encoding
-    };
-    if let Some(p) = plans
-        .iter()
-        .find(|p| p.encoding != encoding && !gguf(p.encoding))
-    {
-        return Err(PackError::Source(format!(
-            "layer {} stores experts as {} but layer {} as {}; one expert dtype per pack",
-            p.layer,
-            p.encoding.name(),
-            plans[0].layer,
-            encoding.name()
-        )));
-    }
-    let dtype_name = encoding.name();
-    let plain = match encoding {
-        ExpertEncoding::Plain(d) if crate::weights::matrix_format(d).is_some() => Some(d),
-        ExpertEncoding::Plain(d) => {
+        .collect()
+}
+
+/// How the pack's experts are stored: the encoding it names, the float type
+/// of plain experts, and the quantised encoding they are written in when
+/// `--experts` asks for one.
+struct Encodings {
+    encoding: ExpertEncoding,
+    plain: Option<Dtype>,
+    quantized: Option<ExpertEncoding>,
+}
+
+impl Encodings {
+    fn choose(plans: &[LayerPlan], opts: &PackOptions) -> Result<Self, PackError> {
+        // A GGUF's layers may store experts in other block types (llama.cpp's
+        // Q4_K_M gives some layers' down rows Q6_K): each layer keeps its own,
+        // and the pack names the most common.
+        let gguf = |e: ExpertEncoding| matches!(e, ExpertEncoding::Gguf { .. });
+        let encoding = if plans.iter().all(|p| gguf(p.encoding)) {
+            most_common(plans.iter().map(|p| p.encoding))
+        } else {
+            plans[0].encoding
+        };
+        if let Some(p) = plans
+            .iter()
+            .find(|p| p.encoding != encoding && !gguf(p.encoding))
+        {
             return Err(PackError::Source(format!(
-                "experts are stored as {d:?}, which Longhaul cannot pack: packs hold F32, F16, BF16, FP8 (with block scales) or INT4 (compressed-tensors) experts"
+                "layer {} stores experts as {} but layer {} as {}; one expert dtype per pack",
+                p.layer,
+                p.encoding.name(),
+                plans[0].layer,
+                encoding.name()
             )));
         }
-        _ => None,
-    };
-    if plain.is_none() && opts.quantization.is_some() {
-        return Err(PackError::Options(format!(
-            "--experts: the experts are {dtype_name} already; they are packed as published"
-        )));
-    }
-    // One quantised encoding for the pack, each matrix's type chosen to fit
-    // its rows.
-    let quantized = match opts.quantization {
-        None => None,
-        Some(q) => {
-            let mut chosen = None;
-            for p in &plans {
-                let e = ExpertEncoding::quantized(q, p.hidden, p.intermediate).map_err(|e| {
-                    PackError::Options(format!("--experts: layer {}: {e}", p.layer))
-                })?;
-                if chosen.is_some_and(|c| c != e) {
-                    return Err(PackError::Options(format!(
-                        "--experts: layer {} needs {} where earlier layers use {}; one expert encoding per pack",
-                        p.layer,
-                        e.name(),
-                        chosen.map_or(String::new(), ExpertEncoding::name)
-                    )));
-                }
-                chosen = Some(e);
+        let plain = match encoding {
+            ExpertEncoding::Plain(d) if crate::weights::matrix_format(d).is_some() => Some(d),
+            ExpertEncoding::Plain(d) => {
+                return Err(PackError::Source(format!(
+                    "experts are stored as {d:?}, which Longhaul cannot pack: packs hold F32, F16, BF16, FP8 (with block scales) or INT4 (compressed-tensors) experts"
+                )));
             }
-            chosen
+            _ => None,
+        };
+        if plain.is_none() && opts.quantization.is_some() {
+            return Err(PackError::Options(format!(
+                "--experts: the experts are {} already; they are packed as published",
+                encoding.name()
+            )));
         }
-    };
+        let quantized = match opts.quantization {
+            None => None,
+            Some(q) => Some(one_quantized_encoding(plans, q)?),
+        };
+        Ok(Self {
+            encoding,
+            plain,
+            quantized,
+        })
+    }
+}
 
+/// One quantised encoding for the pack, each matrix's type chosen to fit its
+/// rows.
+fn one_quantized_encoding(
+    plans: &[LayerPlan],
+    q: Quantization,
+) -> Result<ExpertEncoding, PackError> {
+    let mut chosen: Option<ExpertEncoding> = None;
+    for p in plans {
+        let e = ExpertEncoding::quantized(q, p.hidden, p.intermediate)
+            .map_err(|e| PackError::Options(format!("--experts: layer {}: {e}", p.layer)))?;
+        if let Some(c) = chosen.filter(|c| *c != e) {
+            return Err(PackError::Options(format!(
+                "--experts: layer {} needs {} where earlier layers use {}; one expert encoding per pack",
+                p.layer,
+                e.name(),
+                c.name()
+            )));
+        }
+        chosen = Some(e);
+    }
+    chosen.ok_or(PackError::Internal("no expert layers to quantise"))
+}
+
+/// The pack's folder on each drive, made, as canonical paths.
+fn drive_folders(opts: &PackOptions) -> Result<Vec<PathBuf>, PackError> {
     let pack_name = opts
         .out
         .file_name()
@@ -242,8 +393,7 @@ pub fn write_pack(
             PackError::Options(format!("--out {} has no folder name", opts.out.display()))
         })?
         .to_os_string();
-    let drive_dirs = opts
-        .drives
+    opts.drives
         .iter()
         .map(|d| {
             if !d.is_dir() {
@@ -259,21 +409,30 @@ pub fn write_pack(
             })?;
             fs::canonicalize(&dir).map_err(|source| PackError::Io { path: dir, source })
         })
-        .collect::<Result<Vec<_>, _>>()?;
-    crate::private::create_dir_all(&opts.out).map_err(|source| PackError::Io {
-        path: opts.out.clone(),
-        source,
-    })?;
+        .collect()
+}
 
-    let source = hash_source(&model, report)?;
+/// The expert records as written: each layer's records, the bytes on the
+/// drives (and uncompressed), the quantisation error, and the extent files
+/// still under their `.partial` names with the names they take.
+struct WrittenExperts {
+    layers: Vec<ExpertLayer>,
+    bytes: u64,
+    plain_bytes: u64,
+    error: ErrorSums,
+    partials: Vec<(PathBuf, PathBuf)>,
+}
 
+/// Writes every layer's expert records over the drives' extent files.
+fn write_experts(
+    checkpoint: &SafetensorsCheckpoint,
+    plans: &[LayerPlan],
+    encodings: &Encodings,
+    drive_dirs: &[PathBuf],
+    opts: &PackOptions,
+    report: &dyn Fn(PackProgress),
+) -> Result<WrittenExperts, PackError> {
     let expert_total: u64 = plans.iter().map(|p| p.record_len * p.count as u64).sum();
-    if opts.replicas > 0 && opts.replicate.is_empty() {
-        return Err(PackError::Options(
-            "--replicas needs a heat histogram naming the experts to copy (--heat-from)"
-                .to_string(),
-        ));
-    }
     let room = opts
         .fail_writes_after
         .map(|bytes| std::rc::Rc::new(std::cell::Cell::new(bytes)));
@@ -285,16 +444,15 @@ pub fn write_pack(
                 .with_room(room.clone())
         })
         .collect();
-    let mut layers = Vec::with_capacity(plans.len());
+    let mut out = WrittenExperts {
+        layers: Vec::with_capacity(plans.len()),
+        bytes: 0,
+        plain_bytes: 0,
+        error: ErrorSums::default(),
+        partials: Vec::new(),
+    };
     let mut done = 0u64;
-    let mut written = 0u64;
-    let mut plain_written = 0u64;
-    let mut error = ErrorSums::default();
-    // Plain float records are compressed losslessly (by element size).
-    let compress_elements = plain
-        .filter(|_| opts.compress && opts.quantization.is_none())
-        .map(|d| d.size() as usize);
-    for plan in &plans {
+    for plan in plans {
         let mut records = Vec::with_capacity(plan.count);
         let mut prepared = plan.layer_records(checkpoint)?;
         for expert in 0..plan.count {
@@ -303,153 +461,113 @@ pub fn write_pack(
                 None => plan.record_bytes(checkpoint, expert)?,
             };
             done += raw.len() as u64;
-            let bytes = match quantized {
-                None => raw,
-                Some(q) => {
-                    let name = format!("layer {} expert {expert}", plan.layer);
-                    let dtype = plain.ok_or_else(|| {
-                        PackError::Options("--experts: only float experts are quantised".into())
-                    })?;
-                    let (bytes, e) =
-                        quantize_record(&raw, dtype, plan.hidden, plan.intermediate, q, &name)
-                            .map_err(|e| PackError::Source(e.to_string()))?;
-                    error.add(e);
-                    bytes
-                }
-            };
-            let plain_len = bytes.len() as u64;
-            let hash = manifest::hash_hex(&bytes);
-            let compressed = match compress_elements {
-                Some(size) => compress::compress(&bytes, size)
-                    .map_err(|e| PackError::Source(e.to_string()))?,
-                None => None,
-            };
-            let stored_len = compressed.as_ref().map(|c| c.len() as u64);
-            let bytes = compressed.unwrap_or(bytes);
-            written += bytes.len() as u64;
-            plain_written += plain_len;
-            let drives = writers.len();
-            let parts = split_count(bytes.len() as u64, opts.split_threshold, drives);
-            // Rotate by layer and expert so any k experts of a layer land on every drive.
-            let first_drive = (plan.layer + expert) % drives;
-            let mut place = |first: usize| -> Result<Vec<Segment>, PackError> {
-                chunks(&bytes, parts)
-                    .enumerate()
-                    .map(|(j, chunk)| writers[(first + j) % drives].write(chunk))
-                    .collect()
-            };
-            let segments = place(first_drive)?;
-            let copies = if opts.replicate.contains(&(plan.layer, expert)) {
-                opts.replicas
-            } else {
-                0
-            };
-            // Copies start on drives spread evenly away from the primary.
-            let stride = (drives / (copies + 1)).max(1);
-            let replicas = (1..=copies)
-                .map(|r| place(first_drive + r * stride))
-                .collect::<Result<Vec<_>, _>>()?;
-            records.push(Record {
-                len: plain_len,
-                xxh3_128: hash,
-                stored_len,
-                segments,
-                replicas,
-            });
+            let bytes = encode_record(raw, plan, expert, encodings, &mut out.error)?;
+            records.push(place_record(
+                bytes,
+                plan.layer,
+                expert,
+                &mut writers,
+                opts,
+                encodings,
+                &mut out,
+            )?);
             report(PackProgress {
                 phase: PackPhase::WritingExperts,
                 done_bytes: done,
                 total_bytes: expert_total,
             });
         }
-        layers.push(ExpertLayer {
+        out.layers.push(ExpertLayer {
             layer: plan.layer,
             hidden: plan.hidden,
             intermediate: plan.intermediate,
-            dtype: (plan.encoding != encoding).then(|| plan.encoding.name()),
+            dtype: (plan.encoding != encodings.encoding).then(|| plan.encoding.name()),
             records,
         });
     }
-    let mut partials = Vec::new();
     for w in writers {
-        partials.extend(w.finish()?);
+        out.partials.extend(w.finish()?);
     }
+    Ok(out)
+}
 
-    let resident_dir = match &opts.resident_dir {
-        Some(d) => {
-            crate::private::create_dir_all(d).map_err(|source| PackError::Io {
-                path: d.clone(),
-                source,
-            })?;
-            fs::canonicalize(d).map_err(|source| PackError::Io {
-                path: d.clone(),
-                source,
-            })?
+/// One expert's record as the pack stores it: as the checkpoint holds it,
+/// or quantised when `--experts` asks.
+fn encode_record(
+    raw: Vec<u8>,
+    plan: &LayerPlan,
+    expert: usize,
+    encodings: &Encodings,
+    error: &mut ErrorSums,
+) -> Result<Vec<u8>, PackError> {
+    let Some(q) = encodings.quantized else {
+        return Ok(raw);
+    };
+    let name = format!("layer {} expert {expert}", plan.layer);
+    let dtype = encodings
+        .plain
+        .ok_or_else(|| PackError::Options("--experts: only float experts are quantised".into()))?;
+    let (bytes, e) = quantize_record(&raw, dtype, plan.hidden, plan.intermediate, q, &name)
+        .map_err(|e| PackError::Source(e.to_string()))?;
+    error.add(e);
+    Ok(bytes)
+}
+
+/// Compresses a record where that pays, splits it over the drives (and its
+/// copies, for the hottest experts) and writes it: its manifest entry.
+fn place_record(
+    bytes: Vec<u8>,
+    layer: usize,
+    expert: usize,
+    writers: &mut [ExtentWriter],
+    opts: &PackOptions,
+    encodings: &Encodings,
+    out: &mut WrittenExperts,
+) -> Result<Record, PackError> {
+    // Plain float records are compressed losslessly (by element size).
+    let compress_elements = encodings
+        .plain
+        .filter(|_| opts.compress && opts.quantization.is_none())
+        .map(|d| d.size() as usize);
+    let plain_len = bytes.len() as u64;
+    let hash = manifest::hash_hex(&bytes);
+    let compressed = match compress_elements {
+        Some(size) => {
+            compress::compress(&bytes, size).map_err(|e| PackError::Source(e.to_string()))?
         }
-        None => drive_dirs[0].clone(),
+        None => None,
     };
-    let resident_path = resident_dir.join(RESIDENT_FILE);
-    let resident = write_resident(
-        checkpoint,
-        &resident_names,
-        &resident_path,
-        opts.resident_quantization,
-        report,
-    )?;
-    partials.push((partial_path(&resident_path), resident_path.clone()));
-
-    for (partial, done) in &partials {
-        fs::rename(partial, done).map_err(|source| PackError::Io {
-            path: done.clone(),
-            source,
-        })?;
-    }
-    model
-        .write_aux(&opts.out)
-        .map_err(|(path, source)| PackError::Io { path, source })?;
-    let compressed = layers
-        .iter()
-        .flat_map(|l: &ExpertLayer| &l.records)
-        .any(|r| r.stored_len.is_some());
-    let manifest = Manifest {
-        format: FORMAT.to_string(),
-        version: if compressed {
-            VERSION_COMPRESSED
-        } else {
-            VERSION
-        },
-        model_type: spec.model_type.clone(),
-        source,
-        alignment: opts.alignment,
-        drives: drive_dirs,
-        resident,
-        experts: ExpertSection {
-            dtype: quantized.map_or(dtype_name.clone(), ExpertEncoding::name),
-            quantization: quantized.map(|e| QuantizationReport {
-                from: dtype_name.clone(),
-                requested: opts
-                    .quantization
-                    .map(|q| q.name().to_string())
-                    .filter(|q| *q != e.name()),
-                relative_rms_error: error.relative_rms(),
-            }),
-            compression: compressed.then(|| compress::COMPRESSION_NAME.to_string()),
-            layers,
-        },
-        left_out,
+    let stored_len = compressed.as_ref().map(|c| c.len() as u64);
+    let bytes = compressed.unwrap_or(bytes);
+    out.bytes += bytes.len() as u64;
+    out.plain_bytes += plain_len;
+    let drives = writers.len();
+    let parts = split_count(bytes.len() as u64, opts.split_threshold, drives);
+    // Rotate by layer and expert so any k experts of a layer land on every drive.
+    let first_drive = (layer + expert) % drives;
+    let mut place = |first: usize| -> Result<Vec<Segment>, PackError> {
+        chunks(&bytes, parts)
+            .enumerate()
+            .map(|(j, chunk)| writers[(first + j) % drives].write(chunk))
+            .collect()
     };
-    write_manifest(&opts.out, &manifest)?;
-    Ok(PackSummary {
-        expert_bytes: written,
-        plain_expert_bytes: plain_written,
-        resident_bytes: manifest.resident.size,
-        records: manifest
-            .experts
-            .layers
-            .iter()
-            .map(|l| l.records.len())
-            .sum(),
-        manifest,
+    let segments = place(first_drive)?;
+    let copies = if opts.replicate.contains(&(layer, expert)) {
+        opts.replicas
+    } else {
+        0
+    };
+    // Copies start on drives spread evenly away from the primary.
+    let stride = (drives / (copies + 1)).max(1);
+    let replicas = (1..=copies)
+        .map(|r| place(first_drive + r * stride))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Record {
+        len: plain_len,
+        xxh3_128: hash,
+        stored_len,
+        segments,
+        replicas,
     })
 }
 

@@ -211,23 +211,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let start_usage = memory::usage();
     let limit_hits_at_start = memory::cgroup_limit_hits();
     let probe = probe_pack(&args.model, args.probe_bytes, args.queue_depth)?;
-    let mut options = EngineOptions::default();
-    // A prompt file's tokens are at most its bytes (and a chat template's few).
-    let prompt_bound = match &args.prompt_file {
-        Some(path) => {
-            std::fs::metadata(path)
-                .with_context(|| format!("cannot read the prompt file {}", path.display()))?
-                .len() as usize
-                + CHAT_TEMPLATE_TOKENS
-        }
-        None => args.prompt_tokens.max(1),
-    };
-    let context = (prompt_bound + args.gen_tokens) as u64;
-    args.memory.apply(&mut options, context)?;
-    options.streaming.record_trace = true;
-    args.cache.apply(&mut options.streaming);
-    options.streaming.verify_checksums = !args.no_verify_checksums;
-    options.streaming.store.queue_depth = args.queue_depth;
+    let options = engine_options(&args)?;
     let heat_was_warm = longhaul_engine::tools::HeatMap::path(&args.model).is_file();
     let load_started = Instant::now();
     let engine = Engine::open_with(&args.model, &options, &|_| {})?;
@@ -240,137 +224,35 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(plan) = engine.memory_plan() {
         eprintln!("{plan}");
     }
-
-    let prompt = match &args.prompt_file {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read the prompt file {}", path.display()))?;
-            engine
-                .prompt_ids(&text, args.chat)
-                .with_context(|| format!("cannot prepare the prompt from {}", path.display()))?
-        }
-        None => {
-            let mut rng = SmallRng::seed_from_u64(args.seed);
-            let vocab = engine.vocab_size() as u32;
-            (0..args.prompt_tokens.max(1))
-                .map(|_| rng.random_range(0..vocab))
-                .collect()
-        }
-    };
-    let mut session = engine.session();
-    let before_prefill = Mark::take(&stats());
-    let started = Instant::now();
-    let mut logits = Vec::new();
-    for chunk in prompt.chunks(args.prompt_chunk.max(1)) {
-        logits = session.feed(chunk)?;
-    }
-    let prefill_seconds = started.elapsed().as_secs_f64();
-    let mut token = argmax(&logits);
-    let ttft = started.elapsed().as_secs_f64();
-    let prefill_trace = engine.take_trace();
-    let prefill = Mark::take(&stats()).since(&before_prefill);
-
+    let prompt = prompt_ids(&args, &engine)?;
+    let prefill = Prefill::run(&engine, &prompt, args.prompt_chunk)?;
     let warmup = args
         .warmup
         .unwrap_or(args.gen_tokens / 4)
         .min(args.gen_tokens - 1);
-    let (mut steady_seconds, mut steady_bytes, mut steady_stall) = (0.0, 0u64, 0.0);
-    let mut per_token = Vec::with_capacity(args.gen_tokens);
     let mut sampler = MetricsSampler::new(&stats());
-    let decode_started = Instant::now();
-    let hits_before = stats().cache;
-    let mut steady_counters = hits_before;
-    let mut steady_from = Mark::take(&stats());
-    for step in 0..args.gen_tokens {
-        if step == warmup {
-            let now = stats();
-            steady_counters = now.cache;
-            steady_from = Mark::take(&now);
-        }
-        let now = stats();
-        let (bytes0, stall0) = (now.drive_bytes(), now.stall_seconds);
-        let t = Instant::now();
-        logits = session.feed(&[token])?;
-        let seconds = t.elapsed().as_secs_f64();
-        token = argmax(&logits);
-        let now = stats();
-        let (bytes, stall) = (now.drive_bytes() - bytes0, now.stall_seconds - stall0);
-        per_token.push(json!({"seconds": seconds, "expert_bytes": bytes, "stall_seconds": stall}));
-        if step >= warmup {
-            steady_seconds += seconds;
-            steady_bytes += bytes;
-            steady_stall += stall;
-        }
-    }
-    let steady = Mark::take(&stats()).since(&steady_from);
-    let decode_seconds = decode_started.elapsed().as_secs_f64();
-    let decode_trace = engine.take_trace();
-    let end = stats();
-    let counters = end.cache;
-    let steady_tokens = (args.gen_tokens - warmup) as f64;
-    let tok_s = steady_tokens / steady_seconds.max(1e-9);
-    let missed_per_token = steady_bytes as f64 / steady_tokens;
-    let aggregate = probe.aggregate_mb_per_s * 1e6;
-    let ceiling_tok_s = (missed_per_token > 0.0).then(|| aggregate / missed_per_token);
-
-    // Replays see every lookup since load (prefill, then one per token, layer
-    // and expert) and count hits in the steady window, as the real cache does.
-    let tokens = trace::per_token(&decode_trace);
-    let layers = tokens.first().map_or(1, Vec::len);
-    let ids_per_token: Vec<Vec<(usize, Vec<usize>)>> = tokens
-        .iter()
-        .map(|t| {
-            t.iter()
-                .map(|r| (r.layer, r.experts.iter().map(|e| e.0).collect()))
-                .collect()
-        })
-        .collect();
-    let mut accesses = trace::accesses(&prefill_trace);
-    let warmup_lookups = (warmup * layers).min(decode_trace.len());
-    let count_from = accesses.len() + trace::accesses(&decode_trace[..warmup_lookups]).len();
-    accesses.extend(trace::accesses(&decode_trace));
-    let slots = (budget / end.resident_expert_bytes.max(1)) as usize;
-    let steady_lookups =
-        (counters.hits + counters.misses) - (steady_counters.hits + steady_counters.misses);
-    let steady_hits = counters.hits - steady_counters.hits;
-    let decode_lookups =
-        (counters.hits + counters.misses) - (hits_before.hits + hits_before.misses);
-    let decode_hits = counters.hits - hits_before.hits;
-
-    // Every candidate policy replayed on this run's own lookups, in bytes as
-    // the cache holds them, counting the steady window.
-    let all: Vec<Routed> = prefill_trace.iter().chain(&decode_trace).cloned().collect();
-    let expert_bytes = end.resident_expert_bytes.max(1);
-    let shape = Shape {
-        budget,
-        layers,
-        bytes: &|_| expert_bytes,
-    };
-    let policies = longhaul_engine::tools::choose_counting(&all, shape, end.policy, count_from);
+    let decode = Decode::run(
+        &engine,
+        prefill.session,
+        prefill.token,
+        args.gen_tokens,
+        warmup,
+    )?;
+    let replays = Replays::of(&prefill.trace, &decode, budget, warmup);
     if let Some(path) = &args.trace {
-        trace::write_jsonl(path, &all).with_context(|| format!("writing {}", path.display()))?;
+        trace::write_jsonl(path, &replays.all)
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     let decode_metrics = sampler.sample(&stats());
     engine
         .save_heat()
         .with_context(|| format!("saving the heat histogram next to {}", args.model.display()))?;
-    let pilot = &steady.pilot;
-    let per_token_steady = |v: f64| v / steady_tokens;
-    let prefetch = json!({
-    "enabled": !args.cache.no_prefetch,
-        "recall": pilot.recall(),
-        "precision": pilot.precision(),
-        "prefetched_bytes_per_token": per_token_steady(pilot.prefetch_bytes as f64),
-        "wasted_bytes_per_token": per_token_steady(pilot.wasted_bytes as f64),
-        "waste_per_useful_byte": pilot.waste_per_useful_byte(),
-        "demand_joined_a_read_per_token": per_token_steady(steady.joined as f64),
-        "counters": pilot,
-    });
+    let end = &decode.end;
     let mut report = json!({
         "model": args.model,
         "budget_bytes": budget,
         "memory_plan": engine.memory_plan(),
-        "budget_experts": slots,
+        "budget_experts": replays.slots,
         "heat_warm_at_start": heat_was_warm,
         "policy": args.cache.policy.to_string(),
         "policy_in_use": end.policy.to_string(),
@@ -381,56 +263,47 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "load_seconds": load_seconds,
         "prompt_tokens": prompt.len(),
         "prompt_chunk": args.prompt_chunk,
-        "prefill_tok_s": prompt.len() as f64 / prefill_seconds.max(1e-9),
-        "time_to_first_token_s": ttft,
-        "prefill_stall_seconds": prefill.stall,
-        "prefill_decompress_seconds": prefill.decompress,
-        "prefill_any_drive_busy_share": prefill.busy_any.as_secs_f64() / prefill.wall.max(1e-9),
+        "prefill_tok_s": prompt.len() as f64 / prefill.seconds.max(1e-9),
+        "time_to_first_token_s": prefill.ttft,
+        "prefill_stall_seconds": prefill.mark.stall,
+        "prefill_decompress_seconds": prefill.mark.decompress,
+        "prefill_any_drive_busy_share": prefill.mark.busy_any.as_secs_f64() / prefill.mark.wall.max(1e-9),
         "gen_tokens": args.gen_tokens,
         "warmup_tokens": warmup,
     });
-    let results = json!({
-        "tok_s": tok_s,
-        "inclusive_tok_s": args.gen_tokens as f64 / decode_seconds.max(1e-9),
-        "expert_bytes_per_token": missed_per_token,
-        "stall_fraction": steady_stall / steady_seconds.max(1e-9),
-        "stall_seconds_per_token": per_token_steady(steady_stall),
-        "compute_seconds_per_token": per_token_steady(steady_seconds - steady_stall),
-        "decompress_seconds_per_token": per_token_steady(steady.decompress),
-        "drive_busy_share": steady.busy_shares(),
-        "any_drive_busy_share": steady.busy_any.as_secs_f64() / steady.wall.max(1e-9),
-        "read_time_hidden_share": steady.hidden_share(),
-        "prefetch": prefetch,
-        "memory": memory_report(&start_usage, limit_hits_at_start, &steady),
-        "record_buffer_bytes": end.buffer_bytes,
-        "record_buffer_peak_bytes": end.peak_buffer_bytes,
-        "record_buffers_allocated": end.buffers_allocated,
-        "record_buffers_reused": end.buffers_reused,
-        "kernels": longhaul_engine::tools::instruction_set(),
-        "hit_rate": steady_hits as f64 / steady_lookups.max(1) as f64,
-        "records_read_per_token": per_token_steady(steady.reads as f64),
-        "lookups_per_token": per_token_steady(steady_lookups as f64),
-        "effective_hit_rate": 1.0 - steady.reads as f64 / steady_lookups.max(1) as f64,
-        "decode_hit_rate": decode_hits as f64 / decode_lookups.max(1) as f64,
-        "lru_replay_hit_rate": lru_hit_rate(&accesses, slots, count_from),
-        "lfu_replay_hit_rate": lfu_hit_rate(&accesses, slots, count_from),
-        "oracle_pin_hit_rate": oracle_pin_hit_rate(&accesses, slots, count_from),
-        "belady_hit_rate": belady_hit_rate(&accesses, slots, count_from),
-        "policy_replays": policies,
-        "pack_trace_policies": end.policy_report,
-        "ceiling_tok_s": ceiling_tok_s,
-        "efficiency": ceiling_tok_s.map(|c| tok_s / c),
-        "probe": probe,
-        "drives_while_decoding": decode_metrics.drives,
-        "cache": counters,
-        "routing": routing_stats(&ids_per_token),
-        "prefill_lookups": prefill_trace.len(),
-        "per_token": per_token,
-    });
-    if let (Some(r), serde_json::Value::Object(more)) = (report.as_object_mut(), results) {
+    let seen = Seen {
+        probe: &probe,
+        start_usage: &start_usage,
+        limit_hits_at_start,
+        drives: json!(decode_metrics.drives),
+        prefill_lookups: prefill.trace.len(),
+    };
+    if let (Some(r), serde_json::Value::Object(more)) = (
+        report.as_object_mut(),
+        decode_results(&args, &decode, &replays, &seen),
+    ) {
         r.extend(more);
     }
     drop(engine);
+    compare_runs(&args, &options, &prompt, warmup, &mut report)?;
+    if args.json {
+        println!("{report}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    }
+    Ok(())
+}
+
+/// The comparisons asked for beside the run, each by fresh engines, added
+/// to `report`: guessing ahead against plain decoding (`speculation`) and
+/// answers decoded together (`together`).
+fn compare_runs(
+    args: &BenchArgs,
+    options: &EngineOptions,
+    prompt: &[u32],
+    warmup: usize,
+    report: &mut serde_json::Value,
+) -> anyhow::Result<()> {
     // `off` compares plain decoding with itself: the noise of the figures.
     if let Some(arg) = &args.speculate {
         let sampling = SamplingParams {
@@ -443,8 +316,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         sampling.validate().context("invalid sampling settings")?;
         let run = super::bench_guess::Run {
             model: &args.model,
-            options: &options,
-            prompt: &prompt,
+            options,
+            prompt,
             tokens: args.gen_tokens,
             sampling,
             repeat: args.repeat,
@@ -464,10 +337,303 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         };
         report["together"] = run.compare(&args.together)?;
     }
-    if args.json {
-        println!("{report}");
-    } else {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    }
     Ok(())
+}
+
+/// The engine's settings for a bench run: its memory plan sized for the
+/// prompt and the answer, the cache settings asked for, and the routing
+/// trace recorded for the replays.
+fn engine_options(args: &BenchArgs) -> anyhow::Result<EngineOptions> {
+    let mut options = EngineOptions::default();
+    // A prompt file's tokens are at most its bytes (and a chat template's few).
+    let prompt_bound = match &args.prompt_file {
+        Some(path) => {
+            std::fs::metadata(path)
+                .with_context(|| format!("cannot read the prompt file {}", path.display()))?
+                .len() as usize
+                + CHAT_TEMPLATE_TOKENS
+        }
+        None => args.prompt_tokens.max(1),
+    };
+    let context = (prompt_bound + args.gen_tokens) as u64;
+    args.memory.apply(&mut options, context)?;
+    options.streaming.record_trace = true;
+    args.cache.apply(&mut options.streaming);
+    options.streaming.verify_checksums = !args.no_verify_checksums;
+    options.streaming.store.queue_depth = args.queue_depth;
+    Ok(options)
+}
+
+/// The prompt's ids: the prompt file's text, or `--prompt-tokens` tokens
+/// drawn from the vocabulary with `--seed`.
+fn prompt_ids(args: &BenchArgs, engine: &Engine) -> anyhow::Result<Vec<u32>> {
+    Ok(match &args.prompt_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the prompt file {}", path.display()))?;
+            engine
+                .prompt_ids(&text, args.chat)
+                .with_context(|| format!("cannot prepare the prompt from {}", path.display()))?
+        }
+        None => {
+            let mut rng = SmallRng::seed_from_u64(args.seed);
+            let vocab = engine.vocab_size() as u32;
+            (0..args.prompt_tokens.max(1))
+                .map(|_| rng.random_range(0..vocab))
+                .collect()
+        }
+    })
+}
+
+/// The prompt read: the session after it, the first token chosen, how long
+/// that took, the lookups it made and what the store did meanwhile.
+struct Prefill<'e> {
+    session: longhaul_engine::Session<'e>,
+    token: u32,
+    seconds: f64,
+    ttft: f64,
+    trace: Vec<Routed>,
+    mark: Mark,
+}
+
+impl<'e> Prefill<'e> {
+    fn run(engine: &'e Engine, prompt: &[u32], chunk: usize) -> anyhow::Result<Self> {
+        let stats = || engine.stats().unwrap_or_default();
+        let mut session = engine.session();
+        let before = Mark::take(&stats());
+        let started = Instant::now();
+        let mut logits = Vec::new();
+        for piece in prompt.chunks(chunk.max(1)) {
+            logits = session.feed(piece)?;
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        let token = argmax(&logits);
+        let ttft = started.elapsed().as_secs_f64();
+        let trace = engine.take_trace();
+        Ok(Self {
+            session,
+            token,
+            seconds,
+            ttft,
+            trace,
+            mark: Mark::take(&stats()).since(&before),
+        })
+    }
+}
+
+/// Greedy decoding timed token by token, the first `warmup` tokens left out
+/// of the steady figures.
+struct Decode {
+    tokens: usize,
+    warmup: usize,
+    per_token: Vec<serde_json::Value>,
+    steady_seconds: f64,
+    steady_bytes: u64,
+    steady_stall: f64,
+    /// The store over the steady tokens.
+    steady: Mark,
+    seconds: f64,
+    trace: Vec<Routed>,
+    /// The cache's counters when decoding began and when the steady tokens did.
+    before: longhaul_engine::tools::CacheCounters,
+    steady_from: longhaul_engine::tools::CacheCounters,
+    end: EngineStats,
+}
+
+impl Decode {
+    fn run(
+        engine: &Engine,
+        mut session: longhaul_engine::Session<'_>,
+        mut token: u32,
+        tokens: usize,
+        warmup: usize,
+    ) -> anyhow::Result<Self> {
+        let stats = || engine.stats().unwrap_or_default();
+        let (mut steady_seconds, mut steady_bytes, mut steady_stall) = (0.0, 0u64, 0.0);
+        let mut per_token = Vec::with_capacity(tokens);
+        let started = Instant::now();
+        let before = stats().cache;
+        let mut steady_counters = before;
+        let mut steady_from = Mark::take(&stats());
+        for step in 0..tokens {
+            if step == warmup {
+                let now = stats();
+                steady_counters = now.cache;
+                steady_from = Mark::take(&now);
+            }
+            let now = stats();
+            let (bytes0, stall0) = (now.drive_bytes(), now.stall_seconds);
+            let t = Instant::now();
+            let logits = session.feed(&[token])?;
+            let seconds = t.elapsed().as_secs_f64();
+            token = argmax(&logits);
+            let now = stats();
+            let (bytes, stall) = (now.drive_bytes() - bytes0, now.stall_seconds - stall0);
+            per_token
+                .push(json!({"seconds": seconds, "expert_bytes": bytes, "stall_seconds": stall}));
+            if step >= warmup {
+                steady_seconds += seconds;
+                steady_bytes += bytes;
+                steady_stall += stall;
+            }
+        }
+        let steady = Mark::take(&stats()).since(&steady_from);
+        let seconds = started.elapsed().as_secs_f64();
+        let trace = engine.take_trace();
+        Ok(Self {
+            tokens,
+            warmup,
+            per_token,
+            steady_seconds,
+            steady_bytes,
+            steady_stall,
+            steady,
+            seconds,
+            trace,
+            before,
+            steady_from: steady_counters,
+            end: stats(),
+        })
+    }
+
+    fn steady_tokens(&self) -> f64 {
+        (self.tokens - self.warmup) as f64
+    }
+}
+
+/// The run's own lookups replayed: every candidate policy in bytes as the
+/// cache holds them, and the textbook ones over expert slots, each counting
+/// hits in the steady window as the real cache does.
+struct Replays {
+    /// Every lookup since load (prefill, then one per token, layer and expert).
+    all: Vec<Routed>,
+    ids_per_token: Vec<Vec<(usize, Vec<usize>)>>,
+    accesses: Vec<(usize, usize)>,
+    /// Where the steady window's lookups start in `accesses`.
+    count_from: usize,
+    /// Experts the budget holds.
+    slots: usize,
+    policies: serde_json::Value,
+}
+
+impl Replays {
+    fn of(prefill: &[Routed], decode: &Decode, budget: u64, warmup: usize) -> Self {
+        let tokens = trace::per_token(&decode.trace);
+        let layers = tokens.first().map_or(1, Vec::len);
+        let ids_per_token = tokens
+            .iter()
+            .map(|t| {
+                t.iter()
+                    .map(|r| (r.layer, r.experts.iter().map(|e| e.0).collect()))
+                    .collect()
+            })
+            .collect();
+        let mut accesses = trace::accesses(prefill);
+        let warmup_lookups = (warmup * layers).min(decode.trace.len());
+        let count_from = accesses.len() + trace::accesses(&decode.trace[..warmup_lookups]).len();
+        accesses.extend(trace::accesses(&decode.trace));
+        let slots = (budget / decode.end.resident_expert_bytes.max(1)) as usize;
+        let all: Vec<Routed> = prefill.iter().chain(&decode.trace).cloned().collect();
+        let expert_bytes = decode.end.resident_expert_bytes.max(1);
+        let shape = Shape {
+            budget,
+            layers,
+            bytes: &|_| expert_bytes,
+        };
+        let policies =
+            longhaul_engine::tools::choose_counting(&all, shape, decode.end.policy, count_from);
+        Self {
+            all,
+            ids_per_token,
+            accesses,
+            count_from,
+            slots,
+            policies: json!(policies),
+        }
+    }
+}
+
+/// What was measured around the decode: the drives' probe, memory when the
+/// run began, the drives while it decoded and the prefill's lookups.
+struct Seen<'a> {
+    probe: &'a ProbeReport,
+    start_usage: &'a memory::ProcessUsage,
+    limit_hits_at_start: Option<u64>,
+    drives: serde_json::Value,
+    prefill_lookups: usize,
+}
+
+/// The decode's figures: speed, bytes and stalls per token, what hid the
+/// reads, memory, the cache's hit rates against the replays, the ceiling
+/// the drives set, and each token's own.
+fn decode_results(
+    args: &BenchArgs,
+    decode: &Decode,
+    replays: &Replays,
+    seen: &Seen<'_>,
+) -> serde_json::Value {
+    let probe = seen.probe;
+    let (end, steady) = (&decode.end, &decode.steady);
+    let counters = end.cache;
+    let steady_tokens = decode.steady_tokens();
+    let per_token_steady = |v: f64| v / steady_tokens;
+    let tok_s = steady_tokens / decode.steady_seconds.max(1e-9);
+    let missed_per_token = decode.steady_bytes as f64 / steady_tokens;
+    let aggregate = probe.aggregate_mb_per_s * 1e6;
+    let ceiling_tok_s = (missed_per_token > 0.0).then(|| aggregate / missed_per_token);
+    let lookups = |c: &longhaul_engine::tools::CacheCounters| c.hits + c.misses;
+    let steady_lookups = lookups(&counters) - lookups(&decode.steady_from);
+    let steady_hits = counters.hits - decode.steady_from.hits;
+    let decode_lookups = lookups(&counters) - lookups(&decode.before);
+    let decode_hits = counters.hits - decode.before.hits;
+    let pilot = &steady.pilot;
+    let prefetch = json!({
+        "enabled": !args.cache.no_prefetch,
+        "recall": pilot.recall(),
+        "precision": pilot.precision(),
+        "prefetched_bytes_per_token": per_token_steady(pilot.prefetch_bytes as f64),
+        "wasted_bytes_per_token": per_token_steady(pilot.wasted_bytes as f64),
+        "waste_per_useful_byte": pilot.waste_per_useful_byte(),
+        "demand_joined_a_read_per_token": per_token_steady(steady.joined as f64),
+        "counters": pilot,
+    });
+    let (accesses, slots, from) = (&replays.accesses, replays.slots, replays.count_from);
+    json!({
+        "tok_s": tok_s,
+        "inclusive_tok_s": decode.tokens as f64 / decode.seconds.max(1e-9),
+        "expert_bytes_per_token": missed_per_token,
+        "stall_fraction": decode.steady_stall / decode.steady_seconds.max(1e-9),
+        "stall_seconds_per_token": per_token_steady(decode.steady_stall),
+        "compute_seconds_per_token": per_token_steady(decode.steady_seconds - decode.steady_stall),
+        "decompress_seconds_per_token": per_token_steady(steady.decompress),
+        "drive_busy_share": steady.busy_shares(),
+        "any_drive_busy_share": steady.busy_any.as_secs_f64() / steady.wall.max(1e-9),
+        "read_time_hidden_share": steady.hidden_share(),
+        "prefetch": prefetch,
+        "memory": memory_report(seen.start_usage, seen.limit_hits_at_start, steady),
+        "record_buffer_bytes": end.buffer_bytes,
+        "record_buffer_peak_bytes": end.peak_buffer_bytes,
+        "record_buffers_allocated": end.buffers_allocated,
+        "record_buffers_reused": end.buffers_reused,
+        "kernels": longhaul_engine::tools::instruction_set(),
+        "hit_rate": steady_hits as f64 / steady_lookups.max(1) as f64,
+        "records_read_per_token": per_token_steady(steady.reads as f64),
+        "lookups_per_token": per_token_steady(steady_lookups as f64),
+        "effective_hit_rate": 1.0 - steady.reads as f64 / steady_lookups.max(1) as f64,
+        "decode_hit_rate": decode_hits as f64 / decode_lookups.max(1) as f64,
+        "lru_replay_hit_rate": lru_hit_rate(accesses, slots, from),
+        "lfu_replay_hit_rate": lfu_hit_rate(accesses, slots, from),
+        "oracle_pin_hit_rate": oracle_pin_hit_rate(accesses, slots, from),
+        "belady_hit_rate": belady_hit_rate(accesses, slots, from),
+        "policy_replays": replays.policies,
+        "pack_trace_policies": end.policy_report,
+        "ceiling_tok_s": ceiling_tok_s,
+        "efficiency": ceiling_tok_s.map(|c| tok_s / c),
+        "probe": probe,
+        "drives_while_decoding": seen.drives,
+        "cache": counters,
+        "routing": routing_stats(&replays.ids_per_token),
+        "prefill_lookups": seen.prefill_lookups,
+        "per_token": decode.per_token,
+    })
 }
