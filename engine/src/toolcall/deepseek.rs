@@ -18,6 +18,7 @@
 use serde_json::{Map, Value};
 
 use super::partial::{XmlCut, name_end, open_json};
+use super::{DS_CALLS_BEGIN, DSML, Syntax};
 use super::{Schemas, ToolCall, call, call_id, json_arguments};
 
 const CALL_BEGIN: &str = "<｜tool▁call▁begin｜>";
@@ -143,3 +144,37 @@ pub(super) fn parse_dsml(block: &str, schemas: &Schemas<'_>) -> Result<Vec<ToolC
     }
     Ok(calls)
 }
+
+/// DeepSeek V3.1's tool tokens (and V3's fenced JSON).
+pub(super) static TOKENS: Syntax = Syntax {
+    name: "deepseek_v31",
+    opener: DS_CALLS_BEGIN,
+    shown_by: |model| model.has(DS_CALLS_BEGIN),
+    opening: |name| {
+        Some(vec![
+            format!("{DS_CALLS_BEGIN}{CALL_BEGIN}{name}{SEP}"),
+            format!("{DS_CALLS_BEGIN}{CALL_BEGIN}{V3_HEAD}{SEP}{name}\n"),
+        ])
+    },
+    parse: |block, _| parse_tokens(block),
+    partial: |block, _| partial_tokens(block),
+    writes_ids: false,
+};
+
+/// DeepSeek V3.2's and V4's DSML.
+pub(super) static DSML_CALLS: Syntax = Syntax {
+    name: "dsml",
+    opener: "<｜DSML｜",
+    shown_by: |model| model.has(DSML),
+    opening: |name| {
+        Some(
+            ["function_calls", "tool_calls"]
+                .iter()
+                .map(|block| format!("<{DSML}{block}>\n<{DSML}invoke name=\"{name}\">"))
+                .collect(),
+        )
+    },
+    parse: |block, schemas| parse_dsml(block, schemas),
+    partial: |block, schemas| DSML_CUT.read(block, |b| parse_dsml(b, schemas)),
+    writes_ids: false,
+};

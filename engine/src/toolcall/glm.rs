@@ -5,6 +5,7 @@
 
 use serde_json::Map;
 
+use super::Syntax;
 use super::partial::{XmlCut, name_end};
 use super::{Schemas, ToolCall, call};
 
@@ -48,3 +49,21 @@ pub(super) fn parse(block: &str, schemas: &Schemas<'_>) -> Result<Vec<ToolCall>,
     }
     Ok(calls)
 }
+
+/// GLM-4.5 to 4.7's format.
+pub(super) static GLM: Syntax = Syntax {
+    name: "glm4_moe",
+    opener: "<tool_call>",
+    shown_by: |model| model.has("<arg_key>"),
+    opening: |name| {
+        Some(
+            ["\n", "<arg_key>", "</tool_call>"]
+                .iter()
+                .map(|after| format!("<tool_call>{name}{after}"))
+                .collect(),
+        )
+    },
+    parse: |block, schemas| parse(block, schemas),
+    partial: |block, schemas| CUT.read(block, |b| parse(b, schemas)),
+    writes_ids: false,
+};

@@ -5,6 +5,7 @@
 //! (harmony's framing tokens are not text); this reads them back, the name
 //! being the recipient after `functions.`, as vLLM's `openai` parser has it.
 
+use super::Syntax;
 use super::partial::open_json;
 use super::{ToolCall, call_id, json_arguments};
 use crate::generate::channels::{HARMONY_ARGS, HARMONY_CALL};
@@ -58,3 +59,15 @@ pub(super) fn partial(block: &str) -> Vec<ToolCall> {
     }
     calls
 }
+
+/// gpt-oss's harmony messages. A call is the header of a message of its own,
+/// which decoding is not held to: no openings.
+pub(super) static HARMONY: Syntax = Syntax {
+    name: "harmony",
+    opener: HARMONY_CALL,
+    shown_by: |model| model.token("<|call|>") && model.token("<|channel|>"),
+    opening: |_| None,
+    parse: |block, _| parse(block),
+    partial: |block, _| partial(block),
+    writes_ids: false,
+};

@@ -4,6 +4,7 @@
 //! echoes it back as `## Return of {id}`), the name its part between the
 //! last `.` and the `:` (vLLM's `kimi_k2` parser).
 
+use super::Syntax;
 use super::partial::open_json;
 use super::{ToolCall, json_arguments};
 
@@ -67,3 +68,18 @@ pub(super) fn partial(block: &str) -> Vec<ToolCall> {
     }
     calls
 }
+
+/// Kimi K2's format.
+pub(super) static KIMI: Syntax = Syntax {
+    name: "kimi_k2",
+    opener: "<|tool_calls_section_begin|>",
+    shown_by: |model| model.has("<|tool_calls_section_begin|>"),
+    opening: |name| {
+        Some(vec![format!(
+            "<|tool_calls_section_begin|>{CALL_BEGIN}functions.{name}:"
+        )])
+    },
+    parse: |block, _| parse(block),
+    partial: |block, _| partial(block),
+    writes_ids: true,
+};

@@ -5,6 +5,7 @@
 
 use serde_json::Map;
 
+use super::Syntax;
 use super::partial::{XmlCut, name_end};
 use super::{Schemas, ToolCall, call};
 
@@ -51,3 +52,18 @@ pub(super) fn parse(block: &str, schemas: &Schemas<'_>) -> Result<Vec<ToolCall>,
     }
     Ok(calls)
 }
+
+/// MiniMax-M2's format.
+pub(super) static MINIMAX: Syntax = Syntax {
+    name: "minimax_m2",
+    opener: "<minimax:tool_call>",
+    shown_by: |model| model.has("<minimax:tool_call>"),
+    opening: |name| {
+        Some(vec![format!(
+            "<minimax:tool_call>\n<invoke name=\"{name}\">"
+        )])
+    },
+    parse: |block, schemas| parse(block, schemas),
+    partial: |block, schemas| CUT.read(block, |b| parse(b, schemas)),
+    writes_ids: false,
+};

@@ -76,51 +76,95 @@ pub enum ToolFormat {
 pub(crate) const DS_CALLS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
 pub(crate) const DSML: &str = "｜DSML｜";
 
+/// How one family writes its calls: each format's file holds its row. A
+/// new format is its file, its [`ToolFormat`] value, the value's line in
+/// [`ToolFormat::syntax`] and its place in [`FORMATS`].
+struct Syntax {
+    /// The format's name (vLLM's parser's, where it has one).
+    name: &'static str,
+    /// What opens the first call block.
+    opener: &'static str,
+    /// Whether a model's vocabulary and prompts show this format.
+    shown_by: fn(&Signs<'_>) -> bool,
+    /// How an answer calling the name given begins, up to where the name
+    /// has ended, for each way the family writes it; none where decoding
+    /// cannot be held to a call.
+    opening: fn(&str) -> Option<Vec<String>>,
+    /// The calls of a whole block (from its opener on).
+    parse: fn(&str, &Schemas<'_>) -> Result<Vec<ToolCall>, String>,
+    /// The calls of a block still being written, as far as they are sure.
+    partial: fn(&str, &Schemas<'_>) -> Vec<ToolCall>,
+    /// Whether calls carry the ids the model wrote.
+    writes_ids: bool,
+}
+
+/// Every format, in the order a model's files are checked for them: the
+/// first a model shows is its format (harmony's tokens before all; Kimi's
+/// and DeepSeek's markers before the `<tool_call>` that GLM, Qwen's XML and
+/// Hermes share, and those three from the most particular sign to the
+/// least).
+const FORMATS: [ToolFormat; 8] = [
+    ToolFormat::Harmony,
+    ToolFormat::Kimi,
+    ToolFormat::Dsml,
+    ToolFormat::DeepseekTokens,
+    ToolFormat::Minimax,
+    ToolFormat::Glm,
+    ToolFormat::QwenXml,
+    ToolFormat::Hermes,
+];
+
+/// What a model's files show of its call format.
+struct Signs<'a>(&'a TextTokenizer);
+
+impl Signs<'_> {
+    /// `text` is a token of the vocabulary.
+    fn token(&self, text: &str) -> bool {
+        self.0.token_id(text).is_some()
+    }
+
+    /// The template (or prompt encoder) writes `text`.
+    fn prompts_mention(&self, text: &str) -> bool {
+        self.0.prompts_mention(text)
+    }
+
+    /// Either.
+    fn has(&self, text: &str) -> bool {
+        self.token(text) || self.prompts_mention(text)
+    }
+}
+
 impl ToolFormat {
     /// The format a model answers tools in, from its vocabulary and the
     /// template (or prompt encoder) its prompts are built by; none when the
     /// model shows no sign of tool calls.
     pub fn detect(tokenizer: &TextTokenizer) -> Option<Self> {
-        let has = |t: &str| tokenizer.token_id(t).is_some() || tokenizer.prompts_mention(t);
-        let token = |t: &str| tokenizer.token_id(t).is_some();
-        if token("<|call|>") && token("<|channel|>") {
-            Some(Self::Harmony)
-        } else if has("<|tool_calls_section_begin|>") {
-            Some(Self::Kimi)
-        } else if has(DSML) {
-            Some(Self::Dsml)
-        } else if has(DS_CALLS_BEGIN) {
-            Some(Self::DeepseekTokens)
-        } else if has("<minimax:tool_call>") {
-            Some(Self::Minimax)
-        } else if has("<arg_key>") {
-            Some(Self::Glm)
-        } else if has("<tool_call>") && tokenizer.prompts_mention("<function=") {
-            Some(Self::QwenXml)
-        } else if has("<tool_call>") {
-            Some(Self::Hermes)
-        } else {
-            None
+        let signs = Signs(tokenizer);
+        FORMATS.into_iter().find(|f| (f.syntax().shown_by)(&signs))
+    }
+
+    /// The format's own file's reading of it.
+    fn syntax(self) -> &'static Syntax {
+        match self {
+            Self::Kimi => &kimi::KIMI,
+            Self::DeepseekTokens => &deepseek::TOKENS,
+            Self::Dsml => &deepseek::DSML_CALLS,
+            Self::Hermes => &qwen::HERMES,
+            Self::QwenXml => &qwen::XML,
+            Self::Glm => &glm::GLM,
+            Self::Minimax => &minimax::MINIMAX,
+            Self::Harmony => &harmony::HARMONY,
         }
     }
 
     /// Whether the model writes its calls' ids (Kimi's `functions.NAME:IDX`);
     /// the others' ids are made from each call's place in the answer.
     pub fn writes_ids(self) -> bool {
-        self == Self::Kimi
+        self.syntax().writes_ids
     }
 
     pub fn name(self) -> &'static str {
-        match self {
-            Self::Kimi => "kimi_k2",
-            Self::DeepseekTokens => "deepseek_v31",
-            Self::Dsml => "dsml",
-            Self::Hermes => "hermes",
-            Self::QwenXml => "qwen3_xml",
-            Self::Glm => "glm4_moe",
-            Self::Minimax => "minimax_m2",
-            Self::Harmony => "harmony",
-        }
+        self.syntax().name
     }
 
     /// How an answer that calls one of `names` begins, up to where the
@@ -128,52 +172,24 @@ impl ToolFormat {
     /// these (a forced call) can only write a call to one of them. None for
     /// harmony, whose calls are headers of their own messages.
     pub fn openings(self, names: &[&str]) -> Option<Vec<String>> {
-        let per_name = |name: &str| -> Vec<String> {
-            match self {
-                Self::Kimi => vec![format!(
-                    "<|tool_calls_section_begin|><|tool_call_begin|>functions.{name}:"
-                )],
-                Self::DeepseekTokens => vec![
-                    format!("{DS_CALLS_BEGIN}<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>"),
-                    format!("{DS_CALLS_BEGIN}<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n"),
-                ],
-                Self::Dsml => ["function_calls", "tool_calls"]
-                    .iter()
-                    .map(|block| format!("<{DSML}{block}>\n<{DSML}invoke name=\"{name}\">"))
-                    .collect(),
-                Self::Hermes => vec![format!("<tool_call>\n{{\"name\": \"{name}\"")],
-                Self::QwenXml => vec![format!("<tool_call>\n<function={name}>")],
-                Self::Glm => ["\n", "<arg_key>", "</tool_call>"]
-                    .iter()
-                    .map(|after| format!("<tool_call>{name}{after}"))
-                    .collect(),
-                Self::Minimax => vec![format!("<minimax:tool_call>\n<invoke name=\"{name}\">")],
-                Self::Harmony => Vec::new(),
-            }
-        };
-        (self != Self::Harmony).then(|| names.iter().flat_map(|n| per_name(n)).collect())
+        let opening = self.syntax().opening;
+        let mut all = Vec::new();
+        for name in names {
+            all.extend(opening(name)?);
+        }
+        // A format that cannot be held to says so even with no names.
+        opening("").map(|_| all)
     }
 
     /// Where the first call block begins in `text`, if one has.
     pub fn call_start(self, text: &str) -> Option<usize> {
-        text.find(self.opener())
+        text.find(self.syntax().opener)
     }
 
     /// How many bytes at the end of `text` could be the start of a call
     /// block still being written: a stream holds them back until it knows.
     pub fn held_back(self, text: &str) -> usize {
-        partial::overlap(text, self.opener())
-    }
-
-    fn opener(self) -> &'static str {
-        match self {
-            Self::Kimi => "<|tool_calls_section_begin|>",
-            Self::DeepseekTokens => DS_CALLS_BEGIN,
-            Self::Dsml => "<｜DSML｜",
-            Self::Hermes | Self::QwenXml | Self::Glm => "<tool_call>",
-            Self::Minimax => "<minimax:tool_call>",
-            Self::Harmony => crate::generate::channels::HARMONY_CALL,
-        }
+        partial::overlap(text, self.syntax().opener)
     }
 
     /// Reads the calls out of a whole answer. `tools` are the tools offered
@@ -187,21 +203,11 @@ impl ToolFormat {
                 calls: Vec::new(),
             });
         };
-        let schemas = Schemas(tools);
-        let block = &text[start..];
-        let calls = match self {
-            Self::Kimi => kimi::parse(block),
-            Self::DeepseekTokens => deepseek::parse_tokens(block),
-            Self::Dsml => deepseek::parse_dsml(block, &schemas),
-            Self::Hermes => qwen::parse_hermes(block),
-            Self::QwenXml => qwen::parse_xml(block, &schemas),
-            Self::Glm => glm::parse(block, &schemas),
-            Self::Minimax => minimax::parse(block, &schemas),
-            Self::Harmony => harmony::parse(block),
-        }
-        .map_err(|reason| MalformedCall {
-            format: self.name(),
-            reason,
+        let calls = (self.syntax().parse)(&text[start..], &Schemas(tools)).map_err(|reason| {
+            MalformedCall {
+                format: self.name(),
+                reason,
+            }
         })?;
         if calls.is_empty() {
             return Err(MalformedCall {
@@ -221,20 +227,9 @@ impl ToolFormat {
     /// and the last one's arguments are a prefix of its final arguments. A
     /// stream sends them as they grow.
     pub fn partial(self, text: &str, tools: &[Value]) -> Vec<ToolCall> {
-        let Some(start) = self.call_start(text) else {
-            return Vec::new();
-        };
-        let schemas = Schemas(tools);
-        let block = &text[start..];
-        match self {
-            Self::Kimi => kimi::partial(block),
-            Self::DeepseekTokens => deepseek::partial_tokens(block),
-            Self::Dsml => deepseek::DSML_CUT.read(block, |b| deepseek::parse_dsml(b, &schemas)),
-            Self::Hermes => qwen::partial_hermes(block),
-            Self::QwenXml => qwen::XML_CUT.read(block, |b| qwen::parse_xml(b, &schemas)),
-            Self::Glm => glm::CUT.read(block, |b| glm::parse(b, &schemas)),
-            Self::Minimax => minimax::CUT.read(block, |b| minimax::parse(b, &schemas)),
-            Self::Harmony => harmony::partial(block),
+        match self.call_start(text) {
+            Some(start) => (self.syntax().partial)(&text[start..], &Schemas(tools)),
+            None => Vec::new(),
         }
     }
 }

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use super::Syntax;
 use super::partial::{XmlCut, name_end, overlap};
 use super::{Schemas, ToolCall, call, call_id, json_arguments};
 
@@ -143,3 +144,26 @@ pub(super) fn parse_xml(block: &str, schemas: &Schemas<'_>) -> Result<Vec<ToolCa
     }
     Ok(calls)
 }
+
+/// Qwen3's Hermes JSON.
+pub(super) static HERMES: Syntax = Syntax {
+    name: "hermes",
+    opener: OPEN,
+    shown_by: |model| model.has(OPEN),
+    opening: |name| Some(vec![format!("{OPEN}\n{{\"name\": \"{name}\"")]),
+    parse: |block, _| parse_hermes(block),
+    partial: |block, _| partial_hermes(block),
+    writes_ids: false,
+};
+
+/// Qwen3-Coder's and Qwen3.5's XML: Hermes' marker, with the template
+/// writing `<function=`.
+pub(super) static XML: Syntax = Syntax {
+    name: "qwen3_xml",
+    opener: OPEN,
+    shown_by: |model| model.has(OPEN) && model.prompts_mention("<function="),
+    opening: |name| Some(vec![format!("{OPEN}\n<function={name}>")]),
+    parse: |block, schemas| parse_xml(block, schemas),
+    partial: |block, schemas| XML_CUT.read(block, |b| parse_xml(b, schemas)),
+    writes_ids: false,
+};
