@@ -13,28 +13,10 @@ const BLOCK: usize = longhaul_engine::PROMPT_CHUNK;
 
 #[test]
 fn a_restored_prefix_continues_bitwise_as_the_whole_prompt() {
-    for name in [
-        "qwen3_moe_released",
-        "minimax_m2_released",
-        "kimi_linear_released",
-        "qwen3_next_released",
-        "glm_moe_dsa_released",
-        "deepseek_v32_recent",
-        "deepseek_v4_recent",
-        // A sliding window on its last layers.
-        "dots1_recent",
-        "hunyuan_v1_moe_released",
-        "ernie4_5_moe_released",
-        // Chunked layers and a temperature by absolute position.
-        "llama4_recent",
-        // Each layer type with its own rope and head count.
-        "step3p7_saved",
-        "bailing_hybrid_released",
-        "longcat_flash_recent",
-        // k-pool index keys and gate rows beside KDA state.
-        "glm5_next_saved",
-    ] {
-        let dir = common::fixtures_dir().join(name);
+    let fixtures = common::fixtures_with("prefix_state");
+    assert!(fixtures.len() >= 15, "{fixtures:?}");
+    for dir in fixtures {
+        let name = common::name(&dir);
         let engine = Engine::open(&dir).unwrap();
         let vocab = engine.vocab_size() as u32;
         // Two whole blocks and a ragged end, from a spread of token ids.

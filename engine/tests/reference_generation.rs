@@ -185,15 +185,9 @@ fn a_resumed_generation_ends_as_an_uninterrupted_one() {
     // Attention-only models, a hybrid whose linear layers' state is
     // overwritten every token, sparse attention whose indexer keeps keys of
     // its own, and compressed attention whose entries close every few tokens.
-    for dir in [
-        fixtures()[0].clone(),
-        common::fixtures_dir().join("minimax_m2_released"),
-        common::fixtures_dir().join("kimi_linear_released"),
-        common::fixtures_dir().join("glm_moe_dsa_released"),
-        // Its indexer's keys rotated in split halves.
-        common::fixtures_dir().join("deepseek_v32_recent"),
-        common::fixtures_dir().join("deepseek_v4_recent"),
-    ] {
+    let fixtures = common::fixtures_with("resume");
+    assert!(fixtures.len() >= 6, "{fixtures:?}");
+    for dir in fixtures {
         resumes_exactly(&Engine::open(&dir).unwrap());
     }
 }

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{LOGIT_TOLERANCE, expected, fixtures, max_abs_diff, name};
+use common::{LOGIT_TOLERANCE, expected, facts, fixtures, max_abs_diff, name};
 use longhaul_engine::generate::Session;
 use longhaul_engine::model::{LogitsFor, load_checkpoint};
 
@@ -20,7 +20,7 @@ fn teacher_forced_logits_match_transformers() {
             .unwrap();
         let diff = max_abs_diff(&logits, &exp.logits);
         println!("{}: max |Δlogit| = {diff:e}", name(&dir));
-        if diff > LOGIT_TOLERANCE || diff.is_nan() {
+        if diff > facts(&dir).tolerance || diff.is_nan() {
             failures.push(format!("{}: {diff:e}", name(&dir)));
         }
     }
@@ -28,6 +28,31 @@ fn teacher_forced_logits_match_transformers() {
         failures.is_empty(),
         "logits differ from transformers: {failures:?}"
     );
+}
+
+/// Each fixture's facts hold of it: the family named is the one its
+/// config is read by, and no fixture is allowed more than the exactness
+/// rule's 1e-4.
+#[test]
+fn every_fixture_states_its_facts_truly() {
+    for dir in fixtures() {
+        let f = facts(&dir);
+        let raw = longhaul_engine::model::RawConfig::read(&dir.join("config.json"))
+            .unwrap_or_else(|e| panic!("{}: {e}", name(&dir)));
+        let model_type = raw
+            .get("model_type")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default();
+        let family = longhaul_engine::model::family::family_of(model_type)
+            .unwrap_or_else(|| panic!("{}: no family reads {model_type}", name(&dir)));
+        assert_eq!(f.family, family.model_types()[0], "{}", name(&dir));
+        assert!(
+            f.tolerance <= LOGIT_TOLERANCE,
+            "{}: {}",
+            name(&dir),
+            f.tolerance
+        );
+    }
 }
 
 /// Every kernel is batch-invariant, so a sequence fed in one pass, in

@@ -10,48 +10,18 @@ use longhaul_engine::pack::{PackOptions, write_pack};
 use longhaul_engine::{Engine, EngineOptions};
 use proptest::prelude::*;
 
-/// Bytes of one f32 expert of the named fixture (3 × hidden × moe_intermediate × 4).
-fn expert_bytes(fixture: &str) -> u64 {
-    match fixture {
-        "deepseek_v3_released" => 3 * 64 * 24 * 4,
-        "qwen3_moe_recent" => 3 * 64 * 24 * 4,
-        "mixtral_released" => 3 * 64 * 48 * 4,
-        "kimi_k25_text" => 3 * 64 * 16 * 4,
-        "gpt_oss_bf16" => 3 * 64 * 64 * 4,
-        "kimi_linear_released" | "kimi_linear_saved" => 3 * 64 * 24 * 4,
-        "qwen3_next_released" | "qwen3_5_moe_wrapped" => 3 * 64 * 16 * 4,
-        "minimax_m2_released" => 3 * 64 * 32 * 4,
-        "glm_moe_dsa_released" | "deepseek_v32_recent" => 3 * 64 * 24 * 4,
-        "glm4_moe_released"
-        | "dots1_released"
-        | "ernie4_5_moe_released"
-        | "step3p5_released"
-        | "bailing_hybrid_released"
-        | "longcat_flash_released"
-        | "longcat_flash_recent"
-        | "glm5_next_saved" => 3 * 64 * 16 * 4,
-        "hunyuan_v1_moe_released" | "llama4_released" => 3 * 64 * 24 * 4,
-        "deepseek_v4_recent" | "deepseek_v4_released" | "deepseek_v4_saved" => 3 * 64 * 32 * 4,
-        // MXFP4 rows of 64 weights (two blocks of 32, each a scale byte and
-        // 16 bytes): 128 gate/up rows and 64 down rows.
-        "gpt_oss_mxfp4" => (128 + 64) * 2 * (1 + 16),
-        // DeepSeek-V4's FP4 as MXFP4 blocks of 32 (a scale byte and 16
-        // bytes): 64 gate/up rows of 64 weights and 64 down rows of 32.
-        "deepseek_v4_fp8_fp4" => 64 * 2 * (1 + 16) + 64 * (1 + 16),
-        // FP8 rows of 64 (gate, up) and 24 (down) weights, each led by a scale.
-        "deepseek_v3_fp8" | "glm_moe_dsa_fp8" | "deepseek_v32_released" | "longcat_flash_fp8" => {
-            48 * (4 + 64) + 64 * (4 + 24)
-        }
-        // compressed-tensors FP8 per channel: rows of 64 (gate, up) and 16
-        // (down) weights, each led by its row's scale.
-        "glm4_moe_fp8" => 32 * (4 + 64) + 64 * (4 + 16),
-        // FP8 blocks: gate/up rows of 64 weights, down rows of 16, each led by a scale.
-        "glm5_next_fp8" => 32 * (4 + 64) + 64 * (4 + 16),
-        // INT4 rows of 64 weights (two groups of 32, each a BF16 scale and
-        // 16 bytes): 128 gate/up rows and 64 down rows.
-        "kimi_k2_int4" | "bailing_hybrid_int4" => (128 + 64) * 2 * (2 + 16),
-        other => panic!("no size for {other}"),
+/// Bytes of one expert of a pack of `fixture`, the unit of the budgets
+/// tried: the width its fixture.json gives where experts are packed as
+/// published (FP8, INT4, MXFP4 with their scales), else that of f32 rows
+/// (3 × hidden × moe_intermediate × 4), from the pack's first layer.
+fn expert_bytes(fixture: &str, pack: &Path) -> u64 {
+    let dir = common::fixtures_dir().join(fixture);
+    if let Some(published) = common::facts(&dir).experts {
+        return published.record_bytes;
     }
+    let manifest = longhaul_engine::pack::Manifest::read(pack).unwrap();
+    let layer = &manifest.experts.layers[0];
+    (3 * layer.hidden * layer.intermediate * 4) as u64
 }
 
 /// Packs `fixture` over `drives` fresh folders under `root`.
@@ -167,44 +137,10 @@ fn verify_finds_layers_and_records_removed_from_the_manifest() {
 
 #[test]
 fn logits_are_bitwise_identical_to_the_in_memory_model() {
-    for fixture in [
-        "deepseek_v3_released",
-        "qwen3_moe_recent",
-        "mixtral_released",
-        "kimi_k25_text",
-        "gpt_oss_bf16",
-        "kimi_linear_released",
-        "qwen3_next_released",
-        "qwen3_5_moe_wrapped",
-        "minimax_m2_released",
-        "glm_moe_dsa_released",
-        "deepseek_v4_recent",
-        "deepseek_v4_released",
-        "deepseek_v4_saved",
-        // With the release's MTP layer after the decoder.
-        "glm4_moe_released",
-        "deepseek_v32_recent",
-        // Every MLP under `block_sparse_moe`, as save_pretrained writes it.
-        "kimi_linear_saved",
-        "dots1_released",
-        // Tied, with its own names for the q/k norms, router and shared MLP.
-        "hunyuan_v1_moe_released",
-        // Tied; the router's bias beside it; an MTP block under its own names.
-        "ernie4_5_moe_released",
-        // Stacked `x · W` experts, gate columns before up, under `language_model.`.
-        "llama4_released",
-        // Three stacks of every expert's gates, ups and downs under `moe`.
-        "step3p5_released",
-        // KDA and MLA layers under Ling's own names.
-        "bailing_hybrid_released",
-        // Two sublayers a layer, identity experts, the MTP block under `model.mtp`.
-        "longcat_flash_released",
-        // transformers' gate/up stack, its identity experts' rows left unread.
-        "longcat_flash_recent",
-        // KDA, k-pool sparse attention and hyper-connections, as released.
-        "glm5_next_saved",
-    ] {
-        let dir = common::fixtures_dir().join(fixture);
+    let fixtures = common::fixtures_with("streams_exactly");
+    assert!(fixtures.len() >= 25, "{fixtures:?}");
+    for dir in fixtures {
+        let fixture = &common::name(&dir);
         let exp = common::expected(&dir);
         let reference = all_logits(&Engine::open(&dir).unwrap(), &exp.ids);
         let tmp = tempfile::tempdir().unwrap();
@@ -217,7 +153,7 @@ fn logits_are_bitwise_identical_to_the_in_memory_model() {
                 compress,
                 "{fixture}"
             );
-            let one = expert_bytes(fixture);
+            let one = expert_bytes(fixture, &pack);
             for budget in [0, one, 5 * one, u64::MAX] {
                 for depth in [1, 4] {
                     for keep in [false, true] {
@@ -237,24 +173,13 @@ fn logits_are_bitwise_identical_to_the_in_memory_model() {
 /// and stream to bitwise the logits of the checkpoint held in RAM.
 #[test]
 fn quantised_experts_stream_exactly_as_published() {
-    for (fixture, dtype) in [
-        ("deepseek_v3_fp8", "FP8_E4M3_B128"),
-        ("glm_moe_dsa_fp8", "FP8_E4M3_B128"),
-        // Power-of-two scales, the indexer in FP8 too, the MTP layer after.
-        ("deepseek_v32_released", "FP8_E4M3_B128"),
-        // compressed-tensors' scales per channel and per tensor (GLM-4.5-FP8).
-        ("glm4_moe_fp8", "FP8_E4M3_B128"),
-        ("kimi_k2_int4", "INT4_G32"),
-        // Ling-3.0-flash's kind, under Ling's own names.
-        ("bailing_hybrid_int4", "INT4_G32"),
-        ("gpt_oss_mxfp4", "MXFP4"),
-        // LongCat-Flash-Chat-FP8's kind, its MTP block beside.
-        ("longcat_flash_fp8", "FP8_E4M3_B128"),
-        // GLM-5.3-Flash as published: FP8 blocks, the indexer and gates wider.
-        ("glm5_next_fp8", "FP8_E4M3_B128"),
-        ("deepseek_v4_fp8_fp4", "MXFP4"),
-    ] {
-        published_experts_stream_exactly(fixture, dtype);
+    let fixtures = common::fixtures_with("published_experts");
+    assert!(fixtures.len() >= 10, "{fixtures:?}");
+    for dir in fixtures {
+        let experts = common::facts(&dir)
+            .experts
+            .expect("a published-experts fixture names its expert dtype");
+        published_experts_stream_exactly(&common::name(&dir), &experts.dtype);
     }
 }
 
@@ -272,12 +197,12 @@ fn published_experts_stream_exactly(fixture: &str, dtype: &str) {
         let record = &manifest.experts.layers[0].records[0];
         assert_eq!(
             record.len,
-            expert_bytes(fixture),
+            expert_bytes(fixture, &pack),
             "{fixture}: the published width plus scales"
         );
         let report = verify_pack(&pack, &|_, _| {}).unwrap();
         assert!(report.problems.is_empty(), "{:?}", report.problems);
-        let one = expert_bytes(fixture);
+        let one = expert_bytes(fixture, &pack);
         for budget in [0, one, 5 * one, u64::MAX] {
             for keep in [false, true] {
                 let got = all_logits(&open_with(&pack, budget, 2, keep), &exp.ids);
@@ -300,7 +225,7 @@ fn logits_do_not_depend_on_prefetching() {
         let reference = all_logits(&Engine::open(&dir).unwrap(), &exp.ids);
         let tmp = tempfile::tempdir().unwrap();
         let pack = pack(tmp.path(), fixture, 2, 4096);
-        for budget in [0, 3 * expert_bytes(fixture), u64::MAX] {
+        for budget in [0, 3 * expert_bytes(fixture, &pack), u64::MAX] {
             for prefetch in [false, true] {
                 let mut o = EngineOptions::default();
                 o.streaming.budget_bytes = budget;
@@ -336,7 +261,7 @@ proptest! {
         let reference = all_logits(&Engine::open(&dir).unwrap(), &exp.ids[..12]);
         let tmp = tempfile::tempdir().unwrap();
         let pack = pack(tmp.path(), fixture, drives, split_kib * 1024);
-        let engine = open(&pack, budget_experts * expert_bytes(fixture), depth);
+        let engine = open(&pack, budget_experts * expert_bytes(fixture, &pack), depth);
         prop_assert!(all_logits(&engine, &exp.ids[..12]) == reference);
         let c = engine.streaming().unwrap().cache_counters();
         prop_assert!(c.held_bytes <= c.budget_bytes);
@@ -862,7 +787,7 @@ fn a_q8_0_spine_is_labelled_close_and_exact_under_any_budget() {
         summary.resident_bytes
     );
     let full = all_logits(&open(&out, u64::MAX, 2), &exp.ids);
-    for budget in [0, expert_bytes(fixture)] {
+    for budget in [0, expert_bytes(fixture, &out)] {
         assert!(
             all_logits(&open(&out, budget, 2), &exp.ids) == full,
             "budget {budget}"

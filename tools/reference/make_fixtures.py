@@ -24,6 +24,7 @@ after it (`... make_fixtures.py engine/tests/fixtures deepseek_v3_fp8`).
 import contextlib
 import copy
 import json
+import os
 import math
 import re
 import shutil
@@ -1592,10 +1593,27 @@ def save_checkpoint(tensors: dict, out: Path, dtype: torch.dtype, shards: int, p
     )
 
 
+# The fixtures' byte-level tokenizer, written once: each fixture folder holds
+# a relative link to it, as a Hugging Face cache links its snapshots to blobs.
+SHARED_TOKENIZER = Path(__file__).resolve().parents[2] / "engine/tests/fixtures/shared/tokenizer.json"
+
+
+def save_tokenizer(tok: Tokenizer, out: Path) -> None:
+    """`out/tokenizer.json`: a link to the shared file where the tokenizer is
+    the shared one, else the file itself."""
+    target = out / "tokenizer.json"
+    target.unlink(missing_ok=True)
+    text = tok.to_str(pretty=True)
+    if SHARED_TOKENIZER.is_file() and SHARED_TOKENIZER.read_text() == text:
+        target.symlink_to(os.path.relpath(SHARED_TOKENIZER, out))
+    else:
+        target.write_text(text)
+
+
 def write_tokenizer_files(tok: Tokenizer, out: Path, template: bool = True) -> None:
     """The tokenizer files; releases that ship a prompt encoder instead of a
     template (DeepSeek-V3.2, V4) get none."""
-    tok.save(str(out / "tokenizer.json"))
+    save_tokenizer(tok, out)
     config = {
         "bos_token": None,
         "eos_token": "<|im_end|>",
@@ -1647,11 +1665,22 @@ class IndexCutCheck:
             raise AssertionError(f"indexer scores tie at the cut (relative gap {self.least:.2e})")
 
 
+def fresh_folder(out: Path) -> None:
+    """Empties `out` for a fixture made anew, keeping its `fixture.json`:
+    the facts the tests find it by (family, tolerance, the checks that run
+    it, what it covers) are written by hand, not by this script."""
+    facts = out / "fixture.json"
+    kept = facts.read_text() if facts.is_file() else None
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    if kept is not None:
+        facts.write_text(kept)
+
+
 @torch.no_grad()
 def make_fixture(root: Path, name: str, spec: dict, opts: dict, tok: Tokenizer, seed: int) -> None:
     out = root / name
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
+    fresh_folder(out)
     cfg = config_json(spec, tok, opts["style"])
     if opts.get("tokenizer") == "harmony":
         # As gpt-oss's config says: a turn ends on <|return|>.

@@ -148,8 +148,7 @@ def quantize_in_place(model) -> None:
 
 
 def write_fixture(out: Path, model, tok, ids, prompt, logits, generated, fp8: bool) -> None:
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
+    mf.fresh_folder(out)
     mf.write_tokenizer_files(tok, out)
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)

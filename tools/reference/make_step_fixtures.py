@@ -183,8 +183,7 @@ def main() -> None:
     }
     for name in ("step3p7_saved", "step3p5_released"):
         out = root / name
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir(parents=True)
+        mf.fresh_folder(out)
         mf.write_tokenizer_files(tok, out)
         (out / "expected.json").write_text(json.dumps(expected))
     saved = root / "step3p7_saved"

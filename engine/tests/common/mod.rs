@@ -40,6 +40,45 @@ pub fn fixtures() -> Vec<PathBuf> {
     dirs
 }
 
+/// What a fixture's own `fixture.json` says of it, for the tests to find
+/// it by: its family, the largest |Δlogit| allowed against its reference,
+/// the checks beyond every fixture's that run it, the width of its experts
+/// where they are packed as published, and what in the release it covers.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Facts {
+    pub family: String,
+    pub tolerance: f32,
+    #[serde(default)]
+    pub checks: Vec<String>,
+    pub experts: Option<PublishedExperts>,
+    #[serde(default)]
+    pub covers: Vec<String>,
+}
+
+/// Experts packed at their published width: the pack's dtype name and the
+/// bytes of one record (weights and scales).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublishedExperts {
+    pub dtype: String,
+    pub record_bytes: u64,
+}
+
+pub fn facts(dir: &Path) -> Facts {
+    let path = dir.join("fixture.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The fixtures whose facts name `check`, sorted by name.
+pub fn fixtures_with(check: &str) -> Vec<PathBuf> {
+    fixtures()
+        .into_iter()
+        .filter(|dir| facts(dir).checks.iter().any(|c| c == check))
+        .collect()
+}
+
 pub fn expected(dir: &Path) -> Expected {
     let text = std::fs::read_to_string(dir.join("expected.json")).expect("expected.json");
     serde_json::from_str(&text).expect("expected.json parses")
