@@ -36,7 +36,6 @@ longhaul_build_ui() {
         echo "error: Node.js $(node --version) is too old for the web UI's build; install $LONGHAUL_NODE_MAJOR or later" >&2
         exit 1
     fi
-    echo "== web UI"
     (cd ui && npm ci --no-audit --no-fund --loglevel=error && npm run build --silent)
 }
 
