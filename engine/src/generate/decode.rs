@@ -49,17 +49,60 @@ pub fn generate_drafted(
     // Generations running at once on this model share their passes.
     let _together = model.lockstep.join();
     let sampler = Sampler::new(settings.sampling.clone())?;
-    let mut session = Session::new(model);
     let mut answer = Answer::new(tokenizer, model, settings, resumed.len());
     let stopped_in_replay = answer.replay(resumed)?;
     let mut stats = GenerationStats {
         prompt_tokens: prompt.len() + resumed.len(),
         ..Default::default()
     };
+    let mut session = Session::new(model);
+    let (logits, cancelled) = prefill(
+        &mut session,
+        prompt,
+        &answer.tokens,
+        saved,
+        prefix.as_ref(),
+        &mut stats,
+        &mut on_piece,
+    )?;
+    let mut decoding = Decoding {
+        sampler,
+        settings,
+        prompt_len: prompt.len(),
+        guessing: Guessing::new(drafter, prompt, &answer.tokens),
+        // What the penalties look at, kept as the answer grows (none when off).
+        seen: (settings.sampling.penalizes()).then(|| Seen::new(prompt, &answer.tokens)),
+        ahead: VecDeque::new(),
+        session,
+        answer,
+        stats,
+        decode_time: Duration::ZERO,
+        prefix,
+    };
+    let finish_reason = if cancelled {
+        FinishReason::Cancelled
+    } else if stopped_in_replay {
+        FinishReason::StopString
+    } else {
+        decoding.run(logits, &mut on_piece)?
+    };
+    decoding.finish(finish_reason, resumed.len(), &mut on_piece)
+}
 
+/// Reads the prompt, then a resumed answer's `tokens`, into `session`,
+/// telling `on_piece` how far it has got: the logits after them, and
+/// whether the caller stopped it.
+fn prefill(
+    session: &mut Session<'_>,
+    prompt: &[u32],
+    tokens: &[u32],
+    saved: &[Vec<u8>],
+    prefix: Option<&PrefixUse<'_>>,
+    stats: &mut GenerationStats,
+    on_piece: &mut impl FnMut(Piece<'_>) -> Flow,
+) -> Result<(Vec<f32>, bool), GenerateError> {
     let started = Instant::now();
-    let so_far = answer.tokens.len();
-    let total = prompt.len() + so_far;
+    let total = prompt.len() + tokens.len();
     let mut report = |session: &Session<'_>| {
         on_piece(Piece {
             phase: Phase::Prompt {
@@ -69,157 +112,192 @@ pub fn generate_drafted(
             token: None,
             text: "",
             reasoning: "",
-            tokens_so_far: so_far,
+            tokens_so_far: tokens.len(),
             session,
             settled: false,
             prompt_len: prompt.len(),
             speculation: SpeculationStats::default(),
         }) == Flow::Stop
     };
-    let read = read_prompt(
-        &mut session,
-        prompt,
-        prefix.as_ref(),
-        &mut stats,
-        &mut report,
-    )?;
+    let read = read_prompt(session, prompt, prefix, stats, &mut report)?;
     let (mut logits, mut cancelled) = (read.logits, read.cancelled);
     if !cancelled {
-        (logits, cancelled) = replay_answer(
-            &mut session,
-            &answer.tokens,
-            saved,
-            logits,
-            &mut stats,
-            &mut report,
-        )?;
+        (logits, cancelled) = replay_answer(session, tokens, saved, logits, stats, &mut report)?;
     }
     stats.prefill_seconds = started.elapsed().as_secs_f64();
-    let mut decode_time = Duration::ZERO;
+    Ok((logits, cancelled))
+}
 
-    // Verified guesses fed ahead of the tokens reported: each with the
-    // logits after it.
-    let mut ahead: VecDeque<KeptGuess> = VecDeque::new();
-    let mut guessing = Guessing::new(drafter, prompt, &answer.tokens);
-    // What the penalties look at, kept as the answer grows (none when off).
-    let mut seen = settings
-        .sampling
-        .penalizes()
-        .then(|| Seen::new(prompt, &answer.tokens));
-    let finish_reason = loop {
-        if cancelled {
-            break FinishReason::Cancelled;
+/// The answer being chosen after the prompt: the session, the answer so
+/// far, guessing ahead, and the figures.
+struct Decoding<'a, 'd> {
+    session: Session<'a>,
+    sampler: Sampler,
+    settings: &'a GenerationSettings,
+    prompt_len: usize,
+    answer: Answer<'a>,
+    /// Verified guesses fed ahead of the tokens reported: each with the
+    /// logits after it.
+    ahead: VecDeque<KeptGuess>,
+    guessing: Guessing<'d>,
+    seen: Option<Seen>,
+    stats: GenerationStats,
+    decode_time: Duration,
+    prefix: Option<PrefixUse<'a>>,
+}
+
+impl Decoding<'_, '_> {
+    /// Chooses tokens from `logits` (those after the prompt) on until the
+    /// answer ends, and why it ended.
+    fn run(
+        &mut self,
+        mut logits: Vec<f32>,
+        on_piece: &mut impl FnMut(Piece<'_>) -> Flow,
+    ) -> Result<FinishReason, GenerateError> {
+        loop {
+            if self.answer.tokens.len() >= self.settings.max_tokens {
+                return Ok(FinishReason::MaxTokens);
+            }
+            finite(&logits, self.answer.tokens.len())?;
+            let id = self
+                .answer
+                .choose(&self.sampler, &logits, self.seen.as_ref());
+            if self.settings.eos_token_ids.contains(&id) || self.answer.splitter.ends(id) {
+                return Ok(FinishReason::Eos);
+            }
+            if let Some(reason) = self.take(id, on_piece)? {
+                return Ok(reason);
+            }
+            logits = match self.ahead.pop_front() {
+                // A guess verified earlier: its logits are computed already.
+                Some((guess, after)) => {
+                    debug_assert_eq!(guess, id, "a kept guess is the token sampled");
+                    after
+                }
+                None => self.pass(id)?,
+            };
         }
-        if stopped_in_replay {
-            break FinishReason::StopString;
-        }
-        if answer.tokens.len() >= settings.max_tokens {
-            break FinishReason::MaxTokens;
-        }
-        finite(&logits, answer.tokens.len())?;
-        let id = answer.choose(&sampler, &logits, seen.as_ref());
-        if settings.eos_token_ids.contains(&id) || answer.splitter.ends(id) {
-            break FinishReason::Eos;
-        }
-        if let Some(s) = &mut seen {
+    }
+
+    /// Adds token `id` to the answer and reports it; why the answer ends
+    /// with it, if it does.
+    fn take(
+        &mut self,
+        id: u32,
+        on_piece: &mut impl FnMut(Piece<'_>) -> Flow,
+    ) -> Result<Option<FinishReason>, GenerateError> {
+        if let Some(s) = &mut self.seen {
             s.push(id);
         }
-        guessing.took(id);
-        let added = answer.add(id)?;
+        self.guessing.took(id);
+        let added = self.answer.add(id)?;
         let flow = on_piece(Piece {
             phase: Phase::Answer,
             token: Some(id),
             text: &added.shown,
             reasoning: &added.reasoning,
-            tokens_so_far: answer.tokens.len(),
-            session: &session,
-            settled: ahead.is_empty(),
-            prompt_len: prompt.len(),
-            speculation: stats.speculation,
+            tokens_so_far: self.answer.tokens.len(),
+            session: &self.session,
+            settled: self.ahead.is_empty(),
+            prompt_len: self.prompt_len,
+            speculation: self.stats.speculation,
         });
-        if added.stopped {
-            break FinishReason::StopString;
-        }
-        if flow == Flow::Stop {
-            break FinishReason::Cancelled;
-        }
-        if answer.tokens.len() >= settings.max_tokens {
-            break FinishReason::MaxTokens;
-        }
-        // A guess verified earlier: its logits are computed already.
-        if let Some((guess, after)) = ahead.pop_front() {
-            debug_assert_eq!(guess, id, "a kept guess is the token sampled");
-            logits = after;
-            continue;
-        }
+        Ok(if added.stopped {
+            Some(FinishReason::StopString)
+        } else if flow == Flow::Stop {
+            Some(FinishReason::Cancelled)
+        } else if self.answer.tokens.len() >= self.settings.max_tokens {
+            Some(FinishReason::MaxTokens)
+        } else {
+            None
+        })
+    }
+
+    /// The forward pass after token `id`: `id` alone, or with guesses
+    /// verified in the same pass (those kept wait in `ahead`). The logits
+    /// after `id`.
+    fn pass(&mut self, id: u32) -> Result<Vec<f32>, GenerateError> {
         let step = Instant::now();
-        let room = settings.max_tokens - answer.tokens.len();
+        let room = self.settings.max_tokens - self.answer.tokens.len();
         // Guesses are drawn unconstrained: none while a start is held to.
-        let (guesses, kind) = guessing.propose(room, answer.constraint.active());
-        if guesses.is_empty() {
+        let (guesses, kind) = self.guessing.propose(room, self.answer.constraint.active());
+        let logits = if guesses.is_empty() {
             // A step's own cost, without a shadow guess's.
             let fed = Instant::now();
-            logits = session.feed(&[id])?;
-            guessing.gate.record_step(fed.elapsed());
-            stats.speculation.plain_steps += 1;
+            let logits = self.session.feed(&[id])?;
+            self.guessing.gate.record_step(fed.elapsed());
+            self.stats.speculation.plain_steps += 1;
+            logits
         } else {
-            let position = answer.tokens.len();
+            let position = self.answer.tokens.len();
             let (after, kept) = verify(
-                &mut session,
-                &sampler,
+                &mut self.session,
+                &self.sampler,
                 id,
                 &guesses,
                 position,
-                seen.as_mut(),
+                self.seen.as_mut(),
             )?;
-            logits = after;
-            ahead.extend(kept);
+            self.ahead.extend(kept);
             let took = step.elapsed();
-            guessing
+            self.guessing
                 .gate
-                .record_verify(kind, guesses.len(), ahead.len(), took);
-            let spec = &mut stats.speculation;
+                .record_verify(kind, guesses.len(), self.ahead.len(), took);
+            let spec = &mut self.stats.speculation;
             spec.verify_passes += 1;
             spec.drafted += guesses.len();
-            spec.accepted += ahead.len();
+            spec.accepted += self.ahead.len();
+            after
+        };
+        self.decode_time += step.elapsed();
+        self.stats.decode_steps += 1;
+        if let Some(p) = &self.prefix {
+            p.cache.keep(p.model, &self.session)?;
         }
-        decode_time += step.elapsed();
-        stats.decode_steps += 1;
-        if let Some(p) = &prefix {
-            p.cache.keep(p.model, &session)?;
+        Ok(logits)
+    }
+
+    /// The generation as it ended: the prefix cache keeps where the answer
+    /// ended (the next turn of a conversation goes on from there), and
+    /// text held back till the end is released unless a stop string or
+    /// the caller ended it.
+    fn finish(
+        mut self,
+        finish_reason: FinishReason,
+        resumed: usize,
+        on_piece: &mut impl FnMut(Piece<'_>) -> Flow,
+    ) -> Result<Generation, GenerateError> {
+        if let Some(p) = &self.prefix {
+            p.cache.keep_tail(p.model, &self.session)?;
         }
-    };
-    // Where the answer ended: the next turn of a conversation goes on
-    // from here.
-    if let Some(p) = &prefix {
-        p.cache.keep_tail(p.model, &session)?;
+        if !matches!(
+            finish_reason,
+            FinishReason::StopString | FinishReason::Cancelled
+        ) && let Some(last) = self.answer.finish()?
+        {
+            on_piece(Piece {
+                phase: Phase::Answer,
+                token: None,
+                text: &last.shown,
+                reasoning: &last.reasoning,
+                tokens_so_far: self.answer.tokens.len(),
+                session: &self.session,
+                settled: self.ahead.is_empty(),
+                prompt_len: self.prompt_len,
+                speculation: self.stats.speculation,
+            });
+        }
+        let mut stats = self.stats;
+        stats.generated_tokens = self.answer.tokens.len() - resumed.min(self.answer.tokens.len());
+        stats.decode_seconds = self.decode_time.as_secs_f64();
+        Ok(Generation {
+            tokens: self.answer.tokens,
+            text: self.answer.text,
+            reasoning: self.answer.reasoning,
+            finish_reason,
+            stats,
+        })
     }
-    if !matches!(
-        finish_reason,
-        FinishReason::StopString | FinishReason::Cancelled
-    ) && let Some(last) = answer.finish()?
-    {
-        on_piece(Piece {
-            phase: Phase::Answer,
-            token: None,
-            text: &last.shown,
-            reasoning: &last.reasoning,
-            tokens_so_far: answer.tokens.len(),
-            session: &session,
-            settled: ahead.is_empty(),
-            prompt_len: prompt.len(),
-            speculation: stats.speculation,
-        });
-    }
-    stats.generated_tokens = answer.tokens.len() - resumed.len().min(answer.tokens.len());
-    stats.decode_seconds = decode_time.as_secs_f64();
-    Ok(Generation {
-        tokens: answer.tokens,
-        text: answer.text,
-        reasoning: answer.reasoning,
-        finish_reason,
-        stats,
-    })
 }
 
 /// The prompt in the session, and whether the caller stopped it.
