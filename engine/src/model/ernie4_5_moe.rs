@@ -19,14 +19,14 @@ use serde_json::json;
 use super::config::{ConfigError, RawConfig};
 use super::family::{Family, Parsed, family_config, grouped_layout};
 use super::layers::Mlp;
-use super::layers::attention::{GqaShape, GroupedQueryAttention};
-use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
-use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
+use super::layers::attention::GqaShape;
+use super::layers::decoder::{Decoder, FeedForward};
+use super::layers::experts::{ExpertProvider, ExpertShape, PROJ_NAMES};
 use super::layers::moe::MoeBlock;
 use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::Scoring;
 use super::qwen3_moe::check_heads;
-use super::{CommonConfig, ModelError, assemble};
+use super::{CommonConfig, ModelError, grouped_decoder};
 use crate::synth::{FLOAT_DTYPES, Moe, PROJ_MOE, QkNorm, RouterBias, Shape, SynthAttention};
 use crate::weights::Weights;
 
@@ -146,35 +146,29 @@ pub fn build(
     experts: Option<Arc<dyn ExpertProvider>>,
 ) -> Result<Decoder, ModelError> {
     let h = c.common.hidden_size;
-    let eps = c.common.rms_norm_eps;
     let rope = Rope::new(&c.rope, c.head_dim, true);
-    let mut experts = ExpertSetup::new(experts);
-    let mut layers = Vec::with_capacity(c.common.num_layers);
-    for (i, &sparse) in c.sparse.iter().enumerate() {
-        let lw = w.pp(format_args!("model.layers.{i}"));
-        let shape = GqaShape::new(h, c.heads, c.kv_heads, c.head_dim);
-        let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape, &rope)?;
-        let mw = lw.pp("mlp");
-        let ffn = if sparse {
+    let shape = |_| GqaShape::new(h, c.heads, c.kv_heads, c.head_dim);
+    grouped_decoder(
+        &c.common,
+        c.sparse.len(),
+        w,
+        rope,
+        experts,
+        shape,
+        |i, lw, experts| {
+            let mw = lw.pp("mlp");
+            if !c.sparse[i] {
+                return Ok(FeedForward::Dense(Mlp::load(&mw, h, c.intermediate_size)?));
+            }
             let shape = ExpertShape {
                 count: c.experts,
                 hidden: h,
                 intermediate: c.moe_intermediate_size,
             };
             experts.add_layer(&mw, PROJ_NAMES, i, shape)?;
-            FeedForward::Sparse(load_moe(c, &mw, i)?)
-        } else {
-            FeedForward::Dense(Mlp::load(&mw, h, c.intermediate_size)?)
-        };
-        layers.push(DecoderLayer::load(
-            &lw,
-            h,
-            eps,
-            Attention::Grouped(attention),
-            ffn,
-        )?);
-    }
-    assemble(&c.common, w, layers, rope, experts)
+            Ok(FeedForward::Sparse(load_moe(c, &mw, i)?))
+        },
+    )
 }
 
 /// ERNIE 4.5 MoE.

@@ -14,13 +14,13 @@ use serde_json::json;
 use super::config::{ConfigError, RawConfig};
 use super::family::{Family, Parsed, family_config, grouped_layout};
 use super::layers::Mlp;
-use super::layers::attention::{GqaShape, GroupedQueryAttention};
-use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
-use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
+use super::layers::attention::GqaShape;
+use super::layers::decoder::{Decoder, FeedForward};
+use super::layers::experts::{ExpertProvider, ExpertShape, PROJ_NAMES};
 use super::layers::moe::SigmoidGroupedMoe;
 use super::layers::rope::{Rope, RopeParams};
 use super::qwen3_moe::check_heads;
-use super::{CommonConfig, ModelError, assemble};
+use super::{CommonConfig, ModelError, grouped_decoder};
 use crate::synth::{ALL_DTYPES, DEEPSEEK_MOE, QkNorm, Shape, SynthAttention};
 use crate::weights::Weights;
 
@@ -169,39 +169,34 @@ pub fn build(
     let h = c.common.hidden_size;
     let eps = c.common.rms_norm_eps;
     let rope = Rope::new(&c.rope, c.head_dim, false);
-    let mut experts = ExpertSetup::new(experts);
-    let mut layers = Vec::with_capacity(c.common.num_layers);
-    for i in 0..c.common.num_layers {
-        let lw = w.pp(format_args!("model.layers.{i}"));
-        let shape = GqaShape {
-            bias: c.attention_bias,
-            o_bias: c.o_bias,
-            qk_norm_eps: c.qk_norm.then_some(eps),
-            window: c.windows.get(i).copied().flatten(),
-            ..GqaShape::new(h, c.heads, c.kv_heads, c.head_dim)
-        };
-        let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape, &rope)?;
-        let mw = lw.pp("mlp");
-        let ffn = if i < c.first_k_dense_replace {
-            FeedForward::Dense(Mlp::load(&mw, h, c.intermediate_size)?)
-        } else {
+    let shape = |i: usize| GqaShape {
+        bias: c.attention_bias,
+        o_bias: c.o_bias,
+        qk_norm_eps: c.qk_norm.then_some(eps),
+        window: c.windows.get(i).copied().flatten(),
+        ..GqaShape::new(h, c.heads, c.kv_heads, c.head_dim)
+    };
+    grouped_decoder(
+        &c.common,
+        c.common.num_layers,
+        w,
+        rope,
+        experts,
+        shape,
+        |i, lw, experts| {
+            let mw = lw.pp("mlp");
+            if i < c.first_k_dense_replace {
+                return Ok(FeedForward::Dense(Mlp::load(&mw, h, c.intermediate_size)?));
+            }
             let shape = ExpertShape {
                 count: c.moe.experts,
                 hidden: h,
                 intermediate: c.moe.intermediate,
             };
             experts.add_layer(&mw, PROJ_NAMES, i, shape)?;
-            FeedForward::Sparse(c.moe.load(&mw, i, h)?)
-        };
-        layers.push(DecoderLayer::load(
-            &lw,
-            h,
-            eps,
-            Attention::Grouped(attention),
-            ffn,
-        )?);
-    }
-    assemble(&c.common, w, layers, rope, experts)
+            Ok(FeedForward::Sparse(c.moe.load(&mw, i, h)?))
+        },
+    )
 }
 
 /// GLM-4.5 to 4.7.

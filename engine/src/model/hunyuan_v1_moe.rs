@@ -20,14 +20,14 @@ use serde_json::{Value, json};
 use super::config::{ConfigError, RawConfig};
 use super::family::{Family, Parsed, family_config, grouped_layout};
 use super::layers::Mlp;
-use super::layers::attention::{GqaShape, GroupedQueryAttention};
-use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
-use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
+use super::layers::attention::GqaShape;
+use super::layers::decoder::{Decoder, FeedForward};
+use super::layers::experts::{ExpertProvider, ExpertShape, PROJ_NAMES};
 use super::layers::moe::MoeBlock;
 use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::Scoring;
 use super::qwen3_moe::check_heads;
-use super::{CommonConfig, ModelError, assemble};
+use super::{CommonConfig, ModelError, grouped_decoder};
 use crate::synth::{
     Add, FLOAT_DTYPES, PROJ_MOE, QkNorm, Shape, SynthAttention, SynthSpec, experts, grouped,
 };
@@ -145,37 +145,34 @@ pub fn build(
     let h = c.common.hidden_size;
     let eps = c.common.rms_norm_eps;
     let rope = Rope::new(&c.rope, c.head_dim, false);
-    let mut experts = ExpertSetup::new(experts);
-    let mut layers = Vec::with_capacity(c.common.num_layers);
-    for (i, &top_k) in c.top_k.iter().enumerate() {
-        let lw = w.pp(format_args!("model.layers.{i}"));
-        let shape = GqaShape {
-            bias: c.attention_bias,
-            o_bias: c.attention_bias,
-            qk_norm_eps: Some(eps),
-            qk_norm_after_rope: true,
-            ..GqaShape::new(h, c.heads, c.kv_heads, c.head_dim)
-        };
-        let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape, &rope)?;
-        let mw = lw.pp("mlp");
-        let expert_shape = ExpertShape {
-            count: c.experts,
-            hidden: h,
-            intermediate: c.intermediate_size,
-        };
-        experts.add_layer(&mw, PROJ_NAMES, i, expert_shape)?;
-        let shared = Mlp::load(&mw.pp("shared_experts"), h, c.intermediate_size)?;
-        let scoring = Scoring::Softmax { renormalize: true };
-        let moe = MoeBlock::load(&mw, i, h, c.experts, top_k, scoring, Some(shared))?;
-        layers.push(DecoderLayer::load(
-            &lw,
-            h,
-            eps,
-            Attention::Grouped(attention),
-            FeedForward::Sparse(moe),
-        )?);
-    }
-    assemble(&c.common, w, layers, rope, experts)
+    let shape = |_| GqaShape {
+        bias: c.attention_bias,
+        o_bias: c.attention_bias,
+        qk_norm_eps: Some(eps),
+        qk_norm_after_rope: true,
+        ..GqaShape::new(h, c.heads, c.kv_heads, c.head_dim)
+    };
+    grouped_decoder(
+        &c.common,
+        c.top_k.len(),
+        w,
+        rope,
+        experts,
+        shape,
+        |i, lw, experts| {
+            let mw = lw.pp("mlp");
+            let expert_shape = ExpertShape {
+                count: c.experts,
+                hidden: h,
+                intermediate: c.intermediate_size,
+            };
+            experts.add_layer(&mw, PROJ_NAMES, i, expert_shape)?;
+            let shared = Mlp::load(&mw.pp("shared_experts"), h, c.intermediate_size)?;
+            let scoring = Scoring::Softmax { renormalize: true };
+            let moe = MoeBlock::load(&mw, i, h, c.experts, c.top_k[i], scoring, Some(shared))?;
+            Ok(FeedForward::Sparse(moe))
+        },
+    )
 }
 
 /// Hunyuan-A13B.

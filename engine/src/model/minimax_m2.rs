@@ -15,15 +15,15 @@ use serde_json::Value;
 
 use super::config::{ConfigError, RawConfig};
 use super::family::{Family, Parsed, family_config, grouped_layout};
-use super::layers::attention::{GqaShape, GroupedQueryAttention};
-use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
-use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, MIXTRAL_NAMES};
+use super::layers::attention::GqaShape;
+use super::layers::decoder::{Decoder, FeedForward};
+use super::layers::experts::{ExpertProvider, ExpertShape, MIXTRAL_NAMES};
 use super::layers::moe::MoeBlock;
 use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::Scoring;
 use super::mixtral::moe_block;
 use super::qwen3_moe::check_heads;
-use super::{CommonConfig, ModelError, assemble};
+use super::{CommonConfig, ModelError, grouped_decoder};
 use crate::synth::{ALL_DTYPES, MIXTRAL_MOE, Moe, QkNorm, RouterBias, Shape, SynthAttention};
 use crate::weights::Weights;
 use serde_json::json;
@@ -128,45 +128,42 @@ pub fn build(
     let h = c.common.hidden_size;
     let eps = c.common.rms_norm_eps;
     let rope = Rope::new(&c.rope, c.head_dim, false);
-    let mut experts = ExpertSetup::new(experts);
-    let mut layers = Vec::with_capacity(c.common.num_layers);
-    for i in 0..c.common.num_layers {
-        let lw = w.pp(format_args!("model.layers.{i}"));
-        let shape = GqaShape {
-            qk_norm_eps: Some(eps),
-            qk_norm_full_width: true,
-            ..GqaShape::new(h, c.heads, c.kv_heads, c.head_dim)
-        };
-        let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape, &rope)?;
-        let mw = moe_block(&lw);
-        let shape = ExpertShape {
-            count: c.num_experts,
-            hidden: h,
-            intermediate: c.intermediate_size,
-        };
-        experts.add_layer(&mw, MIXTRAL_NAMES, i, shape)?;
-        // The bias sits under the block itself, not under its `gate`.
-        let correction_bias: Vec<f32> = mw
-            .get("e_score_correction_bias", &[c.num_experts])?
-            .to_vec1()?;
-        // One group: the choice is a plain top-k of the biased scores.
-        let scoring = Scoring::SigmoidGrouped {
-            correction_bias,
-            n_group: 1,
-            topk_group: 1,
-            renormalize: true,
-            scaling: 1.0,
-        };
-        let moe = MoeBlock::load(&mw, i, h, c.num_experts, c.top_k, scoring, None)?;
-        layers.push(DecoderLayer::load(
-            &lw,
-            h,
-            eps,
-            Attention::Grouped(attention),
-            FeedForward::Sparse(moe),
-        )?);
-    }
-    assemble(&c.common, w, layers, rope, experts)
+    let shape = |_| GqaShape {
+        qk_norm_eps: Some(eps),
+        qk_norm_full_width: true,
+        ..GqaShape::new(h, c.heads, c.kv_heads, c.head_dim)
+    };
+    grouped_decoder(
+        &c.common,
+        c.common.num_layers,
+        w,
+        rope,
+        experts,
+        shape,
+        |i, lw, experts| {
+            let mw = moe_block(lw);
+            let shape = ExpertShape {
+                count: c.num_experts,
+                hidden: h,
+                intermediate: c.intermediate_size,
+            };
+            experts.add_layer(&mw, MIXTRAL_NAMES, i, shape)?;
+            // The bias sits under the block itself, not under its `gate`.
+            let correction_bias: Vec<f32> = mw
+                .get("e_score_correction_bias", &[c.num_experts])?
+                .to_vec1()?;
+            // One group: the choice is a plain top-k of the biased scores.
+            let scoring = Scoring::SigmoidGrouped {
+                correction_bias,
+                n_group: 1,
+                topk_group: 1,
+                renormalize: true,
+                scaling: 1.0,
+            };
+            let moe = MoeBlock::load(&mw, i, h, c.num_experts, c.top_k, scoring, None)?;
+            Ok(FeedForward::Sparse(moe))
+        },
+    )
 }
 
 /// MiniMax-M2.

@@ -5,14 +5,14 @@ use std::sync::Arc;
 
 use super::config::{ConfigError, RawConfig};
 use super::family::{Family, Parsed, family_config, grouped_layout};
-use super::layers::attention::{GqaShape, GroupedQueryAttention};
-use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
-use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, MIXTRAL_NAMES};
+use super::layers::attention::GqaShape;
+use super::layers::decoder::{Decoder, FeedForward};
+use super::layers::experts::{ExpertProvider, ExpertShape, MIXTRAL_NAMES};
 use super::layers::moe::MoeBlock;
 use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::Scoring;
 use super::qwen3_moe::check_heads;
-use super::{CommonConfig, ModelError, assemble};
+use super::{CommonConfig, ModelError, grouped_decoder};
 use crate::synth::{ALL_DTYPES, MIXTRAL_MOE, QkNorm, Shape, SynthAttention};
 use crate::weights::Weights;
 use serde_json::json;
@@ -83,35 +83,31 @@ pub fn build(
     experts: Option<Arc<dyn ExpertProvider>>,
 ) -> Result<Decoder, ModelError> {
     let h = c.common.hidden_size;
-    let eps = c.common.rms_norm_eps;
     let rope = Rope::new(&c.rope, c.head_dim, false);
-    let mut experts = ExpertSetup::new(experts);
-    let mut layers = Vec::with_capacity(c.common.num_layers);
-    for i in 0..c.common.num_layers {
-        let lw = w.pp(format_args!("model.layers.{i}"));
-        let shape = GqaShape {
-            window: c.sliding_window,
-            ..GqaShape::new(h, c.heads, c.kv_heads, c.head_dim)
-        };
-        let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape, &rope)?;
-        let mw = moe_block(&lw);
-        let shape = ExpertShape {
-            count: c.num_experts,
-            hidden: h,
-            intermediate: c.intermediate_size,
-        };
-        experts.add_layer(&mw, MIXTRAL_NAMES, i, shape)?;
-        let scoring = Scoring::Softmax { renormalize: true };
-        let moe = MoeBlock::load(&mw, i, h, c.num_experts, c.top_k, scoring, None)?;
-        layers.push(DecoderLayer::load(
-            &lw,
-            h,
-            eps,
-            Attention::Grouped(attention),
-            FeedForward::Sparse(moe),
-        )?);
-    }
-    assemble(&c.common, w, layers, rope, experts)
+    let shape = |_| GqaShape {
+        window: c.sliding_window,
+        ..GqaShape::new(h, c.heads, c.kv_heads, c.head_dim)
+    };
+    grouped_decoder(
+        &c.common,
+        c.common.num_layers,
+        w,
+        rope,
+        experts,
+        shape,
+        |i, lw, experts| {
+            let mw = moe_block(lw);
+            let shape = ExpertShape {
+                count: c.num_experts,
+                hidden: h,
+                intermediate: c.intermediate_size,
+            };
+            experts.add_layer(&mw, MIXTRAL_NAMES, i, shape)?;
+            let scoring = Scoring::Softmax { renormalize: true };
+            let moe = MoeBlock::load(&mw, i, h, c.num_experts, c.top_k, scoring, None)?;
+            Ok(FeedForward::Sparse(moe))
+        },
+    )
 }
 
 /// Mixtral, and GGUF `llama` files with experts.

@@ -323,6 +323,43 @@ pub(crate) fn assemble(
     })
 }
 
+/// A decoder of `count` layers under `model.layers.N`, each grouped-query
+/// attention (`self_attn`, shaped for layer N by `shape`) and the
+/// feed-forward `ffn` builds from the layer's weights, under the layer's two
+/// norms: the loop of the families that differ only in those two (it was
+/// written out in six files).
+pub(crate) fn grouped_decoder(
+    c: &CommonConfig,
+    count: usize,
+    w: &Weights,
+    rope: layers::rope::Rope,
+    experts: Option<Arc<dyn ExpertProvider>>,
+    shape: impl Fn(usize) -> layers::attention::GqaShape,
+    mut ffn: impl FnMut(
+        usize,
+        &Weights,
+        &mut layers::experts::ExpertSetup,
+    ) -> Result<layers::decoder::FeedForward, ModelError>,
+) -> Result<Decoder, ModelError> {
+    use layers::attention::GroupedQueryAttention;
+    use layers::decoder::{Attention, DecoderLayer};
+    let mut experts = layers::experts::ExpertSetup::new(experts);
+    let mut built = Vec::with_capacity(count);
+    for i in 0..count {
+        let lw = w.pp(format_args!("model.layers.{i}"));
+        let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape(i), &rope)?;
+        let ffn = ffn(i, &lw, &mut experts)?;
+        built.push(DecoderLayer::load(
+            &lw,
+            c.hidden_size,
+            c.rms_norm_eps,
+            Attention::Grouped(attention),
+            ffn,
+        )?);
+    }
+    assemble(c, w, built, rope, experts)
+}
+
 /// Opens a Hugging Face checkpoint folder and builds its model in RAM.
 pub fn load_checkpoint(dir: &Path) -> Result<(ModelSpec, Decoder), ModelError> {
     let spec = ModelSpec::read(&dir.join("config.json"))?;

@@ -6,13 +6,13 @@ use std::sync::Arc;
 use super::config::{ConfigError, RawConfig};
 use super::family::{Family, Parsed, family_config, grouped_layout};
 use super::layers::Mlp;
-use super::layers::attention::{GqaShape, GroupedQueryAttention};
-use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
-use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
+use super::layers::attention::GqaShape;
+use super::layers::decoder::{Decoder, FeedForward};
+use super::layers::experts::{ExpertProvider, ExpertShape, PROJ_NAMES};
 use super::layers::moe::MoeBlock;
 use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::Scoring;
-use super::{CommonConfig, ModelError, assemble};
+use super::{CommonConfig, ModelError, grouped_decoder};
 use crate::synth::{ALL_DTYPES, PROJ_MOE, QkNorm, Shape, SynthAttention};
 use crate::weights::Weights;
 use serde_json::json;
@@ -110,20 +110,25 @@ pub fn build(
     let h = c.common.hidden_size;
     let eps = c.common.rms_norm_eps;
     let rope = Rope::new(&c.rope, c.head_dim, false);
-    let mut experts = ExpertSetup::new(experts);
-    let mut layers = Vec::with_capacity(c.common.num_layers);
-    for i in 0..c.common.num_layers {
-        let lw = w.pp(format_args!("model.layers.{i}"));
-        let shape = GqaShape {
-            bias: c.attention_bias,
-            o_bias: c.attention_bias,
-            qk_norm_eps: Some(eps),
-            window: c.sliding_window,
-            ..GqaShape::new(h, c.heads, c.kv_heads, c.head_dim)
-        };
-        let attention = GroupedQueryAttention::load(&lw.pp("self_attn"), shape, &rope)?;
-        let mw = lw.pp("mlp");
-        let ffn = if c.is_sparse(i) {
+    let shape = |_| GqaShape {
+        bias: c.attention_bias,
+        o_bias: c.attention_bias,
+        qk_norm_eps: Some(eps),
+        window: c.sliding_window,
+        ..GqaShape::new(h, c.heads, c.kv_heads, c.head_dim)
+    };
+    grouped_decoder(
+        &c.common,
+        c.common.num_layers,
+        w,
+        rope,
+        experts,
+        shape,
+        |i, lw, experts| {
+            let mw = lw.pp("mlp");
+            if !c.is_sparse(i) {
+                return Ok(FeedForward::Dense(Mlp::load(&mw, h, c.intermediate_size)?));
+            }
             let shape = ExpertShape {
                 count: c.num_experts,
                 hidden: h,
@@ -133,27 +138,10 @@ pub fn build(
             let scoring = Scoring::Softmax {
                 renormalize: c.norm_topk_prob,
             };
-            FeedForward::Sparse(MoeBlock::load(
-                &mw,
-                i,
-                h,
-                c.num_experts,
-                c.top_k,
-                scoring,
-                None,
-            )?)
-        } else {
-            FeedForward::Dense(Mlp::load(&mw, h, c.intermediate_size)?)
-        };
-        layers.push(DecoderLayer::load(
-            &lw,
-            h,
-            eps,
-            Attention::Grouped(attention),
-            ffn,
-        )?);
-    }
-    assemble(&c.common, w, layers, rope, experts)
+            let moe = MoeBlock::load(&mw, i, h, c.num_experts, c.top_k, scoring, None)?;
+            Ok(FeedForward::Sparse(moe))
+        },
+    )
 }
 
 /// Qwen3-MoE.
