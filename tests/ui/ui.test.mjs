@@ -20,7 +20,7 @@ const { chromium } = createRequire(join(uiDir, "package.json"))("playwright-core
 const artifacts = join(uiDir, "test-artifacts");
 const bin =
   process.env.LONGHAUL_BIN ??
-  join(process.env.CARGO_TARGET_DIR ?? join(homedir(), ".cache/longhaul/target"), "debug/longhaul");
+  join(process.env.CARGO_TARGET_DIR ?? join(homedir(), ".cache/longhaul/target"), "release/longhaul");
 const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium";
 const WAIT = 120_000;
 const demoModel = join(uiDir, "../assets/longhaul-demo-moe");
