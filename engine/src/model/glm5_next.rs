@@ -424,26 +424,7 @@ fn synth_layer(s: &SynthSpec, p: &str, l: usize, t: &mut Add) {
             vec![s.heads * m.nope, m.q_lora],
             std(m.q_lora),
         );
-        t(
-            format!("{a}.kv_a_proj_with_mqa.weight"),
-            vec![m.kv_lora, h],
-            std(h),
-        );
-        t(
-            format!("{a}.kv_a_layernorm.weight"),
-            vec![m.kv_lora],
-            Fill::NearOne,
-        );
-        t(
-            format!("{a}.kv_b_proj.weight"),
-            vec![s.heads * (m.nope + m.v), m.kv_lora],
-            std(m.kv_lora),
-        );
-        t(
-            format!("{a}.o_proj.weight"),
-            vec![h, s.heads * m.v],
-            std(s.heads * m.v),
-        );
+        crate::synth::latent_kv(s, &a, m.kv_lora, t);
         let (x, d) = (format!("{a}.indexer"), m.index_dim);
         t(
             format!("{x}.wq_b.weight"),

@@ -279,26 +279,7 @@ fn synth_layer(s: &SynthSpec, p: &str, _l: usize, t: &mut Add) {
             vec![s.heads * qk, m.q_lora],
             std(m.q_lora),
         );
-        t(
-            format!("{a}.kv_a_proj_with_mqa.weight"),
-            vec![m.kv_lora + m.rope, h],
-            std(h),
-        );
-        t(
-            format!("{a}.kv_a_layernorm.weight"),
-            vec![m.kv_lora],
-            Fill::NearOne,
-        );
-        t(
-            format!("{a}.kv_b_proj.weight"),
-            vec![s.heads * (m.nope + m.v), m.kv_lora],
-            std(m.kv_lora),
-        );
-        t(
-            format!("{a}.o_proj.weight"),
-            vec![h, s.heads * m.v],
-            std(s.heads * m.v),
-        );
+        crate::synth::latent_kv(s, &a, m.kv_lora + m.rope, t);
         let i = s.dense_intermediate;
         for (name, rows, cols) in [("gate_proj", i, h), ("up_proj", i, h), ("down_proj", h, i)] {
             t(

@@ -58,26 +58,7 @@ fn attention(s: &SynthSpec, a: &str, l: usize, t: &mut Add) {
         let m = super::MlaDims::of(s);
         let qk = m.nope + m.rope;
         t(format!("{a}.q_proj.weight"), vec![s.heads * qk, h], std(h));
-        t(
-            format!("{a}.kv_a_proj_with_mqa.weight"),
-            vec![m.kv_lora + m.rope, h],
-            std(h),
-        );
-        t(
-            format!("{a}.kv_a_layernorm.weight"),
-            vec![m.kv_lora],
-            Fill::NearOne,
-        );
-        t(
-            format!("{a}.kv_b_proj.weight"),
-            vec![s.heads * (m.nope + m.v), m.kv_lora],
-            std(m.kv_lora),
-        );
-        t(
-            format!("{a}.o_proj.weight"),
-            vec![h, s.heads * m.v],
-            std(s.heads * m.v),
-        );
+        super::latent_kv(s, a, m.kv_lora + m.rope, t);
         return;
     }
     let (heads, d) = linear_dims(s);

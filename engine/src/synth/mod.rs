@@ -31,7 +31,7 @@ mod shape;
 
 pub use shape::{
     ALL_DTYPES, Add, DEEPSEEK_MOE, FLOAT_DTYPES, MIXTRAL_MOE, Moe, PROJ_MOE, QkNorm, RouterBias,
-    Shape, SynthAttention, SynthFamily, experts, grouped,
+    Shape, SynthAttention, SynthFamily, experts, grouped, latent_kv,
 };
 
 /// Values generated and written per chunk.

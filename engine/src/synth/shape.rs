@@ -200,25 +200,15 @@ pub fn grouped(s: &SynthSpec, a: &str, qk_norm: QkNorm, bias: bool, t: &mut Add)
     }
 }
 
-/// Multi-head latent attention under `a` (DeepSeek-V3's proportions), and
-/// the lightning indexer of DeepSeek sparse attention.
-pub fn latent(s: &SynthSpec, a: &str, indexer: bool, t: &mut Add) {
+/// Latent attention's key-value path and output under `a`: the shared
+/// down-projection to `kv_a` rows (the latent, and the rotary part where
+/// the family keeps it there), its norm, the up-projection to every head's
+/// keys and values, and `o_proj`. Five families' writers share it.
+pub fn latent_kv(s: &SynthSpec, a: &str, kv_a: usize, t: &mut Add) {
     let (h, m) = (s.hidden, MlaDims::of(s));
-    let qk = m.nope + m.rope;
-    t(format!("{a}.q_a_proj.weight"), vec![m.q_lora, h], std(h));
-    t(
-        format!("{a}.q_a_layernorm.weight"),
-        vec![m.q_lora],
-        Fill::NearOne,
-    );
-    t(
-        format!("{a}.q_b_proj.weight"),
-        vec![s.heads * qk, m.q_lora],
-        std(m.q_lora),
-    );
     t(
         format!("{a}.kv_a_proj_with_mqa.weight"),
-        vec![m.kv_lora + m.rope, h],
+        vec![kv_a, h],
         std(h),
     );
     t(
@@ -236,6 +226,25 @@ pub fn latent(s: &SynthSpec, a: &str, indexer: bool, t: &mut Add) {
         vec![h, s.heads * m.v],
         std(s.heads * m.v),
     );
+}
+
+/// Multi-head latent attention under `a` (DeepSeek-V3's proportions), and
+/// the lightning indexer of DeepSeek sparse attention.
+pub fn latent(s: &SynthSpec, a: &str, indexer: bool, t: &mut Add) {
+    let (h, m) = (s.hidden, MlaDims::of(s));
+    let qk = m.nope + m.rope;
+    t(format!("{a}.q_a_proj.weight"), vec![m.q_lora, h], std(h));
+    t(
+        format!("{a}.q_a_layernorm.weight"),
+        vec![m.q_lora],
+        Fill::NearOne,
+    );
+    t(
+        format!("{a}.q_b_proj.weight"),
+        vec![s.heads * qk, m.q_lora],
+        std(m.q_lora),
+    );
+    latent_kv(s, a, m.kv_lora + m.rope, t);
     if indexer {
         let (heads, dim) = (m.index_heads, m.index_dim);
         let ix = format!("{a}.indexer");
