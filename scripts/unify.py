@@ -134,7 +134,10 @@ def main() -> int:
             if not union:
                 break
             current = MANIFEST.read_text()
-            write(union | parse_manifest(current))
+            merged = parse_manifest(current)
+            for key, features in union.items():
+                merged[key] = merged.get(key, frozenset()) | features
+            write(merged)
             subprocess.run(["cargo", "metadata", "--format-version", "1", "--offline"],
                            cwd=ROOT, check=True, capture_output=True)
             if MANIFEST.read_text() == current:
