@@ -119,8 +119,7 @@ fn prefill(
             speculation: SpeculationStats::default(),
         }) == Flow::Stop
     };
-    let read = read_prompt(session, prompt, prefix, stats, &mut report)?;
-    let (mut logits, mut cancelled) = (read.logits, read.cancelled);
+    let (mut logits, mut cancelled) = read_prompt(session, prompt, prefix, stats, &mut report)?;
     if !cancelled {
         (logits, cancelled) = replay_answer(session, tokens, saved, logits, stats, &mut report)?;
     }
@@ -300,26 +299,20 @@ impl Decoding<'_, '_> {
     }
 }
 
-/// The prompt in the session, and whether the caller stopped it.
-struct PromptRead {
-    /// The logits after the prompt's last position (empty when the prefix
-    /// cache held all of it, or when it was stopped).
-    logits: Vec<f32>,
-    cancelled: bool,
-}
-
 /// Reads `prompt` into `session`: its first blocks from the prefix cache
 /// where it holds them, the rest in passes of [`PROMPT_CHUNK`] that end on
 /// multiples of it (wherever a restored prefix ended), so each block's end
 /// is seen and kept. `report` is told of each pass and answers whether to
-/// stop.
+/// stop. Returns the logits after the prompt's last position (empty when
+/// the prefix cache held all of it, or when it was stopped) and whether the
+/// caller stopped it.
 fn read_prompt(
     session: &mut Session<'_>,
     prompt: &[u32],
     prefix: Option<&PrefixUse<'_>>,
     stats: &mut GenerationStats,
     report: &mut impl FnMut(&Session<'_>) -> bool,
-) -> Result<PromptRead, GenerateError> {
+) -> Result<(Vec<f32>, bool), GenerateError> {
     if let Some(p) = prefix {
         let restored = p.cache.restore(p.model, session, prompt);
         stats.prefix_positions = restored.positions;
@@ -341,7 +334,7 @@ fn read_prompt(
     if let Some(p) = prefix.filter(|_| !cancelled) {
         p.cache.keep_tail(p.model, session)?;
     }
-    Ok(PromptRead { logits, cancelled })
+    Ok((logits, cancelled))
 }
 
 /// Puts a resumed answer's `tokens` into the session after the prompt: the

@@ -309,6 +309,9 @@ struct Encodings {
     encoding: ExpertEncoding,
     plain: Option<Dtype>,
     quantized: Option<ExpertEncoding>,
+    /// The element size plain float records are compressed by (losslessly),
+    /// where they are compressed.
+    compress_elements: Option<usize>,
 }
 
 impl Encodings {
@@ -353,10 +356,14 @@ impl Encodings {
             None => None,
             Some(q) => Some(one_quantized_encoding(plans, q)?),
         };
+        let compress_elements = plain
+            .filter(|_| opts.compress && opts.quantization.is_none())
+            .map(|d| d.size() as usize);
         Ok(Self {
             encoding,
             plain,
             quantized,
+            compress_elements,
         })
     }
 }
@@ -524,14 +531,9 @@ fn place_record(
     encodings: &Encodings,
     out: &mut WrittenExperts,
 ) -> Result<Record, PackError> {
-    // Plain float records are compressed losslessly (by element size).
-    let compress_elements = encodings
-        .plain
-        .filter(|_| opts.compress && opts.quantization.is_none())
-        .map(|d| d.size() as usize);
     let plain_len = bytes.len() as u64;
     let hash = manifest::hash_hex(&bytes);
-    let compressed = match compress_elements {
+    let compressed = match encodings.compress_elements {
         Some(size) => {
             compress::compress(&bytes, size).map_err(|e| PackError::Source(e.to_string()))?
         }
