@@ -150,12 +150,12 @@ pub(super) static TOKENS: Syntax = Syntax {
     name: "deepseek_v31",
     opener: DS_CALLS_BEGIN,
     shown_by: |model| model.has(DS_CALLS_BEGIN),
-    opening: |name| {
-        Some(vec![
+    opening: Some(|name| {
+        vec![
             format!("{DS_CALLS_BEGIN}{CALL_BEGIN}{name}{SEP}"),
             format!("{DS_CALLS_BEGIN}{CALL_BEGIN}{V3_HEAD}{SEP}{name}\n"),
-        ])
-    },
+        ]
+    }),
     parse: |block, _| parse_tokens(block),
     partial: |block, _| partial_tokens(block),
     writes_ids: false,
@@ -166,14 +166,12 @@ pub(super) static DSML_CALLS: Syntax = Syntax {
     name: "dsml",
     opener: "<｜DSML｜",
     shown_by: |model| model.has(DSML),
-    opening: |name| {
-        Some(
-            ["function_calls", "tool_calls"]
-                .iter()
-                .map(|block| format!("<{DSML}{block}>\n<{DSML}invoke name=\"{name}\">"))
-                .collect(),
-        )
-    },
+    opening: Some(|name| {
+        ["function_calls", "tool_calls"]
+            .iter()
+            .map(|block| format!("<{DSML}{block}>\n<{DSML}invoke name=\"{name}\">"))
+            .collect()
+    }),
     parse: |block, schemas| parse_dsml(block, schemas),
     partial: |block, schemas| DSML_CUT.read(block, |b| parse_dsml(b, schemas)),
     writes_ids: false,

@@ -55,14 +55,12 @@ pub(super) static GLM: Syntax = Syntax {
     name: "glm4_moe",
     opener: "<tool_call>",
     shown_by: |model| model.has("<arg_key>"),
-    opening: |name| {
-        Some(
-            ["\n", "<arg_key>", "</tool_call>"]
-                .iter()
-                .map(|after| format!("<tool_call>{name}{after}"))
-                .collect(),
-        )
-    },
+    opening: Some(|name| {
+        ["\n", "<arg_key>", "</tool_call>"]
+            .iter()
+            .map(|after| format!("<tool_call>{name}{after}"))
+            .collect()
+    }),
     parse: |block, schemas| parse(block, schemas),
     partial: |block, schemas| CUT.read(block, |b| parse(b, schemas)),
     writes_ids: false,

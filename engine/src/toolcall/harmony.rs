@@ -66,7 +66,7 @@ pub(super) static HARMONY: Syntax = Syntax {
     name: "harmony",
     opener: HARMONY_CALL,
     shown_by: |model| model.token("<|call|>") && model.token("<|channel|>"),
-    opening: |_| None,
+    opening: None,
     parse: |block, _| parse(block),
     partial: |block, _| partial(block),
     writes_ids: false,

@@ -74,11 +74,11 @@ pub(super) static KIMI: Syntax = Syntax {
     name: "kimi_k2",
     opener: "<|tool_calls_section_begin|>",
     shown_by: |model| model.has("<|tool_calls_section_begin|>"),
-    opening: |name| {
-        Some(vec![format!(
+    opening: Some(|name| {
+        vec![format!(
             "<|tool_calls_section_begin|>{CALL_BEGIN}functions.{name}:"
-        )])
-    },
+        )]
+    }),
     parse: |block, _| parse(block),
     partial: |block, _| partial(block),
     writes_ids: true,

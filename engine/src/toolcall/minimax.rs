@@ -58,11 +58,7 @@ pub(super) static MINIMAX: Syntax = Syntax {
     name: "minimax_m2",
     opener: "<minimax:tool_call>",
     shown_by: |model| model.has("<minimax:tool_call>"),
-    opening: |name| {
-        Some(vec![format!(
-            "<minimax:tool_call>\n<invoke name=\"{name}\">"
-        )])
-    },
+    opening: Some(|name| vec![format!("<minimax:tool_call>\n<invoke name=\"{name}\">")]),
     parse: |block, schemas| parse(block, schemas),
     partial: |block, schemas| CUT.read(block, |b| parse(b, schemas)),
     writes_ids: false,

@@ -89,7 +89,7 @@ struct Syntax {
     /// How an answer calling the name given begins, up to where the name
     /// has ended, for each way the family writes it; none where decoding
     /// cannot be held to a call.
-    opening: fn(&str) -> Option<Vec<String>>,
+    opening: Option<fn(&str) -> Vec<String>>,
     /// The calls of a whole block (from its opener on).
     parse: fn(&str, &Schemas<'_>) -> Result<Vec<ToolCall>, String>,
     /// The calls of a block still being written, as far as they are sure.
@@ -172,13 +172,8 @@ impl ToolFormat {
     /// these (a forced call) can only write a call to one of them. None for
     /// harmony, whose calls are headers of their own messages.
     pub fn openings(self, names: &[&str]) -> Option<Vec<String>> {
-        let opening = self.syntax().opening;
-        let mut all = Vec::new();
-        for name in names {
-            all.extend(opening(name)?);
-        }
-        // A format that cannot be held to says so even with no names.
-        opening("").map(|_| all)
+        let opening = self.syntax().opening?;
+        Some(names.iter().flat_map(|name| opening(name)).collect())
     }
 
     /// Where the first call block begins in `text`, if one has.
