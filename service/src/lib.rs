@@ -16,6 +16,7 @@ pub mod health;
 pub mod history;
 pub mod http;
 pub mod install;
+pub mod model_facts;
 pub mod packing;
 pub mod probe;
 pub mod queue;

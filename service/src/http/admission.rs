@@ -8,6 +8,7 @@
 //! even if the template or the attached files have changed since.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
@@ -18,10 +19,9 @@ use super::error::{ApiError, ApiResult};
 use super::tool_calls::Offered;
 use crate::attach::{self, Attachments};
 use crate::events::Event;
-use crate::queue::{
-    ForcedCall, Input, JobView, ModelEntry, ModelKind, NewJob, PromptInput, Request, Settings,
-};
-use longhaul_engine::{TextTokenizer, ToolFormat};
+use crate::model_facts::ModelFacts;
+use crate::queue::{ForcedCall, Input, JobView, ModelKind, NewJob, PromptInput, Request, Settings};
+use longhaul_engine::ToolFormat;
 
 /// Characters per token when a model's tokenizer is not at hand (a remote
 /// model, or a GGUF file whose tokenizer is rebuilt when it loads).
@@ -168,22 +168,19 @@ pub async fn admit(app: &AppState, ask: Ask) -> ApiResult<Admitted> {
         rendered_at: Some(crate::queue::now_seconds()),
         tools: ask.tools,
         forced_call: ask.forced_call,
+        tool_format: None,
     };
     check_draft(app, &ask.model, request.settings.draft_model.as_deref()).await?;
-    let name = ask.model.clone();
     // A model that is not registered is reported by the queue when it refuses the job.
     let (mut prompt_ids, mut tool_format, mut found) = (None, None, false);
-    if let Ok(model) = app.blocking(move |q| q.model(&name)).await {
+    if let Ok((_, facts)) = app.model_facts(&ask.model).await {
         let checked = request.clone();
-        let (counted, context, format) = tokio::task::spawn_blocking(move || {
-            // One read of the tokenizer for the count and the call format.
-            let tokenizer = local_tokenizer(&model);
-            let format = tokenizer.as_ref().and_then(ToolFormat::detect);
-            count_with(tokenizer.as_ref(), &checked).map(|c| (c, context_of(&model), format))
-        })
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
-        (tool_format, found) = (format, true);
+        let known = Arc::clone(&facts);
+        let counted = tokio::task::spawn_blocking(move || count_prompt(&known, &checked))
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))??;
+        let context = facts.context;
+        (tool_format, found) = (facts.tool_format, true);
         if let Counted::Exact(ids) = counted {
             let asked = match context {
                 Some(c) if ask.fill_context && !ask.explicit_max_tokens && ids.len() < c => {
@@ -214,6 +211,9 @@ pub async fn admit(app: &AppState, ask: Ask) -> ApiResult<Admitted> {
             ),
         ));
     }
+    if !request.tools.is_empty() {
+        request.tool_format = tool_format;
+    }
     let job = app
         .enqueue(NewJob {
             title: ask.title,
@@ -233,29 +233,12 @@ pub struct Admitted {
     pub tool_format: Option<ToolFormat>,
 }
 
-/// The tool-call format of a local model's tokenizer and template.
-pub fn tool_format_of(model: &ModelEntry) -> Option<ToolFormat> {
-    local_tokenizer(model).and_then(|t| ToolFormat::detect(&t))
-}
-
-/// A local model's tokenizer, read from its folder; none for a remote one
-/// (or a GGUF file, whose tokenizer is rebuilt when it loads).
-fn local_tokenizer(model: &ModelEntry) -> Option<TextTokenizer> {
-    match &model.kind {
-        ModelKind::Local { path } => TextTokenizer::from_dir(path).ok(),
-        ModelKind::Remote { .. } => None,
-    }
-}
-
 /// The prompt as the model will read it (attachments first): its ids with a
 /// local model's tokenizer, an estimate of their number otherwise.
-pub fn count_prompt(model: &ModelEntry, request: &Request) -> ApiResult<Counted> {
-    count_with(local_tokenizer(model).as_ref(), request)
-}
-
-fn count_with(tokenizer: Option<&TextTokenizer>, request: &Request) -> ApiResult<Counted> {
+/// Blocking (a long conversation takes a while to render and encode).
+pub fn count_prompt(facts: &ModelFacts, request: &Request) -> ApiResult<Counted> {
     let input = request.prompt_input();
-    let Some(tokenizer) = tokenizer else {
+    let Some(tokenizer) = &facts.tokenizer else {
         let chars = match &input {
             PromptInput::Plain(text) => text.chars().count(),
             PromptInput::Chat(messages, _) => {
@@ -272,14 +255,6 @@ fn count_with(tokenizer: Option<&TextTokenizer>, request: &Request) -> ApiResult
     }
     .map(Counted::Exact)
     .map_err(|e| ApiError::bad_request(e.to_string()))
-}
-
-/// The context length a local model states; none for a remote one.
-pub fn context_of(model: &ModelEntry) -> Option<usize> {
-    match &model.kind {
-        ModelKind::Local { path } => longhaul_engine::tools::context_length(path),
-        ModelKind::Remote { .. } => None,
-    }
 }
 
 /// The answer's token budget for a prompt of `prompt` tokens: `asked`

@@ -317,8 +317,7 @@ pub async fn count_tokens(
     let offer = offered_tools(body.tools, body.tool_choice.as_ref())?;
     let messages = conversation(body.system, body.messages)?;
     let (input, _) = check_input(None, Some(messages))?;
-    let name = body.model.clone();
-    let model = app.blocking(move |q| q.model(&name)).await?;
+    let (_, facts) = app.model_facts(&body.model).await?;
     let request = Request {
         input,
         attachments: String::new(),
@@ -327,8 +326,9 @@ pub async fn count_tokens(
         rendered_at: Some(crate::queue::now_seconds()),
         tools: offer.tools,
         forced_call: offer.forced,
+        tool_format: None,
     };
-    let counted = tokio::task::spawn_blocking(move || count_prompt(&model, &request))
+    let counted = tokio::task::spawn_blocking(move || count_prompt(&facts, &request))
         .await
         .map_err(|e| ApiError::internal(e.to_string()))??;
     Ok(Json(json!({ "input_tokens": counted.tokens() })))

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::admission::{Ask, Counted, admit, context_of, count_prompt, read_attachments};
+use super::admission::{Ask, Counted, admit, count_prompt, read_attachments};
 use super::error::{ApiError, ApiResult};
 use super::{ApiJson, ApiPath, AppState};
 use crate::events::JobProgress;
@@ -158,21 +158,9 @@ pub struct SubmitBody {
     chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
-/// How a registered local model asks to be sampled, read off the async threads.
+/// How a registered local model asks to be sampled.
 pub async fn model_sampling(app: &AppState, name: &str) -> Option<SamplingDefaults> {
-    let name = name.to_string();
-    let model = app.blocking(move |q| q.model(&name)).await.ok()?;
-    let ModelKind::Local { path } = model.kind else {
-        return None;
-    };
-    tokio::task::spawn_blocking(move || {
-        longhaul_engine::tools::sampling_defaults(std::path::Path::new(&path))
-            .ok()
-            .flatten()
-    })
-    .await
-    .ok()
-    .flatten()
+    app.model_facts(name).await.ok()?.1.sampling
 }
 
 impl SubmitBody {
@@ -576,12 +564,11 @@ pub async fn preview(
     ApiJson(body): ApiJson<SubmitBody>,
 ) -> ApiResult<Json<Value>> {
     // The same fields as a submission, checked the same way.
-    let settings = body.settings(model_sampling(&app, &body.model).await)?;
+    let (model, facts) = app.model_facts(&body.model).await?;
+    let settings = body.settings(facts.sampling)?;
     // Without max_tokens (or with it as a cap), the answer may fill the context.
     let fills = body.max_tokens.is_none() || body.fit_max_tokens;
     let body_max = body.max_tokens;
-    let model_name = body.model.clone();
-    let model = app.blocking(move |q| q.model(&model_name)).await?;
     let input = match body.messages.filter(|m| !m.is_empty()) {
         Some(m) => Input::Messages(m),
         None => Input::Prompt(body.prompt.unwrap_or_default()),
@@ -609,9 +596,10 @@ pub async fn preview(
             rendered_at: Some(crate::queue::now_seconds()),
             tools: Vec::new(),
             forced_call: None,
+            tool_format: None,
         };
-        let counted = count_prompt(&model, &request)?;
-        let left = context_of(&model).map(|c| c.saturating_sub(counted.tokens()));
+        let counted = count_prompt(&facts, &request)?;
+        let left = facts.context.map(|c| c.saturating_sub(counted.tokens()));
         let answer = match (fills, left) {
             (true, Some(left)) if body_max.is_none_or(|m| m > left) => left,
             _ => settings.max_tokens,
@@ -622,7 +610,7 @@ pub async fn preview(
             // RAM, time to the first token and to the end, before queueing.
             "forecast": forecast,
             "estimate": matches!(counted, Counted::Estimate(_)),
-            "context_tokens": context_of(&model),
+            "context_tokens": facts.context,
             "attachment_files": attached.files,
             "attachment_bytes": attached.text.len(),
             "skipped": skipped,

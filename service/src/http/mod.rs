@@ -39,7 +39,8 @@ use tokio_stream::{Stream, StreamExt};
 use tower_http::cors::CorsLayer;
 
 use crate::events::{Event, Events, MetricsEvent};
-use crate::queue::{JobView, NewJob, Queue, QueueError};
+use crate::model_facts::ModelFacts;
+use crate::queue::{JobView, ModelEntry, NewJob, Queue, QueueError};
 use crate::runner::{Runner, RunnerConfig};
 use error::{ApiError, ApiResult};
 
@@ -134,8 +135,8 @@ pub struct AppState {
     stopping: tokio::sync::watch::Receiver<bool>,
     /// The dashboard's history, kept across the night and restarts.
     pub history: Arc<Mutex<crate::history::History>>,
-    /// What listing each model read from its files, until they change.
-    pub listings: Arc<models::Listings>,
+    /// What each local model's files say, until they change.
+    pub facts: Arc<crate::model_facts::FactsCache>,
     /// The disks' health readings, kept across restarts.
     pub health: Arc<crate::health::HealthMonitor>,
 }
@@ -175,6 +176,20 @@ impl AppState {
             .await
             .map_err(|e| ApiError::internal(format!("queue task failed: {e}")))?
             .map_err(ApiError::from)
+    }
+
+    /// A registered model and what its files say (read off the async
+    /// threads, and only when they changed since).
+    pub async fn model_facts(&self, name: &str) -> ApiResult<(ModelEntry, Arc<ModelFacts>)> {
+        let name = name.to_string();
+        let model = self.blocking(move |q| q.model(&name)).await?;
+        let facts = Arc::clone(&self.facts);
+        tokio::task::spawn_blocking(move || {
+            let read = facts.of(&model);
+            (model, read)
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("reading the model's files failed: {e}")))
     }
 
     /// Adds a job and wakes the runner.
@@ -646,7 +661,7 @@ pub async fn serve(
         history: Arc::new(Mutex::new(crate::history::History::open(Some(
             config.data_dir.join(crate::history::HISTORY_FILE),
         )))),
-        listings: Arc::default(),
+        facts: Arc::default(),
         health: Arc::new(crate::health::HealthMonitor::open(&config.data_dir)),
     };
     let listener = tokio::net::TcpListener::bind(config.addr)

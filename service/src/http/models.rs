@@ -6,11 +6,13 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use serde::Deserialize;
+use longhaul_engine::tools::{PackDetails, SamplingDefaults};
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::error::{ApiError, ApiResult};
 use super::{ApiJson, AppState};
+use crate::model_facts::{ModelFacts, PackWeights};
 use crate::queue::{ModelEntry, ModelKind};
 
 #[derive(Debug, Deserialize)]
@@ -98,100 +100,58 @@ fn names_this_service(url: &str, address: &str) -> bool {
         .any(|host| url == format!("http://{host}:{port}"))
 }
 
-pub async fn list_models(State(app): State<AppState>) -> ApiResult<Json<Value>> {
-    let listings = Arc::clone(&app.listings);
+/// A model as `GET /api/models` lists it: as registered, with what a
+/// local model's files say.
+#[derive(Debug, Serialize)]
+pub struct ModelListing {
+    #[serde(flatten)]
+    pub model: ModelEntry,
+    /// How a local checkpoint asks to be sampled (its
+    /// `generation_config.json`); null: greedy, or a remote model.
+    pub sampling: Option<SamplingDefaults>,
+    /// What a pack holds (absent for checkpoints and remote models).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub details: Option<PackDetails>,
+    /// How a pack stores its weights (absent where `details` is).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weights: Option<PackWeights>,
+}
+
+impl ModelListing {
+    fn of(model: ModelEntry, facts: &ModelFacts) -> Self {
+        let (details, weights) = facts.pack.clone().unzip();
+        Self {
+            model,
+            sampling: facts.sampling,
+            details,
+            weights,
+        }
+    }
+}
+
+/// `GET /api/models`'s answer.
+#[derive(Debug, Serialize)]
+pub struct ModelList {
+    pub models: Vec<ModelListing>,
+}
+
+pub async fn list_models(State(app): State<AppState>) -> ApiResult<Json<ModelList>> {
+    let facts = Arc::clone(&app.facts);
     // Reading the files is blocking work: off the async threads, and only
-    // for models whose files changed since they were last listed (a 1 GiB
+    // for models whose files changed since they were last read (a 1 GiB
     // manifest once took 3.3 s and 1 GB on every listing).
-    let listed = app
+    let models = app
         .blocking(move |q| {
             Ok(q.models()?
-                .iter()
-                .map(|m| listings.of(m))
-                .collect::<Vec<_>>())
+                .into_iter()
+                .map(|m| {
+                    let read = facts.of(&m);
+                    ModelListing::of(m, &read)
+                })
+                .collect())
         })
         .await?;
-    Ok(Json(json!({ "models": listed })))
-}
-
-/// When a model's listing was read: each file it reads, by size and
-/// modification time (a missing file counts as such).
-type Stamp = Vec<Option<(u64, std::time::SystemTime)>>;
-
-/// The models' listings, each kept until the files it was read from change.
-#[derive(Default)]
-pub struct Listings(std::sync::Mutex<std::collections::HashMap<String, (Stamp, Value)>>);
-
-impl Listings {
-    /// `model`'s listing, read again only when its files changed.
-    fn of(&self, model: &ModelEntry) -> Value {
-        let ModelKind::Local { path } = &model.kind else {
-            return with_weights(model);
-        };
-        let stamp: Stamp = [
-            "generation_config.json",
-            "config.json",
-            longhaul_engine::tools::MANIFEST_FILE,
-        ]
-        .iter()
-        .map(|f| {
-            let meta = std::fs::metadata(path.join(f)).ok()?;
-            Some((meta.len(), meta.modified().ok()?))
-        })
-        .collect();
-        let key = format!("{}\0{}", model.name, path.display());
-        if let Ok(cached) = self.0.lock()
-            && let Some((at, listed)) = cached.get(&key)
-            && *at == stamp
-        {
-            return listed.clone();
-        }
-        let listed = with_weights(model);
-        if let Ok(mut cached) = self.0.lock() {
-            cached.insert(key, (stamp, listed.clone()));
-        }
-        listed
-    }
-}
-
-/// A model as listed, with how a pack stores its weights: the experts'
-/// dtype and whether anything was quantised on request (`lossy`), so a
-/// lossy pack is never mistaken for the published weights.
-fn with_weights(model: &ModelEntry) -> Value {
-    let mut v = serde_json::to_value(model).unwrap_or(Value::Null);
-    let ModelKind::Local { path } = &model.kind else {
-        return v;
-    };
-    // How the checkpoint asks to be sampled (null: greedy), for the task form.
-    if let Some(obj) = v.as_object_mut() {
-        let sampling = longhaul_engine::tools::sampling_defaults(std::path::Path::new(path))
-            .ok()
-            .flatten();
-        obj.insert("sampling".into(), json!(sampling));
-    }
-    if !longhaul_engine::tools::is_pack(path) {
-        return v;
-    }
-    if let (Ok(m), Some(obj)) = (
-        longhaul_engine::tools::Manifest::read(path),
-        v.as_object_mut(),
-    ) {
-        if let Some(details) = longhaul_engine::tools::describe_pack(std::path::Path::new(path), &m)
-        {
-            obj.insert("details".into(), json!(details));
-        }
-        let experts = &m.experts;
-        let resident = m.resident.quantization.as_ref();
-        obj.insert(
-            "weights".into(),
-            json!({
-                "experts": experts.dtype,
-                "resident": resident.and_then(|q| q.requested.clone()).unwrap_or_else(|| "as stored".into()),
-                "lossy": experts.quantization.is_some() || resident.is_some(),
-            }),
-        );
-    }
-    v
+    Ok(Json(ModelList { models }))
 }
 
 #[derive(Debug, Deserialize)]

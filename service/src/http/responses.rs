@@ -17,7 +17,7 @@ use longhaul_engine::{ToolAnswer, ToolCall};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::admission::{Ask, Submitted, submit, tool_format_of};
+use super::admission::{Ask, Submitted, submit};
 use super::content::text_of;
 use super::error::{ApiError, ApiResult};
 use super::follow::{KEEP_ALIVE, Update, follow, prompt_comment};
@@ -192,16 +192,18 @@ async fn earlier(app: &AppState, id: &str) -> ApiResult<Vec<Message>> {
 
 /// A job's answer read for calls to the tools it was offered.
 async fn read_answer(app: &AppState, job: &JobView) -> ToolAnswer {
-    let tools = job.request.tools.clone();
-    let name = job.model.clone();
-    let format = match app.blocking(move |q| q.model(&name)).await {
-        Ok(model) => tokio::task::spawn_blocking(move || tool_format_of(&model))
+    let tools = &job.request.tools;
+    // Jobs admitted before the format was kept on them: the model's now.
+    let format = match job.request.tool_format {
+        Some(format) => Some(format),
+        None if !tools.is_empty() => app
+            .model_facts(&job.model)
             .await
             .ok()
-            .flatten(),
-        Err(_) => None,
+            .and_then(|(_, facts)| facts.tool_format),
+        None => None,
     };
-    read(Offered::new(format, &tools, job.id).as_ref(), job)
+    read(Offered::new(format, tools, job.id).as_ref(), job)
 }
 
 fn refuse_unsupported(body: &ResponsesBody) -> ApiResult<()> {

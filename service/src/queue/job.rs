@@ -262,6 +262,11 @@ pub struct Request {
     /// is held to the family's opening of a call to one of the tools.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forced_call: Option<ForcedCall>,
+    /// The format the model wrote tool calls in when the job was admitted
+    /// (with tools offered): its answer is read in it, whatever the
+    /// model's files say later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_format: Option<longhaul_engine::ToolFormat>,
 }
 
 /// Which call a request forces.

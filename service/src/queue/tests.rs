@@ -34,6 +34,7 @@ fn new_job(title: &str, priority: i64) -> NewJob {
             rendered_at: None,
             tools: Vec::new(),
             forced_call: None,
+            tool_format: None,
         },
         priority,
         origin: "test".into(),
