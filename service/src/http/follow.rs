@@ -17,7 +17,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use super::AppState;
 use super::error::ApiError;
-use super::tool_calls::Offered;
+use super::tool_calls::{CallReader, Offered};
 use crate::events::Event;
 use crate::queue::{JobState, JobView};
 
@@ -129,7 +129,8 @@ struct Received {
     answer: String,
     reasoning: String,
     shown: usize,
-    offered: Option<Offered>,
+    /// Reads the answer for calls, when tools were offered.
+    calls: Option<CallReader>,
     /// The calls sent so far, with the arguments sent of each.
     sent: Vec<ToolCall>,
 }
@@ -149,21 +150,20 @@ impl Received {
             return vec![Update::Reasoning(fresh.to_string())];
         }
         self.answer.push_str(fresh);
-        let Some(offered) = &self.offered else {
+        let Some(reader) = &mut self.calls else {
             self.shown = self.answer.len();
             return vec![Update::Text(fresh.to_string())];
         };
-        let limit = offered.shown_len(&self.answer);
+        let read = reader.read(&self.answer);
         let mut out: Vec<Update> = self
             .answer
-            .get(self.shown..limit)
+            .get(self.shown..read.shown)
             .filter(|t| !t.is_empty())
             .map(|t| Update::Text(t.to_string()))
             .into_iter()
             .collect();
-        self.shown = self.shown.max(limit);
-        let calls = offered.partial(&self.answer);
-        out.extend(self.calls_grown(&calls));
+        self.shown = self.shown.max(read.shown);
+        out.extend(self.calls_grown(&read.calls));
         out
     }
 
@@ -201,8 +201,8 @@ impl Received {
     /// At the end: the answer's text not yet shown, what its calls add to
     /// those sent, and the calls whole.
     fn finish(&mut self) -> (Vec<Update>, Vec<ToolCall>) {
-        let read = match &self.offered {
-            Some(o) => o.read(&self.answer),
+        let read = match &self.calls {
+            Some(reader) => reader.offered.read(&self.answer),
             None => ToolAnswer {
                 content: self.answer.clone(),
                 calls: Vec::new(),
@@ -238,7 +238,7 @@ pub fn follow(
     let (tx, rx) = mpsc::channel(UPDATES_BUFFERED);
     tokio::spawn(async move {
         let mut got = Received {
-            offered,
+            calls: offered.map(CallReader::new),
             ..Received::default()
         };
         let mut reported: Option<std::time::Instant> = None;
@@ -350,11 +350,12 @@ mod tests {
     #[test]
     fn with_tools_the_text_stops_where_a_call_opens_and_the_call_streams() {
         let mut got = Received {
-            offered: Offered::new(
+            calls: Offered::new(
                 Some(ToolFormat::Hermes),
                 &[json!({ "type": "function", "function": { "name": "f" } })],
                 3,
-            ),
+            )
+            .map(CallReader::new),
             ..Received::default()
         };
         let mut said = |fresh: &str| -> Vec<String> {

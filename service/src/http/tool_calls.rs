@@ -50,15 +50,6 @@ impl Offered {
         }
     }
 
-    /// The calls of an answer still being written, as far as they are sure:
-    /// ids and names as [`Self::read`] gives them, all but the last whole,
-    /// the last one's arguments a prefix of its final ones.
-    pub fn partial(&self, answer: &str) -> Vec<ToolCall> {
-        let mut calls = self.format.partial(answer, &self.tools);
-        self.name_calls(&mut calls);
-        calls
-    }
-
     /// Ids for the calls of a format that writes none, from the job and
     /// their place: unique over an agent's whole session.
     fn name_calls(&self, calls: &mut [ToolCall]) {
@@ -68,13 +59,70 @@ impl Offered {
             }
         }
     }
+}
 
-    /// How much of a streamed answer can go out as text now: up to where a
-    /// call block opens, or short of an end that could open one.
-    pub fn shown_len(&self, answer: &str) -> usize {
-        self.format
-            .call_start(answer)
-            .unwrap_or_else(|| answer.len() - self.format.held_back(answer))
+/// An answer read for calls while it is written, one piece at a time. It
+/// keeps where the call block opens, so the answer's text is searched once
+/// (only what is new, and the few bytes before it that could begin the
+/// opener): a streamed answer of n bytes with no call costs O(n), where
+/// searching it whole at every event cost O(n²). Once the block opens,
+/// only the block is read again as it grows.
+#[derive(Debug)]
+pub struct CallReader {
+    pub offered: Offered,
+    /// Where the first call block opens in the answer, once it has.
+    start: Option<usize>,
+    /// How much of the answer has been searched for the block's opener.
+    searched: usize,
+}
+
+/// What an answer so far reads to.
+#[derive(Debug, PartialEq)]
+pub struct ReadSoFar {
+    /// How much can go out as text now: up to where a call block opens, or
+    /// short of an end that could open one.
+    pub shown: usize,
+    /// The calls as far as they are sure: ids and names as
+    /// [`Offered::read`] gives them, all but the last whole, the last one's
+    /// arguments a prefix of its final ones.
+    pub calls: Vec<ToolCall>,
+}
+
+impl CallReader {
+    pub fn new(offered: Offered) -> Self {
+        Self {
+            offered,
+            start: None,
+            searched: 0,
+        }
+    }
+
+    /// Reads `answer`, which holds the answer read before and more after it.
+    pub fn read(&mut self, answer: &str) -> ReadSoFar {
+        let format = self.offered.format;
+        if self.start.is_none() {
+            // An opener not found before may end in the new text: it then
+            // begins in the tail of the old that is a prefix of it.
+            let before = answer.get(..self.searched).unwrap_or_default();
+            let from = self.searched - format.held_back(before);
+            self.start = answer
+                .get(from..)
+                .and_then(|fresh| format.call_start(fresh))
+                .map(|at| from + at);
+            self.searched = answer.len();
+        }
+        let Some(start) = self.start else {
+            return ReadSoFar {
+                shown: answer.len() - format.held_back(answer),
+                calls: Vec::new(),
+            };
+        };
+        let mut calls = format.partial(&answer[start..], &self.offered.tools);
+        self.offered.name_calls(&mut calls);
+        ReadSoFar {
+            shown: start,
+            calls,
+        }
     }
 }
 
@@ -181,10 +229,61 @@ mod tests {
 
     #[test]
     fn text_stops_where_a_call_could_open() {
-        let o = hermes();
-        assert_eq!(o.shown_len("Reading <tool"), "Reading ".len());
-        assert_eq!(o.shown_len("Reading <tool_call>{\"na"), "Reading ".len());
-        assert_eq!(o.shown_len("Reading it"), "Reading it".len());
+        let shown = |answer: &str| CallReader::new(hermes()).read(answer).shown;
+        assert_eq!(shown("Reading <tool"), "Reading ".len());
+        assert_eq!(shown("Reading <tool_call>{\"na"), "Reading ".len());
+        assert_eq!(shown("Reading it"), "Reading it".len());
+    }
+
+    /// The answer read whole, as a reader that keeps nothing would.
+    fn read_whole(o: &Offered, answer: &str) -> ReadSoFar {
+        let format = o.format;
+        let mut calls = format.partial(answer, &o.tools);
+        o.name_calls(&mut calls);
+        ReadSoFar {
+            shown: format
+                .call_start(answer)
+                .unwrap_or_else(|| answer.len() - format.held_back(answer)),
+            calls,
+        }
+    }
+
+    #[test]
+    fn read_in_pieces_an_answer_reads_as_it_does_whole() {
+        let answers = [
+            (
+                ToolFormat::Hermes,
+                "Let me <tool look <tool_call>{\"name\": \"f\", \"arguments\": {\"p\": \"é\"}}</tool_call>\n<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>",
+            ),
+            (
+                ToolFormat::Kimi,
+                "ok <|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"a\": 1}<|tool_call_end|><|tool_calls_section_end|>",
+            ),
+            (
+                ToolFormat::Glm,
+                "<tool_call>f<arg_key>p</arg_key><arg_value>x</arg_value></tool_call>",
+            ),
+            (ToolFormat::Minimax, "no call here, only <minimax:tool text"),
+        ];
+        for (format, answer) in answers {
+            let o = Offered { format, ..hermes() };
+            for step in [1, 2, 3, 7] {
+                let mut reader = CallReader::new(o.clone());
+                let mut end = 0;
+                while end < answer.len() {
+                    end = (end + step).min(answer.len());
+                    while !answer.is_char_boundary(end) {
+                        end += 1;
+                    }
+                    let so_far = &answer[..end];
+                    assert_eq!(
+                        reader.read(so_far),
+                        read_whole(&o, so_far),
+                        "{format:?} {so_far:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
