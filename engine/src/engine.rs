@@ -701,7 +701,7 @@ fn read_generation_config(dir: &Path) -> Result<Option<serde_json::Value>, Engin
 pub const REFERENCE_DEFAULT_TOP_K: usize = 50;
 
 /// How a checkpoint asks to be sampled (its `generation_config.json`).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, ts_rs::TS)]
 pub struct SamplingDefaults {
     pub temperature: f64,
     pub top_p: f64,

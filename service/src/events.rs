@@ -28,7 +28,7 @@ pub enum Event {
     Metrics(Box<MetricsEvent>),
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ts_rs::TS)]
 pub struct JobProgress {
     pub id: i64,
     pub state: JobState,
@@ -45,10 +45,12 @@ pub struct JobProgress {
     /// Byte offset in the job's reasoning where `reasoning_delta` begins
     /// (absent where `offset` is).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
     pub reasoning_offset: Option<usize>,
     /// Reasoning made final since the previous event (the model's thinking
     /// before its answer), kept apart from `delta`.
     #[serde(skip_serializing_if = "String::is_empty")]
+    #[ts(optional = nullable)]
     pub reasoning_delta: String,
     /// Over the last few seconds of decoding.
     pub tokens_per_second: Option<f64>,
@@ -63,7 +65,7 @@ pub struct JobProgress {
 
 /// How far a running job has read its prompt (and, resuming, the answer it
 /// had: the model reads it again unless its state was saved).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ts_rs::TS)]
 pub struct PromptProgress {
     pub done: usize,
     pub total: usize,
@@ -78,7 +80,7 @@ pub struct QueueOrder {
     pub waiting: Vec<i64>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ts_rs::TS)]
 pub struct MetricsEvent {
     pub model: String,
     pub running_job: Option<i64>,

@@ -51,7 +51,7 @@ pub struct Finished {
     pub tokens_per_second: f64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ts_rs::TS)]
 #[serde(rename_all = "snake_case")]
 pub enum Basis {
     /// The medians of this model's last finished tasks.
@@ -62,7 +62,7 @@ pub enum Basis {
     None,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ts_rs::TS)]
 pub struct Forecast {
     pub ram_bytes: u64,
     pub first_token_seconds: Option<f64>,

@@ -28,7 +28,7 @@ use crate::queue::{ModelEntry, ModelKind};
 /// How a pack stores its weights: the experts' dtype, the resident
 /// quantization asked for, and whether anything was quantised on request
 /// (so a lossy pack is never mistaken for the published weights).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, ts_rs::TS)]
 pub struct PackWeights {
     pub experts: String,
     pub resident: String,

@@ -28,7 +28,7 @@ struct Entry<V> {
 }
 
 /// Hit, miss and eviction counts.
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq, ts_rs::TS)]
 pub struct CacheCounters {
     pub hits: u64,
     pub misses: u64,

@@ -47,8 +47,10 @@ pub fn candidates() -> Vec<EvictionPolicy> {
 }
 
 /// One policy's replayed hit rate.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, ts_rs::TS)]
 pub struct Replayed {
+    /// As written in settings: `lfu`, `slru:80/layer`, …
+    #[ts(type = "string")]
     pub policy: EvictionPolicy,
     pub hit_rate: f64,
     /// Belady's hit rate minus this one.
@@ -56,8 +58,9 @@ pub struct Replayed {
 }
 
 /// What the replays found, and the policy chosen from them.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, ts_rs::TS)]
 pub struct PolicyReport {
+    #[ts(type = "string")]
     pub chosen: EvictionPolicy,
     /// Chosen from the trace (`false`: set by hand; the replays are for comparison).
     pub automatic: bool,

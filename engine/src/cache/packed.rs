@@ -133,7 +133,7 @@ const RESTORE_BYTES_PER_SECOND: f64 = 1.5e9;
 /// The choice between keeping records packed and keeping weights, and what
 /// it rests on: hit rates replayed at both capacities, and a decode step's
 /// predicted time either way from the costs measured.
-#[derive(Debug, Clone, Copy, serde::Serialize, PartialEq)]
+#[derive(Debug, Clone, Copy, serde::Serialize, PartialEq, ts_rs::TS)]
 pub struct PackingChoice {
     pub packed: bool,
     pub hit_rate_packed: f64,

@@ -13,7 +13,7 @@ use crate::cache::{CacheCounters, EvictionPolicy, PolicyReport};
 use crate::pilot::PilotCounters;
 use crate::store::DriveSnapshot;
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, ts_rs::TS)]
 pub struct DriveMetrics {
     pub path: PathBuf,
     pub bytes: u64,
@@ -30,7 +30,7 @@ pub struct DriveMetrics {
     pub latency_p99_ms: Option<f64>,
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, ts_rs::TS)]
 pub struct MetricsSnapshot {
     /// Seconds covered by the rates (since the previous sample, or since the sampler began).
     pub interval_seconds: f64,
@@ -46,6 +46,7 @@ pub struct MetricsSnapshot {
     pub prefetch_recall: Option<f64>,
     /// The eviction policy in use, and the latest replays of the pack's
     /// routing trace that it was chosen from.
+    #[ts(type = "string")]
     pub policy: EvictionPolicy,
     pub policy_report: Option<PolicyReport>,
 }

@@ -15,7 +15,7 @@ const EXPERTS_PER_TOKEN_KEYS: [&str; 3] = ["num_experts_per_tok", "experts_per_t
 /// Matrices in one expert record: gate, up and down.
 const MATRICES_PER_EXPERT: u64 = 3;
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ts_rs::TS)]
 pub struct PackDetails {
     pub model_type: String,
     pub layers: usize,
@@ -43,7 +43,7 @@ pub struct PackDetails {
 }
 
 /// What one drive holds of a pack.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ts_rs::TS)]
 pub struct DriveShare {
     pub path: PathBuf,
     pub bytes: u64,

@@ -16,7 +16,7 @@ use serde::Serialize;
 type Key = (usize, usize);
 
 /// Counts since the model was opened.
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, ts_rs::TS)]
 pub struct PilotCounters {
     /// Layers for which a prediction was made before they asked for experts.
     pub predicted_layers: u64,

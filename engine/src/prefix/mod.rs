@@ -143,7 +143,7 @@ fn chain(previous: &BlockKey, ids: &[u32]) -> BlockKey {
 }
 
 /// The cache's counters and contents, read now.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, ts_rs::TS)]
 pub struct PrefixStats {
     /// Prompts looked up.
     pub lookups: u64,

@@ -28,7 +28,7 @@ const TEMPLATE_FUEL: u64 = 8_000_000;
 /// Largest prompt text a template may produce.
 const MAX_RENDERED_BYTES: usize = 64 * 1024 * 1024;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ts_rs::TS)]
 pub struct ChatMessage {
     pub role: String,
     /// Absent or null (an assistant turn that only called tools) reads as

@@ -50,7 +50,7 @@ pub struct MalformedCall {
 }
 
 /// A family's tool-call format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, ts_rs::TS)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolFormat {
     /// Kimi K2: `<|tool_calls_section_begin|>…<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{…}<|tool_call_end|>`.

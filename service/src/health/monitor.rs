@@ -44,7 +44,7 @@ pub struct Reading {
     pub health: Health,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ts_rs::TS)]
 #[serde(rename_all = "snake_case")]
 pub enum WarningKind {
     /// The drive says it is failing (SMART verdict, NVMe critical warning).
@@ -57,7 +57,7 @@ pub enum WarningKind {
     Worn,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ts_rs::TS)]
 pub struct Warning {
     pub kind: WarningKind,
     pub text: String,

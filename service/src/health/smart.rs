@@ -14,7 +14,8 @@
 use serde::{Deserialize, Serialize};
 
 /// One reading of a drive's health.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ts_rs::TS)]
+#[ts(rename = "DiskHealth")]
 pub struct Health {
     /// The device smartctl read, `/dev/nvme0`.
     pub device: String,

@@ -24,7 +24,7 @@ const RECENT_ERROR_SECS: f64 = 120.0;
 /// Temperatures shown beside a drive: its last day of readings.
 const TEMPERATURE_SPAN_SECS: f64 = 24.0 * 3600.0;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ts_rs::TS)]
 #[serde(rename_all = "snake_case")]
 pub enum DriveStatus {
     Present,
@@ -33,7 +33,8 @@ pub enum DriveStatus {
     Errors,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ts_rs::TS)]
+#[ts(rename = "Drive")]
 pub struct DriveView {
     pub path: PathBuf,
     pub status: DriveStatus,
@@ -61,7 +62,8 @@ pub struct DriveView {
     pub disk: Option<DiskView>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ts_rs::TS)]
+#[ts(rename = "Disk")]
 pub struct DiskView {
     pub device: Option<String>,
     pub link: Option<String>,

@@ -281,7 +281,8 @@ pub async fn submit(
 /// figures (its statistics so far, and in `live` the tokens not yet
 /// committed, speed and prompt reading), so every view of a running job
 /// says the same.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ts_rs::TS)]
+#[ts(rename = "Job")]
 pub struct ShownJob {
     #[serde(flatten)]
     job: JobView,
@@ -290,6 +291,7 @@ pub struct ShownJob {
     /// Why the running job is held: the data dir cannot be written, so its
     /// saved state cannot say so yet.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
     storage_fault: Option<String>,
 }
 

@@ -9,6 +9,7 @@
 
 pub mod admission;
 pub mod anthropic;
+pub mod api_types;
 pub mod conn;
 pub mod content;
 pub mod drives;

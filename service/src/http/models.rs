@@ -102,7 +102,8 @@ fn names_this_service(url: &str, address: &str) -> bool {
 
 /// A model as `GET /api/models` lists it: as registered, with what a
 /// local model's files say.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ts_rs::TS)]
+#[ts(rename = "Model")]
 pub struct ModelListing {
     #[serde(flatten)]
     pub model: ModelEntry,
@@ -111,9 +112,11 @@ pub struct ModelListing {
     pub sampling: Option<SamplingDefaults>,
     /// What a pack holds (absent for checkpoints and remote models).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
     pub details: Option<PackDetails>,
     /// How a pack stores its weights (absent where `details` is).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
     pub weights: Option<PackWeights>,
 }
 

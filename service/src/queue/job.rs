@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ts_rs::TS)]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
     Queued,
@@ -108,7 +108,7 @@ impl Transition {
 
 /// Why a job is paused: who or what holds it. The reason beside it says
 /// the same to people; code decides on the cause.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ts_rs::TS)]
 #[serde(rename_all = "snake_case")]
 pub enum PauseCause {
     /// Someone asked (the API, the UI, the CLI).
@@ -158,7 +158,7 @@ impl PauseCause {
 pub type Message = longhaul_engine::ChatMessage;
 
 /// How to generate.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ts_rs::TS)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     pub max_tokens: usize,
@@ -197,7 +197,7 @@ fn no_repetition_penalty() -> f32 {
 }
 
 /// How a job guesses ahead (see the engine's speculative decoding).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ts_rs::TS)]
 #[serde(rename_all = "lowercase")]
 pub enum Speculate {
     #[default]
@@ -229,7 +229,7 @@ impl Default for Settings {
 }
 
 /// What the model is asked: plain text, or a conversation for the chat template.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ts_rs::TS)]
 #[serde(rename_all = "snake_case")]
 pub enum Input {
     Prompt(String),
@@ -238,7 +238,7 @@ pub enum Input {
 
 /// A job as stored: fixed at submission, so a resumed job sees exactly what
 /// it started with even if attached files have changed since.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ts_rs::TS)]
 pub struct Request {
     pub input: Input,
     /// Attached files rendered as text, placed before the prompt.
@@ -270,7 +270,7 @@ pub struct Request {
 }
 
 /// Which call a request forces.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ts_rs::TS)]
 #[serde(rename_all = "snake_case", tag = "type")]
 pub enum ForcedCall {
     /// A call to any of the tools offered (`required`, Anthropic's `any`).
@@ -388,7 +388,7 @@ impl<'a> Output<'a> {
 }
 
 /// Per-job figures, recorded when the job stops.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ts_rs::TS)]
 pub struct JobStats {
     pub prompt_tokens: usize,
     pub generated_tokens: usize,
@@ -414,7 +414,8 @@ pub struct JobStats {
 }
 
 /// Guesses verified and kept over a job's runs.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ts_rs::TS)]
+#[ts(rename = "Speculation")]
 pub struct SpeculationTally {
     pub verify_passes: usize,
     pub drafted: usize,
@@ -425,7 +426,7 @@ pub struct SpeculationTally {
 }
 
 /// Bytes a job read from one drive folder.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ts_rs::TS)]
 pub struct DriveBytes {
     pub path: std::path::PathBuf,
     pub bytes: u64,
@@ -444,7 +445,7 @@ impl JobStats {
 }
 
 /// A job as the API shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ts_rs::TS)]
 pub struct JobView {
     pub id: i64,
     pub title: String,
@@ -457,10 +458,12 @@ pub struct JobView {
     pub request: Request,
     /// Output so far (omitted from lists).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
     pub output: Option<String>,
     /// The model's reasoning so far, apart from the answer (omitted from
     /// lists and where the model did not think aloud).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
     pub reasoning: Option<String>,
     pub tokens: usize,
     pub stats: Option<JobStats>,

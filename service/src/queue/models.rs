@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{QueueError, now_ms, sql};
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ts_rs::TS)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ModelKind {
     /// A checkpoint folder or a pack on this machine.
@@ -18,13 +18,14 @@ pub enum ModelKind {
         url: String,
         /// Bearer token; never shown by the API.
         #[serde(default, skip_serializing)]
+        #[ts(skip)]
         api_key: Option<String>,
         /// The model name the server knows it by.
         remote_model: String,
     },
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ts_rs::TS)]
 pub struct ModelEntry {
     pub name: String,
     #[serde(flatten)]

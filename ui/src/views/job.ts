@@ -4,7 +4,7 @@
 import DOMPurify from "dompurify";
 import { marked } from "marked";
 
-import { get, Job, post, withToken } from "../api";
+import { conversationOf, get, Job, post, promptOf, withToken } from "../api";
 import { stateBadge, toast } from "../dom";
 import { bytes, duration, esc, guessLine, percent, phaseLine, rate, when } from "../format";
 import { chart, COLORS, columns } from "../charts";
@@ -95,7 +95,7 @@ function driveReads(reads: { path: string; bytes: number }[] | undefined): strin
 
 function task(j: Job): string {
   const i = j.request.input;
-  const text = i.prompt ?? (i.messages ?? []).map((m) => `${m.role}: ${m.content}`).join("\n\n");
+  const text = promptOf(i) ?? (conversationOf(i) ?? []).map((m) => `${m.role}: ${m.content}`).join("\n\n");
   const s = j.request.settings;
   return `<details class="card"><summary>Task and settings (${s.temperature === 0 ? "greedy" : `temperature ${s.temperature}, top-p ${s.top_p}`})</summary>
     <pre class="task">${esc(text)}</pre>

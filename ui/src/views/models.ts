@@ -102,7 +102,7 @@ export async function render(root: HTMLElement): Promise<() => void> {
         ? models
             .map(
               (m) => `<li><div><b>${esc(m.name)}</b> <span class="badge">${m.kind}</span></div>
-              <div class="hint"><code>${esc(m.path ?? m.url ?? "")}</code>${m.remote_model ? ` · ${esc(m.remote_model)}` : ""} · added ${when(m.created_ms)}</div>
+              <div class="hint"><code>${esc(m.kind === "local" ? m.path : m.url)}</code>${m.kind === "remote" ? ` · ${esc(m.remote_model)}` : ""} · added ${when(m.created_ms)}</div>
               ${m.details ? details(m.details) : ""}
               <div class="row remove-row"><button class="small secondary" data-remove="${esc(m.name)}" data-pack="${m.details ? bytes(m.details.expert_bytes + m.details.resident_bytes) : ""}">Remove</button></div></li>`,
             )

@@ -3,7 +3,7 @@
 // and what it cost — with filters, and the next step for each: open it, run
 // it again, edit a copy, continue it, ask a follow-up, or delete it.
 
-import { del, get, Job, post, Settings } from "../api";
+import { conversationOf, del, get, Job, post, promptOf, Settings } from "../api";
 import { stateBadge, toast } from "../dom";
 import { bytes, duration, esc, percent, rate } from "../format";
 import { store } from "../store";
@@ -27,9 +27,10 @@ const ENDED = new Set(["done", "failed", "cancelled"]);
 function messagesOf(j: Job): { role: string; content: string }[] {
   const attached = j.request.attachments ?? "";
   const i = j.request.input;
-  if (i.messages) {
+  const conversation = conversationOf(i);
+  if (conversation) {
     let first = true;
-    return i.messages.map((m) => {
+    return conversation.map((m) => {
       if (m.role === "user" && first) {
         first = false;
         return { role: m.role, content: attached + m.content };
@@ -37,7 +38,7 @@ function messagesOf(j: Job): { role: string; content: string }[] {
       return m;
     });
   }
-  return [{ role: "user", content: attached + (i.prompt ?? "") }];
+  return [{ role: "user", content: attached + (promptOf(i) ?? "") }];
 }
 
 /** A follow-up question typed but not yet queued (offered again after a refusal). */
@@ -62,7 +63,7 @@ function settingsOf(j: Job): Record<string, unknown> {
 
 /** The same task again: same input (attachments as they were read), same settings. */
 function rerun(j: Job): Record<string, unknown> {
-  const input = j.request.input.messages ? { messages: messagesOf(j) } : { prompt: messagesOf(j)[0].content };
+  const input = conversationOf(j.request.input) ? { messages: messagesOf(j) } : { prompt: messagesOf(j)[0].content };
   return { model: j.model, title: `${j.title} (again)`, ...input, ...settingsOf(j) };
 }
 
@@ -70,7 +71,7 @@ function rerun(j: Job): Record<string, unknown> {
  * The task's max tokens is a cap, cut to what the longer prompt leaves. */
 function continuation(j: Job, output: string): Record<string, unknown> {
   const base = { model: j.model, title: `${j.title} (continued)`, ...settingsOf(j), fit_max_tokens: true };
-  if (!j.request.input.messages) return { ...base, prompt: messagesOf(j)[0].content + output };
+  if (!conversationOf(j.request.input)) return { ...base, prompt: messagesOf(j)[0].content + output };
   return { ...base, messages: [...messagesOf(j), { role: "assistant", content: output }, { role: "user", content: "Continue exactly where you stopped." }] };
 }
 
@@ -91,9 +92,9 @@ function draftOf(j: Job): Draft {
   return {
     title: `${j.title} (copy)`,
     model: j.model,
-    prompt: (j.request.attachments ?? "") + (i.prompt ?? i.messages?.find((m) => m.role === "user")?.content ?? ""),
-    system: i.messages?.find((m) => m.role === "system")?.content,
-    chat: !!i.messages,
+    prompt: (j.request.attachments ?? "") + (promptOf(i) ?? conversationOf(i)?.find((m) => m.role === "user")?.content ?? ""),
+    system: conversationOf(i)?.find((m) => m.role === "system")?.content,
+    chat: !!conversationOf(i),
     max_tokens: s.max_tokens,
     temperature: s.temperature,
     top_p: s.top_p,
