@@ -14,6 +14,7 @@ pub use crate::metrics::replay::{
     RoutingStats, belady_hit_rate, lfu_hit_rate, lru_hit_rate, oracle_pin_hit_rate, routing_stats,
 };
 pub use crate::metrics::{QualityReport, compare_logits, trace};
+pub use crate::model::family::synth_names;
 pub use crate::pack::details::{DriveShare, PackDetails, describe as describe_pack};
 pub use crate::pack::encoding::Quantization;
 pub use crate::pack::verify::verify_pack;
@@ -25,10 +26,20 @@ pub use crate::pack::{
 pub use crate::pilot::PilotCounters;
 pub use crate::store::probe::{ProbeReport, probe};
 pub use crate::store::{DEFAULT_QUEUE_DEPTH, DriveSnapshot, StoreConfig, StoreError, StoreFaults};
-pub use crate::synth::{
-    SynthDtype, SynthError, SynthSpec, SynthSummary, synth_names, write_synthetic,
-};
+pub use crate::synth::{SynthDtype, SynthError, SynthSpec, SynthSummary, write_synthetic};
 pub use crate::tokenizer::TextTokenizer;
+
+/// The default shape of the family `synth --arch name` writes.
+pub fn synth_spec(name: &str) -> Result<SynthSpec, SynthError> {
+    crate::model::family::synth_family(name)
+        .map(SynthSpec::new)
+        .ok_or_else(|| {
+            SynthError::Invalid(format!(
+                "--arch {name} is not supported; use {}",
+                synth_names().join(", ")
+            ))
+        })
+}
 
 /// The context length a model folder, pack or GGUF file states
 /// (`max_position_embeddings`), read without loading the model; `None` when

@@ -575,8 +575,8 @@ fn replicated_records_verify_and_stay_exact() {
 
 /// A small checkpoint whose expert rows are whole Q4K super-blocks.
 fn blockable_checkpoint(root: &Path) -> PathBuf {
-    use longhaul_engine::synth::{SynthSpec, write_synthetic};
-    let mut spec = SynthSpec::named("deepseek_v3").unwrap();
+    use longhaul_engine::synth::write_synthetic;
+    let mut spec = longhaul_engine::tools::synth_spec("deepseek_v3").unwrap();
     spec.vocab = 512;
     spec.hidden = 256;
     spec.layers = 3;
@@ -597,7 +597,7 @@ fn blockable_checkpoint(root: &Path) -> PathBuf {
 #[test]
 fn synthetic_quantised_checkpoints_load_narrow_and_stream_exactly() {
     use longhaul_engine::model::Quantization;
-    use longhaul_engine::synth::{SynthDtype, SynthSpec, write_synthetic};
+    use longhaul_engine::synth::{SynthDtype, write_synthetic};
     // (arch, dtype, moe intermediate, quantization, manifest dtype, record bytes)
     let cases = [
         // 400 gate/up rows of 256 and 256 down rows of 200, a byte each plus scales.
@@ -630,7 +630,7 @@ fn synthetic_quantised_checkpoints_load_narrow_and_stream_exactly() {
     ];
     for (arch, dtype, inter, quantization, name, record_len) in cases {
         let tmp = tempfile::tempdir().unwrap();
-        let mut spec = SynthSpec::named(arch).unwrap();
+        let mut spec = longhaul_engine::tools::synth_spec(arch).unwrap();
         (
             spec.vocab,
             spec.hidden,
@@ -838,9 +838,9 @@ fn argmax(row: &[f32]) -> usize {
 /// streams bitwise the logits of the checkpoint in RAM.
 #[test]
 fn synthetic_kimi_linear_streams_exactly() {
-    use longhaul_engine::synth::{SynthSpec, write_synthetic};
+    use longhaul_engine::synth::write_synthetic;
     let tmp = tempfile::tempdir().unwrap();
-    let mut spec = SynthSpec::named("kimi_linear").unwrap();
+    let mut spec = longhaul_engine::tools::synth_spec("kimi_linear").unwrap();
     (
         spec.vocab,
         spec.hidden,

@@ -230,6 +230,23 @@ pub fn supported_model_types() -> Vec<&'static str> {
         .collect()
 }
 
+/// The family `synth --arch name` writes.
+pub fn synth_family(name: &str) -> Option<&'static dyn crate::synth::SynthFamily> {
+    FAMILIES
+        .iter()
+        .filter_map(|f| f.synth())
+        .find(|s| s.name() == name)
+}
+
+/// Every `synth --arch` name, in the families' order.
+pub fn synth_names() -> Vec<&'static str> {
+    FAMILIES
+        .iter()
+        .filter_map(|f| f.synth())
+        .map(|s| s.name())
+        .collect()
+}
+
 /// The family a GGUF file's `general.architecture` names.
 pub fn family_of_gguf(architecture: &str) -> Option<&'static Family> {
     FAMILIES
@@ -249,6 +266,7 @@ pub fn supported_gguf_architectures() -> Vec<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::synth::SynthSpec;
 
     #[test]
     fn every_type_belongs_to_one_family() {
@@ -261,5 +279,45 @@ mod tests {
             assert_eq!(owners, 1, "{t}");
         }
         assert!(types.contains(&"kimi_k2") && types.contains(&"deepseek_v4"));
+    }
+
+    fn synth_spec(arch: &str) -> SynthSpec {
+        SynthSpec::new(synth_family(arch).unwrap())
+    }
+
+    /// Every architecture's synthetic checkpoint opens as that family and
+    /// computes finite logits.
+    #[test]
+    fn every_architecture_writes_a_checkpoint_that_opens() {
+        for arch in synth_names() {
+            let tmp = tempfile::tempdir().unwrap();
+            let mut s = synth_spec(arch);
+            (s.vocab, s.hidden, s.layers, s.heads, s.kv_heads) = (300, 64, 2, 4, 2);
+            (s.experts, s.top_k, s.moe_intermediate, s.dense_intermediate) = (8, 2, 32, 64);
+            s.layers = match arch {
+                // Sliding, sparse and heavily compressed layers.
+                "deepseek_v4" => 4,
+                // A latent-attention layer after five linear ones.
+                "bailing_hybrid" => 6,
+                // Sparse attention after three KDA layers, and experts.
+                "glm5_next" => 5,
+                _ => s.layers,
+            };
+            let out = tmp.path().join(arch);
+            crate::synth::write_synthetic(&s, &out, &|_, _| {}).unwrap();
+            let engine = crate::Engine::open(&out).unwrap();
+            let family = family_of(&engine.spec().model_type);
+            assert_eq!(family.and_then(|f| f.synth()).map(|f| f.name()), Some(arch));
+            let logits = engine.logits(&[1, 2, 3]).unwrap().to_vec2::<f32>().unwrap();
+            assert!(logits.iter().flatten().all(|v| v.is_finite()), "{arch}");
+        }
+    }
+
+    #[test]
+    fn fit_size_picks_enough_layers() {
+        let mut s = synth_spec("deepseek_v3");
+        s.fit_size(1 << 30);
+        let experts = s.expert_bytes() * s.experts as u64 * (s.layers - 1) as u64;
+        assert!(experts >= 1 << 30 && experts < (1 << 30) + s.expert_bytes() * s.experts as u64);
     }
 }

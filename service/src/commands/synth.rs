@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use longhaul_engine::tools::{SynthDtype, SynthSpec, write_synthetic};
+use longhaul_engine::tools::{SynthDtype, synth_spec, write_synthetic};
 use serde_json::json;
 
 use super::size::parse_size;
@@ -64,7 +64,7 @@ pub struct SynthArgs {
 }
 
 pub fn run(args: SynthArgs) -> anyhow::Result<()> {
-    let mut spec = SynthSpec::named(&args.arch)?;
+    let mut spec = synth_spec(&args.arch)?;
     let set = |field: &mut usize, value: Option<usize>| {
         if let Some(v) = value {
             *field = v;
