@@ -20,13 +20,12 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use super::config::{ConfigError, RawConfig};
+use super::config::{ConfigError, MoeDefaults, RawConfig, parse_moe};
 use super::family::{Family, Parsed, family_config, hybrid_layout};
-use super::glm4_moe::{MoeDefaults, parse_moe};
-use super::kimi_linear::load_kda;
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
 use super::layers::linear::DeltaShape;
+use super::layers::linear::load_kda;
 use super::layers::mla::{LatentAttention, MlaShape};
 use super::layers::moe::SigmoidGroupedMoe;
 use super::layers::rope::{Rope, RopeParams};

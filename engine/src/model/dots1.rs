@@ -13,10 +13,9 @@
 use serde_json::json;
 
 use super::CommonConfig;
-use super::config::{ConfigError, RawConfig};
+use super::config::{ConfigError, MoeDefaults, RawConfig, check_heads, check_rotary, parse_moe};
 use super::family::{Family, Parsed};
-use super::glm4_moe::{self, MoeDefaults, check_rotary, parse_moe};
-use super::qwen3_moe::check_heads;
+use super::glm4_moe;
 use crate::synth::{ALL_DTYPES, DEEPSEEK_MOE, QkNorm, Shape, SynthAttention};
 
 /// `Dots1Config`'s defaults.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use super::config::{ConfigError, RawConfig};
+use super::config::{ConfigError, MoeDefaults, RawConfig, check_heads, check_rotary, parse_moe};
 use super::family::{Family, Parsed, family_config, grouped_layout};
 use super::layers::Mlp;
 use super::layers::attention::GqaShape;
@@ -19,7 +19,6 @@ use super::layers::decoder::{Decoder, FeedForward};
 use super::layers::experts::{ExpertProvider, ExpertShape, PROJ_NAMES};
 use super::layers::moe::SigmoidGroupedMoe;
 use super::layers::rope::{Rope, RopeParams};
-use super::qwen3_moe::check_heads;
 use super::{CommonConfig, ModelError, grouped_decoder};
 use crate::synth::{ALL_DTYPES, DEEPSEEK_MOE, QkNorm, Shape, SynthAttention};
 use crate::weights::Weights;
@@ -86,80 +85,11 @@ impl Config {
     }
 }
 
-/// Checks that the rotated lanes are an even count within the head.
-pub fn check_rotary(
-    raw: &RawConfig,
-    head_dim: usize,
-    rope: &RopeParams,
-) -> Result<(), ConfigError> {
-    let rotated = (head_dim as f64 * rope.partial_rotary_factor) as usize;
-    if rotated == 0 || rotated > head_dim || !rotated.is_multiple_of(2) {
-        return Err(raw.invalid(
-            "partial_rotary_factor",
-            format!("rotates {rotated} of {head_dim} lanes: must be even, 2 to head_dim"),
-        ));
-    }
-    Ok(())
-}
-
-/// Defaults of the DeepSeek-V3-style routing fields, per family.
-pub struct MoeDefaults {
-    /// `n_shared_experts` when the config is silent (`None`: required).
-    pub shared: Option<usize>,
-    pub renormalize: bool,
-    pub scaling: f64,
-}
-
 const GLM_MOE: MoeDefaults = MoeDefaults {
     shared: Some(DEFAULT_SHARED_EXPERTS),
     renormalize: true,
     scaling: DEFAULT_ROUTED_SCALING,
 };
-
-/// The routed experts' settings: sigmoid scores, group-limited top-k
-/// (a `null` group count is one group), renormalised and scaled. Each
-/// field is read under the names the DeepSeek-V3-style families give it
-/// (Ling's `num_experts`, `num_expert_group`, `moe_renormalize`…).
-pub fn parse_moe(raw: &RawConfig, d: &MoeDefaults) -> Result<SigmoidGroupedMoe, ConfigError> {
-    let experts = raw.positive_any(&["n_routed_experts", "num_local_experts", "num_experts"])?;
-    let top_k = raw.positive_any(&["num_experts_per_tok", "num_experts_per_token"])?;
-    let n_group = raw
-        .usize_any(&["n_group", "num_expert_group"])?
-        .unwrap_or(1);
-    let topk_group = raw.usize_any(&["topk_group"])?.unwrap_or(1);
-    if n_group == 0 || !experts.is_multiple_of(n_group) {
-        return Err(raw.invalid(
-            "n_group",
-            format!("{n_group} does not divide n_routed_experts {experts}"),
-        ));
-    }
-    if topk_group == 0 || topk_group > n_group || top_k > experts / n_group * topk_group {
-        return Err(raw.invalid(
-            "topk_group",
-            format!("{topk_group} of {n_group} groups cannot hold num_experts_per_tok {top_k}"),
-        ));
-    }
-    let shared = match (
-        raw.usize_any(&["n_shared_experts", "num_shared_experts"])?,
-        d.shared,
-    ) {
-        (Some(n), _) | (None, Some(n)) => n,
-        (None, None) => return Err(raw.missing("n_shared_experts")),
-    };
-    Ok(SigmoidGroupedMoe {
-        experts,
-        top_k,
-        n_group,
-        topk_group,
-        renormalize: match raw.get("moe_renormalize") {
-            Some(_) => raw.bool_or("moe_renormalize", d.renormalize)?,
-            None => raw.bool_or("norm_topk_prob", d.renormalize)?,
-        },
-        scaling: raw.f64_or("routed_scaling_factor", d.scaling)?,
-        intermediate: raw.positive("moe_intermediate_size")?,
-        shared,
-    })
-}
 
 pub fn build(
     c: &Config,

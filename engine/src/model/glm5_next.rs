@@ -26,16 +26,15 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::config::{ConfigError, RawConfig};
+use super::config::{ConfigError, MoeDefaults, RawConfig, parse_moe};
 use super::family::{Family, FamilyConfig, Parsed, family_config};
-use super::glm4_moe::{MoeDefaults, parse_moe};
-use super::kimi_linear::load_kda;
 use super::layers::Mlp;
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
 use super::layers::experts::{Activation, ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
 use super::layers::hyper::{HyperConnection, HyperHead, HyperShape};
 use super::layers::indexer::{Indexer, IndexerShape};
 use super::layers::linear::DeltaShape;
+use super::layers::linear::load_kda;
 use super::layers::mla::{LatentAttention, MlaShape, SparseKeys};
 use super::layers::moe::SigmoidGroupedMoe;
 use super::layers::rope::{Rope, RopeKind, RopeParams};

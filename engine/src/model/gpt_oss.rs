@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use super::config::{ConfigError, RawConfig};
+use super::config::{ConfigError, RawConfig, check_heads};
 use super::family::{Family, Parsed, family_config, grouped_layout};
 use super::layers::attention::{GqaShape, GroupedQueryAttention};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
@@ -23,7 +23,6 @@ use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::{Router, Scoring};
 use super::layers::stacked::{self, GateUp, StackedExperts};
 use super::layers::{Linear, values};
-use super::qwen3_moe::check_heads;
 use super::{CommonConfig, ModelError, assemble};
 use crate::synth::Shape;
 use crate::weights::Weights;

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::config::{ConfigError, RawConfig};
+use super::config::{ConfigError, RawConfig, check_heads};
 use super::family::{Family, Parsed, family_config, grouped_layout};
 use super::layers::Mlp;
 use super::layers::attention::GqaShape;
@@ -26,7 +26,6 @@ use super::layers::experts::{ExpertProvider, ExpertShape, PROJ_NAMES};
 use super::layers::moe::MoeBlock;
 use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::Scoring;
-use super::qwen3_moe::check_heads;
 use super::{CommonConfig, ModelError, grouped_decoder};
 use crate::synth::{
     Add, FLOAT_DTYPES, PROJ_MOE, QkNorm, Shape, SynthAttention, SynthSpec, experts, grouped,

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::config::{ConfigError, RawConfig};
+use super::config::{ConfigError, RawConfig, check_heads};
 use super::family::{Family, Parsed, family_config, grouped_layout};
 use super::layers::attention::{GqaShape, GroupedQueryAttention, Temperature};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
@@ -30,7 +30,6 @@ use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::{Router, Scoring};
 use super::layers::stacked::{self, GateUp, StackedExperts};
 use super::layers::{Linear, Mlp};
-use super::qwen3_moe::check_heads;
 use super::{CommonConfig, ModelError, assemble};
 use crate::synth::{Add, FLOAT_DTYPES, Fill, Shape, SynthAttention, SynthSpec, grouped};
 use crate::weights::Weights;

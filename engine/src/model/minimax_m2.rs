@@ -13,16 +13,15 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::config::{ConfigError, RawConfig};
+use super::config::{ConfigError, RawConfig, check_heads};
 use super::family::{Family, Parsed, family_config, grouped_layout};
 use super::layers::attention::GqaShape;
 use super::layers::decoder::{Decoder, FeedForward};
 use super::layers::experts::{ExpertProvider, ExpertShape, MIXTRAL_NAMES};
 use super::layers::moe::MoeBlock;
+use super::layers::moe::moe_block;
 use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::Scoring;
-use super::mixtral::moe_block;
-use super::qwen3_moe::check_heads;
 use super::{CommonConfig, ModelError, grouped_decoder};
 use crate::synth::{ALL_DTYPES, MIXTRAL_MOE, Moe, QkNorm, RouterBias, Shape, SynthAttention};
 use crate::weights::Weights;

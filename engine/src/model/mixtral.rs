@@ -3,15 +3,15 @@
 
 use std::sync::Arc;
 
-use super::config::{ConfigError, RawConfig};
+use super::config::{ConfigError, RawConfig, check_heads};
 use super::family::{Family, Parsed, family_config, grouped_layout};
 use super::layers::attention::GqaShape;
 use super::layers::decoder::{Decoder, FeedForward};
 use super::layers::experts::{ExpertProvider, ExpertShape, MIXTRAL_NAMES};
 use super::layers::moe::MoeBlock;
+use super::layers::moe::moe_block;
 use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::Scoring;
-use super::qwen3_moe::check_heads;
 use super::{CommonConfig, ModelError, grouped_decoder};
 use crate::synth::{ALL_DTYPES, MIXTRAL_MOE, QkNorm, Shape, SynthAttention};
 use crate::weights::Weights;
@@ -19,20 +19,6 @@ use serde_json::json;
 
 const DEFAULT_ROPE_THETA: f64 = 1_000_000.0;
 const DEFAULT_RMS_EPS: f64 = 1e-5;
-
-/// Released checkpoints name the MoE block `block_sparse_moe`; recent
-/// transformers versions write `mlp`.
-const MOE_BLOCK_NAMES: [&str; 2] = ["block_sparse_moe", "mlp"];
-
-/// A layer's MoE block under `lw`, by whichever name holds its router.
-pub(super) fn moe_block<'a>(lw: &Weights<'a>) -> Weights<'a> {
-    let block = MOE_BLOCK_NAMES
-        .iter()
-        .find(|b| lw.pp(b).has("gate.weight"))
-        .copied()
-        .unwrap_or(MOE_BLOCK_NAMES[0]);
-    lw.pp(block)
-}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {

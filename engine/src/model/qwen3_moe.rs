@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::config::{ConfigError, RawConfig};
+use super::config::{ConfigError, RawConfig, check_heads};
 use super::family::{Family, Parsed, family_config, grouped_layout};
 use super::layers::Mlp;
 use super::layers::attention::GqaShape;
@@ -86,20 +86,6 @@ impl Config {
             && self.num_experts > 0
             && (layer + 1).is_multiple_of(self.decoder_sparse_step)
     }
-}
-
-pub(crate) fn check_heads(
-    raw: &RawConfig,
-    heads: usize,
-    kv_heads: usize,
-) -> Result<(), ConfigError> {
-    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
-        return Err(raw.invalid(
-            "num_key_value_heads",
-            format!("{kv_heads} does not divide num_attention_heads {heads}"),
-        ));
-    }
-    Ok(())
 }
 
 pub fn build(

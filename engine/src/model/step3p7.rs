@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 
-use super::config::{ConfigError, RawConfig};
+use super::config::{ConfigError, RawConfig, check_heads};
 use super::family::{Family, Parsed, family_config, grouped_layout};
 use super::layers::attention::{GqaShape, GroupedQueryAttention};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
@@ -36,7 +36,6 @@ use super::layers::moe::MoeBlock;
 use super::layers::rope::{Rope, RopeParams};
 use super::layers::router::Scoring;
 use super::layers::{Mlp, RmsNorm};
-use super::qwen3_moe::check_heads;
 use super::{CommonConfig, ModelError, assemble};
 use crate::synth::{DEEPSEEK_MOE, FLOAT_DTYPES, QkNorm, Shape, SynthAttention};
 use crate::weights::{Renamed, TensorSource, Weights};

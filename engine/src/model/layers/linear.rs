@@ -364,6 +364,59 @@ impl LinearAttention {
     }
 }
 
+/// KDA's tensors under `self_attn` (`w`); the forget gate's may sit in
+/// `forget_gate`. The forget and output gates are low-rank pairs
+/// (`f_a_proj`/`f_b_proj`, `g_a_proj`/`g_b_proj`: Kimi-Linear, GLM-5.3) or
+/// one full-rank projection each (`f_proj`, `g_proj`: Ling 3). With a
+/// `lower_bound`, the decay is the safe gate.
+pub fn load_kda(
+    w: &Weights,
+    h: usize,
+    s: DeltaShape,
+    eps: f64,
+    lower_bound: Option<f32>,
+) -> Result<LinearAttention, ModelError> {
+    let width = s.k_heads * s.k_dim;
+    let in_gate = |name: &str| w.has(&format!("forget_gate.{name}.weight"));
+    let fw = if in_gate("f_a_proj") || in_gate("f_proj") {
+        w.pp("forget_gate")
+    } else {
+        w.clone()
+    };
+    // One full-rank projection, or a pair through a `rank`-wide middle.
+    let gate = |w: &Weights, full: &str, pair: [&str; 2], rank: usize| {
+        if w.has(&format!("{full}.weight")) {
+            return Ok((None, Linear::load(w, full, h, width, false)?));
+        }
+        Ok::<_, ModelError>((
+            Some(Linear::load(w, pair[0], h, rank, false)?),
+            Linear::load(w, pair[1], rank, width, false)?,
+        ))
+    };
+    let (f_a, f_b) = gate(&fw, "f_proj", ["f_a_proj", "f_b_proj"], s.k_dim)?;
+    let (g_a, g_b) = gate(w, "g_proj", ["g_a_proj", "g_b_proj"], s.v_dim)?;
+    Ok(LinearAttention {
+        qkv: Stacked::new(vec![
+            Linear::load(w, "q_proj", h, width, false)?,
+            Linear::load(w, "k_proj", h, width, false)?,
+            Linear::load(w, "v_proj", h, width, false)?,
+        ])?,
+        beta: Linear::load(w, "b_proj", h, s.v_heads, false)?,
+        decay: Decay::PerChannel {
+            f_a,
+            f_b,
+            a_log: load_flat(&fw, "A_log", s.k_heads)?,
+            dt_bias: load_flat(&fw, "dt_bias", width)?,
+            lower_bound,
+        },
+        gate: OutputGate::Sigmoid { a: g_a, b: g_b },
+        conv: load_conv(w, &s)?,
+        norm: RmsNorm::load(w, "o_norm", s.v_dim, eps)?,
+        out: Linear::load(w, "o_proj", width, h, false)?,
+        shape: s,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -337,3 +337,17 @@ fn weighted_output(
     }
     Ok(y)
 }
+
+/// Released checkpoints name the MoE block `block_sparse_moe`; recent
+/// transformers versions write `mlp`.
+const MOE_BLOCK_NAMES: [&str; 2] = ["block_sparse_moe", "mlp"];
+
+/// A layer's MoE block under `lw`, by whichever name holds its router.
+pub fn moe_block<'a>(lw: &Weights<'a>) -> Weights<'a> {
+    let block = MOE_BLOCK_NAMES
+        .iter()
+        .find(|b| lw.pp(b).has("gate.weight"))
+        .copied()
+        .unwrap_or(MOE_BLOCK_NAMES[0]);
+    lw.pp(block)
+}
