@@ -47,8 +47,8 @@ impl AlignedBytes {
         let err = || AllocError { len, align };
         let capacity = len.max(1).checked_next_multiple_of(align).ok_or_else(err)?;
         let layout = Layout::from_size_align(capacity, align).map_err(|_| err())?;
-        if capacity >= MAP_THRESHOLD && align <= page_size() {
-            let ptr = map(capacity).ok_or_else(err)?;
+        if capacity >= MAP_THRESHOLD && align <= crate::platform::page_size() {
+            let ptr = crate::platform::map_anonymous(capacity).ok_or_else(err)?;
             return Ok(Self {
                 ptr,
                 len,
@@ -133,78 +133,12 @@ impl Drop for AlignedBytes {
     fn drop(&mut self) {
         if self.mapped {
             // SAFETY: mapped in `zeroed` with this length; nothing refers to it now.
-            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.layout.size()) };
+            unsafe { crate::platform::unmap(self.ptr, self.layout.size()) };
         } else {
             // SAFETY: allocated in `zeroed` with this layout.
             unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
         }
     }
-}
-
-fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(size).unwrap_or(4096)
-}
-
-/// Huge pages on Linux: buffers this large are placed on a 2 MiB boundary
-/// and the kernel is asked to back them with huge pages (the machine's
-/// transparent huge pages are "madvise"). Decoding streams every weight from
-/// DRAM each token, and with 4 KiB pages the page walks take a share of it;
-/// the page cache already gives a memory-mapped model huge folios. A decode
-/// step's 192 experts from DRAM: 18.3 ms against 18.8 ms, a small gain near
-/// this machine's run-to-run noise.
-#[cfg(target_os = "linux")]
-const HUGE_PAGE: usize = 2 << 20;
-
-/// `len` zeroed bytes of private anonymous memory, page-aligned.
-fn map(len: usize) -> Option<NonNull<u8>> {
-    #[cfg(target_os = "linux")]
-    if len >= HUGE_PAGE {
-        return map_huge(len);
-    }
-    map_pages(len)
-}
-
-fn map_pages(len: usize) -> Option<NonNull<u8>> {
-    // SAFETY: an anonymous private mapping with no address hint; the result
-    // is checked before use.
-    let raw = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANON,
-            -1,
-            0,
-        )
-    };
-    if raw == libc::MAP_FAILED {
-        return None;
-    }
-    NonNull::new(raw.cast())
-}
-
-/// A mapping of `len` bytes starting on a huge-page boundary, advised to
-/// use huge pages: `HUGE_PAGE` more is mapped and the ends trimmed.
-#[cfg(target_os = "linux")]
-fn map_huge(len: usize) -> Option<NonNull<u8>> {
-    let padded = len.checked_add(HUGE_PAGE)?;
-    let base = map_pages(padded)?.as_ptr() as usize;
-    let start = base.next_multiple_of(HUGE_PAGE);
-    let (head, tail) = (start - base, base + padded - (start + len));
-    // SAFETY: both ranges lie in the mapping just made and nothing uses them.
-    unsafe {
-        if head > 0 {
-            libc::munmap(base as *mut libc::c_void, head);
-        }
-        if tail > 0 {
-            libc::munmap((start + len) as *mut libc::c_void, tail);
-        }
-        // Advice only: without huge pages the buffer works the same.
-        libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
-    }
-    NonNull::new(start as *mut u8)
 }
 
 impl std::fmt::Debug for AlignedBytes {

@@ -92,6 +92,7 @@ mod background;
 mod engine;
 mod locate;
 pub mod memory;
+mod platform;
 pub mod private;
 mod regular;
 mod toolcall;

@@ -49,11 +49,12 @@ pub const HEADROOM_SHARE: f64 = 0.03;
 /// the new copy.
 pub const KV_COPIES: u64 = 2;
 
-/// The default limit: the cgroup's when one is set (the page cache counts
-/// against it, and expert reads bypass the page cache), otherwise a share of
-/// physical memory.
+/// The default limit: a share of physical memory, as the system lets this
+/// process have it (on Linux the cgroup's limit when one is set: the page
+/// cache counts against it, and expert reads bypass the page cache; on
+/// macOS no more than the VM reports free and reclaimable).
 pub fn default_limit_bytes() -> Option<u64> {
-    cgroup_limit_bytes().or_else(|| physical_bytes().map(|p| (p as f64 * PHYSICAL_SHARE) as u64))
+    crate::platform::plan_limit(physical_bytes().map(|p| (p as f64 * PHYSICAL_SHARE) as u64))
 }
 
 /// A memory limit to plan a model's budget against.
@@ -215,31 +216,24 @@ impl std::fmt::Display for MemoryPlan {
 
 /// Bytes of physical memory, if the system says.
 pub fn physical_bytes() -> Option<u64> {
-    // SAFETY: sysconf has no preconditions.
-    let (pages, size) = unsafe {
-        (
-            libc::sysconf(libc::_SC_PHYS_PAGES),
-            libc::sysconf(libc::_SC_PAGESIZE),
-        )
-    };
-    (pages > 0 && size > 0).then(|| pages as u64 * size as u64)
+    crate::platform::physical_bytes()
 }
 
-/// The memory cgroup's limit on this process (page cache included), if one is set.
-pub fn cgroup_limit_bytes() -> Option<u64> {
-    cgroup::read_u64("memory.limit_in_bytes", "memory.max")
-        // v1 reports "no limit" as a huge page-aligned number.
-        .filter(|&l| l < (1 << 60))
+/// The bound the system sets on this process's memory beyond physical
+/// memory, if any (on Linux the memory cgroup's limit, page cache
+/// included; macOS sets none).
+pub fn bound_bytes() -> Option<u64> {
+    crate::platform::memory_bound_bytes()
 }
 
-/// Times the cgroup's limit was reached (each one a reclaim pass), if known.
-pub fn cgroup_limit_hits() -> Option<u64> {
-    cgroup::read_u64("memory.failcnt", "").or_else(cgroup::v2_max_events)
+/// Times the bound was reached (each one a reclaim pass), if known.
+pub fn bound_hits() -> Option<u64> {
+    crate::platform::memory_bound_hits()
 }
 
-/// What the process may use: the smaller of physical memory and its cgroup limit.
+/// What the process may use: the smaller of physical memory and its bound.
 pub fn available_limit_bytes() -> Option<u64> {
-    match (physical_bytes(), cgroup_limit_bytes()) {
+    match (physical_bytes(), bound_bytes()) {
         (Some(p), Some(c)) => Some(p.min(c)),
         (p, c) => p.or(c),
     }
@@ -254,11 +248,9 @@ pub fn usage() -> ProcessUsage {
     if !ok {
         return ProcessUsage::default();
     }
-    // ru_maxrss is in KiB on Linux and in bytes on macOS.
-    let rss_unit = if cfg!(target_os = "macos") { 1 } else { 1024 };
     ProcessUsage {
         major_faults: Some(u.ru_majflt as u64),
-        peak_rss_bytes: Some(u.ru_maxrss as u64 * rss_unit),
+        peak_rss_bytes: Some(u.ru_maxrss as u64 * crate::platform::PEAK_RSS_UNIT),
     }
 }
 
@@ -266,65 +258,6 @@ pub fn usage() -> ProcessUsage {
 pub struct ProcessUsage {
     pub major_faults: Option<u64>,
     pub peak_rss_bytes: Option<u64>,
-}
-
-#[cfg(target_os = "linux")]
-mod cgroup {
-    use std::path::PathBuf;
-
-    /// This process's memory cgroup folder: `(v1 path, v2 path)`.
-    fn dirs() -> (Option<PathBuf>, Option<PathBuf>) {
-        let Ok(text) = std::fs::read_to_string("/proc/self/cgroup") else {
-            return (None, None);
-        };
-        let (mut v1, mut v2) = (None, None);
-        for line in text.lines() {
-            let mut parts = line.splitn(3, ':');
-            let (_, controllers, path) = (parts.next(), parts.next(), parts.next());
-            let (Some(controllers), Some(path)) = (controllers, path) else {
-                continue;
-            };
-            let rel = path.trim_start_matches('/');
-            if controllers.split(',').any(|c| c == "memory") {
-                v1 = Some(PathBuf::from("/sys/fs/cgroup/memory").join(rel));
-            } else if controllers.is_empty() {
-                v2 = Some(PathBuf::from("/sys/fs/cgroup").join(rel));
-            }
-        }
-        (v1, v2)
-    }
-
-    fn read(path: PathBuf) -> Option<String> {
-        std::fs::read_to_string(path).ok()
-    }
-
-    /// A number from the v1 file `v1_name`, or else from the v2 file `v2_name`.
-    pub fn read_u64(v1_name: &str, v2_name: &str) -> Option<u64> {
-        let (v1, v2) = dirs();
-        let from_v1 = v1.and_then(|d| read(d.join(v1_name)));
-        let from_v2 = || (!v2_name.is_empty()).then(|| v2.and_then(|d| read(d.join(v2_name))))?;
-        from_v1.or_else(from_v2)?.trim().parse().ok()
-    }
-
-    /// cgroup v2: how often usage hit `memory.max`.
-    pub fn v2_max_events() -> Option<u64> {
-        let (_, v2) = dirs();
-        let text = read(v2?.join("memory.events"))?;
-        text.lines()
-            .find_map(|l| l.strip_prefix("max "))
-            .and_then(|n| n.trim().parse().ok())
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-mod cgroup {
-    pub fn read_u64(_: &str, _: &str) -> Option<u64> {
-        None
-    }
-
-    pub fn v2_max_events() -> Option<u64> {
-        None
-    }
 }
 
 #[cfg(test)]

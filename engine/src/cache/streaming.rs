@@ -797,7 +797,9 @@ impl ExpertProvider for StreamingExperts {
         // Predictions are scored whether or not they are read, so the gate
         // below always has a fresh precision to go by.
         st.score.predicted(layer, ids);
-        if !self.prefetch || !st.score.worth_reading() {
+        // Reading ahead stops while the system says memory is short: a
+        // guess is worth less than keeping the machine from swapping.
+        if !self.prefetch || !st.score.worth_reading() || crate::platform::memory_pressed() {
             return;
         }
         for &id in ids.iter().filter(|&&id| id < records.records.len()) {

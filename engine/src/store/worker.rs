@@ -180,8 +180,8 @@ impl Reader<'_> {
             .get_mut(name)
             .ok_or_else(|| std::io::Error::other("file handle lost"))?;
         match read_direct(&handle.file, region, offset) {
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                // Some file systems accept O_DIRECT at open but refuse the read.
+            Err(e) if crate::platform::refuses_uncached(&e) => {
+                // Some file systems accept uncached reads at open but refuse the read.
                 warn_buffered(self.ctx, path);
                 *handle = open_buffered(path)?;
                 read_buffered(&handle.file, region, offset)
@@ -202,9 +202,9 @@ impl Reader<'_> {
 
 fn open(ctx: &Context, path: &Path) -> std::io::Result<Handle> {
     if ctx.direct_io {
-        match crate::regular::open_with(path, libc::O_DIRECT) {
+        match crate::platform::open_uncached(path) {
             Ok(file) => return Ok(Handle { file, direct: true }),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => warn_buffered(ctx, path),
+            Err(e) if crate::platform::refuses_uncached(&e) => warn_buffered(ctx, path),
             Err(e) => return Err(e),
         }
     }

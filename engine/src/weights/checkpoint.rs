@@ -91,14 +91,9 @@ impl SafetensorsCheckpoint {
     /// tensors are in RAM they would only count against a memory limit
     /// (a cgroup counts the page cache). A hint; nothing fails if ignored.
     pub fn drop_page_cache(&self) {
-        #[cfg(target_os = "linux")]
         for f in &self.files {
             if let Ok(file) = std::fs::File::open(f.path()) {
-                use std::os::fd::AsRawFd;
-                // SAFETY: a valid open descriptor; the call only gives advice.
-                unsafe {
-                    libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
-                }
+                crate::platform::forget_cached(&file);
             }
         }
     }

@@ -132,7 +132,7 @@ impl Mark {
             drives: s.drives.clone(),
             pilot: s.pilot,
             joined: s.joined_flights,
-            limit_hits: memory::cgroup_limit_hits(),
+            limit_hits: memory::bound_hits(),
             decompress: s.decompress_seconds,
             reads: s.records_read,
         }
@@ -190,8 +190,8 @@ fn memory_report(
     let end = memory::usage();
     json!({
         "limit_bytes": memory::available_limit_bytes(),
-        "cgroup_limit_bytes": memory::cgroup_limit_bytes(),
-        "cgroup_limit_hits": memory::cgroup_limit_hits().zip(limit_hits_at_start).map(|(a, b)| a - b),
+        "cgroup_limit_bytes": memory::bound_bytes(),
+        "cgroup_limit_hits": memory::bound_hits().zip(limit_hits_at_start).map(|(a, b)| a - b),
         "cgroup_limit_hits_while_decoding": steady.limit_hits,
         "major_faults": end.major_faults.zip(start.major_faults).map(|(a, b)| a - b),
         "peak_rss_bytes": end.peak_rss_bytes,
@@ -209,7 +209,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         bail!("--gen must be at least 2");
     }
     let start_usage = memory::usage();
-    let limit_hits_at_start = memory::cgroup_limit_hits();
+    let limit_hits_at_start = memory::bound_hits();
     let probe = probe_pack(&args.model, args.probe_bytes, args.queue_depth)?;
     let options = engine_options(&args)?;
     let heat_was_warm = longhaul_engine::tools::HeatMap::path(&args.model).is_file();
