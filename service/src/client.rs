@@ -51,11 +51,7 @@ pub fn default_data_dir(
         return PathBuf::from(x).join("longhaul");
     }
     let home = home.map_or_else(|| PathBuf::from("."), PathBuf::from);
-    if cfg!(target_os = "macos") {
-        home.join("Library/Application Support/Longhaul")
-    } else {
-        home.join(".local/share/longhaul")
-    }
+    crate::platform::data_dir_in_home(&home)
 }
 
 /// The service URL: given, else the one a running service wrote, else the default port.

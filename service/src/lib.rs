@@ -18,6 +18,7 @@ pub mod http;
 pub mod install;
 pub mod model_facts;
 pub mod packing;
+pub mod platform;
 pub mod probe;
 pub mod queue;
 pub mod runner;

@@ -569,26 +569,7 @@ impl Supervisor {
 
 /// Holds off sleep with the platform's tool, if it has one.
 fn inhibit_sleep() -> Option<Child> {
-    let pid = std::process::id().to_string();
-    let command = if cfg!(target_os = "macos") {
-        // -i: no idle sleep; -w: until this process exits.
-        Some(("caffeinate", vec!["-i", "-w", pid.as_str()]))
-    } else if cfg!(target_os = "linux") {
-        Some((
-            "systemd-inhibit",
-            vec![
-                "--what=idle:sleep",
-                "--who=Longhaul",
-                "--why=A task is running",
-                "--mode=block",
-                "sleep",
-                "infinity",
-            ],
-        ))
-    } else {
-        None
-    };
-    let (program, args) = command?;
+    let (program, args) = crate::platform::sleep_inhibitor(&std::process::id().to_string());
     Command::new(program)
         .args(args)
         .stdout(Stdio::null())

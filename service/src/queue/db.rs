@@ -49,14 +49,15 @@ const PRAGMAS: &[Pragma] = &[
         set: "ON",
         expect: "1",
     },
-    // macOS's fsync does not flush the drive's cache; F_FULLFSYNC does.
-    #[cfg(target_os = "macos")]
-    Pragma {
-        name: "fullfsync",
-        set: "ON",
-        expect: "1",
-    },
 ];
+
+/// Commits flushed past the drive's own cache where `fsync` stops short of
+/// it (see [`crate::platform::FULL_FSYNC`]).
+const FULL_FSYNC: Pragma = Pragma {
+    name: "fullfsync",
+    set: "ON",
+    expect: "1",
+};
 
 /// Opens (creating if needed) the database at `path`, checks its pragmas and
 /// applies pending migrations.
@@ -67,7 +68,8 @@ pub fn open(path: &Path) -> Result<Connection, QueueError> {
     };
     let conn = Connection::open(path).map_err(sql)?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(sql)?;
-    for p in PRAGMAS {
+    let full = crate::platform::FULL_FSYNC.then_some(&FULL_FSYNC);
+    for p in PRAGMAS.iter().chain(full) {
         conn.pragma_update(None, p.name, p.set).map_err(sql)?;
         let got = read_pragma(&conn, p.name).map_err(sql)?;
         if got != p.expect {
