@@ -6,9 +6,10 @@
 //! disk, following loop devices to their backing file's drive and
 //! device-mapper volumes (LVM, LUKS) to the one disk under them; the sysfs
 //! path says the transport and the PCIe or USB device's own files its speed.
-//! On macOS `diskutil info` names the whole disk and its protocol.
+//! On macOS `diskutil info -plist` names the whole disk and its bus (see
+//! [`super::diskutil`]).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Serialize;
 
@@ -62,9 +63,6 @@ impl std::fmt::Display for Link {
         }
     }
 }
-
-/// How deep loop devices and volumes are followed before giving up.
-const MAX_LAYERS: usize = 4;
 
 /// The transport a Linux sysfs device path shows, and the directory whose
 /// files hold its speed (the PCIe function of an NVMe drive, the USB
@@ -138,46 +136,6 @@ pub fn usb_words(mbps: &str) -> Option<String> {
     })
 }
 
-/// Parses `diskutil info` text: the whole disk to read and its protocol.
-/// An APFS volume's own disk is synthesized; its physical store is the drive.
-pub fn parse_diskutil(text: &str) -> Option<(String, Link)> {
-    let field = |name: &str| {
-        text.lines().find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            (k.trim() == name).then(|| v.trim().to_string())
-        })
-    };
-    let whole = field("APFS Physical Store")
-        .map(|store| whole_disk(&store))
-        .or_else(|| field("Part of Whole"))?;
-    let link = match field("Protocol").as_deref() {
-        Some("PCI-Express") | Some("PCI") => Link::Nvme { pcie: None },
-        Some("Apple Fabric") => Link::Nvme {
-            pcie: Some("Apple internal".into()),
-        },
-        Some("USB") => Link::Usb { speed: None },
-        Some("Thunderbolt") => Link::Thunderbolt,
-        Some("SATA") => Link::Sata,
-        Some("Disk Image") => Link::Virtual {
-            what: "disk image".into(),
-        },
-        Some(other) => Link::Other { what: other.into() },
-        None => Link::Other {
-            what: "an attached disk".into(),
-        },
-    };
-    Some((format!("/dev/{whole}"), link))
-}
-
-/// `disk0s2` → `disk0`.
-fn whole_disk(name: &str) -> String {
-    let name = name.trim_start_matches("/dev/");
-    match name[4.min(name.len())..].find('s') {
-        Some(i) if name.starts_with("disk") => name[..4 + i].to_string(),
-        _ => name.to_string(),
-    }
-}
-
 /// The disk under `folder`.
 pub fn resolve(folder: &Path) -> Result<BlockDevice, Unavailable> {
     platform::resolve(folder, 0)
@@ -193,6 +151,10 @@ fn no_device(folder: &Path, why: impl std::fmt::Display) -> Unavailable {
 mod platform {
     use super::*;
     use std::os::unix::fs::MetadataExt;
+    use std::path::PathBuf;
+
+    /// How deep loop devices and volumes are followed before giving up.
+    const MAX_LAYERS: usize = 4;
 
     pub fn resolve(folder: &Path, depth: usize) -> Result<BlockDevice, Unavailable> {
         let meta = std::fs::metadata(folder).map_err(|e| no_device(folder, e))?;
@@ -295,7 +257,17 @@ mod platform {
 
 #[cfg(target_os = "macos")]
 mod platform {
+    use super::super::diskutil::{DiskInfo, Next};
     use super::*;
+
+    /// `diskutil info -plist DISK`, read.
+    fn diskutil(folder: &Path, disk: &str) -> Result<DiskInfo, Unavailable> {
+        let out = std::process::Command::new("diskutil")
+            .args(["info", "-plist", disk])
+            .output()
+            .map_err(|e| no_device(folder, format!("diskutil: {e}")))?;
+        DiskInfo::parse(&out.stdout).map_err(|e| no_device(folder, format!("diskutil: {e}")))
+    }
 
     pub fn resolve(folder: &Path, _depth: usize) -> Result<BlockDevice, Unavailable> {
         use std::os::unix::ffi::OsStrExt;
@@ -316,13 +288,28 @@ mod platform {
                 format!("it is mounted from {from}, not a disk"),
             ));
         }
-        let out = std::process::Command::new("diskutil")
-            .args(["info", &from])
-            .output()
-            .map_err(|e| no_device(folder, format!("diskutil: {e}")))?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let (node, link) = parse_diskutil(&text)
-            .ok_or_else(|| no_device(folder, format!("diskutil says no whole disk for {from}")))?;
+        let volume = diskutil(folder, &from)?;
+        let (node, link) = match volume.next() {
+            Next::Whole(node) => (node, volume.link()),
+            Next::Store(store) => {
+                let store = diskutil(folder, &store)?;
+                match store.next() {
+                    Next::Whole(node) => (node, store.link()),
+                    _ => {
+                        return Err(no_device(
+                            folder,
+                            "diskutil names no disk under its APFS store",
+                        ));
+                    }
+                }
+            }
+            Next::Unknown => {
+                return Err(no_device(
+                    folder,
+                    format!("diskutil names no whole disk for {from}"),
+                ));
+            }
+        };
         Ok(BlockDevice {
             node,
             link,
@@ -393,31 +380,6 @@ mod tests {
             .to_string(),
             "NVMe, PCIe 8.0 GT/s x4"
         );
-    }
-
-    #[test]
-    fn diskutil_names_the_physical_disk_under_an_apfs_volume() {
-        let internal = "   Device Identifier:         disk3s1\n   Device Node:               /dev/disk3s1\n   Whole:                     No\n   Part of Whole:             disk3\n   Volume Name:               Macintosh HD - Data\n   Protocol:                  Apple Fabric\n   APFS Physical Store:       disk0s2\n   Solid State:               Yes\n";
-        assert_eq!(
-            parse_diskutil(internal),
-            Some((
-                "/dev/disk0".into(),
-                Link::Nvme {
-                    pcie: Some("Apple internal".into())
-                }
-            ))
-        );
-        let tb = "   Device Identifier:         disk5s2\n   Part of Whole:             disk5\n   Protocol:                  Thunderbolt\n";
-        assert_eq!(
-            parse_diskutil(tb),
-            Some(("/dev/disk5".into(), Link::Thunderbolt))
-        );
-        let usb = "   Part of Whole:             disk7\n   Protocol:                  USB\n";
-        assert_eq!(
-            parse_diskutil(usb),
-            Some(("/dev/disk7".into(), Link::Usb { speed: None }))
-        );
-        assert_eq!(parse_diskutil("nothing here"), None);
     }
 
     #[cfg(target_os = "linux")]

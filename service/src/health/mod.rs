@@ -12,6 +12,7 @@
 //! [`SMARTCTL_TIMEOUT`].
 
 pub mod device;
+pub mod diskutil;
 pub mod monitor;
 pub mod smart;
 
