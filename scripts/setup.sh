@@ -50,6 +50,21 @@ longhaul_sdk_venv() {
     LONGHAUL_SDK_PYTHON="$venv/bin/python"
 }
 
+# What cross-checking the workspace for the Mac needs, from the registries
+# a bare Debian machine reaches: Rust's standard library for Apple Silicon
+# (rustup), and zig, whose C compiler carries macOS's libc headers for the
+# dependencies' C parts, with cargo-zigbuild to drive cargo with it (both
+# from PyPI, pinned in scripts/cross-requirements.txt, in a venv outside the
+# clone). Puts cargo-zigbuild on PATH.
+longhaul_cross_tools() {
+    longhaul_apt python3-venv
+    local venv="$HOME/.cache/longhaul/cross-venv"
+    [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check -r scripts/cross-requirements.txt
+    rustup target add aarch64-apple-darwin 2>&1 | grep -v "is up to date" || true
+    export PATH="$venv/bin:$PATH"
+}
+
 longhaul_setup() {
     longhaul_apt "${LONGHAUL_APT_PACKAGES[@]}"
     if ! command -v cargo >/dev/null; then

@@ -30,6 +30,15 @@ phase "generated files"
 python3 scripts/unify.py --check
 phase "lints"
 cargo clippy --release --workspace --all-targets --locked -- -D warnings
+phase "Mac cross-check"
+# The workspace for Apple Silicon, its macOS code paths included,
+# clippy-clean. Nothing is linked: there is no macOS SDK here, and for the
+# same reason the desktop shell is checked without its notifications (see
+# src-tauri/Cargo.toml).
+longhaul_cross_tools
+MAC=(--release --locked --target aarch64-apple-darwin --all-targets)
+cargo-zigbuild clippy "${MAC[@]}" --workspace --exclude longhaul-desktop -- -D warnings
+cargo-zigbuild clippy "${MAC[@]}" -p longhaul-desktop --no-default-features -- -D warnings
 phase "build"
 # The binaries as start.sh builds them: without the engine's `internals`
 # feature (its own tests turn it on), so this is also the check that the

@@ -18,7 +18,6 @@ use tauri::menu::{Menu, MenuItem, PredefinedMenuItem};
 use tauri::tray::TrayIconBuilder;
 use tauri::{AppHandle, DragDropEvent, Manager, WebviewUrl, WebviewWindowBuilder, WindowEvent};
 use tauri_plugin_dialog::{DialogExt, MessageDialogButtons, MessageDialogKind};
-use tauri_plugin_notification::NotificationExt;
 
 /// The tray icon for each state of the queue.
 fn tray_icon(state: &TrayState) -> tauri::Result<tauri::image::Image<'static>> {
@@ -71,6 +70,27 @@ fn config() -> anyhow::Result<SupervisorConfig> {
         port,
         serve_args: Vec::new(),
     })
+}
+
+/// Shows `body` as a system notification.
+#[cfg(feature = "notifications")]
+fn notify(handle: &AppHandle, body: &str) {
+    use tauri_plugin_notification::NotificationExt;
+    let shown = handle
+        .notification()
+        .builder()
+        .title("Longhaul")
+        .body(body)
+        .show();
+    if let Err(e) = shown {
+        tracing::warn!("cannot show a notification: {e}");
+    }
+}
+
+/// Without notifications (see the crate's features), the log says it.
+#[cfg(not(feature = "notifications"))]
+fn notify(_: &AppHandle, body: &str) {
+    tracing::info!("{body}");
 }
 
 /// Shows the window (creating it the first time), at `route` of the UI.
@@ -169,9 +189,10 @@ fn main() -> anyhow::Result<()> {
     if sup.run_demo_on_first_start() {
         tracing::info!("first start: running the demo");
     }
-    let app = tauri::Builder::default()
-        .plugin(tauri_plugin_notification::init())
-        .plugin(tauri_plugin_dialog::init())
+    let builder = tauri::Builder::default().plugin(tauri_plugin_dialog::init());
+    #[cfg(feature = "notifications")]
+    let builder = builder.plugin(tauri_plugin_notification::init());
+    let app = builder
         .setup({
             let sup = Arc::clone(&sup);
             move |app| {
@@ -248,15 +269,7 @@ fn main() -> anyhow::Result<()> {
                             longhaul_service::supervisor::notice(title, state)
                         });
                         for body in told.chain(status.health) {
-                            if let Err(e) = handle
-                                .notification()
-                                .builder()
-                                .title("Longhaul")
-                                .body(body)
-                                .show()
-                            {
-                                tracing::warn!("cannot show a notification: {e}");
-                            }
+                            notify(&handle, &body);
                         }
                         std::thread::sleep(STATUS_INTERVAL);
                     }
