@@ -165,7 +165,9 @@ pub struct Temperature {
 
 impl Temperature {
     fn at(&self, position: usize) -> f32 {
-        ((position as f32 + 1.0) / self.floor_scale).floor().ln_1p() * self.attn_scale + 1.0
+        crate::kernels::log1p(((position as f32 + 1.0) / self.floor_scale).floor())
+            * self.attn_scale
+            + 1.0
     }
 }
 

@@ -165,7 +165,7 @@ fn softplus(x: f32) -> f32 {
     if x > SOFTPLUS_LINEAR_ABOVE {
         x
     } else {
-        x.exp().ln_1p()
+        crate::kernels::log1p(x.exp())
     }
 }
 

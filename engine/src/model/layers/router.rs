@@ -204,7 +204,7 @@ fn softplus(x: f32) -> f32 {
     if x > SOFTPLUS_THRESHOLD {
         x
     } else {
-        x.exp().ln_1p()
+        crate::kernels::log1p(x.exp())
     }
 }
 
