@@ -65,6 +65,17 @@ longhaul_cross_tools() {
     export PATH="$venv/bin:$PATH"
 }
 
+# What running the engine's tests on aarch64 needs: qemu's user-mode
+# emulator and Debian's aarch64 C library to run them with, Rust's standard
+# library for aarch64 Linux, and the cross tools above to link. Sets the
+# runner cargo uses for that target.
+longhaul_arm_tools() {
+    longhaul_cross_tools
+    longhaul_apt qemu-user libc6-arm64-cross
+    rustup target add aarch64-unknown-linux-gnu 2>&1 | grep -v "is up to date" || true
+    export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
+}
+
 longhaul_setup() {
     longhaul_apt "${LONGHAUL_APT_PACKAGES[@]}"
     if ! command -v cargo >/dev/null; then

@@ -59,6 +59,13 @@ for members in ENGINE OTHERS; do
     selection="$members[@]"
     cargo test --release --locked --all-targets --no-fail-fast "${!selection}" 2>&1 | tee -a "$log" || status=1
 done
+phase "aarch64 tests"
+# The engine's unit tests (its kernels among them) and the reference logits
+# on aarch64, the Mac's instruction set, under qemu: every fixture's logits
+# must be the bits x86-64 computes (engine/tests/logit_bits.json).
+longhaul_arm_tools
+cargo-zigbuild test --release --locked --target aarch64-unknown-linux-gnu \
+    -p longhaul-engine --lib --test reference_logits 2>&1 | tee -a "$log" || status=1
 phase "browser tests"
 # Against the binary the Rust tests just ran.
 LONGHAUL_BIN="$CARGO_TARGET_DIR/release/longhaul" node --test tests/ui/ 2>&1 | tee -a "$log" || status=1

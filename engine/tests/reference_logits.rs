@@ -30,6 +30,59 @@ fn teacher_forced_logits_match_transformers() {
     );
 }
 
+/// Where the logits' bits on the reference machine (x86-64) are kept.
+const LOGIT_BITS_FILE: &str = "tests/logit_bits.json";
+
+/// Every fixture's teacher-forced logits, bit for bit, are those the
+/// reference machine computed (`tests/logit_bits.json`: an xxh3 of each
+/// fixture's f32 bits): so a Mac (aarch64, under qemu in CI), a machine
+/// without AVX-512 and this one all compute the same numbers, not merely
+/// numbers within the tolerance. `LONGHAUL_WRITE_LOGIT_BITS=1` writes the
+/// file, on x86-64 only.
+#[test]
+fn logits_are_the_bits_the_reference_machine_computes() {
+    let mut got = std::collections::BTreeMap::new();
+    for dir in fixtures() {
+        let exp = expected(&dir);
+        let (_, model) = load_checkpoint(&dir).unwrap_or_else(|e| panic!("{}: {e}", name(&dir)));
+        let mut cache = model.new_state();
+        let logits: Vec<Vec<f32>> = model
+            .forward(&exp.ids, &mut cache, LogitsFor::All)
+            .unwrap()
+            .to_vec2()
+            .unwrap();
+        let bytes: Vec<u8> = logits
+            .iter()
+            .flatten()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        got.insert(
+            name(&dir),
+            format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes)),
+        );
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(LOGIT_BITS_FILE);
+    if std::env::var_os("LONGHAUL_WRITE_LOGIT_BITS").is_some() {
+        #[cfg(not(target_arch = "x86_64"))]
+        panic!("the reference bits are written on x86-64");
+        #[cfg(target_arch = "x86_64")]
+        {
+            let text = serde_json::to_string_pretty(&got).unwrap() + "\n";
+            std::fs::write(&path, text).unwrap();
+            return;
+        }
+    }
+    let want: std::collections::BTreeMap<String, String> =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let differ: Vec<&String> = got.keys().filter(|k| want.get(*k) != got.get(*k)).collect();
+    assert!(
+        differ.is_empty() && got.len() == want.len(),
+        "logits differ in their bits from the reference machine's for {differ:?} ({} fixtures here, {} there)",
+        got.len(),
+        want.len()
+    );
+}
+
 /// Each fixture's facts hold of it: the family named is the one its
 /// config is read by, and no fixture is allowed more than the exactness
 /// rule's 1e-4.
