@@ -12,7 +12,7 @@
 //! blobs): rewriting a template, replacing a tokenizer or repacking the
 //! model makes the next request read them again.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
@@ -35,15 +35,10 @@ pub struct PackWeights {
     pub lossy: bool,
 }
 
-/// What one model's files say, as read at one stamp.
+/// What one model's files say, as read at one stamp (its tokenizer apart:
+/// see [`FactsCache::known`]).
 #[derive(Default)]
 pub struct ModelFacts {
-    /// The model's own tokenizer and template; none for a remote model, a
-    /// GGUF file (whose tokenizer is rebuilt when it loads) or a folder
-    /// whose tokenizer cannot be read.
-    pub tokenizer: Option<TextTokenizer>,
-    /// The tool-call format the tokenizer and template show.
-    pub tool_format: Option<ToolFormat>,
     /// The context length the model states.
     pub context: Option<usize>,
     /// How the checkpoint asks to be sampled (`generation_config.json`).
@@ -55,14 +50,35 @@ pub struct ModelFacts {
 impl ModelFacts {
     /// Reads what `path` holds.
     fn read(path: &Path) -> Self {
-        let tokenizer = TextTokenizer::from_dir(path).ok();
         Self {
-            tool_format: tokenizer.as_ref().and_then(ToolFormat::detect),
-            tokenizer,
             context: longhaul_engine::tools::context_length(path),
             sampling: sampling_defaults(path).ok().flatten(),
             pack: pack_facts(path),
         }
+    }
+}
+
+/// A model's own tokenizer and template, and the tool-call format they show.
+pub struct Tokenized {
+    pub tokenizer: TextTokenizer,
+    pub tool_format: Option<ToolFormat>,
+}
+
+/// A model's facts, with its tokenizer when it was asked for and has one
+/// (a remote model, a GGUF file, whose tokenizer is rebuilt when it loads,
+/// or a folder whose tokenizer cannot be read has none).
+pub struct Known {
+    pub facts: Arc<ModelFacts>,
+    pub tokenized: Option<Arc<Tokenized>>,
+}
+
+impl Known {
+    pub fn tokenizer(&self) -> Option<&TextTokenizer> {
+        self.tokenized.as_deref().map(|t| &t.tokenizer)
+    }
+
+    pub fn tool_format(&self) -> Option<ToolFormat> {
+        self.tokenized.as_deref().and_then(|t| t.tool_format)
     }
 }
 
@@ -111,30 +127,88 @@ fn stamp(path: &Path) -> Stamp {
     stamp
 }
 
-/// Every local model's facts, each kept until its folder's stamp changes.
+/// Tokenizers kept parsed: a 150k-token vocabulary takes tens of MB, and
+/// requests go to one or two models at a time.
+const TOKENIZERS_KEPT: usize = 2;
+
+/// Every local model's facts, each kept until its folder's stamp changes,
+/// and the tokenizers last asked for.
 #[derive(Default)]
-pub struct FactsCache(Mutex<HashMap<PathBuf, (Stamp, Arc<ModelFacts>)>>);
+pub struct FactsCache {
+    facts: Mutex<HashMap<PathBuf, (Stamp, Arc<ModelFacts>)>>,
+    /// Newest last, at most [`TOKENIZERS_KEPT`].
+    tokenizers: Mutex<VecDeque<(PathBuf, Stamp, Arc<Tokenized>)>>,
+}
 
 impl FactsCache {
     /// `model`'s facts, read again only when its files changed. Blocking:
     /// call it off the async threads.
     pub fn of(&self, model: &ModelEntry) -> Arc<ModelFacts> {
+        self.known(model, false).facts
+    }
+
+    /// `model`'s facts and, with `tokenizer`, its tokenizer, each read
+    /// again only when its files changed. Blocking.
+    pub fn known(&self, model: &ModelEntry, tokenizer: bool) -> Known {
         let ModelKind::Local { path } = &model.kind else {
-            return Arc::default();
+            return Known {
+                facts: Arc::default(),
+                tokenized: None,
+            };
         };
         let now = stamp(path);
-        if let Ok(cached) = self.0.lock()
+        let facts = self.facts_at(path, &now);
+        let tokenized = tokenizer.then(|| self.tokenized_at(path, now)).flatten();
+        Known { facts, tokenized }
+    }
+
+    fn facts_at(&self, path: &Path, now: &Stamp) -> Arc<ModelFacts> {
+        if let Ok(cached) = self.facts.lock()
             && let Some((at, facts)) = cached.get(path)
-            && *at == now
+            && at == now
         {
             return Arc::clone(facts);
         }
         // Read outside the lock: another model's request need not wait.
         let facts = Arc::new(ModelFacts::read(path));
-        if let Ok(mut cached) = self.0.lock() {
-            cached.insert(path.clone(), (now, Arc::clone(&facts)));
+        if let Ok(mut cached) = self.facts.lock() {
+            cached.insert(path.to_path_buf(), (now.clone(), Arc::clone(&facts)));
         }
         facts
+    }
+
+    fn tokenized_at(&self, path: &Path, now: Stamp) -> Option<Arc<Tokenized>> {
+        if let Ok(mut kept) = self.tokenizers.lock()
+            && let Some(i) = kept.iter().position(|(p, at, _)| p == path && *at == now)
+        {
+            let entry = kept.remove(i)?;
+            let tokenized = Arc::clone(&entry.2);
+            kept.push_back(entry);
+            return Some(tokenized);
+        }
+        let tokenizer = TextTokenizer::from_dir(path).ok()?;
+        let tokenized = Arc::new(Tokenized {
+            tool_format: ToolFormat::detect(&tokenizer),
+            tokenizer,
+        });
+        if let Ok(mut kept) = self.tokenizers.lock() {
+            kept.retain(|(p, _, _)| p != path);
+            kept.push_back((path.to_path_buf(), now, Arc::clone(&tokenized)));
+            while kept.len() > TOKENIZERS_KEPT {
+                kept.pop_front();
+            }
+        }
+        Some(tokenized)
+    }
+
+    /// Forgets what was read of the model at `path` (it was removed).
+    pub fn forget(&self, path: &Path) {
+        if let Ok(mut cached) = self.facts.lock() {
+            cached.remove(path);
+        }
+        if let Ok(mut kept) = self.tokenizers.lock() {
+            kept.retain(|(p, _, _)| p != path);
+        }
     }
 }
 

@@ -19,7 +19,7 @@ use super::error::{ApiError, ApiResult};
 use super::tool_calls::Offered;
 use crate::attach::{self, Attachments};
 use crate::events::Event;
-use crate::model_facts::ModelFacts;
+use crate::model_facts::Known;
 use crate::queue::{ForcedCall, Input, JobView, ModelKind, NewJob, PromptInput, Request, Settings};
 use longhaul_engine::ToolFormat;
 
@@ -173,14 +173,16 @@ pub async fn admit(app: &AppState, ask: Ask) -> ApiResult<Admitted> {
     check_draft(app, &ask.model, request.settings.draft_model.as_deref()).await?;
     // A model that is not registered is reported by the queue when it refuses the job.
     let (mut prompt_ids, mut tool_format, mut found) = (None, None, false);
-    if let Ok((_, facts)) = app.model_facts(&ask.model).await {
+    let name = ask.model.clone();
+    if let Ok(model) = app.blocking(move |q| q.model(&name)).await {
+        let known = Arc::new(app.known(model, true).await?);
         let checked = request.clone();
-        let known = Arc::clone(&facts);
-        let counted = tokio::task::spawn_blocking(move || count_prompt(&known, &checked))
+        let reading = Arc::clone(&known);
+        let counted = tokio::task::spawn_blocking(move || count_prompt(&reading, &checked))
             .await
             .map_err(|e| ApiError::internal(e.to_string()))??;
-        let context = facts.context;
-        (tool_format, found) = (facts.tool_format, true);
+        let context = known.facts.context;
+        (tool_format, found) = (known.tool_format(), true);
         if let Counted::Exact(ids) = counted {
             let asked = match context {
                 Some(c) if ask.fill_context && !ask.explicit_max_tokens && ids.len() < c => {
@@ -236,9 +238,9 @@ pub struct Admitted {
 /// The prompt as the model will read it (attachments first): its ids with a
 /// local model's tokenizer, an estimate of their number otherwise.
 /// Blocking (a long conversation takes a while to render and encode).
-pub fn count_prompt(facts: &ModelFacts, request: &Request) -> ApiResult<Counted> {
+pub fn count_prompt(known: &Known, request: &Request) -> ApiResult<Counted> {
     let input = request.prompt_input();
-    let Some(tokenizer) = &facts.tokenizer else {
+    let Some(tokenizer) = known.tokenizer() else {
         let chars = match &input {
             PromptInput::Plain(text) => text.chars().count(),
             PromptInput::Chat(messages, _) => {

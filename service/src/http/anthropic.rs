@@ -317,7 +317,7 @@ pub async fn count_tokens(
     let offer = offered_tools(body.tools, body.tool_choice.as_ref())?;
     let messages = conversation(body.system, body.messages)?;
     let (input, _) = check_input(None, Some(messages))?;
-    let (_, facts) = app.model_facts(&body.model).await?;
+    let (_, known) = app.model_facts(&body.model, true).await?;
     let request = Request {
         input,
         attachments: String::new(),
@@ -328,7 +328,7 @@ pub async fn count_tokens(
         forced_call: offer.forced,
         tool_format: None,
     };
-    let counted = tokio::task::spawn_blocking(move || count_prompt(&facts, &request))
+    let counted = tokio::task::spawn_blocking(move || count_prompt(&known, &request))
         .await
         .map_err(|e| ApiError::internal(e.to_string()))??;
     Ok(Json(json!({ "input_tokens": counted.tokens() })))

@@ -160,7 +160,7 @@ pub struct SubmitBody {
 
 /// How a registered local model asks to be sampled.
 pub async fn model_sampling(app: &AppState, name: &str) -> Option<SamplingDefaults> {
-    app.model_facts(name).await.ok()?.1.sampling
+    app.model_facts(name, false).await.ok()?.1.facts.sampling
 }
 
 impl SubmitBody {
@@ -566,8 +566,8 @@ pub async fn preview(
     ApiJson(body): ApiJson<SubmitBody>,
 ) -> ApiResult<Json<Value>> {
     // The same fields as a submission, checked the same way.
-    let (model, facts) = app.model_facts(&body.model).await?;
-    let settings = body.settings(facts.sampling)?;
+    let (model, known) = app.model_facts(&body.model, true).await?;
+    let settings = body.settings(known.facts.sampling)?;
     // Without max_tokens (or with it as a cap), the answer may fill the context.
     let fills = body.max_tokens.is_none() || body.fit_max_tokens;
     let body_max = body.max_tokens;
@@ -600,8 +600,9 @@ pub async fn preview(
             forced_call: None,
             tool_format: None,
         };
-        let counted = count_prompt(&facts, &request)?;
-        let left = facts.context.map(|c| c.saturating_sub(counted.tokens()));
+        let counted = count_prompt(&known, &request)?;
+        let context = known.facts.context;
+        let left = context.map(|c| c.saturating_sub(counted.tokens()));
         let answer = match (fills, left) {
             (true, Some(left)) if body_max.is_none_or(|m| m > left) => left,
             _ => settings.max_tokens,
@@ -612,7 +613,7 @@ pub async fn preview(
             // RAM, time to the first token and to the end, before queueing.
             "forecast": forecast,
             "estimate": matches!(counted, Counted::Estimate(_)),
-            "context_tokens": facts.context,
+            "context_tokens": context,
             "attachment_files": attached.files,
             "attachment_bytes": attached.text.len(),
             "skipped": skipped,

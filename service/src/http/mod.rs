@@ -40,7 +40,7 @@ use tokio_stream::{Stream, StreamExt};
 use tower_http::cors::CorsLayer;
 
 use crate::events::{Event, Events, MetricsEvent};
-use crate::model_facts::ModelFacts;
+use crate::model_facts::Known;
 use crate::queue::{JobView, ModelEntry, NewJob, Queue, QueueError};
 use crate::runner::{Runner, RunnerConfig};
 use error::{ApiError, ApiResult};
@@ -179,18 +179,21 @@ impl AppState {
             .map_err(ApiError::from)
     }
 
-    /// A registered model and what its files say (read off the async
-    /// threads, and only when they changed since).
-    pub async fn model_facts(&self, name: &str) -> ApiResult<(ModelEntry, Arc<ModelFacts>)> {
+    /// A registered model and what its files say, with its tokenizer when
+    /// `tokenizer` (read off the async threads, and only when they changed).
+    pub async fn model_facts(&self, name: &str, tokenizer: bool) -> ApiResult<(ModelEntry, Known)> {
         let name = name.to_string();
         let model = self.blocking(move |q| q.model(&name)).await?;
+        let known = self.known(model.clone(), tokenizer).await?;
+        Ok((model, known))
+    }
+
+    /// What `model`'s files say (see [`Self::model_facts`]).
+    pub async fn known(&self, model: ModelEntry, tokenizer: bool) -> ApiResult<Known> {
         let facts = Arc::clone(&self.facts);
-        tokio::task::spawn_blocking(move || {
-            let read = facts.of(&model);
-            (model, read)
-        })
-        .await
-        .map_err(|e| ApiError::internal(format!("reading the model's files failed: {e}")))
+        tokio::task::spawn_blocking(move || facts.known(&model, tokenizer))
+            .await
+            .map_err(|e| ApiError::internal(format!("reading the model's files failed: {e}")))
     }
 
     /// Adds a job and wakes the runner.

@@ -199,6 +199,9 @@ pub async fn remove_model(
         )));
     }
     app.blocking(move |q| q.remove_model(&name)).await?;
+    if let ModelKind::Local { path } = &model.kind {
+        app.facts.forget(path);
+    }
     let Some(path) = pack else {
         return Ok(StatusCode::NO_CONTENT.into_response());
     };

@@ -197,10 +197,10 @@ async fn read_answer(app: &AppState, job: &JobView) -> ToolAnswer {
     let format = match job.request.tool_format {
         Some(format) => Some(format),
         None if !tools.is_empty() => app
-            .model_facts(&job.model)
+            .model_facts(&job.model, true)
             .await
             .ok()
-            .and_then(|(_, facts)| facts.tool_format),
+            .and_then(|(_, known)| known.tool_format()),
         None => None,
     };
     read(Offered::new(format, tools, job.id).as_ref(), job)

@@ -171,7 +171,11 @@ impl LocalBackend {
             // A forced call: the answer opens a call to one of the names.
             answer_starts: request
                 .forced_names()
-                .and_then(|names| engine.tool_format()?.openings(&names))
+                .and_then(|names| {
+                    // The format the answer will be read in, as admitted.
+                    let format = request.tool_format.or_else(|| engine.tool_format())?;
+                    format.openings(&names)
+                })
                 .unwrap_or_default(),
             speculation: match s.speculate {
                 Speculate::Auto | Speculate::Lookup => Speculation::Lookup,
