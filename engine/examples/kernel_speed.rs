@@ -218,6 +218,11 @@ fn formats_speed() {
 }
 
 fn main() {
+    let paths: Vec<String> = longhaul_engine::kernels::product_paths()
+        .into_iter()
+        .map(|(format, path)| format!("{format} {path}"))
+        .collect();
+    println!("products by format: {}", paths.join(", "));
     formats_speed();
     if std::env::args().any(|a| a == "--formats") {
         return;

@@ -8,7 +8,7 @@ pub use crate::cache::{CacheCounters, Routed};
 pub use crate::engine::{REFERENCE_DEFAULT_TOP_K, SamplingDefaults, sampling_defaults};
 pub use crate::generate::sampling::argmax;
 pub use crate::import::is_gguf;
-pub use crate::kernels::instruction_set;
+pub use crate::kernels::{instruction_set, product_paths};
 pub use crate::locate::{LocateError, Located, ModelPlaces, locate};
 pub use crate::metrics::replay::{
     RoutingStats, belady_hit_rate, lfu_hit_rate, lru_hit_rate, oracle_pin_hit_rate, routing_stats,

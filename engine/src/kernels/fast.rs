@@ -40,7 +40,17 @@
 //! DeepSeek-V3 in INT4 from 110–120 to 146–163 (BF16: 126–130).
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use x86::{matvec, matvec_inputs};
+pub(super) use x86::{fast_path, matvec, matvec_inputs};
+
+#[cfg(target_arch = "aarch64")]
+pub(super) use super::neon::{fast_path, matvec};
+
+/// The instruction set `format`'s one-row products take on this machine;
+/// `None` where they take the portable tiles.
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub(super) fn fast_path(_: crate::kernels::Format) -> Option<&'static str> {
+    None
+}
 
 /// Most input rows a product with `format` takes through the fast paths
 /// (see [`matvec_each`]); more go through the portable tiles, which decode a
@@ -64,7 +74,10 @@ pub(super) use x86::{matvec, matvec_inputs};
 pub(super) fn each_max_inputs(format: crate::kernels::Format) -> usize {
     use crate::kernels::Format;
     match format {
-        Format::F16 | Format::BF16 => FUSED_MAX_INPUTS,
+        // Only x86-64 has the fused inputs path; elsewhere one-row passes
+        // would read the weights once per input, where the tiles decode
+        // them once for four.
+        Format::F16 | Format::BF16 if cfg!(target_arch = "x86_64") => FUSED_MAX_INPUTS,
         Format::Q8_0 | Format::Q4K | Format::Q6K => 8,
         _ => 1,
     }
@@ -142,7 +155,7 @@ pub(super) fn matvec_inputs(
     false
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 pub(super) fn matvec(
     _: crate::kernels::Format,
     _: &[u8],
@@ -215,16 +228,7 @@ mod x86 {
         sums: &[f32],
         out: &mut [f32],
     ) -> bool {
-        if !matches!(
-            format,
-            Format::F16
-                | Format::BF16
-                | Format::Mxfp4
-                | Format::Int4G32
-                | Format::Q8_0
-                | Format::Q4K
-                | Format::Q6K
-        ) {
+        if !has_path(format) {
             return false;
         }
         let Some(simd) = V4::try_new() else {
@@ -244,6 +248,25 @@ mod x86 {
             },
         );
         true
+    }
+
+    /// The formats with a one-row AVX-512 path.
+    fn has_path(format: Format) -> bool {
+        matches!(
+            format,
+            Format::F16
+                | Format::BF16
+                | Format::Mxfp4
+                | Format::Int4G32
+                | Format::Q8_0
+                | Format::Q4K
+                | Format::Q6K
+        )
+    }
+
+    /// `avx512` for the formats [`matvec`] computes on this machine.
+    pub(in crate::kernels) fn fast_path(format: Format) -> Option<&'static str> {
+        (has_path(format) && V4::try_new().is_some()).then_some("avx512")
     }
 
     struct MatVec<'a> {

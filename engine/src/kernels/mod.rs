@@ -22,6 +22,8 @@ pub mod iq;
 mod iq_grids;
 mod kquant;
 pub mod matrix;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 pub mod ops;
 mod softmax;
 mod tiled;
@@ -111,6 +113,23 @@ pub fn on_compute_threads<R: Send>(work: impl FnOnce() -> R + Send) -> R {
 #[inline]
 pub fn log1p(x: f32) -> f32 {
     libm::log1pf(x)
+}
+
+/// Which path each format's products take on this machine, by format
+/// name: the instruction set of its fast path, or `portable` (the tiles
+/// every machine runs; the same bits, slower). [`instruction_set`] alone
+/// would name AVX-512 or NEON where every product of a format falls to
+/// the portable tiles.
+pub fn product_paths() -> Vec<(&'static str, &'static str)> {
+    format::FORMATS
+        .iter()
+        .map(|r| {
+            (
+                r.format.name(),
+                fast::fast_path(r.format).unwrap_or("portable"),
+            )
+        })
+        .collect()
 }
 
 /// The instruction set the kernels use on this machine, for reports.

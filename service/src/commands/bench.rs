@@ -616,6 +616,11 @@ fn decode_results(
         "record_buffers_allocated": end.buffers_allocated,
         "record_buffers_reused": end.buffers_reused,
         "kernels": longhaul_engine::tools::instruction_set(),
+        // Per format, the fast path its products take here, or `portable`.
+        "kernel_paths": longhaul_engine::tools::product_paths()
+            .into_iter()
+            .map(|(format, path)| (format.to_string(), json!(path)))
+            .collect::<serde_json::Map<_, _>>(),
         "hit_rate": steady_hits as f64 / steady_lookups.max(1) as f64,
         "records_read_per_token": per_token_steady(steady.reads as f64),
         "lookups_per_token": per_token_steady(steady_lookups as f64),
