@@ -35,9 +35,9 @@ const LOGIT_BITS_FILE: &str = "tests/logit_bits.json";
 
 /// Every fixture's teacher-forced logits, bit for bit, are those the
 /// reference machine computed (`tests/logit_bits.json`: an xxh3 of each
-/// fixture's f32 bits): so a Mac (aarch64, under qemu in CI), a machine
-/// without AVX-512 and this one all compute the same numbers, not merely
-/// numbers within the tolerance. `LONGHAUL_WRITE_LOGIT_BITS=1` writes the
+/// fixture's f32 bits): so aarch64 (Linux under qemu in CI; macOS's own
+/// math library is not checked), a machine without AVX-512 and this one
+/// all compute the same numbers, not merely numbers within the tolerance. `LONGHAUL_WRITE_LOGIT_BITS=1` writes the
 /// file, on x86-64 only.
 #[test]
 fn logits_are_the_bits_the_reference_machine_computes() {

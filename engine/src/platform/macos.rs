@@ -101,6 +101,14 @@ pub fn memory_bound_bytes() -> Option<u64> {
 /// `libc` crate declares is longer than current kernels fill, and Mach's
 /// host port is deprecated there.
 pub fn plan_limit(share: Option<u64>) -> Option<u64> {
+    // A count the kernel does not give leaves the share as it is.
+    let Some(reclaimable) = reclaimable_now() else {
+        return share;
+    };
+    Some(share.map_or(reclaimable, |s| s.min(reclaimable)))
+}
+
+fn reclaimable_now() -> Option<u64> {
     let pages = VmPages {
         free: u64::from(sysctl::<u32>(c"vm.page_free_count")?)
             + u64::from(sysctl::<u32>(c"vm.page_speculative_count").unwrap_or(0)),
@@ -110,8 +118,7 @@ pub fn plan_limit(share: Option<u64>) -> Option<u64> {
             .unwrap_or(0),
     };
     let page = sysctl::<u64>(c"hw.pagesize").or_else(|| u64::try_from(super::page_size()).ok())?;
-    let reclaimable = reclaimable_bytes(pages, page);
-    Some(share.map_or(reclaimable, |s| s.min(reclaimable)))
+    Some(reclaimable_bytes(pages, page))
 }
 
 /// None: no cgroup counts reclaim passes.

@@ -1,7 +1,10 @@
 //! Reading `diskutil info -plist`, macOS's account of a disk, partition or
 //! volume, for the physical drive under a folder and how it is attached.
 //!
-//! Real outputs decided what is read and how:
+//! Public recordings of real outputs decided what is read and how (no
+//! recording of an NVMe Thunderbolt enclosure was found; that case is
+//! read from what diskutil says of other external PCIe and Thunderbolt
+//! disks):
 //! - an APFS volume's `ParentWholeDisk` is its container, a disk macOS
 //!   synthesizes; the drive is the whole disk of the container's physical
 //!   store (`APFSPhysicalStores`), which takes a second `diskutil info`;
@@ -10,7 +13,6 @@
 //!   `PCI-Express`/`PCI` (Intel), a Thunderbolt enclosure says what is
 //!   inside it (`SATA` for a G-DRIVE PRO; `PCI-Express` for NVMe) with
 //!   `Internal` false, and a USB bridge says `USB`;
-//! - `USB` with `Internal` true is a built-in card reader, not a drive;
 //! - `SolidState` is absent behind USB bridges, SSD or not;
 //! - a path diskutil cannot map (a network share) prints a plist with
 //!   `Error` and `ErrorMessage` and exits non-zero.
