@@ -210,7 +210,17 @@ test("pause and resume a long task from the queue", async () => {
 
 test("results: the output renders with statistics while the task runs", async () => {
   const job = (await api("GET", "/api/jobs")).jobs.find((j) => j.title === "Long audit");
-  await page.click(`#jobs li.job a:text('Long audit')`);
+  // The list follows the streamed tokens by patching its rows: the link under
+  // the pointer stays the same node, so a click while tokens arrive lands.
+  const link = await page.$(`#jobs li.job a:text('Long audit')`);
+  const meta = `#jobs li.job:has(a:text('Long audit')) .job-meta`;
+  const shownBefore = await page.textContent(meta);
+  await waitFor(async () => (await page.textContent(meta)) !== shownBefore || (await api("GET", `/api/jobs/${job.id}`)).state === "done", "the row to follow the tokens");
+  // A state change redraws the whole row; tokens alone must not.
+  if ((await api("GET", `/api/jobs/${job.id}`)).state === "running") {
+    assert.ok(await link.evaluate((a) => a.isConnected), "the row's link survives a redraw");
+  }
+  await link.click();
   await page.waitForSelector(".view-job .stats");
   await page.waitForFunction(() => (document.querySelector("#output")?.textContent ?? "").length > 20, null, { timeout: WAIT });
   const before = (await page.textContent("#output")).length;

@@ -4,7 +4,7 @@
 // (which retries by itself: its reason says when), a disk that warns.
 
 import { get, Job, post, TOKEN_REFUSED } from "./api";
-import { toast } from "./dom";
+import { patchHtml, toast } from "./dom";
 import { esc } from "./format";
 import { store } from "./store";
 
@@ -63,7 +63,7 @@ function lines(): string[] {
 function draw(box: HTMLElement): void {
   const l = lines();
   box.hidden = l.length === 0;
-  box.innerHTML = l.map((x) => `<div class="banner-line">${x}</div>`).join("");
+  patchHtml(box, l.map((x) => `<div class="banner-line">${x}</div>`).join(""));
 }
 
 /** Keeps `box` showing what needs attention. */

@@ -49,3 +49,38 @@ export function clearFormErrors(form: HTMLFormElement): void {
 export function stateBadge(state: string): string {
   return `<span class="badge state-${esc(state)}">${esc(state)}</span>`;
 }
+
+/**
+ * Sets `parent`'s content to `markup`, keeping every node that stays the same.
+ * A list redrawn at each streamed token must not replace the link or button
+ * under the pointer: a press on one node and a release on its replacement is
+ * no click at all, so a whole-list `innerHTML` loses clicks while a task runs.
+ */
+export function patchHtml(parent: Element, markup: string): void {
+  const next = document.createElement("template");
+  next.innerHTML = markup;
+  patchChildren(parent, next.content);
+}
+
+function patchChildren(old: ParentNode & Node, next: ParentNode & Node): void {
+  const want = Array.from(next.childNodes);
+  want.forEach((n, i) => {
+    const have = old.childNodes[i];
+    if (!have) old.appendChild(n);
+    else if (have.isEqualNode(n)) return;
+    else if (sameShell(have, n)) {
+      if (have.nodeType === Node.ELEMENT_NODE) patchChildren(have as Element, n as Element);
+      else have.nodeValue = n.nodeValue;
+    } else old.replaceChild(n, have);
+  });
+  while (old.childNodes.length > want.length) old.lastChild?.remove();
+}
+
+/** Same kind of node with the same attributes: only what is inside differs. */
+function sameShell(a: Node, b: Node): boolean {
+  if (a.nodeType !== b.nodeType || a.nodeName !== b.nodeName) return false;
+  if (a.nodeType !== Node.ELEMENT_NODE) return true;
+  const [x, y] = [a as Element, b as Element];
+  if (x.attributes.length !== y.attributes.length) return false;
+  return Array.from(y.attributes).every((attr) => x.getAttribute(attr.name) === attr.value);
+}

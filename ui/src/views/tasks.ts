@@ -2,7 +2,7 @@
 // place in line, and the controls to reorder, pause, resume and cancel.
 
 import { ApiError, Forecast, get, Job, Model, post } from "../api";
-import { clearFormErrors, showFormError, stateBadge, toast } from "../dom";
+import { clearFormErrors, patchHtml, showFormError, stateBadge, toast } from "../dom";
 import { bytes, duration, esc, phaseLine, rate } from "../format";
 import { store } from "../store";
 import { Draft, DRAFT_KEY } from "./report";
@@ -258,12 +258,14 @@ export async function render(root: HTMLElement): Promise<() => void> {
     const shown = jobs.filter((j) => !q || j.title.toLowerCase().includes(q) || j.model.toLowerCase().includes(q));
     const active = shown.filter((j) => ACTIVE.has(j.state)).sort((a, b) => (a.queue_position ?? 0) - (b.queue_position ?? 0));
     const finished = shown.filter((j) => !ACTIVE.has(j.state));
+    // Patched, not replaced: a click on a row's link or button while a task
+    // streams must land (see `patchHtml`).
     if (jobs.length === 0) {
-      list.innerHTML = `<li class="empty">No tasks yet. Describe one under New task; it runs in the background and its result waits here.</li>`;
+      patchHtml(list, `<li class="empty">No tasks yet. Describe one under New task; it runs in the background and its result waits here.</li>`);
     } else if (shown.length === 0) {
-      list.innerHTML = `<li class="empty">No task matches “${esc(q)}”.</li>`;
+      patchHtml(list, `<li class="empty">No task matches “${esc(q)}”.</li>`);
     } else {
-      list.innerHTML = [...active, ...finished].map(jobRow).join("");
+      patchHtml(list, [...active, ...finished].map(jobRow).join(""));
     }
   };
   const refresh = async () => {
