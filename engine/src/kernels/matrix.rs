@@ -605,6 +605,55 @@ mod tests {
         v.iter().map(|x| x.to_bits()).collect()
     }
 
+    /// `rows` rows of `cols` weights stored as `format`, from arbitrary
+    /// bytes (`salt` varies them) with each block's scale bytes kept in a
+    /// realistic range, so that every weight is finite.
+    fn stored_bytes(format: Format, rows: usize, cols: usize, salt: usize) -> Vec<u8> {
+        let row_bytes = format.row_bytes(cols).unwrap();
+        let mut bytes: Vec<u8> = (0..rows * row_bytes)
+            .map(|i| ((i + salt).wrapping_mul(2654435761) >> 7) as u8)
+            .collect();
+        let block_bytes = format.block_bytes();
+        for (i, b) in bytes.iter_mut().enumerate() {
+            let at = i % row_bytes % block_bytes;
+            match format {
+                Format::Mxfp4 if at == 0 => *b = 110 + *b % 30,
+                Format::Int4G32 if at == 1 => *b = 0x3C + *b % 2,
+                Format::Fp8Block if at < 4 => *b = [0, 0, 0x80, 0x3C][at],
+                Format::Fp8Block if *b & 0x7F == 0x7F => *b = 0x10,
+                Format::Iq4Nl
+                | Format::Iq4Xs
+                | Format::Iq2Xxs
+                | Format::Iq2Xs
+                | Format::Iq2S
+                | Format::Iq3Xxs
+                | Format::Iq3S
+                | Format::Iq1S
+                    if at == 1 =>
+                {
+                    *b = 0x20 + *b % 8
+                }
+                Format::Iq1M if matches!(at, 49 | 51 | 53 | 55) => *b = 0x30 | (*b & 0x0F),
+                Format::Mxfp4Ggml if at == 0 => *b = 110 + *b % 30,
+                // F16 scales (Q8_0's and the k-quants' `d`, `dmin`) between
+                // 2^-14 and 2^-7: the top byte of a little-endian half.
+                Format::Q8_0 | Format::Q4_0 | Format::Q5_0 if at == 1 => *b = 0x04 + *b % 0x1C,
+                Format::Q4_1 | Format::Q5_1 | Format::Q4K | Format::Q5K if at == 1 || at == 3 => {
+                    *b = 0x04 + *b % 0x1C
+                }
+                // At the end of the block (Q3_K's and Q6_K's `d`; Q2_K's `d`
+                // and `dmin`); the other byte set is a scale, any value.
+                Format::Q2K | Format::Q3K | Format::Q6K
+                    if at + 1 == block_bytes || at + 3 == block_bytes =>
+                {
+                    *b = 0x04 + *b % 0x1C
+                }
+                _ => {}
+            }
+        }
+        bytes
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(24))]
         /// Any batch, any thread split, any instruction set: each output is
@@ -648,6 +697,45 @@ mod tests {
                 // path, more through the portable tiles: the same bits.
                 prop_assert_eq!(bits(&h.matmul(&x, n).unwrap()), every.clone());
                 prop_assert_eq!(bits(&h.matmul_on(&x, n, Isa::Scalar).unwrap()), every);
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(12))]
+        /// Every stored format, any shape and batch: the fast paths this
+        /// machine has (AVX-512 on x86-64, NEON on aarch64) give the
+        /// portable path's bits.
+        #[test]
+        fn every_format_gives_the_portable_bits(
+            rows in 1usize..20,
+            blocks in 1usize..4,
+            n in 1usize..10,
+            seed in 0u32..1000,
+        ) {
+            for format in crate::kernels::format::FORMATS.map(|r| r.format) {
+                // Plain floats get rows with a tail past the last sixteen.
+                let cols = blocks * if format.block() == 1 { 37 } else { format.block() };
+                let w = values(rows * cols, seed);
+                let m = match format {
+                    Format::F32 => Matrix::from_f32(rows, cols, &w),
+                    Format::F16 => Matrix::from_bytes(rows, cols, format, &f32_to_f16_bytes(&w)),
+                    Format::BF16 => {
+                        let top: Vec<u8> = w.iter().flat_map(|v| v.to_bits().to_le_bytes()[2..].to_vec()).collect();
+                        Matrix::from_bytes(rows, cols, format, &top)
+                    }
+                    _ => Matrix::from_bytes(rows, cols, format, &stored_bytes(format, rows, cols, seed as usize)),
+                }
+                .unwrap();
+                let x = values(n * cols, seed + 1);
+                for k in [1, n] {
+                    let xk = &x[..k * cols];
+                    prop_assert_eq!(
+                        bits(&m.matmul(xk, k).unwrap()),
+                        bits(&m.matmul_on(xk, k, Isa::Scalar).unwrap()),
+                        "{:?}, {}x{}, {} inputs", format, rows, cols, k
+                    );
+                }
             }
         }
     }
@@ -723,35 +811,7 @@ mod tests {
             .into_iter()
             .chain(from_bytes)
         {
-            let row_bytes = format.row_bytes(cols).unwrap();
-            let mut bytes: Vec<u8> = (0..rows * row_bytes)
-                .map(|i| (i.wrapping_mul(2654435761) >> 7) as u8)
-                .collect();
-            let block_bytes = format.block_bytes();
-            for (i, b) in bytes.iter_mut().enumerate() {
-                let at = i % row_bytes % block_bytes;
-                match format {
-                    Format::Mxfp4 if at == 0 => *b = 110 + *b % 30,
-                    Format::Int4G32 if at == 1 => *b = 0x3C + *b % 2,
-                    Format::Fp8Block if at < 4 => *b = [0, 0, 0x80, 0x3C][at],
-                    Format::Fp8Block if *b & 0x7F == 0x7F => *b = 0x10,
-                    Format::Iq4Nl
-                    | Format::Iq4Xs
-                    | Format::Iq2Xxs
-                    | Format::Iq2Xs
-                    | Format::Iq2S
-                    | Format::Iq3Xxs
-                    | Format::Iq3S
-                    | Format::Iq1S
-                        if at == 1 =>
-                    {
-                        *b = 0x20 + *b % 8
-                    }
-                    Format::Iq1M if matches!(at, 49 | 51 | 53 | 55) => *b = 0x30 | (*b & 0x0F),
-                    Format::Mxfp4Ggml if at == 0 => *b = 110 + *b % 30,
-                    _ => {}
-                }
-            }
+            let bytes = stored_bytes(format, rows, cols, 0);
             let m = Matrix::from_bytes(rows, cols, format, &bytes).unwrap();
             let widened = Matrix::from_f32(rows, cols, &m.to_f32()).unwrap();
             assert!(m.to_f32().iter().all(|v| v.is_finite()), "{format:?}");
