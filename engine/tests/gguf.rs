@@ -3,6 +3,9 @@
 //! and llama.cpp itself (its tokenizer exactly; its logits by statistics,
 //! since it rounds activations inside quantised products).
 
+// Statistics against llama.cpp's logits: std's functions compute them.
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 
 use std::path::PathBuf;

@@ -19,6 +19,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 use super::policy::EvictionPolicy;
+use crate::kernels::math::powf;
 
 /// Each lookup multiplies all earlier heat by this (a half-life of ~70k lookups,
 /// a few hundred tokens of a large model), so the histogram follows drift in
@@ -235,7 +236,7 @@ impl HeatMap {
         self.tick += 1;
         let tick = self.tick;
         let e = self.entries.entry((layer, id)).or_insert((0.0, tick));
-        e.0 = e.0 * DECAY_PER_LOOKUP.powf((tick - e.1) as f64) + 1.0;
+        e.0 = e.0 * powf(DECAY_PER_LOOKUP, (tick - e.1) as f64) + 1.0;
         e.1 = tick;
     }
 
@@ -244,7 +245,7 @@ impl HeatMap {
         let mut all: Vec<(Key, f64)> = self
             .entries
             .iter()
-            .map(|(k, (h, t))| (*k, h * DECAY_PER_LOOKUP.powf((self.tick - t) as f64)))
+            .map(|(k, (h, t))| (*k, h * powf(DECAY_PER_LOOKUP, (self.tick - t) as f64)))
             .collect();
         all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         all

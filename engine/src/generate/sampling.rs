@@ -10,6 +10,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use crate::kernels::math::exp;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -199,7 +200,7 @@ impl Sampler {
             candidates.truncate(k.max(1));
         }
         let max = candidates.first().map_or(0.0, |c| c.1);
-        let mut probs: Vec<f32> = candidates.iter().map(|c| (c.1 - max).exp()).collect();
+        let mut probs: Vec<f32> = candidates.iter().map(|c| exp(c.1 - max)).collect();
         let total: f32 = probs.iter().sum();
         probs.iter_mut().for_each(|p| *p /= total);
         if self.params.top_p < 1.0 {
@@ -239,6 +240,8 @@ pub fn argmax(logits: &[f32]) -> u32 {
 }
 
 #[cfg(test)]
+// Inputs and references for the tests, not answers: std's functions do.
+#[allow(clippy::disallowed_methods)]
 mod tests {
     use super::*;
     use proptest::prelude::*;

@@ -21,6 +21,7 @@ pub mod ggml;
 pub mod iq;
 mod iq_grids;
 mod kquant;
+pub mod math;
 pub mod matrix;
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -104,15 +105,6 @@ pub fn on_compute_threads<R: Send>(work: impl FnOnce() -> R + Send) -> R {
         Some(pool) => pool.install(work),
         None => work(),
     }
-}
-
-/// `ln(1 + x)`, the same bits on every machine: the platform's `log1pf`
-/// is not (glibc's gave two of the fixtures' softplus gates, and so their
-/// logits, other bits on aarch64 than on x86-64), so it comes from the
-/// `libm` crate, plain Rust that every target compiles alike.
-#[inline]
-pub fn log1p(x: f32) -> f32 {
-    libm::log1pf(x)
 }
 
 /// Which path each format's products take on this machine, by format

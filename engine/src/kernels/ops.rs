@@ -10,6 +10,7 @@ use pulp::{Simd, WithSimd};
 use rayon::prelude::*;
 
 use super::dot::{axpy, dot};
+use super::math::{exp, sigmoid, silu};
 use super::softmax::softmax;
 use super::{Isa, dispatch};
 
@@ -135,10 +136,7 @@ impl WithSimd for IndexRow<'_> {
 
 /// `silu(gate) · up`, elementwise.
 pub fn swiglu(gate: &[f32], up: &[f32]) -> Vec<f32> {
-    gate.iter()
-        .zip(up)
-        .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
-        .collect()
+    gate.iter().zip(up).map(|(&g, &u)| silu(g) * u).collect()
 }
 
 /// gpt-oss's clamped SwiGLU, elementwise: the gate clamped above at
@@ -149,7 +147,7 @@ pub fn clamped_swiglu(gate: &[f32], up: &[f32], alpha: f32, limit: f32) -> Vec<f
         .map(|(&g, &u)| {
             let g = g.min(limit);
             let u = u.clamp(-limit, limit);
-            let glu = g * (1.0 / (1.0 + (-(g * alpha)).exp()));
+            let glu = g * sigmoid(g * alpha);
             (u + 1.0) * glu
         })
         .collect()
@@ -161,7 +159,7 @@ pub fn limited_swiglu(gate: &[f32], up: &[f32], limit: f32) -> Vec<f32> {
         .zip(up)
         .map(|(&g, &u)| {
             let g = g.min(limit);
-            g / (1.0 + (-g).exp()) * u.clamp(-limit, limit)
+            silu(g) * u.clamp(-limit, limit)
         })
         .collect()
 }
@@ -171,7 +169,7 @@ pub fn limited_swiglu(gate: &[f32], up: &[f32], limit: f32) -> Vec<f32> {
 pub fn silu_clamped(gate: &[f32], up: &[f32], limit: f32) -> Vec<f32> {
     gate.iter()
         .zip(up)
-        .map(|(&g, &u)| (g / (1.0 + (-g).exp())).min(limit) * u.clamp(-limit, limit))
+        .map(|(&g, &u)| silu(g).min(limit) * u.clamp(-limit, limit))
         .collect()
 }
 
@@ -288,8 +286,8 @@ impl WithSimd for SinkRow<'_> {
             .map(|k| dot(simd, self.q, k) * self.scale)
             .collect();
         let max = scores.iter().copied().fold(self.sink, f32::max);
-        let exps: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
-        let total = exps.iter().sum::<f32>() + (self.sink - max).exp();
+        let exps: Vec<f32> = scores.iter().map(|s| exp(s - max)).collect();
+        let total = exps.iter().sum::<f32>() + exp(self.sink - max);
         let mut acc = vec![0f32; self.out.len()];
         for (e, v) in exps.iter().zip(self.rows()) {
             axpy(simd, &mut acc, e / total, v);

@@ -6,6 +6,7 @@
 //! divergence of the next-token distributions, how often the top choice
 //! agrees, and each model's perplexity on the text itself.
 
+use crate::kernels::math::{exp, ln};
 use serde::Serialize;
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -26,8 +27,8 @@ pub struct QualityReport {
 /// `log softmax` of one row, in f64.
 fn log_softmax(row: &[f32]) -> Vec<f64> {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
-    let log_sum = sum.ln() + max;
+    let sum: f64 = row.iter().map(|&x| exp(x as f64 - max)).sum();
+    let log_sum = ln(sum) + max;
     row.iter().map(|&x| x as f64 - log_sum).collect()
 }
 
@@ -58,7 +59,7 @@ pub fn compare_logits(
             return None;
         }
         let (lr, lc) = (log_softmax(r), log_softmax(c));
-        let kl: f64 = lr.iter().zip(&lc).map(|(a, b)| a.exp() * (a - b)).sum();
+        let kl: f64 = lr.iter().zip(&lc).map(|(a, b)| exp(*a) * (a - b)).sum();
         kl_sum += kl;
         max_kl = max_kl.max(kl);
         agree += usize::from(argmax(r) == argmax(c));
@@ -76,7 +77,7 @@ pub fn compare_logits(
     }
     let ppl = |nll: f64| {
         if scored > 0 {
-            (nll / scored as f64).exp()
+            exp(nll / scored as f64)
         } else {
             f64::NAN
         }

@@ -391,6 +391,8 @@ pub fn quantize_matrix(
 }
 
 #[cfg(test)]
+// Inputs and references for the tests, not answers: std's functions do.
+#[allow(clippy::disallowed_methods)]
 mod tests {
     use super::*;
 

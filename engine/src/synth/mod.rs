@@ -22,6 +22,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
+use crate::kernels::math::ln;
 use crate::weights::safetensors::{TensorEntry, header_bytes};
 
 pub mod deepseek_v4;
@@ -501,7 +502,7 @@ pub fn popularity(experts: usize, zipf: f64) -> Vec<f32> {
     if zipf == 0.0 {
         return vec![0.0; experts];
     }
-    let logs: Vec<f64> = (1..=experts).map(|r| -zipf * (r as f64).ln()).collect();
+    let logs: Vec<f64> = (1..=experts).map(|r| -zipf * ln(r as f64)).collect();
     let mean = logs.iter().sum::<f64>() / experts as f64;
     logs.iter()
         .map(|l| ((l - mean) as f32) * POPULARITY_STRENGTH / BIAS_CHANNEL)

@@ -6,6 +6,7 @@ use candle_core::{Device, Tensor};
 use super::indexer::Selection;
 use super::rope::{Rope, RopeTables};
 use super::{Linear, RmsNorm, Stacked, values};
+use crate::kernels::math::{log1p, sigmoid};
 use crate::kernels::ops::{self, AttentionShape};
 use crate::model::{ModelError, state::SequenceState};
 use crate::weights::Weights;
@@ -127,7 +128,7 @@ pub fn gate_output(
         .zip(gates.chunks_exact(gate_width))
     {
         for (lane, o) in row.iter_mut().enumerate() {
-            *o *= 1.0 / (1.0 + (-g[lane / lanes]).exp());
+            *o *= sigmoid(g[lane / lanes]);
         }
     }
     Ok(())
@@ -165,9 +166,7 @@ pub struct Temperature {
 
 impl Temperature {
     fn at(&self, position: usize) -> f32 {
-        crate::kernels::log1p(((position as f32 + 1.0) / self.floor_scale).floor())
-            * self.attn_scale
-            + 1.0
+        log1p(((position as f32 + 1.0) / self.floor_scale).floor()) * self.attn_scale + 1.0
     }
 }
 
@@ -361,7 +360,7 @@ impl GroupedQueryAttention {
             self.sinks.as_deref(),
         );
         for (o, g) in out.iter_mut().zip(&gate) {
-            *o *= 1.0 / (1.0 + (-g).exp());
+            *o *= sigmoid(*g);
         }
         Ok(out)
     }

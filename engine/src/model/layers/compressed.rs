@@ -27,6 +27,7 @@ use std::borrow::Cow;
 use super::indexer::{choose, head_weights};
 use super::rope::{Rope, RopeTables};
 use super::{Linear, RmsNorm, values};
+use crate::kernels::math::{exp, powf};
 use crate::kernels::ops::{EntryRows, QueryKeys, rms_norm, sink_attention};
 use crate::model::{ModelError, state::SequenceState};
 use crate::weights::Weights;
@@ -221,7 +222,7 @@ impl Compressor {
                 let max = (0..slots)
                     .map(|j| slot(j, c).1)
                     .fold(f32::NEG_INFINITY, f32::max);
-                let exps: Vec<f32> = (0..slots).map(|j| (slot(j, c).1 - max).exp()).collect();
+                let exps: Vec<f32> = (0..slots).map(|j| exp(slot(j, c).1 - max)).collect();
                 let total: f32 = exps.iter().sum();
                 (0..slots).map(|j| exps[j] / total * slot(j, c).0).sum()
             })
@@ -417,7 +418,7 @@ impl CompressedAttention {
             Some(_) => self.entries(cache, false, start + seq)?,
             None => EntryRows::NONE,
         };
-        let scale = (hd as f32).powf(-0.5);
+        let scale = powf(hd as f32, -0.5);
         let mut out = sink_attention(&q, heads, window, entries, &keys, &self.sinks, scale);
         self.rope
             .rotate_pairs(&mut out, heads, hd, offset, tables, true)?;

@@ -7,6 +7,7 @@
 //! fixed order, so a row's result never depends on the rows beside it.
 
 use super::{Linear, values};
+use crate::kernels::math::{exp, sigmoid};
 use crate::kernels::ops::rms_norm;
 use crate::model::ModelError;
 use crate::weights::Weights;
@@ -37,10 +38,6 @@ pub struct HyperConnection {
     base: Vec<f32>,
     scale: Vec<f32>,
     shape: HyperShape,
-}
-
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
 }
 
 /// `x / rms(x)` over each row of `width`.
@@ -97,7 +94,7 @@ impl HyperConnection {
             .collect();
         for row in c.chunks_exact_mut(n) {
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            row.iter_mut().for_each(|v| *v = (*v - max).exp());
+            row.iter_mut().for_each(|v| *v = exp(*v - max));
             let sum: f32 = row.iter().sum();
             row.iter_mut().for_each(|v| *v = *v / sum + eps);
         }

@@ -19,6 +19,7 @@ use super::{Linear, values};
 use std::borrow::Cow;
 
 use super::LayerNorm;
+use crate::kernels::math::{exp, powf};
 use crate::kernels::ops::index_scores;
 use crate::model::{ModelError, state::SequenceState};
 use crate::weights::Weights;
@@ -80,7 +81,7 @@ impl Pools {
             .map(|c| {
                 let logit = |t: usize| pool[t * 2 * dim + dim + c] + self.ape[t * dim + c];
                 let max = (0..self.size).map(logit).fold(f32::NEG_INFINITY, f32::max);
-                let weights: Vec<f32> = (0..self.size).map(|t| (logit(t) - max).exp()).collect();
+                let weights: Vec<f32> = (0..self.size).map(|t| exp(logit(t) - max)).collect();
                 let sum: f32 = weights.iter().sum();
                 (0..self.size)
                     .map(|t| weights[t] / sum * pool[t * 2 * dim + c])
@@ -258,7 +259,7 @@ pub fn head_weights(
     seq: usize,
     heads: usize,
 ) -> Result<Vec<f32>, ModelError> {
-    let scale = (heads as f32).powf(-0.5);
+    let scale = powf(heads as f32, -0.5);
     let mut weights = weights_proj.forward_values(xs, seq)?;
     weights.iter_mut().for_each(|w| *w *= scale);
     Ok(weights)
@@ -276,7 +277,7 @@ pub fn choose<'k>(
     candidates: impl Iterator<Item = usize>,
     keys: impl Fn(usize) -> Cow<'k, [f32]>,
 ) -> Selection {
-    let scale = (dim as f32).powf(-0.5);
+    let scale = powf(dim as f32, -0.5);
     candidates
         .enumerate()
         .map(|(i, n)| {

@@ -21,13 +21,12 @@
 use candle_core::{Device, Tensor};
 
 use super::{Linear, RmsNorm, Stacked, values};
+use crate::kernels::math::{exp, sigmoid, silu, softplus};
 use crate::model::{ModelError, SequenceState};
 use crate::weights::Weights;
 
 /// Added to the squared norm before the root, as the reference's l2norm does.
 const L2_EPS: f32 = 1e-6;
-/// Above this, softplus(x) is x (the reference's threshold).
-const SOFTPLUS_LINEAR_ABOVE: f32 = 20.0;
 
 /// How a position's state decay is computed from the layer input.
 pub enum Decay {
@@ -161,22 +160,6 @@ pub fn load_flat(w: &Weights, name: &str, count: usize) -> Result<Vec<f32>, Mode
     values(&w.get(name, &shape)?)
 }
 
-fn softplus(x: f32) -> f32 {
-    if x > SOFTPLUS_LINEAR_ABOVE {
-        x
-    } else {
-        crate::kernels::log1p(x.exp())
-    }
-}
-
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
-
 /// Scales each `dim`-wide head of `x` to unit length.
 fn l2_normalise(x: &mut [f32], dim: usize) {
     for head in x.chunks_exact_mut(dim.max(1)) {
@@ -250,7 +233,7 @@ fn delta_rule(
             let st = &mut state[h * dk * dv..(h + 1) * dk * dv];
             kv.fill(0.0);
             for (i, row) in st.chunks_exact_mut(dv).enumerate() {
-                let f = g[if per_head == 1 { 0 } else { i }].exp();
+                let f = exp(g[if per_head == 1 { 0 } else { i }]);
                 for (sv, m) in row.iter_mut().zip(kv.iter_mut()) {
                     *sv *= f;
                     *m += *sv * kh[i];
@@ -297,7 +280,7 @@ impl LinearAttention {
             .chunks_exact(width)
             .flat_map(|row| {
                 row.iter().zip(dt_bias).enumerate().map(move |(i, (x, b))| {
-                    let rate = a_log[i / per_head.max(1)].exp();
+                    let rate = exp(a_log[i / per_head.max(1)]);
                     match lower_bound {
                         Some(bound) => bound * sigmoid(rate * (x + b)),
                         None => -rate * softplus(x + b),
@@ -418,6 +401,8 @@ pub fn load_kda(
 }
 
 #[cfg(test)]
+// Inputs and references for the tests, not answers: std's functions do.
+#[allow(clippy::disallowed_methods)]
 mod tests {
     use super::*;
 
@@ -444,7 +429,7 @@ mod tests {
         for t in 0..2 {
             for h in 0..2 {
                 let st = &mut want_state[h];
-                let g = log_decay[t * 2 + h].exp();
+                let g = exp(log_decay[t * 2 + h]);
                 let (qt, kt) = (&q[t * 2..t * 2 + 2], &k[t * 2..t * 2 + 2]);
                 let vt = &v[(t * 2 + h) * 3..(t * 2 + h) * 3 + 3];
                 for row in st.iter_mut() {

@@ -12,6 +12,7 @@ use candle_core::{Device, Tensor};
 use super::experts::{Activation, Expert, ExpertBias, ExpertProvider, ExpertStream};
 use super::router::{Router, Scoring};
 use super::{Linear, Mlp, values};
+use crate::kernels::math::sigmoid;
 use crate::model::ModelError;
 use crate::weights::Weights;
 
@@ -255,7 +256,7 @@ impl MoeBlock {
             if let Some(gate) = &self.shared_gate {
                 let g = gate.forward_values(&xs, n)?;
                 for (row, g) in s.chunks_mut(hidden.max(1)).zip(g) {
-                    let scale = 1.0 / (1.0 + (-g).exp());
+                    let scale = sigmoid(g);
                     row.iter_mut().for_each(|v| *v *= scale);
                 }
             }

@@ -4,6 +4,7 @@
 //! (default, linear and YaRN), computed in f32 like the reference so that
 //! positions far into a long context rotate by the same angles.
 
+use crate::kernels::math::{self, ln, powf};
 use crate::model::ModelError;
 
 /// Which frequency schedule a model was trained with.
@@ -53,7 +54,7 @@ pub fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
     if scale <= 1.0 {
         1.0
     } else {
-        0.1 * mscale * scale.ln() + 1.0
+        0.1 * mscale * ln(scale) + 1.0
     }
 }
 
@@ -85,7 +86,7 @@ impl RopeParams {
         let theta = match &self.kind {
             RopeKind::NtkAlpha { alpha } if head_dim > 2 => {
                 let d = head_dim as f64;
-                self.theta * alpha.powf(d / (d - 2.0))
+                self.theta * powf(*alpha, d / (d - 2.0))
             }
             _ => self.theta,
         };
@@ -93,7 +94,7 @@ impl RopeParams {
         let pos_freqs: Vec<f32> = (0..half)
             .map(|i| {
                 let exponent = (2 * i) as f32 / dim as f32;
-                (theta.powf(exponent as f64)) as f32
+                powf(theta, exponent as f64) as f32
             })
             .collect();
         let base: Vec<f32> = pos_freqs.iter().map(|p| 1.0 / p).collect();
@@ -150,10 +151,9 @@ impl RopeParams {
                     });
                 let correction_dim = |rotations: f64| {
                     (dim as f64
-                        * (*original_max_position_embeddings as f64
-                            / (rotations * 2.0 * std::f64::consts::PI))
-                            .ln())
-                        / (2.0 * self.theta.ln())
+                        * ln(*original_max_position_embeddings as f64
+                            / (rotations * 2.0 * std::f64::consts::PI)))
+                        / (2.0 * ln(self.theta))
                 };
                 let (mut low, mut high) = (correction_dim(*beta_fast), correction_dim(*beta_slow));
                 if *truncate {
@@ -215,8 +215,8 @@ impl Rope {
         for pos in start..start + seq {
             for f in &self.inv_freq {
                 let angle = pos as f32 * f;
-                cos.push(angle.cos() * self.scale);
-                sin.push(angle.sin() * self.scale);
+                cos.push(math::cos(angle) * self.scale);
+                sin.push(math::sin(angle) * self.scale);
             }
         }
         RopeTables { cos, sin, half }

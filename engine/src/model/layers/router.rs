@@ -3,6 +3,7 @@
 //! the chosen experts identical to the reference.
 
 use super::Linear;
+use crate::kernels::math::{sigmoid, softmax, softplus};
 use crate::model::ModelError;
 
 /// How router logits become expert weights.
@@ -197,28 +198,6 @@ fn renormalised(chosen: Vec<usize>, scores: &[f32], scaling: f32) -> Route {
     route
 }
 
-/// Above this, `softplus(x)` is `x` (torch's threshold).
-const SOFTPLUS_THRESHOLD: f32 = 20.0;
-
-fn softplus(x: f32) -> f32 {
-    if x > SOFTPLUS_THRESHOLD {
-        x
-    } else {
-        crate::kernels::log1p(x.exp())
-    }
-}
-
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
-
-fn softmax(x: &[f32]) -> Vec<f32> {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let exps: Vec<f32> = x.iter().map(|v| (v - max).exp()).collect();
-    let sum: f32 = exps.iter().sum();
-    exps.iter().map(|e| e / sum).collect()
-}
-
 /// Indices of the `k` largest values, largest first; ties go to the lower index.
 pub fn top_k(values: &[f32], k: usize) -> Vec<usize> {
     let mut idx: Vec<usize> = (0..values.len()).collect();
@@ -228,6 +207,8 @@ pub fn top_k(values: &[f32], k: usize) -> Vec<usize> {
 }
 
 #[cfg(test)]
+// Inputs and references for the tests, not answers: std's functions do.
+#[allow(clippy::disallowed_methods)]
 mod tests {
     use super::*;
     use candle_core::Device;
