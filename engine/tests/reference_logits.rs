@@ -6,22 +6,38 @@ use common::{LOGIT_TOLERANCE, expected, facts, fixtures, max_abs_diff, name};
 use longhaul_engine::generate::Session;
 use longhaul_engine::model::{LogitsFor, load_checkpoint};
 
+/// Every fixture's teacher-forced logits, computed once for the tests
+/// below (they run side by side; the second waits for the first).
+fn teacher_forced() -> &'static [(std::path::PathBuf, Vec<Vec<f32>>)] {
+    static LOGITS: std::sync::OnceLock<Vec<(std::path::PathBuf, Vec<Vec<f32>>)>> =
+        std::sync::OnceLock::new();
+    LOGITS.get_or_init(|| {
+        fixtures()
+            .into_iter()
+            .map(|dir| {
+                let exp = expected(&dir);
+                let (_, model) =
+                    load_checkpoint(&dir).unwrap_or_else(|e| panic!("{}: {e}", name(&dir)));
+                let mut cache = model.new_state();
+                let logits = model
+                    .forward(&exp.ids, &mut cache, LogitsFor::All)
+                    .unwrap()
+                    .to_vec2()
+                    .unwrap();
+                (dir, logits)
+            })
+            .collect()
+    })
+}
+
 #[test]
 fn teacher_forced_logits_match_transformers() {
     let mut failures = Vec::new();
-    for dir in fixtures() {
-        let exp = expected(&dir);
-        let (_, model) = load_checkpoint(&dir).unwrap_or_else(|e| panic!("{}: {e}", name(&dir)));
-        let mut cache = model.new_state();
-        let logits: Vec<Vec<f32>> = model
-            .forward(&exp.ids, &mut cache, LogitsFor::All)
-            .unwrap()
-            .to_vec2()
-            .unwrap();
-        let diff = max_abs_diff(&logits, &exp.logits);
-        println!("{}: max |Δlogit| = {diff:e}", name(&dir));
-        if diff > facts(&dir).tolerance || diff.is_nan() {
-            failures.push(format!("{}: {diff:e}", name(&dir)));
+    for (dir, logits) in teacher_forced() {
+        let diff = max_abs_diff(logits, &expected(dir).logits);
+        println!("{}: max |Δlogit| = {diff:e}", name(dir));
+        if diff > facts(dir).tolerance || diff.is_nan() {
+            failures.push(format!("{}: {diff:e}", name(dir)));
         }
     }
     assert!(
@@ -35,29 +51,21 @@ const LOGIT_BITS_FILE: &str = "tests/logit_bits.json";
 
 /// Every fixture's teacher-forced logits, bit for bit, are those the
 /// reference machine computed (`tests/logit_bits.json`: an xxh3 of each
-/// fixture's f32 bits): so aarch64 (Linux under qemu in CI; macOS's own
-/// math library is not checked), a machine without AVX-512 and this one
-/// all compute the same numbers, not merely numbers within the tolerance. `LONGHAUL_WRITE_LOGIT_BITS=1` writes the
+/// fixture's f32 bits): so aarch64 (Linux under qemu in CI), a machine
+/// without AVX-512 and this one all compute the same numbers, not merely
+/// numbers within the tolerance. `LONGHAUL_WRITE_LOGIT_BITS=1` writes the
 /// file, on x86-64 only.
 #[test]
 fn logits_are_the_bits_the_reference_machine_computes() {
     let mut got = std::collections::BTreeMap::new();
-    for dir in fixtures() {
-        let exp = expected(&dir);
-        let (_, model) = load_checkpoint(&dir).unwrap_or_else(|e| panic!("{}: {e}", name(&dir)));
-        let mut cache = model.new_state();
-        let logits: Vec<Vec<f32>> = model
-            .forward(&exp.ids, &mut cache, LogitsFor::All)
-            .unwrap()
-            .to_vec2()
-            .unwrap();
+    for (dir, logits) in teacher_forced() {
         let bytes: Vec<u8> = logits
             .iter()
             .flatten()
             .flat_map(|v| v.to_le_bytes())
             .collect();
         got.insert(
-            name(&dir),
+            name(dir),
             format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes)),
         );
     }
@@ -112,15 +120,9 @@ fn every_fixture_states_its_facts_truly() {
 /// chunks of any size or one token at a time gives bitwise the same logits.
 #[test]
 fn batched_and_one_token_passes_agree_bitwise() {
-    for dir in fixtures() {
-        let exp = expected(&dir);
-        let (_, model) = load_checkpoint(&dir).unwrap();
-        let mut full_cache = model.new_state();
-        let full: Vec<Vec<f32>> = model
-            .forward(&exp.ids, &mut full_cache, LogitsFor::All)
-            .unwrap()
-            .to_vec2()
-            .unwrap();
+    for (dir, full) in teacher_forced() {
+        let exp = expected(dir);
+        let (_, model) = load_checkpoint(dir).unwrap();
         for chunk in [1, 3, exp.ids.len() / 2 + 1] {
             let mut cache = model.new_state();
             let mut stepped: Vec<Vec<f32>> = Vec::new();
@@ -133,10 +135,10 @@ fn batched_and_one_token_passes_agree_bitwise() {
                 stepped.extend(rows);
             }
             assert!(
-                stepped == full,
+                stepped == *full,
                 "{}: chunks of {chunk} differ from one pass (max |Δ| {:e})",
-                name(&dir),
-                max_abs_diff(&stepped, &full)
+                name(dir),
+                max_abs_diff(&stepped, full)
             );
         }
     }
