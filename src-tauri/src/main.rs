@@ -1,7 +1,8 @@
 //! Longhaul's menu-bar app. It holds no logic of its own: the supervisor in
 //! `longhaul-service` starts and watches the service and sums up the queue;
-//! this shell draws the tray, opens the service's web UI in a window, and
-//! shows notifications. Closing the window never stops a job; Quit stops the
+//! this shell draws the tray, opens the service's web UI in a window,
+//! shows notifications, and opens itself at login when asked (the tray's
+//! check item). Closing the window never stops a job; Quit stops the
 //! service (asking first while a job runs), and running jobs resume at the
 //! next start.
 
@@ -14,9 +15,10 @@ use std::time::Duration;
 use anyhow::Context;
 use longhaul_service::client::DEFAULT_PORT;
 use longhaul_service::supervisor::{Supervisor, SupervisorConfig, TrayState};
-use tauri::menu::{Menu, MenuItem, PredefinedMenuItem};
+use tauri::menu::{CheckMenuItem, Menu, MenuItem, PredefinedMenuItem};
 use tauri::tray::TrayIconBuilder;
 use tauri::{AppHandle, DragDropEvent, Manager, WebviewUrl, WebviewWindowBuilder, WindowEvent};
+use tauri_plugin_autostart::{MacosLauncher, ManagerExt};
 use tauri_plugin_dialog::{DialogExt, MessageDialogButtons, MessageDialogKind};
 
 /// The tray icon for each state of the queue.
@@ -153,6 +155,22 @@ fn open_window(app: &AppHandle, sup: &Supervisor, route: &str) -> tauri::Result<
     Ok(())
 }
 
+/// Turns opening at login on or off; the check mark then shows what the
+/// system says, whether or not the change took.
+fn toggle_login(app: &AppHandle, item: &CheckMenuItem<tauri::Wry>) {
+    let launcher = app.autolaunch();
+    let was = launcher.is_enabled().unwrap_or(false);
+    let changed = if was {
+        launcher.disable()
+    } else {
+        launcher.enable()
+    };
+    if let Err(e) = changed {
+        tracing::error!("cannot change opening at login: {e}");
+    }
+    let _ = item.set_checked(launcher.is_enabled().unwrap_or(was));
+}
+
 /// Quits, first asking when that would stop a running task.
 fn quit_asking(app: &AppHandle, sup: &Arc<Supervisor>) {
     let Some(question) = sup.quit_question() else {
@@ -189,7 +207,14 @@ fn main() -> anyhow::Result<()> {
     if sup.run_demo_on_first_start() {
         tracing::info!("first start: running the demo");
     }
-    let builder = tauri::Builder::default().plugin(tauri_plugin_dialog::init());
+    // Opening at login: a LaunchAgent on macOS (a login item the user sees
+    // in System Settings), an autostart entry on Linux.
+    let builder = tauri::Builder::default()
+        .plugin(tauri_plugin_dialog::init())
+        .plugin(tauri_plugin_autostart::init(
+            MacosLauncher::LaunchAgent,
+            None,
+        ));
     #[cfg(feature = "notifications")]
     let builder = builder.plugin(tauri_plugin_notification::init());
     let app = builder
@@ -204,10 +229,22 @@ fn main() -> anyhow::Result<()> {
                 let open = MenuItem::with_id(app, "open", "Open Longhaul", true, None::<&str>)?;
                 let new = MenuItem::with_id(app, "new", "New task…", true, None::<&str>)?;
                 let pause = MenuItem::with_id(app, "pause", "Pause queue", true, None::<&str>)?;
+                let at_login = app.autolaunch().is_enabled().unwrap_or(false);
+                let login = CheckMenuItem::with_id(
+                    app,
+                    "login",
+                    "Open at login",
+                    true,
+                    at_login,
+                    None::<&str>,
+                )?;
                 let quit = MenuItem::with_id(app, "quit", "Quit Longhaul", true, None::<&str>)?;
                 let sep = PredefinedMenuItem::separator(app)?;
                 let top = PredefinedMenuItem::separator(app)?;
-                let menu = Menu::with_items(app, &[&line, &top, &open, &new, &pause, &sep, &quit])?;
+                let menu = Menu::with_items(
+                    app,
+                    &[&line, &top, &open, &new, &pause, &sep, &login, &quit],
+                )?;
                 let icon = tray_icon(&TrayState::Idle)?;
                 let on_menu = Arc::clone(&sup);
                 let tray = TrayIconBuilder::with_id(TRAY_ID)
@@ -223,6 +260,10 @@ fn main() -> anyhow::Result<()> {
                                 if let Err(e) = on_menu.set_queue_paused(!paused) {
                                     tracing::error!("cannot change the queue: {e}");
                                 }
+                                Ok(())
+                            }
+                            "login" => {
+                                toggle_login(app, &login);
                                 Ok(())
                             }
                             "quit" => {
