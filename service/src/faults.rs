@@ -16,6 +16,9 @@
 //!   with EIO.
 //! - `prompt-delay-ms=N`: the runner waits N ms at each report of prompt
 //!   reading (a long prompt, so its phase can be seen and photographed).
+//! - `prompt-report-ms=N`: a stream says how far the prompt has been read
+//!   at most every N ms (instead of every few seconds), so a test watches
+//!   several reports of a prompt read in a second or two.
 //! - `remote-stall-ms=N`: a remote model's stream that makes no progress
 //!   for N ms is a fault (instead of the default few minutes).
 //! - `pack-delay-ms=N`: a pack written through the service waits N ms at
@@ -126,6 +129,14 @@ pub fn on_prompt_progress() {
     if let Some(ms) = value("prompt-delay-ms").and_then(|v| v.parse().ok()) {
         std::thread::sleep(std::time::Duration::from_millis(ms));
     }
+}
+
+/// How often a stream reports prompt reading, when `prompt-report-ms`
+/// sets it.
+pub fn prompt_report() -> Option<std::time::Duration> {
+    value("prompt-report-ms")
+        .and_then(|v| v.parse().ok())
+        .map(std::time::Duration::from_millis)
 }
 
 /// Waits as `pack-delay-ms` asks, once per packing progress report.

@@ -151,14 +151,18 @@ fn a_forced_tool_choice_holds_the_answer_to_a_call() {
 #[test]
 fn a_stream_reports_prompt_progress_while_the_prompt_is_read() {
     let dir = tempfile::tempdir().unwrap();
-    // Each report of prompt reading waits 6 s: a ~970-token prompt, read in
-    // two passes, takes about 18 s.
+    // Each report of prompt reading waits 600 ms and the stream reports at
+    // most every 500 ms: a ~970-token prompt, read in two passes, is
+    // reported at least twice.
     // Without a prefix cache, or the second request would read the first's
     // prompt from it.
     let s = Service::start_env(
         &dir.path().join("data"),
         &["--no-prefix-cache"],
-        &[("LONGHAUL_FAULTS", "prompt-delay-ms=6000")],
+        &[(
+            "LONGHAUL_FAULTS",
+            "prompt-delay-ms=600,prompt-report-ms=500",
+        )],
     );
     let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/longhaul-demo-tools");
     s.add_model("tools", &model);

@@ -242,13 +242,14 @@ pub fn follow(
             ..Received::default()
         };
         let mut reported: Option<std::time::Instant> = None;
+        let report_every = crate::faults::prompt_report().unwrap_or(PROMPT_REPORT);
         loop {
             let event = tokio::time::timeout(POLL, events.recv()).await;
             let mut reread = matches!(event, Err(_) | Ok(Err(_)));
             if let Ok(Ok(Event::Job(p))) = &event
                 && p.id == id
                 && let Some(prompt) = &p.prompt
-                && reported.is_none_or(|at| at.elapsed() >= PROMPT_REPORT)
+                && reported.is_none_or(|at| at.elapsed() >= report_every)
             {
                 reported = Some(std::time::Instant::now());
                 let update = Update::Prompt {
