@@ -30,6 +30,30 @@ impl Drop for Killed {
     }
 }
 
+/// WebKit's session starts the document portal, which mounts a FUSE file
+/// system under the cache folder and outlives the session: the folder
+/// could not be removed, nor the build folder around it. Detached (lazily,
+/// whatever still holds it) when the test ends, before the folder goes.
+struct Unmount(std::path::PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let detached = |tool: &str| {
+            Command::new(tool)
+                .args(["-u", "-z"])
+                .arg(&self.0)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        // Not `exists()`: a mount whose daemon has gone answers ENOTCONN.
+        if !detached("fusermount3") {
+            detached("fusermount");
+        }
+    }
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -146,6 +170,7 @@ fn the_desktop_app_shows_the_ui_and_starts_its_tray() {
         service.display()
     );
     let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let _portal = Unmount(tmp.path().join("xdg-cache").join("doc"));
     let data = tmp.path().join("data");
     let port = free_port();
     let display = free_display();
