@@ -5,9 +5,7 @@
 # installs from, and every build resolves shared crates alike (see
 # scripts/unify.py), so after `start.sh` this builds only the desktop
 # shell's own dependencies, the engine with its tests' `internals` and the
-# test harnesses. The Mac cross-check and the aarch64 test build run beside
-# the lints and the build, in a build folder of their own. The time of each
-# phase is printed at the end.
+# test harnesses. The time of each phase is printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
@@ -30,35 +28,18 @@ cargo fmt --all --check
 phase "generated files"
 # Every build below and start.sh's resolve shared crates alike (unify/).
 python3 scripts/unify.py --check
-phase "cross tools"
-longhaul_arm_tools
-# The Mac cross-check and the aarch64 test build only compile: they run
-# beside the lints and the build below, in a build folder of their own
-# (cargo builds one thing at a time in a folder). The host's builds leave a
-# core idle at their serial steps (a large crate's front end, the links),
-# and these fill it. Their output is shown when they are waited for, after
-# the build; the aarch64 tests run after the host's tests.
-#
-# The Mac check: the workspace for Apple Silicon, its macOS code paths
-# included, clippy-clean. Nothing is linked: there is no macOS SDK here,
-# and for the same reason the desktop shell is checked without its
-# notifications (see src-tauri/Cargo.toml). Libraries and binaries only:
-# no test holds macOS-only code, and the engine's tests are built for
-# aarch64 after it.
-CROSS_TARGET_DIR="$CARGO_TARGET_DIR/cross"
-cross_log="$(mktemp)"
-(
-    export CARGO_TARGET_DIR="$CROSS_TARGET_DIR"
-    MAC=(--release --locked --target aarch64-apple-darwin)
-    cargo-zigbuild clippy "${MAC[@]}" --workspace --exclude longhaul-desktop -- -D warnings
-    cargo-zigbuild clippy "${MAC[@]}" -p longhaul-desktop --no-default-features -- -D warnings
-    cargo-zigbuild test --release --locked --target aarch64-unknown-linux-gnu \
-        -p longhaul-engine --lib --test reference_logits --no-run
-) >"$cross_log" 2>&1 &
-cross=$!
-trap 'pkill -P "$cross" 2>/dev/null; kill "$cross" 2>/dev/null; rm -f "$log" "$cross_log"; phases_report' EXIT
 phase "lints"
 cargo clippy --release --workspace --all-targets --locked -- -D warnings
+phase "Mac cross-check"
+# The workspace for Apple Silicon, its macOS code paths included,
+# clippy-clean. Nothing is linked: there is no macOS SDK here, and for the
+# same reason the desktop shell is checked without its notifications (see
+# src-tauri/Cargo.toml). Libraries and binaries only: no test holds
+# macOS-only code, and the engine's tests are built for aarch64 below.
+longhaul_cross_tools
+MAC=(--release --locked --target aarch64-apple-darwin)
+cargo-zigbuild clippy "${MAC[@]}" --workspace --exclude longhaul-desktop -- -D warnings
+cargo-zigbuild clippy "${MAC[@]}" -p longhaul-desktop --no-default-features -- -D warnings
 phase "build"
 # The binaries as start.sh builds them: without the engine's `internals`
 # feature (its own tests turn it on), so this is also the check that the
@@ -73,15 +54,6 @@ ENGINE=(-p longhaul-engine)
 OTHERS=(-p longhaul-service -p longhaul-desktop -p longhaul-e2e)
 cargo test --release --locked --all-targets --no-run "${ENGINE[@]}"
 cargo test --release --locked --all-targets --no-run "${OTHERS[@]}"
-phase "Mac and aarch64 builds"
-# What is left of them once the host's build is done.
-cross_status=0
-wait "$cross" || cross_status=$?
-cat "$cross_log"
-if ((cross_status != 0)); then
-    echo "error: the Mac cross-check or the aarch64 test build failed (above)" >&2
-    exit 1
-fi
 phase "tests"
 status=0
 for members in ENGINE OTHERS; do
@@ -92,9 +64,9 @@ phase "aarch64 tests"
 # The engine's unit tests (its kernels among them) and the reference logits
 # on aarch64, the Mac's instruction set, under qemu: every fixture's logits
 # must be the bits x86-64 computes (engine/tests/logit_bits.json).
-CARGO_TARGET_DIR="$CROSS_TARGET_DIR" cargo-zigbuild test --release --locked \
-    --target aarch64-unknown-linux-gnu -p longhaul-engine --lib --test reference_logits 2>&1 |
-    tee -a "$log" || status=1
+longhaul_arm_tools
+cargo-zigbuild test --release --locked --target aarch64-unknown-linux-gnu \
+    -p longhaul-engine --lib --test reference_logits 2>&1 | tee -a "$log" || status=1
 phase "browser tests"
 # Against the binary the Rust tests just ran.
 LONGHAUL_BIN="$CARGO_TARGET_DIR/release/longhaul" node --test tests/ui/ 2>&1 | tee -a "$log" || status=1
