@@ -8,8 +8,12 @@
 //! (`kda_safe_gate`, `kda_lower_bound`); MLA rotates its 64 rotary lanes as
 //! interleaved pairs and gates each head's output by `sigmoid(g_proj(x))`;
 //! its latent norms keep their class default epsilon (1e-6) whatever
-//! `rms_norm_eps` says. `head_dim` is KDA's head size (transformers then
-//! overwrites it with the rotary width for MLA). The head is never tied.
+//! `rms_norm_eps` says. KDA's head size is `linear_head_dim`, else
+//! `head_dim` (a release's; transformers then overwrites `head_dim` with
+//! the rotary width and saves `linear_head_dim` beside it). The head is
+//! never tied. Sparse layers may clamp SwiGLU after the activation, per
+//! layer (`expert_swiglu_limit_list`, `share_expert_swiglu_limit_list`),
+//! as Step-3.7 does; dense layers never do.
 //!
 //! Releases name the model as Ling's own code does: `word_embeddings`,
 //! `attention` (its output `dense`), the forget gate's tensors in the
@@ -23,7 +27,7 @@ use serde_json::json;
 use super::config::{ConfigError, MoeDefaults, RawConfig, parse_moe};
 use super::family::{Family, Parsed, family_config, hybrid_layout};
 use super::layers::decoder::{Attention, Decoder, DecoderLayer, FeedForward};
-use super::layers::experts::{ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
+use super::layers::experts::{Activation, ExpertProvider, ExpertSetup, ExpertShape, PROJ_NAMES};
 use super::layers::linear::DeltaShape;
 use super::layers::linear::load_kda;
 use super::layers::mla::{LatentAttention, MlaShape};
@@ -77,6 +81,9 @@ pub struct Config {
     pub intermediate_size: usize,
     pub moe: SigmoidGroupedMoe,
     pub rope: RopeParams,
+    /// Per layer, the routed experts' SwiGLU clamp, and the shared expert's.
+    pub limits: Vec<Option<f32>>,
+    pub shared_limits: Vec<Option<f32>>,
 }
 
 impl Config {
@@ -85,9 +92,12 @@ impl Config {
         common.tie_word_embeddings = false;
         let n = common.num_layers;
         let heads = raw.positive("num_attention_heads")?;
-        let head_dim = raw.usize_any(&["head_dim"])?.unwrap_or(DEFAULT_HEAD_DIM);
+        let linear_heads = raw.usize_any(&["linear_num_heads"])?.unwrap_or(heads);
+        let head_dim = raw
+            .usize_any(&["linear_head_dim", "head_dim"])?
+            .unwrap_or(DEFAULT_HEAD_DIM);
         let kernel = raw
-            .usize_any(&["short_conv_kernel_size"])?
+            .usize_any(&["linear_conv_kernel_dim", "short_conv_kernel_size"])?
             .unwrap_or(DEFAULT_KERNEL);
         let group = raw
             .usize_any(&["layer_group_size"])?
@@ -118,8 +128,8 @@ impl Config {
                 eps: LATENT_NORM_EPS,
             },
             kda: DeltaShape {
-                k_heads: heads,
-                v_heads: heads,
+                k_heads: linear_heads,
+                v_heads: linear_heads,
                 k_dim: head_dim,
                 v_dim: head_dim,
                 kernel,
@@ -130,9 +140,44 @@ impl Config {
             intermediate_size: raw.positive("intermediate_size")?,
             moe: parse_moe(raw, &MOE)?,
             rope: raw.rope(DEFAULT_ROPE_THETA)?,
+            limits: swiglu_limits(raw, ["expert_swiglu_limit_list", "swiglu_limits"], n)?,
+            shared_limits: swiglu_limits(
+                raw,
+                ["share_expert_swiglu_limit_list", "swiglu_limits_shared"],
+                n,
+            )?,
             common,
         })
     }
+}
+
+/// A per-layer SwiGLU clamp list under either of its names: 0 (or no
+/// list) means none. transformers requires one entry per layer.
+fn swiglu_limits(
+    raw: &RawConfig,
+    names: [&str; 2],
+    layers: usize,
+) -> Result<Vec<Option<f32>>, ConfigError> {
+    let Some(name) = names
+        .into_iter()
+        .find(|n| raw.get(n).is_some_and(|v| !v.is_null()))
+    else {
+        return Ok(vec![None; layers]);
+    };
+    let list = raw.numbers(name)?.unwrap_or_default();
+    if list.len() != layers {
+        return Err(raw.invalid(
+            name,
+            format!(
+                "has {} limits, but num_hidden_layers is {layers} (one per layer)",
+                list.len()
+            ),
+        ));
+    }
+    Ok(list
+        .into_iter()
+        .map(|l| l.filter(|&l| l != 0.0).map(|l| l as f32))
+        .collect())
 }
 
 pub fn build(
@@ -166,7 +211,14 @@ pub fn build(
                 intermediate: c.moe.intermediate,
             };
             experts.add_layer(&mw, PROJ_NAMES, i, shape)?;
-            FeedForward::Sparse(c.moe.load(&mw, i, h)?)
+            let mut moe = c.moe.load(&mw, i, h)?;
+            if let Some(limit) = c.limits[i] {
+                moe.extras.activation = Activation::SiluClamped { limit };
+            }
+            if let (Some(limit), Some(shared)) = (c.shared_limits[i], moe.shared.as_mut()) {
+                shared.activation = Activation::SiluClamped { limit };
+            }
+            FeedForward::Sparse(moe)
         } else {
             FeedForward::Dense(Mlp::load(&mw, h, c.intermediate_size)?)
         };
@@ -299,5 +351,42 @@ mod tests {
             (16, 1e-6, Some(-5.0))
         );
         assert!(!c.common.tie_word_embeddings);
+        assert_eq!(
+            (c.limits.clone(), c.shared_limits.clone()),
+            (vec![None; 7], vec![None; 7])
+        );
+    }
+
+    /// A config as transformers 5.25 saves it: `head_dim` is the rotary
+    /// width, KDA's size is `linear_head_dim`; per-layer SwiGLU clamps
+    /// under either name, one per layer.
+    #[test]
+    fn the_saved_config_and_its_clamps_read() {
+        let text = |extra: &str| {
+            format!(
+                r#"{{"model_type": "bailing_hybrid", "vocab_size": 8, "hidden_size": 64,
+                "num_hidden_layers": 3, "num_attention_heads": 4, "head_dim": 8,
+                "linear_head_dim": 16, "linear_num_heads": 4, "linear_conv_kernel_dim": 3,
+                "intermediate_size": 64, "moe_intermediate_size": 16, "num_experts": 4,
+                "num_experts_per_token": 2, "kv_lora_rank": 16, "qk_nope_head_dim": 16,
+                "qk_rope_head_dim": 8, "v_head_dim": 16, "first_k_dense_replace": 1 {extra}}}"#
+            )
+        };
+        let parse = |extra: &str| {
+            Config::parse(&RawConfig::parse(Path::new("config.json"), &text(extra)).unwrap())
+        };
+        let c = parse(
+            r#", "expert_swiglu_limit_list": [0, 7.0, 0],
+                 "swiglu_limits_shared": [0, 0, 16]"#,
+        )
+        .unwrap();
+        assert_eq!((c.kda.k_dim, c.kda.v_dim, c.kda.kernel), (16, 16, 3));
+        assert_eq!(c.limits, vec![None, Some(7.0), None]);
+        assert_eq!(c.shared_limits, vec![None, None, Some(16.0)]);
+        let err = parse(r#", "expert_swiglu_limit_list": [7.0]"#).unwrap_err();
+        assert!(
+            err.to_string().contains("expert_swiglu_limit_list"),
+            "{err}"
+        );
     }
 }

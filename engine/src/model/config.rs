@@ -267,6 +267,25 @@ impl RawConfig {
         }
     }
 
+    /// Numbers of a per-layer list (`null` entries as `None`), if present.
+    pub fn numbers(&self, field: &str) -> Result<Option<Vec<Option<f64>>>, ConfigError> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| match v {
+                    Value::Null => Ok(None),
+                    v => v
+                        .as_f64()
+                        .map(Some)
+                        .ok_or_else(|| self.invalid(field, "expected numbers")),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            Some(_) => Err(self.invalid(field, "expected a list")),
+        }
+    }
+
     /// A list of strings (`layer_types`), if present.
     pub fn str_list(&self, name: &str) -> Result<Option<Vec<String>>, ConfigError> {
         match self.get(name) {

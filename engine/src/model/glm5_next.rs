@@ -126,6 +126,17 @@ impl Config {
         if kpool == 0 {
             return Err(raw.invalid("index_kpool", "must be positive"));
         }
+        let top_k = raw
+            .usize_any(&["index_topk"])?
+            .unwrap_or(DEFAULT_INDEX_TOPK);
+        // The indexer keeps `index_topk / index_kpool` whole pools;
+        // transformers refuses a remainder rather than round it.
+        if !top_k.is_multiple_of(kpool) {
+            return Err(raw.invalid(
+                "index_topk",
+                format!("{top_k} is not a whole number of index_kpool's {kpool}-token pools"),
+            ));
+        }
         let linear = layer_kinds(raw, n)?;
         let own_indexer = indexer_kinds(raw, &linear)?;
         let kda_dim = from_lin("head_dim", "linear_head_dim", DEFAULT_LINEAR_DIM)?;
@@ -162,9 +173,7 @@ impl Config {
                 head_dim: raw
                     .usize_any(&["index_head_dim"])?
                     .unwrap_or(DEFAULT_INDEX_DIM),
-                top_k: raw
-                    .usize_any(&["index_topk"])?
-                    .unwrap_or(DEFAULT_INDEX_TOPK),
+                top_k,
             },
             kpool,
             tail: raw.bool_or("index_kpool_always_select_tail", true)?,
@@ -582,5 +591,12 @@ mod tests {
         assert!(err.to_string().contains("indexer_types"), "{err}");
         let err = config(r#", "qk_rope_head_dim": 64"#).unwrap_err();
         assert!(err.to_string().contains("qk_rope_head_dim"), "{err}");
+    }
+
+    #[test]
+    fn a_top_k_that_is_not_whole_pools_is_refused_by_name() {
+        let err = config(r#", "index_kpool": 4, "index_topk": 6"#).unwrap_err();
+        assert!(err.to_string().contains("index_topk"), "{err}");
+        assert!(config(r#", "index_kpool": 4, "index_topk": 8"#).is_ok());
     }
 }

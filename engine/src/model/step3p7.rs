@@ -104,6 +104,13 @@ impl Config {
         if raw.bool_or("use_bidirectional_attention", false)? {
             return Err(raw.unsupported("use_bidirectional_attention", true, "false"));
         }
+        // Biases transformers' Step-3.7 would add to the projections; no
+        // release sets them, and read as absent they would be dropped.
+        for field in ["attention_bias", "mlp_bias"] {
+            if raw.bool_or(field, false)? {
+                return Err(raw.unsupported(field, true, "false"));
+            }
+        }
         let heads = raw.positive("num_attention_heads")?;
         let sliding_heads = match raw.usize_any(&["num_sliding_attention_heads"])? {
             Some(n) => n,
@@ -201,25 +208,6 @@ fn trimmed_strings(
         .transpose()
 }
 
-/// Numbers of a per-layer list (`null` entries as `None`).
-fn numbers(raw: &RawConfig, field: &str) -> Result<Option<Vec<Option<f64>>>, ConfigError> {
-    match raw.get(field) {
-        None => Ok(None),
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|v| match v {
-                Value::Null => Ok(None),
-                v => v
-                    .as_f64()
-                    .map(Some)
-                    .ok_or_else(|| raw.invalid(field, "expected numbers")),
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(Some),
-        Some(_) => Err(raw.invalid(field, "expected a list")),
-    }
-}
-
 /// Per layer, a clamp bound: 0 and `null` mean none.
 fn limits(
     raw: &RawConfig,
@@ -227,7 +215,7 @@ fn limits(
     layers: usize,
     mtp: usize,
 ) -> Result<Vec<Option<f32>>, ConfigError> {
-    let Some(list) = numbers(raw, field)? else {
+    let Some(list) = raw.numbers(field)? else {
         return Ok(vec![None; layers]);
     };
     Ok(trimmed(raw, field, list, layers, mtp)?
@@ -282,12 +270,13 @@ fn ropes(
     let layers = sliding.len();
     // One `rope_theta` for every layer, or a list of one per layer.
     let thetas = match raw.get("rope_theta") {
-        Some(Value::Array(_)) => numbers(raw, "rope_theta")?
+        Some(Value::Array(_)) => raw
+            .numbers("rope_theta")?
             .map(|list| trimmed(raw, "rope_theta", list, layers, mtp))
             .transpose()?,
         _ => None,
     };
-    let factors = match numbers(raw, "partial_rotary_factors")? {
+    let factors = match raw.numbers("partial_rotary_factors")? {
         Some(list) => Some(trimmed(raw, "partial_rotary_factors", list, layers, mtp)?),
         None => None,
     };
@@ -545,5 +534,16 @@ mod tests {
         let c = Config::parse(&raw).unwrap();
         assert_eq!(c.sparse, vec![false, false, false, true, true]);
         assert_eq!(c.sliding, vec![false; 5]);
+    }
+
+    /// Biases the model would add are refused by name, never dropped.
+    #[test]
+    fn projection_biases_are_refused_by_name() {
+        for field in ["attention_bias", "mlp_bias"] {
+            let text = RELEASED.replacen('{', &format!(r#"{{"{field}": true, "#), 1);
+            let raw = RawConfig::parse(Path::new("config.json"), &text).unwrap();
+            let err = Config::parse(&raw).unwrap_err();
+            assert!(err.to_string().contains(field), "{err}");
+        }
     }
 }
